@@ -1,0 +1,181 @@
+"""The record format, defined once.
+
+The converter (`beam_jobs`) writes records with `encode_example`; the reader, `verify` and
+`inspect` read them with `parse_spec` / `decode_example`. Both sides import this module, so the
+format cannot drift between writer and reader.
+
+The keys are those the Cloud TPU reference image models and TensorFlow Model Garden read, so
+shards written here drop into those readers unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import tensorflow as tf
+
+FORMAT_VERSION = 1
+
+# The Cloud TPU reference ResNet reads labels 1..1000 and subtracts 1; 0 was "background".
+DEFAULT_LABEL_OFFSET = 1
+
+ENCODED = "image/encoded"
+FORMAT = "image/format"
+COLORSPACE = "image/colorspace"
+CHANNELS = "image/channels"
+HEIGHT = "image/height"
+WIDTH = "image/width"
+LABEL = "image/class/label"
+SYNSET = "image/class/synset"
+FILENAME = "image/filename"
+SHA256 = "image/key/sha256"
+
+STORED_FORMAT = b"JPEG"
+STORED_COLORSPACE = b"RGB"
+STORED_CHANNELS = 3
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRecord:
+    """One stored image and what we know about it.
+
+    Attributes:
+      encoded: JPEG bytes that `tf.io.decode_jpeg(x, channels=3)` decodes upright to H x W x 3.
+      height: rows of the stored JPEG, in pixels.
+      width: columns of the stored JPEG, in pixels.
+      label_index: 0-based index into the dataset's label list (the offset is added on write).
+      label_text: the label's name (the "synset").
+      filename: the source path relative to the input root.
+      sha256: hex digest of the *source* file's bytes, so a record traces back to its input.
+    """
+
+    encoded: bytes
+    height: int
+    width: int
+    label_index: int
+    label_text: str
+    filename: str
+    sha256: str
+
+    def __post_init__(self):
+        problems = []
+        if not self.encoded:
+            problems.append("encoded is empty")
+        if self.height <= 0 or self.width <= 0:
+            problems.append(f"height x width must be positive, got {self.height} x {self.width}")
+        if self.label_index < 0:
+            problems.append(f"label_index must be >= 0, got {self.label_index}")
+        if not _SHA256_HEX.fullmatch(self.sha256):
+            problems.append(f"sha256 must be 64 lowercase hex digits, got {self.sha256!r}")
+        if problems:
+            raise ValueError(f"Invalid ImageRecord for {self.filename!r}: " + "; ".join(problems))
+
+
+def _bytes(value: bytes) -> tf.train.Feature:
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+
+def _int64(value: int) -> tf.train.Feature:
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+
+
+def encode_example(
+    record: ImageRecord, label_offset: int = DEFAULT_LABEL_OFFSET
+) -> tf.train.Example:
+    """Builds the `tf.train.Example` for one stored image.
+
+    Args:
+      record: the image and its metadata.
+      label_offset: added to `record.label_index`; recorded in the manifest so the reader can
+        undo it. 1 matches the Cloud TPU reference models, 0 gives plain 0-based labels.
+
+    Returns:
+      The Example, with every key of the record format set.
+    """
+    if label_offset < 0:
+        raise ValueError(f"label_offset must be >= 0, got {label_offset}")
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                ENCODED: _bytes(record.encoded),
+                FORMAT: _bytes(STORED_FORMAT),
+                COLORSPACE: _bytes(STORED_COLORSPACE),
+                CHANNELS: _int64(STORED_CHANNELS),
+                HEIGHT: _int64(record.height),
+                WIDTH: _int64(record.width),
+                LABEL: _int64(record.label_index + label_offset),
+                SYNSET: _bytes(record.label_text.encode("utf-8")),
+                FILENAME: _bytes(record.filename.encode("utf-8")),
+                SHA256: _bytes(record.sha256.encode("ascii")),
+            }
+        )
+    )
+
+
+def serialize(record: ImageRecord, label_offset: int = DEFAULT_LABEL_OFFSET) -> bytes:
+    """The serialized Example for `record`: what goes into a TFRecord shard."""
+    return encode_example(record, label_offset).SerializeToString()
+
+
+def parse_spec() -> dict[str, tf.io.FixedLenFeature]:
+    """The feature spec for `tf.io.parse_example` / `parse_single_example`.
+
+    Every key is required: a record missing one is not ours and should fail loudly.
+    """
+    return {
+        ENCODED: tf.io.FixedLenFeature([], tf.string),
+        FORMAT: tf.io.FixedLenFeature([], tf.string),
+        COLORSPACE: tf.io.FixedLenFeature([], tf.string),
+        CHANNELS: tf.io.FixedLenFeature([], tf.int64),
+        HEIGHT: tf.io.FixedLenFeature([], tf.int64),
+        WIDTH: tf.io.FixedLenFeature([], tf.int64),
+        LABEL: tf.io.FixedLenFeature([], tf.int64),
+        SYNSET: tf.io.FixedLenFeature([], tf.string),
+        FILENAME: tf.io.FixedLenFeature([], tf.string),
+        SHA256: tf.io.FixedLenFeature([], tf.string),
+    }
+
+
+def decode_example(serialized: bytes, label_offset: int = DEFAULT_LABEL_OFFSET) -> ImageRecord:
+    """Reads one serialized Example back into an `ImageRecord`, in plain Python.
+
+    For tools that look at records one at a time (verify, inspect, tests); training reads
+    through `parse_spec` in the tf.data graph instead.
+
+    Raises:
+      ValueError: the bytes are not an Example of this format, naming what is missing or wrong.
+    """
+    example = tf.train.Example()
+    try:
+        example.ParseFromString(serialized)
+    except Exception as err:  # protobuf raises its own DecodeError
+        raise ValueError(f"Not a tf.train.Example: {err}") from err
+    feature = example.features.feature
+    missing = [key for key in parse_spec() if key not in feature]
+    if missing:
+        raise ValueError(f"Record lacks required keys {missing}; is it a tfrecord-pipe record?")
+
+    def one_bytes(key):
+        return feature[key].bytes_list.value[0]
+
+    def one_int(key):
+        return feature[key].int64_list.value[0]
+
+    fixed = {FORMAT: STORED_FORMAT, COLORSPACE: STORED_COLORSPACE}
+    for key, expected in fixed.items():
+        if one_bytes(key) != expected:
+            raise ValueError(f"{key} is {one_bytes(key)!r}, expected {expected!r}")
+    if one_int(CHANNELS) != STORED_CHANNELS:
+        raise ValueError(f"{CHANNELS} is {one_int(CHANNELS)}, expected {STORED_CHANNELS}")
+    return ImageRecord(
+        encoded=one_bytes(ENCODED),
+        height=one_int(HEIGHT),
+        width=one_int(WIDTH),
+        label_index=one_int(LABEL) - label_offset,
+        label_text=one_bytes(SYNSET).decode("utf-8"),
+        filename=one_bytes(FILENAME).decode("utf-8"),
+        sha256=one_bytes(SHA256).decode("ascii"),
+    )
