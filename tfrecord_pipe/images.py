@@ -1,0 +1,237 @@
+"""Write-time image handling: turn any input file into an upright RGB JPEG, or say why not.
+
+Used by the conversion job (one call per input file). Pure: bytes in, bytes out, no I/O, so it
+is tested directly on the odd real-world files in shared/testdata/odd-images.
+
+A source that already is an upright 8-bit RGB JPEG within the size cap is stored byte for byte
+(no generational loss). Everything else that Pillow can decode (CMYK, grayscale, EXIF-rotated,
+PNG/GIF/WebP/BMP/TIFF behind any file name, over the size cap) is normalised and re-encoded.
+What cannot be used raises `Rejected` with a reason code and a sentence a user understands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import struct
+import warnings
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+# Reason codes for rejected inputs: stable strings, used in rejected/*.jsonl and the manifest.
+EMPTY_FILE = "empty_file"
+NOT_AN_IMAGE = "not_an_image"
+TRUNCATED = "truncated"
+UNSUPPORTED_JPEG = "unsupported_jpeg"
+TOO_MANY_PIXELS = "too_many_pixels"
+NOT_ALLOWED_FORMAT = "format_not_allowed"
+UNREADABLE = "unreadable"
+UNKNOWN_LABEL = "unknown_label"
+NO_LABEL = "no_label"
+
+# 100 megapixels: far above any training image, far below what would exhaust a worker
+# (an RGB image of this size is 300 MB decoded).
+DEFAULT_MAX_PIXELS = 100_000_000
+
+_ORIENTATION_TAG = 0x0112
+
+
+class Rejected(Exception):
+    """An input that cannot become a record.
+
+    Attributes:
+      reason: one of the reason codes above.
+      detail: what went wrong, for a person.
+    """
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclasses.dataclass(frozen=True)
+class ImagePolicy:
+    """How inputs are normalised.
+
+    Attributes:
+      max_side: longest side, in pixels, of a stored image; larger ones are downscaled (aspect
+        kept). None stores every image at its own size.
+      jpeg_quality: quality of re-encoded JPEGs (1-100). 95 keeps re-encoding loss below what
+        training augmentation does to an image anyway.
+      max_pixels: inputs with more pixels are rejected before they are decoded, so a
+        decompression bomb cannot exhaust a worker's memory.
+      allow_other_formats: re-encode PNG/GIF/WebP/BMP/TIFF inputs as JPEG (True) or reject
+        them (False).
+    """
+
+    max_side: int | None = None
+    jpeg_quality: int = 95
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    allow_other_formats: bool = True
+
+    def __post_init__(self):
+        problems = []
+        if self.max_side is not None and self.max_side < 1:
+            problems.append(f"max_side must be >= 1 or None, got {self.max_side}")
+        if not 1 <= self.jpeg_quality <= 100:
+            problems.append(f"jpeg_quality must be in 1..100, got {self.jpeg_quality}")
+        if self.max_pixels < 1:
+            problems.append(f"max_pixels must be >= 1, got {self.max_pixels}")
+        if problems:
+            raise ValueError("Invalid ImagePolicy: " + "; ".join(problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredImage:
+    """The JPEG to store and how it was made.
+
+    Attributes:
+      encoded: JPEG bytes, upright, 8-bit RGB.
+      height: rows, in pixels.
+      width: columns, in pixels.
+      changes: what normalisation did, e.g. ("from CMYK", "EXIF rotated"); empty when the source
+        bytes are stored unchanged.
+    """
+
+    encoded: bytes
+    height: int
+    width: int
+    changes: tuple[str, ...] = ()
+
+    @property
+    def reencoded(self) -> bool:
+        return bool(self.changes)
+
+
+def jpeg_precision(data: bytes) -> int | None:
+    """Bits per sample from a JPEG's start-of-frame marker; None if no frame header is found.
+
+    Pillow and tf.io.decode_jpeg both fail on 12-bit JPEGs with unhelpful messages, so we read
+    the header ourselves to give the real reason.
+    """
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    pos = 2
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+        # SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC) carry the frame header.
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return data[pos + 4] if pos + 4 < len(data) else None
+        pos += 2 + length
+    return None
+
+
+def _open(data: bytes, policy: ImagePolicy) -> Image.Image:
+    if not data:
+        raise Rejected(EMPTY_FILE, "the file is empty (0 bytes)")
+    precision = jpeg_precision(data)
+    if precision is not None and precision != 8:
+        raise Rejected(
+            UNSUPPORTED_JPEG,
+            f"{precision}-bit JPEG; only 8-bit JPEGs can be decoded by Pillow and "
+            "tf.io.decode_jpeg. Convert it to 8 bits per channel first.",
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as err:
+        raise Rejected(TOO_MANY_PIXELS, str(err)) from err
+    except UnidentifiedImageError as err:
+        raise Rejected(NOT_AN_IMAGE, "not an image format Pillow can read") from err
+    except (OSError, SyntaxError, ValueError, struct.error) as err:
+        raise _undecodable("image", err) from err
+    width, height = image.size
+    if width * height > policy.max_pixels:
+        raise Rejected(
+            TOO_MANY_PIXELS,
+            f"{width}x{height} = {width * height} pixels exceeds the cap of {policy.max_pixels} "
+            "(ImagePolicy.max_pixels / --max_pixels)",
+        )
+    if image.format != "JPEG" and not policy.allow_other_formats:
+        raise Rejected(
+            NOT_ALLOWED_FORMAT,
+            f"{image.format} image, and re-encoding other formats is turned off",
+        )
+    try:
+        image.load()  # the full decode: finds truncated and corrupt data
+    except (OSError, SyntaxError, ValueError, struct.error) as err:
+        raise _undecodable(image.format, err) from err
+    return image
+
+
+def _undecodable(kind: str, err: Exception) -> Rejected:
+    reason = TRUNCATED if "truncated" in str(err).lower() else NOT_AN_IMAGE
+    return Rejected(reason, f"{kind} data cannot be decoded: {err}")
+
+
+def _orientation(image: Image.Image) -> int:
+    try:
+        return int(image.getexif().get(_ORIENTATION_TAG, 1))
+    except Exception:  # malformed EXIF is common; such a file is treated as upright
+        return 1
+
+
+def _to_rgb(image: Image.Image) -> tuple[Image.Image, str | None]:
+    if image.mode == "RGB":
+        return image, None
+    source_mode = image.mode
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background, f"from {source_mode} (transparency on white)"
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        image = image.point(lambda v: v / 256).convert("L")  # 16-bit samples to 8
+    return image.convert("RGB"), f"from {source_mode}"
+
+
+def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
+    """The image to store for one input file.
+
+    Args:
+      data: the input file's bytes, any format.
+      policy: size caps, quality and format rules.
+
+    Returns:
+      The source bytes unchanged when they already are an upright 8-bit RGB JPEG within
+      `policy.max_side`, else a re-encoded JPEG.
+
+    Raises:
+      Rejected: the input cannot be stored; `reason` says why.
+    """
+    image = _open(data, policy)
+    changes = []
+    if image.format != "JPEG":
+        changes.append(f"from {image.format}")
+    if getattr(image, "n_frames", 1) > 1:
+        image.seek(0)
+        changes.append("first frame only")
+    orientation = _orientation(image)
+    if orientation != 1:
+        image = ImageOps.exif_transpose(image)
+        changes.append(f"EXIF orientation {orientation} applied")
+    image, colour_change = _to_rgb(image)
+    if colour_change:
+        changes.append(colour_change)
+    if policy.max_side is not None and max(image.size) > policy.max_side:
+        original = image.size
+        image = image.copy()
+        image.thumbnail((policy.max_side, policy.max_side), Image.Resampling.LANCZOS)
+        changes.append(f"downscaled from {original[0]}x{original[1]}")
+
+    width, height = image.size
+    if not changes:
+        return StoredImage(encoded=data, height=height, width=width)
+    buffer = io.BytesIO()
+    # No exif= argument: the orientation is already applied to the pixels and must not be
+    # applied again by a reader.
+    image.save(buffer, format="JPEG", quality=policy.jpeg_quality)
+    return StoredImage(encoded=buffer.getvalue(), height=height, width=width, changes=tuple(changes))
