@@ -1,0 +1,63 @@
+"""ConvertConfig: the conversion job's options, checked before anything runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+
+from beam_jobs import sharding
+from tfrecord_pipe import images, schema
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertConfig:
+    """What the job converts and how.
+
+    Attributes:
+      source: input folder, or a CSV file of `path,label[,split]` lines. Local or gs://.
+      output: dataset folder to write. Local or gs://.
+      layout: "auto", "labels" (SRC/label/...), "splits" (SRC/split/label/...) or "csv".
+      validation_fraction: share of inputs put in the validation split when the input does not
+        say; chosen by a stable hash of the relative path, so adding images never moves others.
+      labels_file: fixes the label order (one per line); default: sorted label names.
+      label_offset: added to label indices on write (1, as the Cloud TPU models expect).
+      num_shards: shards per split; default: about `shard_bytes` each.
+      shard_bytes: target shard size when num_shards is not given.
+      compress: write GZIP-compressed shards.
+      overwrite: replace a dataset already in `output`.
+      policy: image normalisation policy.
+    """
+
+    source: str
+    output: str
+    layout: str = "auto"
+    validation_fraction: float = 0.0
+    labels_file: str | None = None
+    label_offset: int = schema.DEFAULT_LABEL_OFFSET
+    num_shards: int | None = None
+    shard_bytes: int = sharding.DEFAULT_SHARD_BYTES
+    compress: bool = False
+    overwrite: bool = False
+    policy: images.ImagePolicy = images.ImagePolicy()
+
+    def __post_init__(self):
+        problems = []
+        if self.layout not in ("auto", "labels", "splits", "csv"):
+            problems.append(f"layout must be auto, labels, splits or csv; got {self.layout!r}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            problems.append(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
+        if self.label_offset < 0:
+            problems.append(f"label_offset must be >= 0, got {self.label_offset}")
+        if self.num_shards is not None and self.num_shards < 1:
+            problems.append(f"num_shards must be >= 1, got {self.num_shards}")
+        if self.shard_bytes < 1:
+            problems.append(f"shard_bytes must be >= 1, got {self.shard_bytes}")
+        if problems:
+            raise ValueError("Invalid conversion options: " + "; ".join(problems))
+
+    @property
+    def source_root(self) -> str:
+        """The folder relative paths are taken from (the CSV's folder for CSV input)."""
+        if self.layout == "csv":
+            return posixpath.dirname(self.source)
+        return self.source.rstrip("/")

@@ -1,0 +1,344 @@
+"""The conversion job: image folders or CSV lists into balanced, deterministic TFRecord shards.
+
+Outputs, in OUT:
+  train-00000-of-000NN.tfrecord ...      shards (".tfrecord.gz" with --compress)
+  validation-00000-of-000MM.tfrecord ...
+  rejected/rejected-*.jsonl              one line per input that could not be used, with reason
+  labels.txt, manifest.json              written last: a manifest means a complete dataset
+
+Inputs (SRC):
+  a folder whose sub-folders are labels       flowers/daisy/1.jpg
+  a folder of split folders                   flowers/train/daisy/1.jpg, flowers/validation/...
+  a CSV of `path,label` or `path,label,split` lines (paths relative to the CSV, or absolute)
+
+Run locally (no cloud account; uses every core):
+  python -m beam_jobs.convert SRC OUT [--validation_fraction 0.1] [--compress]
+
+Run on Dataflow (the usual Beam flags pass through):
+  python -m beam_jobs.convert gs://bucket/images gs://bucket/dataset \\
+      --runner DataflowRunner --project P --region R --temp_location gs://bucket/tmp
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import logging
+import os
+import posixpath
+import sys
+import time
+import uuid
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+)
+
+from beam_jobs import sharding
+from beam_jobs.config import ConvertConfig
+from beam_jobs.load import LoadImages
+from beam_jobs.shards import WriteShards
+from beam_jobs.sources import SPLITS, TRAIN, ListSources
+from tfrecord_pipe import images, manifest, schema
+
+LOG = logging.getLogger("beam_jobs.convert")
+
+LOCAL_RUNNER = "FnApiRunner"  # what DirectRunner runs on; naming it skips the Prism attempt
+
+
+class CollectLabels(beam.PTransform):
+    """The label list: from the labels file when given, else the sorted distinct labels seen."""
+
+    def __init__(self, fixed_labels: tuple[str, ...] | None):
+        super().__init__()
+        self._fixed = fixed_labels
+
+    def expand(self, sources):
+        if self._fixed is not None:
+            return sources.pipeline | "FixedLabels" >> beam.Create([self._fixed])
+        return (
+            sources
+            | "Labels" >> beam.FlatMap(lambda s: [s.label] if s.label is not None else [])
+            | "Distinct" >> beam.Distinct()
+            | "AllLabels" >> beam.combiners.ToList()
+            | "Sort" >> beam.Map(lambda labels: tuple(sorted(labels)))
+        )
+
+
+def _write_json_lines(pcoll, path: str, label: str):
+    return (
+        pcoll
+        | f"{label}ToJson" >> beam.Map(lambda x: json.dumps(x, sort_keys=True))
+        | f"{label}Write" >> beam.io.WriteToText(path, shard_name_template="", num_shards=1)
+    )
+
+
+def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str,
+                   fixed_labels: tuple[str, ...] | None) -> None:
+    """Adds the conversion's steps to `pipeline`; outputs land in `temp_dir` for finalize()."""
+    sources = pipeline | "List" >> ListSources(config)
+    labels = sources | "CollectLabels" >> CollectLabels(fixed_labels)
+    loaded = sources | "LoadImages" >> beam.ParDo(
+        LoadImages(config.policy, config.label_offset), labels=beam.pvalue.AsSingleton(labels)
+    ).with_outputs(LoadImages.REJECTED, main="records")
+    shards = loaded.records | "WriteShards" >> WriteShards(config, temp_dir)
+
+    counts = (
+        (
+            sources | "ListedPerSplit" >> beam.Map(lambda s: ((s.split, "listed"), 1)),
+            loaded[LoadImages.REJECTED]
+            | "RejectedPerReason" >> beam.Map(lambda r: ((r["split"], "rejected:" + r["reason"]), 1)),
+        )
+        | "AllCounts" >> beam.Flatten()
+        | "SumCounts" >> beam.CombinePerKey(sum)
+        | "CountRows" >> beam.MapTuple(lambda key, n: {"split": key[0], "what": key[1], "n": n})
+    )
+    _write_json_lines(shards, posixpath.join(temp_dir, "_shards.jsonl"), "Shards")
+    _write_json_lines(counts, posixpath.join(temp_dir, "_counts.jsonl"), "Counts")
+    _write_json_lines(labels, posixpath.join(temp_dir, "_labels.jsonl"), "LabelList")
+    _ = (
+        loaded[LoadImages.REJECTED]
+        | "RejectedToJson" >> beam.Map(lambda x: json.dumps(x, sort_keys=True))
+        | "WriteRejected" >> beam.io.WriteToText(
+            posixpath.join(temp_dir, manifest.REJECTED_DIR, "rejected"), file_name_suffix=".jsonl"
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch-time checks and finalisation (run on the launching machine, before and after the job).
+
+
+def _exists(pattern: str) -> bool:
+    try:
+        return bool(FileSystems.match([pattern], limits=[1])[0].metadata_list)
+    except Exception:  # a pattern that matches nothing raises on some filesystems
+        return False
+
+
+def resolve_layout(config: ConvertConfig) -> ConvertConfig:
+    """Fills in layout="auto" by looking at the source, and checks the source exists."""
+    if config.source.lower().endswith(".csv"):
+        if not FileSystems.exists(config.source):
+            raise FileNotFoundError(f"CSV list {config.source} does not exist.")
+        return dataclasses.replace(config, layout="csv")
+    root = config.source.rstrip("/")
+    if not _exists(root + "/**"):
+        raise FileNotFoundError(
+            f"No files found under {root}. Give a folder whose sub-folders are labels "
+            "(SRC/daisy/1.jpg), a folder of split folders (SRC/train/daisy/1.jpg), or a CSV file."
+        )
+    if config.layout != "auto":
+        return config
+    has_splits = _exists(posixpath.join(root, TRAIN, "**"))
+    return dataclasses.replace(config, layout="splits" if has_splits else "labels")
+
+
+def check_output(config: ConvertConfig) -> None:
+    """Refuses an output folder that already holds a dataset, unless overwrite was asked for."""
+    out = config.output.rstrip("/")
+    existing = [
+        pattern for pattern in (
+            posixpath.join(out, manifest.MANIFEST_NAME),
+            posixpath.join(out, "*.tfrecord*"),
+            posixpath.join(out, manifest.REJECTED_DIR, "*"),
+        ) if _exists(pattern)
+    ]
+    if existing and not config.overwrite:
+        raise FileExistsError(
+            f"{out} already holds a dataset (found {', '.join(existing)}). "
+            "Choose an empty folder, or pass --overwrite to replace it."
+        )
+
+
+def _read_json_lines(path: str) -> list:
+    with FileSystems.open(path) as f:
+        return [json.loads(line) for line in io.TextIOWrapper(f, "utf-8") if line.strip()]
+
+
+def _delete_matching(pattern: str) -> None:
+    paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+    if paths:
+        FileSystems.delete(paths)
+
+
+def finalize(config: ConvertConfig, temp_dir: str, options: dict, version: str) -> manifest.Manifest:
+    """Moves the job's outputs from `temp_dir` into the output folder; manifest.json last.
+
+    Old datasets (with overwrite) lose their manifest first, so at no moment does a manifest
+    describe a mix of old and new shards.
+    """
+    out = config.output.rstrip("/")
+    shards = _read_json_lines(posixpath.join(temp_dir, "_shards.jsonl"))
+    counts = _read_json_lines(posixpath.join(temp_dir, "_counts.jsonl"))
+    (labels,) = _read_json_lines(posixpath.join(temp_dir, "_labels.jsonl")) or [[]]
+
+    split_names = sorted({row["split"] for row in counts}, key=_split_order)
+    splits, reasons = {}, {}
+    for split in split_names:
+        rows = [r for r in counts if r["split"] == split]
+        listed = sum(r["n"] for r in rows if r["what"] == "listed")
+        rejected = sum(r["n"] for r in rows if r["what"].startswith("rejected:"))
+        for r in rows:
+            if r["what"].startswith("rejected:"):
+                reason = r["what"].split(":", 1)[1]
+                reasons[reason] = reasons.get(reason, 0) + r["n"]
+        mine = sorted((s for s in shards if s["split"] == split), key=lambda s: s["index"])
+        splits[split] = manifest.SplitInfo(
+            num_examples=sum(s["count"] for s in mine),
+            shard_lengths=tuple(s["count"] for s in mine),
+            num_bytes=sum(s["bytes"] for s in mine),
+            listed=listed,
+            rejected=rejected,
+            files=tuple(s["file"] for s in mine),
+        )
+    result = manifest.Manifest(
+        labels=tuple(labels), label_offset=config.label_offset,
+        compression="GZIP" if config.compress else "", splits=splits,
+        rejected_reasons=reasons, options=options, tool_version=version,
+    )
+
+    if config.overwrite:
+        _delete_matching(posixpath.join(out, manifest.MANIFEST_NAME))
+        _delete_matching(posixpath.join(out, "*.tfrecord*"))
+        _delete_matching(posixpath.join(out, manifest.REJECTED_DIR, "*"))
+    moves = [(posixpath.join(temp_dir, s["file"]), posixpath.join(out, s["file"])) for s in shards]
+    rejected_files = FileSystems.match(
+        [posixpath.join(temp_dir, manifest.REJECTED_DIR, "*")]
+    )[0].metadata_list
+    for meta in rejected_files:
+        name = posixpath.basename(meta.path)
+        moves.append((meta.path, posixpath.join(out, manifest.REJECTED_DIR, name)))
+    if moves:
+        if not out.startswith("gs://"):
+            os.makedirs(posixpath.join(out, manifest.REJECTED_DIR), exist_ok=True)
+        FileSystems.rename([m[0] for m in moves], [m[1] for m in moves])
+    manifest.write(out, result)
+    _delete_matching(posixpath.join(temp_dir, "**"))
+    if not temp_dir.startswith("gs://"):
+        import shutil
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return result
+
+
+def _split_order(name: str):
+    return (SPLITS.index(name) if name in SPLITS else len(SPLITS), name)
+
+
+def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
+    parts = [f"{name}: {info.num_examples} in {len(info.files)} shards"
+             for name, info in result.splits.items()]
+    rejected = f"{result.num_rejected} rejected"
+    if result.rejected_reasons:
+        rejected += " (" + ", ".join(f"{k} {v}" for k, v in sorted(result.rejected_reasons.items())) + ")"
+    return f"Converted into {out} in {seconds:.1f} s: " + "; ".join(parts) + f"; {rejected}."
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point.
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m beam_jobs.convert",
+        description="Convert image folders or CSV lists into sharded TFRecords. "
+        "Flags not listed here go to Beam (--runner, --project, --region, ...).",
+    )
+    parser.add_argument("source", help="image folder, folder of split folders, or CSV (local or gs://)")
+    parser.add_argument("output", help="dataset folder to write (local or gs://)")
+    parser.add_argument("--layout", default="auto", choices=["auto", "labels", "splits", "csv"],
+                        help="how SRC is organised (default: detect)")
+    parser.add_argument("--validation_fraction", type=float, default=0.0,
+                        help="share of inputs for validation when SRC does not split (default 0)")
+    parser.add_argument("--labels_file", help="label order, one per line (default: sorted names)")
+    parser.add_argument("--label_offset", type=int, default=schema.DEFAULT_LABEL_OFFSET,
+                        help="added to label indices (default 1, as Cloud TPU models expect)")
+    parser.add_argument("--num_shards", type=int, help="shards per split (default: ~128 MiB each)")
+    parser.add_argument("--shard_mb", type=float, default=sharding.DEFAULT_SHARD_BYTES / (1 << 20),
+                        help="target shard size in MiB when --num_shards is not given")
+    parser.add_argument("--max_side", type=int, help="downscale images larger than this (pixels)")
+    parser.add_argument("--max_pixels", type=int, default=images.DEFAULT_MAX_PIXELS,
+                        help="reject images with more pixels (decompression-bomb guard)")
+    parser.add_argument("--jpeg_quality", type=int, default=95, help="quality of re-encoded JPEGs")
+    parser.add_argument("--reject_other_formats", action="store_true",
+                        help="reject PNG/GIF/WebP/BMP/TIFF instead of re-encoding them")
+    parser.add_argument("--compress", action="store_true", help="write GZIP-compressed shards")
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset in OUTPUT")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ConvertConfig:
+    return ConvertConfig(
+        source=args.source, output=args.output, layout=args.layout,
+        validation_fraction=args.validation_fraction, labels_file=args.labels_file,
+        label_offset=args.label_offset, num_shards=args.num_shards,
+        shard_bytes=int(args.shard_mb * (1 << 20)), compress=args.compress,
+        overwrite=args.overwrite,
+        policy=images.ImagePolicy(
+            max_side=args.max_side, jpeg_quality=args.jpeg_quality, max_pixels=args.max_pixels,
+            allow_other_formats=not args.reject_other_formats,
+        ),
+    )
+
+
+def pipeline_options(beam_args: list[str], save_main_session: bool) -> PipelineOptions:
+    """Beam options; locally, the FnApiRunner on every core unless the user chose otherwise."""
+    options = PipelineOptions(beam_args)
+    standard = options.view_as(StandardOptions)
+    if standard.runner in (None, "DirectRunner"):
+        standard.runner = LOCAL_RUNNER
+        direct = options.view_as(DirectOptions)
+        if "--direct_num_workers" not in " ".join(beam_args):
+            direct.direct_num_workers = os.cpu_count() or 1
+            direct.direct_running_mode = "multi_processing"
+    # Our DoFns live in an importable package, so workers need nothing from __main__; keeping
+    # the option lets a user's own script that wraps run() pickle its globals.
+    options.view_as(SetupOptions).save_main_session = save_main_session
+    return options
+
+
+def run(argv: list[str] | None = None, save_main_session: bool = True) -> manifest.Manifest:
+    """Runs the conversion; returns the manifest written.
+
+    Raises:
+      ValueError, FileNotFoundError, FileExistsError: bad options, caught before the job starts.
+    """
+    from tfrecord_pipe import __version__
+
+    args, beam_args = make_parser().parse_known_args(argv)
+    config = resolve_layout(config_from_args(args))
+    check_output(config)
+    fixed_labels = manifest.read_labels(config.labels_file) if config.labels_file else None
+    options = pipeline_options(beam_args, save_main_session)
+
+    temp_dir = posixpath.join(config.output.rstrip("/"), f".tmp-{uuid.uuid4().hex[:12]}")
+    started = time.monotonic()
+    LOG.info("Converting %s (%s layout) into %s", config.source, config.layout, config.output)
+    with beam.Pipeline(options=options) as pipeline:
+        build_pipeline(pipeline, config, temp_dir, fixed_labels)
+    recorded = {k: v for k, v in vars(args).items()}
+    result = finalize(config, temp_dir, recorded, __version__)
+    print(summary_line(result, config.output, time.monotonic() - started), flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)  # worker chatter, not progress
+    try:
+        run(argv)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""LoadImages: one input file in, one serialized Example or one dead letter out."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from beam_jobs import sharding
+from beam_jobs.sources import SourceFile
+from tfrecord_pipe import images, schema
+
+LOG = logging.getLogger(__name__)
+NAMESPACE = "tfrecord_pipe"
+
+
+class LoadImages(beam.DoFn):
+    """Reads, checks and normalises one input; emits (split, (order key, serialized Example)).
+
+    Inputs that cannot be used go to the REJECTED output with their reason; nothing is dropped.
+    """
+
+    REJECTED = "rejected"
+
+    def __init__(self, policy: images.ImagePolicy, label_offset: int):
+        self._policy = policy
+        self._label_offset = label_offset
+
+    def setup(self):
+        self._label_index: dict[str, int] = {}
+        self._labels_seen: tuple[str, ...] = ()
+        self._stored = Metrics.counter(NAMESPACE, "images_stored_unchanged")
+        self._reencoded = Metrics.counter(NAMESPACE, "images_reencoded")
+        self._rejected = Metrics.counter(NAMESPACE, "images_rejected")
+        self._bytes_read = Metrics.counter(NAMESPACE, "bytes_read")
+
+    def process(self, source: SourceFile, labels: tuple[str, ...]):
+        if labels is not self._labels_seen:
+            self._labels_seen = labels
+            self._label_index = {label: i for i, label in enumerate(labels)}
+        try:
+            yield source.split, self._load(source)
+        except images.Rejected as err:
+            self._rejected.inc()
+            yield beam.pvalue.TaggedOutput(self.REJECTED, rejection(source, err.reason, err.detail))
+        except Exception as err:  # one odd file must not fail a job of millions; it is recorded
+            self._rejected.inc()
+            LOG.exception("Unexpected error on %s", source.path)
+            yield beam.pvalue.TaggedOutput(
+                self.REJECTED, rejection(source, "unexpected_error", f"{type(err).__name__}: {err}")
+            )
+
+    def _load(self, source: SourceFile) -> tuple[str, bytes]:
+        if source.label is None:
+            raise images.Rejected(images.NO_LABEL, "the input gives no label for this file")
+        if source.label not in self._label_index:
+            raise images.Rejected(
+                images.UNKNOWN_LABEL, f"label {source.label!r} is not in the labels file"
+            )
+        try:
+            with FileSystems.open(source.path) as f:
+                data = f.read()
+        except Exception as err:  # Beam wraps every filesystem's errors differently
+            raise images.Rejected(images.UNREADABLE, f"cannot read: {err}") from err
+        self._bytes_read.inc(len(data))
+        stored = images.normalise(data, self._policy)
+        (self._reencoded if stored.reencoded else self._stored).inc()
+        record = schema.ImageRecord(
+            encoded=stored.encoded,
+            height=stored.height,
+            width=stored.width,
+            label_index=self._label_index[source.label],
+            label_text=source.label,
+            filename=source.relpath,
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+        return sharding.order_key(source.relpath), schema.serialize(record, self._label_offset)
+
+
+def rejection(source: SourceFile, reason: str, detail: str) -> dict:
+    """A dead-letter line: what a user needs to find and fix the input."""
+    return {"path": source.path, "split": source.split, "reason": reason, "error": detail}

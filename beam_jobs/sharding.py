@@ -1,0 +1,89 @@
+"""Shard planning: how many shards, which record goes where. Pure functions, no I/O.
+
+Records of a split are ordered by `order_key` (a hash of the record's relative path), then cut
+into contiguous runs whose lengths differ by at most one. The hash order mixes classes; using
+the path (not the content) keeps the order stable when images are re-encoded differently, and
+running twice over the same input gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+
+# Aim: 100-200 MB shards, big enough that reading is sequential and few enough files that a
+# TPU pod's hosts each get several; the tf.data guide and the TPU performance guide give this
+# range.
+DEFAULT_SHARD_BYTES = 128 << 20  # 128 MiB
+
+# Keys are grouped into this many key-prefix buckets to find shard boundaries without ever
+# holding a whole split's keys in one place.
+NUM_BUCKETS = 4096
+
+
+def order_key(relpath: str) -> str:
+    """The key records are sorted by: hex SHA-256 of the path, then the path (unique)."""
+    return hashlib.sha256(relpath.encode("utf-8")).hexdigest() + ":" + relpath
+
+
+def bucket_of(key: str) -> int:
+    """The key-prefix bucket of `key`; bucket order is key order."""
+    return int(key[:3], 16)  # 16**3 == NUM_BUCKETS
+
+
+def num_shards(num_examples: int, num_bytes: int, requested: int | None = None,
+               shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
+    """Shards for a split: as requested, else about `shard_bytes` each; never more than records."""
+    if num_examples == 0:
+        return 0
+    if requested is None:
+        requested = max(1, round(num_bytes / shard_bytes))
+    return max(1, min(requested, num_examples))
+
+
+def shard_lengths(num_examples: int, shards: int) -> list[int]:
+    """Records per shard: the first num_examples % shards shards get one more."""
+    if shards == 0:
+        return []
+    base, extra = divmod(num_examples, shards)
+    return [base + (1 if i < extra else 0) for i in range(shards)]
+
+
+def shard_start_ranks(num_examples: int, shards: int) -> list[int]:
+    """The rank (position in key order) of the first record of each shard."""
+    starts, rank = [], 0
+    for length in shard_lengths(num_examples, shards):
+        starts.append(rank)
+        rank += length
+    return starts
+
+
+def boundaries_in_bucket(sorted_keys: list[str], bucket_start_rank: int,
+                         num_examples: int, shards: int) -> list[tuple[int, str]]:
+    """(shard index, first key) for every shard > 0 that starts inside this bucket."""
+    end = bucket_start_rank + len(sorted_keys)
+    return [
+        (index, sorted_keys[start - bucket_start_rank])
+        for index, start in enumerate(shard_start_ranks(num_examples, shards))
+        if index > 0 and bucket_start_rank <= start < end
+    ]
+
+
+def bucket_start_ranks(bucket_counts: dict[int, int]) -> dict[int, int]:
+    """Rank of the first key of each bucket, from the number of keys per bucket."""
+    starts, rank = {}, 0
+    for bucket in sorted(bucket_counts):
+        starts[bucket] = rank
+        rank += bucket_counts[bucket]
+    return starts
+
+
+def shard_of(key: str, boundaries: list[str]) -> int:
+    """The shard a key belongs to, given the first keys of shards 1..S-1 in order."""
+    return bisect.bisect_right(boundaries, key)
+
+
+def shard_name(split: str, index: int, shards: int, compressed: bool) -> str:
+    """`train-00003-of-00016.tfrecord`, with `.gz` when GZIP-compressed."""
+    suffix = ".tfrecord.gz" if compressed else ".tfrecord"
+    return f"{split}-{index:05d}-of-{shards:05d}{suffix}"

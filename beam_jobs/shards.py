@@ -1,0 +1,145 @@
+"""Balanced, deterministic shards: plan boundaries from keys, then write each shard sorted.
+
+The pure arithmetic lives in sharding.py; these transforms only wire it into Beam.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from beam_jobs import sharding
+from beam_jobs.config import ConvertConfig
+
+NAMESPACE = "tfrecord_pipe"
+
+
+class WriteShard(beam.DoFn):
+    """Writes one shard: its records sorted by key, to the job's temporary folder."""
+
+    def __init__(self, temp_dir: str, compress: bool):
+        self._temp_dir = temp_dir
+        self._compress = compress
+
+    def setup(self):
+        import tensorflow as tf  # heavy; workers import it once
+
+        self._tf = tf
+        self._shards = Metrics.counter(NAMESPACE, "shards_written")
+        self._records = Metrics.counter(NAMESPACE, "records_written")
+
+    def process(self, element, stats):
+        (split, index), keyed_records = element
+        shards = stats[split]["shards"]
+        name = sharding.shard_name(split, index, shards, self._compress)
+        path = posixpath.join(self._temp_dir, name)
+        options = self._tf.io.TFRecordOptions(compression_type="GZIP" if self._compress else "")
+        count = 0
+        with self._tf.io.TFRecordWriter(path, options) as writer:
+            for _, serialized in sorted(keyed_records):
+                writer.write(serialized)
+                count += 1
+        self._shards.inc()
+        self._records.inc(count)
+        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        yield {"split": split, "index": index, "shards": shards, "count": count,
+               "bytes": size, "file": name}
+
+
+def _count_and_bytes(values):
+    count = total = 0
+    for n, size in values:
+        count += n
+        total += size
+    return count, total
+
+
+class PlanShards(beam.PTransform):
+    """Per split: record count, bytes, shard count, and the first key of every shard but the first.
+
+    Boundaries come from keys alone, grouped by key-prefix bucket, so no worker ever holds a
+    whole split and the image bytes are shuffled only once (in WriteShards).
+    """
+
+    def __init__(self, num_shards: int | None, shard_bytes: int):
+        super().__init__()
+        self._num_shards = num_shards
+        self._shard_bytes = shard_bytes
+
+    def expand(self, records):
+        num_shards, shard_bytes = self._num_shards, self._shard_bytes
+        stats = (
+            records
+            | "SizePerSplit" >> beam.Map(lambda kv: (kv[0], (1, len(kv[1][1]))))
+            | "SumPerSplit" >> beam.CombinePerKey(_count_and_bytes)
+            | "ShardCount" >> beam.Map(
+                lambda kv: (kv[0], {
+                    "examples": kv[1][0],
+                    "bytes": kv[1][1],
+                    "shards": sharding.num_shards(kv[1][0], kv[1][1], num_shards, shard_bytes),
+                })
+            )
+        )
+        keys = records | "KeysOnly" >> beam.Map(
+            lambda kv: ((kv[0], sharding.bucket_of(kv[1][0])), kv[1][0])
+        )
+        bucket_counts = (
+            keys
+            | "CountPerBucket" >> beam.combiners.Count.PerKey()
+            | "BySplit" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
+            | "BucketsPerSplit" >> beam.GroupByKey()
+            | "StartRanks" >> beam.MapTuple(
+                lambda split, counts: (split, sharding.bucket_start_ranks(dict(counts)))
+            )
+        )
+        boundaries = (
+            keys
+            | "KeysPerBucket" >> beam.GroupByKey()
+            | "BoundariesInBucket" >> beam.FlatMap(
+                _bucket_boundaries,
+                stats=beam.pvalue.AsDict(stats),
+                starts=beam.pvalue.AsDict(bucket_counts),
+            )
+            | "BoundariesPerSplit" >> beam.GroupByKey()
+            | "OrderBoundaries" >> beam.MapTuple(
+                lambda split, pairs: (split, [key for _, key in sorted(pairs)])
+            )
+        )
+        return stats, boundaries
+
+
+def _bucket_boundaries(element, stats, starts):
+    (split, bucket), keys = element
+    found = sharding.boundaries_in_bucket(
+        sorted(keys), starts[split][bucket], stats[split]["examples"], stats[split]["shards"]
+    )
+    for index, key in found:
+        yield split, (index, key)
+
+
+class WriteShards(beam.PTransform):
+    """Assigns each record to its shard and writes the shards; emits one info dict per shard."""
+
+    def __init__(self, config: ConvertConfig, temp_dir: str):
+        super().__init__()
+        self._config = config
+        self._temp_dir = temp_dir
+
+    def expand(self, records):
+        stats, boundaries = records | "PlanShards" >> PlanShards(
+            self._config.num_shards, self._config.shard_bytes
+        )
+        return (
+            records
+            | "AssignShard" >> beam.Map(
+                lambda kv, b: ((kv[0], sharding.shard_of(kv[1][0], b.get(kv[0], []))), kv[1]),
+                b=beam.pvalue.AsDict(boundaries),
+            )
+            | "GroupShards" >> beam.GroupByKey()
+            | "WriteShard" >> beam.ParDo(
+                WriteShard(self._temp_dir, self._config.compress), stats=beam.pvalue.AsDict(stats)
+            )
+        )

@@ -1,0 +1,104 @@
+"""Listing the inputs: folders (labels from sub-folders), split folders, or CSV lists.
+
+Listing uses Beam's file matching and text reading, so no list of every path is ever built on
+the launching machine or embedded in the job graph.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import posixpath
+
+import apache_beam as beam
+from apache_beam.io import fileio
+
+from beam_jobs.config import ConvertConfig
+
+TRAIN, VALIDATION = "train", "validation"
+SPLITS = (TRAIN, VALIDATION, "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceFile:
+    """One listed input.
+
+    Attributes:
+      path: where to read it (local path or URL).
+      relpath: its path relative to the input root: the record's filename and sort key.
+      label: the label text, or None when the input gave none.
+      split: the split it belongs to.
+    """
+
+    path: str
+    relpath: str
+    label: str | None
+    split: str
+
+
+def split_by_hash(relpath: str, validation_fraction: float) -> str:
+    """TRAIN or VALIDATION, from a stable hash of the relative path."""
+    if validation_fraction <= 0:
+        return TRAIN
+    value = int(hashlib.sha256(relpath.encode("utf-8")).hexdigest()[:16], 16) / 16**16
+    return VALIDATION if value < validation_fraction else TRAIN
+
+
+def source_from_folder(path: str, root: str, layout: str, validation_fraction: float) -> SourceFile:
+    """Label (and split) of a listed file, from the folders between `root` and it."""
+    relpath = path[len(root):].lstrip("/")
+    parts = relpath.split("/")
+    if layout == "splits":
+        split = parts[0]
+        label = parts[1] if len(parts) >= 3 else None
+        return SourceFile(path, relpath, label, split)
+    label = parts[0] if len(parts) >= 2 else None
+    return SourceFile(path, relpath, label, split_by_hash(relpath, validation_fraction))
+
+
+def source_from_csv_line(line: str, csv_path: str, validation_fraction: float) -> SourceFile | None:
+    """A CSV line `path,label[,split]`, or None for a header or blank line."""
+    row = next(csv.reader([line]), [])
+    row = [cell.strip() for cell in row]
+    if not row or not row[0] or row[0].lower() in ("path", "filename", "image"):
+        return None
+    path = row[0]
+    label = row[1] if len(row) > 1 and row[1] else None
+    if "://" in path or path.startswith("/"):
+        full, relpath = path, path.split("://", 1)[-1].lstrip("/")
+    else:
+        full, relpath = posixpath.join(posixpath.dirname(csv_path), path), path
+    split = row[2] if len(row) > 2 and row[2] else split_by_hash(relpath, validation_fraction)
+    return SourceFile(full, relpath, label, split)
+
+
+class ListSources(beam.PTransform):
+    """Lists the inputs as SourceFiles with Beam's file matching (scales to millions of files)."""
+
+    def __init__(self, config: ConvertConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, pbegin):
+        config = self._config
+        if config.layout == "csv":
+            return (
+                pbegin
+                | "ReadCsv" >> beam.io.ReadFromTextWithFilename(config.source)
+                | "ParseCsv" >> beam.FlatMap(
+                    lambda kv: filter(None, [
+                        source_from_csv_line(kv[1], config.source, config.validation_fraction)
+                    ])
+                )
+            )
+        root = config.source_root
+        return (
+            pbegin
+            | "MatchFiles" >> fileio.MatchFiles(root + "/**")
+            | "FromFolders" >> beam.Map(
+                lambda meta: source_from_folder(
+                    meta.path, root, config.layout, config.validation_fraction
+                )
+            )
+        )

@@ -1,0 +1,136 @@
+"""manifest.json and labels.txt: what a dataset folder holds, written last by the converter.
+
+The converter writes them; the reader, `inspect` and `verify` read them. A folder with a
+manifest is a complete dataset: the job writes it only after every shard is in place.
+Paths may be local or anything tf.io.gfile understands (gs://).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import posixpath
+
+import tensorflow as tf
+
+from tfrecord_pipe import schema
+
+MANIFEST_NAME = "manifest.json"
+LABELS_NAME = "labels.txt"
+REJECTED_DIR = "rejected"
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInfo:
+    """One split's shards and counts.
+
+    Attributes:
+      num_examples: records written to the split's shards.
+      shard_lengths: records per shard, in shard order.
+      num_bytes: total bytes of the split's shard files.
+      listed: inputs assigned to this split.
+      rejected: inputs of this split that went to rejected/ instead (listed = examples + rejected).
+      files: shard file names, relative to the dataset folder, in shard order.
+    """
+
+    num_examples: int
+    shard_lengths: tuple[int, ...]
+    num_bytes: int
+    listed: int
+    rejected: int
+    files: tuple[str, ...]
+
+    def __post_init__(self):
+        if sum(self.shard_lengths) != self.num_examples:
+            raise ValueError(
+                f"shard_lengths sum to {sum(self.shard_lengths)}, num_examples is {self.num_examples}"
+            )
+        if self.listed != self.num_examples + self.rejected:
+            raise ValueError(
+                f"listed ({self.listed}) != num_examples ({self.num_examples}) + "
+                f"rejected ({self.rejected}): inputs were lost"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """Everything a reader needs to know about a dataset folder.
+
+    Attributes:
+      labels: label texts in index order (index = label - label_offset).
+      label_offset: added to each label index on write.
+      compression: "" or "GZIP", as tf.data.TFRecordDataset takes it.
+      splits: split name to SplitInfo.
+      rejected_reasons: reason code to count, over all splits.
+      options: the job's options, for the record.
+      tool_version: tfrecord-pipe version that wrote the dataset.
+      format_version: the record format's version (schema.FORMAT_VERSION).
+    """
+
+    labels: tuple[str, ...]
+    label_offset: int
+    compression: str
+    splits: dict[str, SplitInfo]
+    rejected_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+    options: dict = dataclasses.field(default_factory=dict)
+    tool_version: str = ""
+    format_version: int = schema.FORMAT_VERSION
+
+    @property
+    def num_rejected(self) -> int:
+        return sum(info.rejected for info in self.splits.values())
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        data = json.loads(text)
+        data["labels"] = tuple(data["labels"])
+        data["splits"] = {
+            name: SplitInfo(
+                **{**info, "shard_lengths": tuple(info["shard_lengths"]), "files": tuple(info["files"])}
+            )
+            for name, info in data["splits"].items()
+        }
+        return cls(**data)
+
+
+def write(folder: str, manifest: Manifest) -> None:
+    """Writes labels.txt, then manifest.json (last: its presence means the dataset is complete)."""
+    with tf.io.gfile.GFile(posixpath.join(folder, LABELS_NAME), "w") as f:
+        f.write("".join(label + "\n" for label in manifest.labels))
+    with tf.io.gfile.GFile(posixpath.join(folder, MANIFEST_NAME), "w") as f:
+        f.write(manifest.to_json())
+
+
+def read(folder: str) -> Manifest:
+    """The manifest of a dataset folder.
+
+    Raises:
+      FileNotFoundError: the folder has no manifest.json (not a dataset, or an unfinished one).
+    """
+    path = posixpath.join(folder, MANIFEST_NAME)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(
+            f"{path} not found: {folder} is not a finished tfrecord-pipe dataset "
+            "(the converter writes manifest.json last)."
+        )
+    with tf.io.gfile.GFile(path) as f:
+        return Manifest.from_json(f.read())
+
+
+def read_labels(path: str) -> tuple[str, ...]:
+    """Labels from a labels file: one per line, in index order; blank lines ignored.
+
+    Raises:
+      ValueError: a label appears twice.
+    """
+    with tf.io.gfile.GFile(path) as f:
+        labels = tuple(line.strip() for line in f.read().splitlines() if line.strip())
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        raise ValueError(f"{path} lists these labels more than once: {duplicates}")
+    if not labels:
+        raise ValueError(f"{path} lists no labels")
+    return labels
