@@ -1,0 +1,177 @@
+"""The conversion job end to end, driven through run(argv) as a user drives it."""
+
+import hashlib
+import json
+import pathlib
+import shutil
+
+import pytest
+import tensorflow as tf
+from google.cloud import storage
+
+from beam_jobs import convert, sharding
+from tfrecord_pipe import manifest, schema
+
+from conftest import ODD_IMAGES, jpeg_bytes
+
+# One in-process worker: the same FnApiRunner as the default, without spawning processes.
+IN_PROCESS = ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
+COLOURS = {"blue": (20, 20, 220), "green": (20, 200, 20), "red": (220, 20, 20)}
+
+
+def make_folder(root: pathlib.Path, per_label: int = 8, odd=("truncated_jpeg.jpg",
+                "monkey12.jpg", "pil_sample_cmyk.jpg", "hopper.png")) -> pathlib.Path:
+    for label, colour in COLOURS.items():
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for i in range(per_label):
+            (root / label / f"{i:03d}.jpg").write_bytes(jpeg_bytes(8 + i, 8, colour))
+    for name in odd:
+        shutil.copy(ODD_IMAGES / name, root / "red" / name)
+    return root
+
+
+def run(*argv) -> manifest.Manifest:
+    return convert.run([str(a) for a in argv] + IN_PROCESS)
+
+
+def read_records(path, label_offset: int = 1) -> list[schema.ImageRecord]:
+    compression = "GZIP" if str(path).endswith(".gz") else ""
+    return [schema.decode_example(r.numpy(), label_offset)
+            for r in tf.data.TFRecordDataset(str(path), compression_type=compression)]
+
+
+def test_folder_becomes_balanced_sorted_shards_and_nothing_is_lost(tmp_path):
+    src = make_folder(tmp_path / "src")
+    out = tmp_path / "out"
+
+    result = run(src, out, "--num_shards", 3, "--validation_fraction", 0.25)
+
+    assert result == manifest.read(str(out))
+    assert (out / "labels.txt").read_text().split() == sorted(COLOURS)
+    listed = sum(1 for p in src.rglob("*") if p.is_file())
+    assert sum(info.listed for info in result.splits.values()) == listed
+    rejected_lines = [json.loads(line) for f in (out / "rejected").glob("rejected-*.jsonl")
+                      for line in f.read_text().splitlines()]
+    assert sorted(r["reason"] for r in rejected_lines) == ["truncated", "unsupported_jpeg"]
+    assert result.rejected_reasons == {"truncated": 1, "unsupported_jpeg": 1}
+    for split, info in result.splits.items():
+        assert info.listed == info.num_examples + info.rejected
+        assert info.rejected == sum(r["split"] == split for r in rejected_lines)
+        assert max(info.shard_lengths) - min(info.shard_lengths) <= 1
+        keys = []
+        for name, length in zip(info.files, info.shard_lengths, strict=True):
+            records = read_records(out / name)
+            assert len(records) == length
+            keys += [sharding.order_key(r.filename) for r in records]
+            for r in records:
+                label = r.filename.split("/")[0]
+                assert r.label_text == label and result.labels[r.label_index] == label
+                source = (src / r.filename).read_bytes()
+                assert r.sha256 == hashlib.sha256(source).hexdigest()
+                assert tf.io.decode_jpeg(r.encoded, channels=3).shape == (r.height, r.width, 3)
+        assert keys == sorted(keys), "records are not in hash order across shards"
+    assert not list(out.glob(".tmp-*")), "temporary folder left behind"
+
+
+def test_good_jpegs_are_stored_byte_for_byte_and_odd_ones_normalised(tmp_path):
+    src = make_folder(tmp_path / "src", per_label=2)
+    out = tmp_path / "out"
+    run(src, out)
+    records = {r.filename: r for f in out.glob("train-*") for r in read_records(f)}
+    assert records["blue/000.jpg"].encoded == (src / "blue/000.jpg").read_bytes()
+    cmyk = records["red/pil_sample_cmyk.jpg"]
+    assert cmyk.encoded != (src / "red/pil_sample_cmyk.jpg").read_bytes()
+    assert tf.io.decode_jpeg(cmyk.encoded).shape[-1] == 3
+    assert records["red/hopper.png"].encoded[:2] == b"\xff\xd8"
+
+
+def test_two_runs_over_the_same_input_give_identical_bytes(tmp_path):
+    src = make_folder(tmp_path / "src", odd=())
+    run(src, tmp_path / "a", "--num_shards", 2)
+    run(src, tmp_path / "b", "--num_shards", 2)
+    names = sorted(p.name for p in (tmp_path / "a").glob("train-*"))
+    assert names == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_an_existing_dataset_is_refused_and_overwrite_leaves_no_old_shards(tmp_path):
+    src = make_folder(tmp_path / "src", odd=())
+    out = tmp_path / "out"
+    run(src, out, "--num_shards", 4)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        run(src, out, "--num_shards", 2)
+    assert len(list(out.glob("train-*"))) == 4  # untouched
+
+    run(src, out, "--num_shards", 2, "--overwrite")
+    assert sorted(p.name for p in out.glob("train-*")) == [
+        "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    assert manifest.read(str(out)).splits["train"].files == tuple(
+        sorted(p.name for p in out.glob("train-*")))
+
+
+def test_csv_with_split_column_relative_paths_and_a_labels_file(tmp_path):
+    src = make_folder(tmp_path / "images", per_label=3, odd=())
+    labels_file = tmp_path / "labels.txt"
+    labels_file.write_text("red\ngreen\nblue\n")  # not sorted: the file fixes the order
+    lines = ["path,label,split"]
+    for i in range(3):
+        lines += [f"images/red/{i:03d}.jpg,red,train", f"images/blue/{i:03d}.jpg,blue,validation"]
+    lines += ["images/green/000.jpg,purple,train", "images/missing.jpg,red,train"]
+    csv_path = tmp_path / "list.csv"
+    csv_path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+
+    result = run(csv_path, out, "--labels_file", labels_file, "--label_offset", 0)
+
+    assert result.labels == ("red", "green", "blue")
+    assert result.splits["train"].num_examples == 3
+    assert result.splits["validation"].num_examples == 3
+    assert result.rejected_reasons == {"unknown_label": 1, "unreadable": 1}
+    for record in read_records(next(out.glob("validation-*")), label_offset=0):
+        assert record.label_text == "blue" and record.label_index == 2
+        assert record.filename.startswith("images/blue/")
+
+
+def test_split_folders_are_detected(tmp_path):
+    for split in ("train", "validation"):
+        make_folder(tmp_path / "src" / split, per_label=2, odd=())
+    result = run(tmp_path / "src", tmp_path / "out")
+    assert result.splits["train"].num_examples == 6
+    assert result.splits["validation"].num_examples == 6
+    assert result.labels == tuple(sorted(COLOURS))
+
+
+def test_compressed_shards_read_back_with_gzip(tmp_path):
+    src = make_folder(tmp_path / "src", per_label=2, odd=())
+    result = run(src, tmp_path / "out", "--compress")
+    assert result.compression == "GZIP"
+    (shard,) = (tmp_path / "out").glob("train-*")
+    assert shard.name.endswith(".tfrecord.gz")
+    assert len(read_records(shard)) == 6
+
+
+def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No files found"):
+        run(tmp_path / "nothing-here", tmp_path / "out")
+    with pytest.raises(ValueError, match="validation_fraction"):
+        run(make_folder(tmp_path / "src", per_label=1, odd=()), tmp_path / "out",
+            "--validation_fraction", 1.5)
+
+
+def test_full_run_from_gs_to_gs(gcs, tmp_path):
+    src = make_folder(tmp_path / "src", per_label=3, odd=("truncated_jpeg.jpg",))
+    bucket = storage.Client().bucket(gcs.bucket)
+    for path in src.rglob("*.jpg"):
+        bucket.blob(f"convert-src/{path.relative_to(src)}").upload_from_filename(path)
+
+    out = gcs.url("convert-out")
+    result = run(gcs.url("convert-src"), out, "--num_shards", 2)
+
+    assert manifest.read(out) == result
+    assert result.splits["train"].num_examples == 9
+    assert result.rejected_reasons == {"truncated": 1}
+    records = [r for name in result.splits["train"].files for r in read_records(f"{out}/{name}")]
+    assert sorted(r.filename for r in records) == sorted(
+        str(p.relative_to(src)) for p in src.rglob("*.jpg") if "truncated" not in p.name)
+    assert not tf.io.gfile.glob(out + "/.tmp-*/*")

@@ -1,0 +1,69 @@
+"""Shard planning without I/O: balance, boundaries, and the stable split."""
+
+import random
+
+import pytest
+
+from beam_jobs import sharding
+from beam_jobs.sources import VALIDATION, split_by_hash
+
+
+@pytest.mark.parametrize("n, shards", [(10, 3), (1026, 8), (7, 7), (5, 1), (100, 16)])
+def test_shard_lengths_differ_by_at_most_one_and_sum_to_n(n, shards):
+    lengths = sharding.shard_lengths(n, shards)
+    assert len(lengths) == shards
+    assert sum(lengths) == n
+    assert max(lengths) - min(lengths) <= 1
+
+
+@pytest.mark.parametrize(
+    "n, size, requested, expected",
+    [(0, 0, None, 0), (3, 10 << 30, None, 3), (1000, 1 << 20, None, 1),
+     (1000, 1 << 30, None, 8), (5, 100, 16, 5), (100, 100, 16, 16)],
+)
+def test_num_shards_targets_size_and_never_exceeds_records(n, size, requested, expected):
+    assert sharding.num_shards(n, size, requested) == expected
+
+
+@pytest.mark.parametrize("shards", [1, 2, 7, 50])
+def test_bucketed_boundaries_cut_the_global_order_into_balanced_runs(shards):
+    rng = random.Random(shards)
+    keys = [sharding.order_key(f"label{rng.randrange(5)}/{i}.jpg") for i in range(997)]
+    buckets = {}
+    for key in keys:
+        buckets.setdefault(sharding.bucket_of(key), []).append(key)
+    starts = sharding.bucket_start_ranks({b: len(k) for b, k in buckets.items()})
+    found = []
+    for bucket, bucket_keys in buckets.items():
+        found += sharding.boundaries_in_bucket(sorted(bucket_keys), starts[bucket], len(keys), shards)
+    boundaries = [key for _, key in sorted(found)]
+    assert len(boundaries) == shards - 1
+
+    assigned = {}
+    for key in keys:
+        assigned.setdefault(sharding.shard_of(key, boundaries), []).append(key)
+    ordered = sorted(keys)
+    expected, position = [], 0
+    for length in sharding.shard_lengths(len(keys), shards):
+        expected.append(ordered[position:position + length])
+        position += length
+    assert [sorted(assigned[i]) for i in range(shards)] == expected
+
+
+def test_bucket_order_is_key_order():
+    keys = sorted(sharding.order_key(f"{i}.jpg") for i in range(500))
+    assert [sharding.bucket_of(k) for k in keys] == sorted(sharding.bucket_of(k) for k in keys)
+    assert all(0 <= sharding.bucket_of(k) < sharding.NUM_BUCKETS for k in keys)
+
+
+def test_shard_names_follow_the_design():
+    assert sharding.shard_name("train", 3, 16, False) == "train-00003-of-00016.tfrecord"
+    assert sharding.shard_name("validation", 0, 2, True) == "validation-00000-of-00002.tfrecord.gz"
+
+
+def test_validation_split_is_stable_when_images_are_added():
+    before = {f"daisy/{i}.jpg": split_by_hash(f"daisy/{i}.jpg", 0.2) for i in range(1000)}
+    after = {f"daisy/{i}.jpg": split_by_hash(f"daisy/{i}.jpg", 0.2) for i in range(3000)}
+    assert all(after[path] == split for path, split in before.items())
+    share = sum(s == VALIDATION for s in after.values()) / len(after)
+    assert 0.17 < share < 0.23
