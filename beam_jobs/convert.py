@@ -245,9 +245,9 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
 # Entry point.
 
 
-def make_parser() -> argparse.ArgumentParser:
+def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m beam_jobs.convert",
+        prog=prog,
         description="Convert image folders or CSV lists into sharded TFRecords. "
         "Flags not listed here go to Beam (--runner, --project, --region, ...).",
     )
@@ -304,7 +304,8 @@ def pipeline_options(beam_args: list[str], save_main_session: bool) -> PipelineO
     return options
 
 
-def run(argv: list[str] | None = None, save_main_session: bool = True) -> manifest.Manifest:
+def run(argv: list[str] | None = None, save_main_session: bool = True,
+        prog: str = "python -m beam_jobs.convert") -> manifest.Manifest:
     """Runs the conversion; returns the manifest written.
 
     Raises:
@@ -312,7 +313,7 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> manife
     """
     from tfrecord_pipe import __version__
 
-    args, beam_args = make_parser().parse_known_args(argv)
+    args, beam_args = make_parser(prog).parse_known_args(argv)
     config = resolve_layout(config_from_args(args))
     check_output(config)
     fixed_labels = manifest.read_labels(config.labels_file) if config.labels_file else None
@@ -329,11 +330,12 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> manife
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert") -> int:
+    """Command-line entry: exit 0 on success, 2 with a one-line error for bad input."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # worker chatter, not progress
     try:
-        run(argv)
+        run(argv, prog=prog)
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
