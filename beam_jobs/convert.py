@@ -29,6 +29,7 @@ import logging
 import os
 import posixpath
 import sys
+import tempfile
 import time
 import uuid
 
@@ -36,12 +37,13 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
+    GoogleCloudOptions,
     PipelineOptions,
     SetupOptions,
     StandardOptions,
 )
 
-from beam_jobs import sharding
+from beam_jobs import packaging, sharding
 from beam_jobs.config import ConvertConfig
 from beam_jobs.load import LoadImages
 from beam_jobs.shards import WriteShards
@@ -298,6 +300,10 @@ def pipeline_options(beam_args: list[str], save_main_session: bool) -> PipelineO
         if "--direct_num_workers" not in " ".join(beam_args):
             direct.direct_num_workers = os.cpu_count() or 1
             direct.direct_running_mode = "multi_processing"
+    elif not packaging.user_packaged(beam_args):
+        # Remote workers need our package; ship a wheel of it unless the user chose a way.
+        wheel = packaging.build_wheel(tempfile.mkdtemp(prefix="tfrecord-pipe-wheel-"))
+        options.view_as(SetupOptions).extra_packages = [str(wheel)]
     # Our DoFns live in an importable package, so workers need nothing from __main__; keeping
     # the option lets a user's own script that wraps run() pickle its globals.
     options.view_as(SetupOptions).save_main_session = save_main_session
@@ -305,8 +311,8 @@ def pipeline_options(beam_args: list[str], save_main_session: bool) -> PipelineO
 
 
 def run(argv: list[str] | None = None, save_main_session: bool = True,
-        prog: str = "python -m beam_jobs.convert") -> manifest.Manifest:
-    """Runs the conversion; returns the manifest written.
+        prog: str = "python -m beam_jobs.convert") -> manifest.Manifest | None:
+    """Runs the conversion; returns the manifest written (None when only a template was written).
 
     Raises:
       ValueError, FileNotFoundError, FileExistsError: bad options, caught before the job starts.
@@ -324,6 +330,10 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
     LOG.info("Converting %s (%s layout) into %s", config.source, config.layout, config.output)
     with beam.Pipeline(options=options) as pipeline:
         build_pipeline(pipeline, config, temp_dir, fixed_labels)
+    template = options.view_as(GoogleCloudOptions).template_location
+    if template:  # nothing ran: the template runs later, and finalising is the caller's part
+        print(f"Dataflow template written to {template}; nothing was converted yet.", flush=True)
+        return None
     recorded = {k: v for k, v in vars(args).items()}
     result = finalize(config, temp_dir, recorded, __version__)
     print(summary_line(result, config.output, time.monotonic() - started), flush=True)

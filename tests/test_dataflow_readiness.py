@@ -1,0 +1,67 @@
+"""Ready for Dataflow, checked offline: a template run stages our own package and the real steps.
+
+`--template_location` makes the DataflowRunner do everything but submit: check options, stage
+files to `--staging_location` (on the test GCS) and write the template JSON.
+"""
+
+import json
+import subprocess
+import sys
+import tempfile
+
+from apache_beam.portability.api import beam_runner_api_pb2
+from google.cloud import storage
+
+from beam_jobs import convert, packaging
+
+from conftest import jpeg_bytes
+
+
+def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # Beam leaves mkdtemp folders behind
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    (tmp_path / "tmp").mkdir()
+    bucket = storage.Client().bucket(gcs.bucket)
+    bucket.blob("df-src/daisy/1.jpg").upload_from_string(jpeg_bytes())
+    template = tmp_path / "template.json"
+
+    result = convert.run([
+        gcs.url("df-src"), gcs.url("df-out"), "--validation_fraction", "0.1",
+        "--runner", "DataflowRunner", "--project", "test-project", "--region", "us-central1",
+        "--temp_location", gcs.url("df-tmp"), "--staging_location", gcs.url("df-staging"),
+        "--template_location", str(template),
+    ])
+
+    assert result is None  # nothing ran
+    staged = json.loads(template.read_text())["environment"]["workerPools"][0]["packages"]
+    names = {p["name"] for p in staged}
+    assert "tfrecord_pipe-0.1.0-py3-none-any.whl" in names
+    blobs = {b.name.rsplit("/", 1)[-1]: b for b in bucket.list_blobs(prefix="df-staging/")}
+
+    pipeline = beam_runner_api_pb2.Pipeline()
+    pipeline.ParseFromString(blobs["pipeline.pb"].download_as_bytes())
+    labels = {t.unique_name for t in pipeline.components.transforms.values()}
+    for step in ("List/MatchFiles", "LoadImages", "WriteShards/PlanShards",
+                 "WriteShards/WriteShard", "WriteRejected"):
+        assert any(label == step or label.startswith(step + "/") for label in labels), step
+
+    # A worker pip-installs the staged wheel: do the same, then import the job's DoFns from it.
+    wheel = tmp_path / "tfrecord_pipe-0.1.0-py3-none-any.whl"
+    blobs[wheel.name].download_to_filename(wheel)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--target", str(target), str(wheel)], check=True)
+    probe = ("import beam_jobs.load, tfrecord_pipe.schema, importlib.metadata as m;"
+             "print(beam_jobs.load.__file__); print(m.requires('tfrecord-pipe'))")
+    # PYTHONPATH comes before site-packages: the import must resolve to the installed wheel.
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert str(target) in out.stdout
+    assert "tensorflow>=2.16" in out.stdout and "apache-beam[gcp]>=2.60" in out.stdout
+
+
+def test_no_wheel_is_built_when_the_user_says_how_to_package():
+    assert packaging.user_packaged(["--setup_file=./setup.py"])
+    assert packaging.user_packaged(["--extra_package", "x.whl"])
+    assert not packaging.user_packaged(["--runner", "DataflowRunner"])
