@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import sys
+import time
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -15,6 +18,7 @@ from tfrecord_pipe import images, schema
 
 LOG = logging.getLogger(__name__)
 NAMESPACE = "tfrecord_pipe"
+PROGRESS_EVERY_S = 5.0  # a line per worker this often; the Beam counters hold the totals
 
 
 class LoadImages(beam.DoFn):
@@ -36,22 +40,35 @@ class LoadImages(beam.DoFn):
         self._reencoded = Metrics.counter(NAMESPACE, "images_reencoded")
         self._rejected = Metrics.counter(NAMESPACE, "images_rejected")
         self._bytes_read = Metrics.counter(NAMESPACE, "bytes_read")
+        self._seen = self._seen_rejected = 0
+        self._last_report = time.monotonic()
 
     def process(self, source: SourceFile, labels: tuple[str, ...]):
         if labels is not self._labels_seen:
             self._labels_seen = labels
             self._label_index = {label: i for i, label in enumerate(labels)}
+        self._seen += 1
+        self._report_progress()
         try:
             yield source.split, self._load(source)
         except images.Rejected as err:
+            self._seen_rejected += 1
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(self.REJECTED, rejection(source, err.reason, err.detail))
         except Exception as err:  # one odd file must not fail a job of millions; it is recorded
+            self._seen_rejected += 1
             self._rejected.inc()
             LOG.exception("Unexpected error on %s", source.path)
             yield beam.pvalue.TaggedOutput(
                 self.REJECTED, rejection(source, "unexpected_error", f"{type(err).__name__}: {err}")
             )
+
+    def _report_progress(self):
+        now = time.monotonic()
+        if now - self._last_report >= PROGRESS_EVERY_S:
+            self._last_report = now
+            print(f"progress: worker {os.getpid()}: {self._seen} inputs loaded, "
+                  f"{self._seen_rejected} rejected", file=sys.stderr, flush=True)
 
     def _load(self, source: SourceFile) -> tuple[str, bytes]:
         if source.label is None:

@@ -1,0 +1,109 @@
+"""Conversion throughput against a ceiling measured in the same run, and peak memory vs N.
+
+Ceiling: every input read and fully decoded once with Pillow, in one process per core.
+Job: `python -m beam_jobs.convert SRC OUT` (its local defaults: FnApiRunner, a worker per core).
+Peak RSS: the largest process of the job (ru_maxrss of children), at N and 4N images.
+
+Run: .venv/bin/python -m benchmarks.convert_bench [--images N] [--side PX]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import pathlib
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from PIL import Image
+
+
+def make_photo_like(folder: pathlib.Path, count: int, side: int, seed: int = 0) -> None:
+    """JPEGs with smooth gradients plus noise: compress and decode like photos, not flat fills."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
+    for i in range(count):
+        label = folder / f"class{i % 10}"
+        label.mkdir(parents=True, exist_ok=True)
+        a, b, c = rng.uniform(0, 255, 3)
+        base = np.stack([a * x, b * y, c * (1 - x) * y], axis=-1)
+        noise = rng.normal(0, 18, (side, side, 3))
+        pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(label / f"{i:06d}.jpg", quality=90)
+        if (i + 1) % 500 == 0 or i + 1 == count:
+            print(f"\r  generating images: {i + 1}/{count}", end="", flush=True)
+    print()
+
+
+def _decode(path: str) -> int:
+    with open(path, "rb") as f:
+        image = Image.open(f)
+        image.load()
+    return image.size[0]
+
+
+def ceiling(files: list[str]) -> float:
+    """Images/s for read + full Pillow decode over all cores."""
+    started = time.perf_counter()
+    with multiprocessing.Pool(os.cpu_count()) as pool:
+        for _ in pool.imap_unordered(_decode, files, chunksize=32):
+            pass
+    return len(files) / (time.perf_counter() - started)
+
+
+def run_job(src: pathlib.Path, out: pathlib.Path) -> tuple[float, float]:
+    """(images/s, peak RSS MiB of the largest job process), in a fresh process."""
+    command = [sys.executable, "-c", (
+        "import resource, sys, time; from beam_jobs import convert; t = time.perf_counter();"
+        f"convert.run([{str(src)!r}, {str(out)!r}], save_main_session=False);"
+        "d = time.perf_counter() - t;"
+        "r = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
+        " resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss);"
+        "print('RESULT', d, r)")]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    line = next(li for li in result.stdout.splitlines() if li.startswith("RESULT"))
+    _, seconds, max_rss_kib = line.split()
+    peak_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    count = sum(1 for _ in src.rglob("*.jpg"))
+    return count / float(seconds), max(int(max_rss_kib), peak_children) / 1024
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=1000, help="N (the memory run uses 4N)")
+    parser.add_argument("--side", type=int, default=320, help="image side in pixels")
+    args = parser.parse_args(argv)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="convert-bench-"))
+    rows = []
+    try:
+        for n in (args.images, 4 * args.images):
+            src = work / f"src-{n}"
+            print(f"N={n}:")
+            make_photo_like(src, n, args.side)
+            files = [str(p) for p in src.rglob("*.jpg")]
+            print("  measuring ceiling (Pillow decode, all cores)...", flush=True)
+            top = ceiling(files)
+            print("  running the conversion job...", flush=True)
+            job, rss = run_job(src, work / f"out-{n}")
+            rows.append((n, top, job, rss))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    command = "python -m benchmarks.convert_bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"\n$ {command.strip()}   ({os.cpu_count()} cores, {args.side}x{args.side} JPEGs)")
+    print("| images | ceiling img/s | job img/s | job / ceiling | peak RSS MiB |")
+    print("|---|---|---|---|---|")
+    for n, top, job, rss in rows:
+        print(f"| {n} | {top:.0f} | {job:.0f} | {job / top:.2f}x | {rss:.0f} |")
+    print(f"peak RSS at 4N / N: {rows[1][3] / rows[0][3]:.2f}x (target <= 1.2x); "
+          f"job / ceiling target >= 0.5x")
+
+
+if __name__ == "__main__":
+    main()
