@@ -12,12 +12,13 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+import beam_jobs
 from beam_jobs import sharding
 from beam_jobs.sources import SourceFile
 from tfrecord_pipe import images, schema
 
 LOG = logging.getLogger(__name__)
-NAMESPACE = "tfrecord_pipe"
+NAMESPACE = beam_jobs.METRICS_NAMESPACE
 PROGRESS_EVERY_S = 5.0  # a line per worker this often; the Beam counters hold the totals
 
 

@@ -11,10 +11,11 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+import beam_jobs
 from beam_jobs import sharding
 from beam_jobs.config import ConvertConfig
 
-NAMESPACE = "tfrecord_pipe"
+NAMESPACE = beam_jobs.METRICS_NAMESPACE
 
 
 class WriteShard(beam.DoFn):
