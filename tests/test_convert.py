@@ -111,7 +111,7 @@ def test_an_existing_dataset_is_refused_and_overwrite_leaves_no_old_shards(tmp_p
 
 
 def test_csv_with_split_column_relative_paths_and_a_labels_file(tmp_path):
-    src = make_folder(tmp_path / "images", per_label=3, odd=())
+    make_folder(tmp_path / "images", per_label=3, odd=())
     labels_file = tmp_path / "labels.txt"
     labels_file.write_text("red\ngreen\nblue\n")  # not sorted: the file fixes the order
     lines = ["path,label,split"]
