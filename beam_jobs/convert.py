@@ -334,7 +334,7 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
     if template:  # nothing ran: the template runs later, and finalising is the caller's part
         print(f"Dataflow template written to {template}; nothing was converted yet.", flush=True)
         return None
-    recorded = {k: v for k, v in vars(args).items()}
+    recorded = dict(vars(args))
     result = finalize(config, temp_dir, recorded, __version__)
     print(summary_line(result, config.output, time.monotonic() - started), flush=True)
     return result
