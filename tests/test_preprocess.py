@@ -1,0 +1,87 @@
+"""preprocess.py: the training crop, the evaluation centre crop, dtypes and normalisation."""
+
+import io
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from tfrecord_pipe import preprocess
+
+SIZE = 32
+
+
+def halves_jpeg(width, height, left=(230, 20, 20), right=(20, 20, 230), split=None) -> bytes:
+    """A JPEG whose columns left of `split` have one colour and the rest another."""
+    image = Image.new("RGB", (width, height), right)
+    image.paste(left, (0, 0, split if split is not None else width // 2, height))
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=95)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("dtype", preprocess.DTYPES)
+def test_both_paths_give_a_static_square_of_the_requested_dtype(dtype):
+    encoded = tf.constant(halves_jpeg(60, 40))
+    for image in (
+        preprocess.train_image(encoded, SIZE, dtype),
+        preprocess.eval_image(encoded, SIZE, dtype),
+    ):
+        assert image.shape == (SIZE, SIZE, 3)
+        assert image.dtype == tf.as_dtype(dtype)
+
+
+def test_eval_crop_keeps_the_centre_and_leaves_out_the_sides_of_a_wide_image():
+    # 200 x 50: the centre crop is 43 px of the 50 px height, columns 78..121; the outer 60
+    # columns on each side are red and must not appear.
+    image = Image.new("RGB", (200, 50), (230, 20, 20))
+    image.paste((20, 20, 230), (60, 0, 140, 50))
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=95)
+    pixels = preprocess.eval_image(tf.constant(buffer.getvalue()), SIZE, "uint8").numpy()
+    red, blue = pixels[..., 0].astype(int), pixels[..., 2].astype(int)
+    assert (blue - red).min() > 150, "red from the sides leaked into the centre crop"
+
+
+def test_eval_image_is_deterministic_and_keeps_colours():
+    encoded = tf.constant(halves_jpeg(64, 64, left=(200, 60, 30), right=(200, 60, 30)))
+    first = preprocess.eval_image(encoded, SIZE, "uint8").numpy()
+    second = preprocess.eval_image(encoded, SIZE, "uint8").numpy()
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(first.reshape(-1, 3).mean(axis=0), (200, 60, 30), atol=4)
+
+
+def test_train_crops_differ_between_calls_and_flip_both_ways():
+    encoded = tf.constant(halves_jpeg(96, 64))
+    crops = [preprocess.train_image(encoded, SIZE, "uint8").numpy() for _ in range(24)]
+    assert len({crop.tobytes() for crop in crops}) > 1, "every random crop was the same"
+    # Red on the left half unless flipped: both orientations must occur.
+    red_left = [crop[:, : SIZE // 2, 0].mean() > crop[:, SIZE // 2 :, 0].mean() for crop in crops]
+    assert any(red_left) and not all(red_left)
+
+
+def test_uint8_then_normalize_on_the_accelerator_matches_the_float_path():
+    encoded = tf.constant(halves_jpeg(50, 70))
+    on_host = preprocess.eval_image(encoded, SIZE, "float32").numpy()
+    on_device = preprocess.normalize(preprocess.eval_image(encoded, SIZE, "uint8")).numpy()
+    # uint8 rounds each pixel by at most 0.5 of 255 levels; divided by a std dev of ~57.
+    np.testing.assert_allclose(on_device, on_host, atol=0.5 / 57 + 1e-6)
+
+
+def test_float_output_is_normalised_with_the_imagenet_statistics():
+    gray = tf.constant(halves_jpeg(40, 40, left=(124, 116, 104), right=(124, 116, 104)))
+    pixels = preprocess.eval_image(gray, SIZE, "float32").numpy()
+    assert abs(pixels.mean()) < 0.05, "the ImageNet mean colour should normalise to about 0"
+
+
+def test_color_jitter_changes_pixels_within_range():
+    encoded = tf.constant(halves_jpeg(64, 64))
+    plain = preprocess.train_image(encoded, SIZE, "uint8").numpy()
+    jittered = [preprocess.train_image(encoded, SIZE, "uint8", 1.0).numpy() for _ in range(8)]
+    assert any(abs(image.astype(int).mean() - plain.astype(int).mean()) > 2 for image in jittered)
+
+
+def test_an_unknown_dtype_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="float32"):
+        preprocess.eval_image(tf.constant(halves_jpeg(8, 8)), SIZE, "float16")

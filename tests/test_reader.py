@@ -1,0 +1,288 @@
+"""reader.py: the TPU-ready pipeline, on small datasets in the real on-disk format."""
+
+import collections
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfrecord_pipe import reader, validate
+
+from dataset_factory import write_dataset
+
+SIZE = 24
+FIVE = ("a", "b", "c", "d", "e")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """train: 2 shards (7 records); validation: 2 shards of 6 and 5 records (11)."""
+    folder = str(tmp_path_factory.mktemp("reader") / "ds")
+    write_dataset(
+        folder,
+        {
+            "train": [[0, 1, 2, 0], [1, 2, 0]],
+            "validation": [[0, 1, 2, 0, 1, 2], [0, 0, 1, 2, 1]],
+        },
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def one_class_per_shard(tmp_path_factory):
+    """validation: 5 shards, shard i holds only label i (3 records each)."""
+    folder = str(tmp_path_factory.mktemp("reader") / "by_shard")
+    write_dataset(folder, {"validation": [[label] * 3 for label in range(5)]}, labels=FIVE)
+    return folder
+
+
+def batches(dataset, limit=100):
+    return [tuple(part.numpy() for part in element) for element in dataset.take(limit)]
+
+
+def real_labels(elements):
+    """Labels of weight-1 examples in padded evaluation batches."""
+    return [int(label) for _, labels, weights in elements for label, w in zip(labels, weights) if w]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("is_training", [True, False])
+def test_every_mode_has_static_tpu_ready_shapes(dataset, is_training, transpose, dtype):
+    input_fn = reader.make_input_fn(
+        dataset,
+        is_training=is_training,
+        image_size=SIZE,
+        transpose_input=transpose,
+        batch_size=4,
+        dtype=dtype,
+    )
+    ds = input_fn()
+    image_shape = (SIZE, SIZE, 3, 4) if transpose else (4, SIZE, SIZE, 3)
+    expected = [tf.TensorSpec(image_shape, tf.as_dtype(dtype)), tf.TensorSpec((4,), tf.int32)]
+    if not is_training:
+        expected.append(tf.TensorSpec((4,), tf.float32))
+    assert list(ds.element_spec) == expected
+    validate.check_tpu_ready(ds, 4, "HWCN" if transpose else "NHWC")
+    first = next(iter(ds))
+    assert tuple(first[0].shape) == image_shape
+
+
+def test_labels_come_out_zero_based_and_match_the_images(dataset):
+    ds = reader.make_input_fn(
+        dataset, is_training=False, image_size=SIZE, batch_size=11, dtype="uint8"
+    )()
+    ((images, labels, weights),) = batches(ds)
+    assert sorted(labels.tolist()) == sorted([0, 1, 2, 0, 1, 2, 0, 0, 1, 2, 1])
+    dominant = images.reshape(11, -1, 3).mean(axis=1).argmax(axis=1)  # red, green, blue
+    np.testing.assert_array_equal(dominant, labels)
+
+
+def test_training_repeats_every_record_once_per_epoch(dataset):
+    ds = reader.make_input_fn(
+        dataset, is_training=True, image_size=SIZE, batch_size=7, shuffle_buffer=1
+    )()
+    seen = collections.Counter(int(label) for _, labels in batches(ds, 60) for label in labels)
+    # 60 epochs of 3 x label 0, 2 x label 1, 2 x label 2. Epochs blend where the interleave
+    # moves from one epoch's files to the next, so the files open at the end (at most 7
+    # records) may be read partly.
+    for label, per_epoch in {0: 3, 1: 2, 2: 2}.items():
+        assert abs(seen[label] - 60 * per_epoch) <= 7
+
+
+def test_training_order_follows_the_seed(dataset):
+    def labels(seed):
+        ds = reader.make_input_fn(
+            dataset,
+            is_training=True,
+            image_size=SIZE,
+            batch_size=7,
+            seed=seed,
+            deterministic=True,
+        )()
+        return [label.tolist() for _, label in batches(ds, 6)]
+
+    assert labels(1) == labels(1)
+    assert labels(1) != labels(2)
+
+
+def test_padded_evaluation_counts_every_record_once(dataset):
+    ds = reader.make_input_fn(dataset, is_training=False, image_size=SIZE, batch_size=4)()
+    elements = batches(ds)
+    assert len(elements) == 3  # 11 records in batches of 4: 4 + 4 + 3 and one filler
+    assert sum(weights.sum() for _, _, weights in elements) == 11
+    assert sorted(real_labels(elements)) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+
+
+def test_keras_evaluate_on_padded_batches_scores_exactly_the_records(dataset):
+    # A model that always answers class 0: its accuracy is the share of label 0, 4 of 11.
+    inputs = tf.keras.Input((SIZE, SIZE, 3))
+    pooled = tf.keras.layers.GlobalAveragePooling2D()(inputs)
+    logits = tf.keras.layers.Dense(
+        3, kernel_initializer="zeros", bias_initializer=tf.keras.initializers.Constant([5, 0, 0])
+    )(pooled)
+    model = tf.keras.Model(inputs, logits)
+    model.compile(
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=["accuracy"],
+    )
+    ds = reader.make_input_fn(dataset, is_training=False, image_size=SIZE, batch_size=4)()
+    result = model.evaluate(ds, return_dict=True, verbose=0)
+    assert result["accuracy"] == pytest.approx(4 / 11)
+
+
+def test_eval_remainder_drop_drops_the_partial_batch(dataset):
+    ds = reader.make_input_fn(
+        dataset, is_training=False, image_size=SIZE, batch_size=4, eval_remainder="drop"
+    )()
+    elements = batches(ds)
+    assert len(elements) == 2 and all(len(element) == 2 for element in elements)
+
+
+def test_params_batch_size_is_this_pipelines_batch(dataset):
+    input_fn = reader.make_input_fn(dataset, mode="eval", image_size=SIZE)
+    ds = input_fn({"batch_size": 3})
+    assert ds.element_spec[0].shape == (3, SIZE, SIZE, 3)
+    with pytest.raises(ValueError, match="batch_size"):
+        input_fn({"use_tpu": True})
+
+
+@pytest.mark.parametrize("num_pipelines", [2, 3])
+def test_input_pipelines_share_out_whole_files_and_read_all(one_class_per_shard, num_pipelines):
+    input_fn = reader.make_input_fn(
+        one_class_per_shard, is_training=False, image_size=SIZE, batch_size=2 * num_pipelines
+    )
+    per_pipeline, steps = [], set()
+    for index in range(num_pipelines):
+        context = tf.distribute.InputContext(
+            num_pipelines, index, num_replicas_in_sync=num_pipelines
+        )
+        ds = input_fn(context)
+        assert ds.element_spec[0].shape[0] == 2  # the per-replica batch
+        elements = batches(ds)
+        steps.add(len(elements))
+        per_pipeline.append(real_labels(elements))
+    # Shard i holds label i: a pipeline's labels tell which files it read.
+    for index, labels in enumerate(per_pipeline):
+        assert set(labels) == set(range(index, 5, num_pipelines))
+    assert sorted(sum(per_pipeline, [])) == sorted([label for label in range(5)] * 3)
+    assert len(steps) == 1, "every pipeline must yield the same number of evaluation batches"
+
+
+def test_fewer_files_than_pipelines_shares_records_with_a_warning(tmp_path, caplog):
+    folder = str(tmp_path / "ds")
+    labels = tuple(f"class{i}" for i in range(10))
+    write_dataset(folder, {"validation": [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]}, labels=labels)
+    input_fn = reader.make_input_fn(folder, is_training=False, image_size=SIZE, batch_size=6)
+    seen = []
+    with caplog.at_level(logging.WARNING, logger=reader.__name__):
+        for index in range(3):
+            elements = batches(input_fn(tf.distribute.InputContext(3, index, 3)))
+            seen.append(real_labels(elements))
+    assert "2 files for 3 input pipelines" in caplog.text
+    assert sorted(sum(seen, [])) == list(range(10)), "records lost or read twice"
+    assert all(seen), "a pipeline got nothing"
+
+
+def test_a_truncated_shard_stops_with_an_error_naming_the_file(tmp_path):
+    folder = tmp_path / "ds"
+    write_dataset(str(folder), {"validation": [[0, 1, 2, 0], [1, 2, 1]]})
+    shard = folder / "validation-00001-of-00002.tfrecord"
+    shard.write_bytes(shard.read_bytes()[:-200])
+    ds = reader.make_input_fn(str(folder), is_training=False, image_size=SIZE, batch_size=2)()
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"validation-00001-of-00002\.tfrecord"
+    ):
+        batches(ds)
+
+
+def test_skip_corrupt_reads_what_it_can_and_reports_the_skip(tmp_path, capfd):
+    folder = tmp_path / "ds"
+    write_dataset(str(folder), {"validation": [[0, 0, 0], [1, 1, 1, 1]]})
+    shard = folder / "validation-00001-of-00002.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped bit: a CRC error in the middle of the shard
+    shard.write_bytes(bytes(data))
+    ds = reader.make_input_fn(
+        str(folder), is_training=False, image_size=SIZE, batch_size=2, skip_corrupt=True
+    )()
+    labels = real_labels(batches(ds))
+    assert labels.count(0) == 3 and 0 < labels.count(1) < 4
+    err = capfd.readouterr().err
+    assert "validation-00001-of-00002.tfrecord" in err
+    assert f"read {labels.count(1)} records, the manifest lists 4" in err
+
+
+def test_gzip_shards_are_read_from_the_manifest_and_from_the_suffix(tmp_path):
+    folder = str(tmp_path / "ds")
+    write_dataset(folder, {"validation": [[0, 1], [2]]}, compression="GZIP")
+    from_manifest = reader.make_input_fn(folder, is_training=False, image_size=SIZE, batch_size=3)
+    assert sorted(real_labels(batches(from_manifest()))) == [0, 1, 2]
+    tf.io.gfile.remove(f"{folder}/manifest.json")
+    by_suffix = reader.make_input_fn(
+        f"{folder}/validation-*", is_training=False, image_size=SIZE, batch_size=3, label_offset=1
+    )
+    assert sorted(real_labels(batches(by_suffix()))) == [0, 1, 2]
+
+
+def test_a_pattern_without_a_manifest_needs_an_explicit_label_offset(tmp_path):
+    folder = str(tmp_path / "ds")
+    write_dataset(folder, {"train": [[0, 1, 2]]}, label_offset=0)
+    tf.io.gfile.remove(f"{folder}/manifest.json")
+    pattern = f"{folder}/train-*"
+    with pytest.raises(ValueError, match="label_offset"):
+        reader.make_input_fn(pattern, is_training=True, batch_size=3)()
+    ds = reader.make_input_fn(
+        pattern, is_training=False, batch_size=3, label_offset=0, image_size=SIZE
+    )()
+    assert sorted(real_labels(batches(ds))) == [0, 1, 2]
+    # A wrong offset is caught by the range check instead of training on shifted labels.
+    wrong = reader.make_input_fn(
+        pattern, is_training=False, batch_size=3, label_offset=1, image_size=SIZE
+    )()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="label_offset=1"):
+        batches(wrong)
+
+
+def test_a_pattern_beside_a_manifest_uses_its_offset_and_counts(dataset):
+    ds = reader.make_input_fn(
+        f"{dataset}/validation-*", is_training=False, image_size=SIZE, batch_size=4
+    )()
+    assert sorted(real_labels(batches(ds))) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    "data_suffix, options, message",
+    [
+        ("/nothing-*", {}, "matched no files"),
+        ("", {"split": "test"}, r"has no split 'test'; it has \['train', 'validation'\]"),
+        ("", {"label_offset": 0}, "manifest says its labels were written with offset 1"),
+        ("/train-*", {"split": "train"}, "drop split"),
+    ],
+)
+def test_wrong_inputs_get_errors_that_say_what_to_do(dataset, data_suffix, options, message):
+    with pytest.raises(ValueError, match=message):
+        reader.make_input_fn(dataset + data_suffix, is_training=True, batch_size=2, **options)()
+
+
+def test_a_folder_without_manifest_is_not_a_dataset(tmp_path):
+    with pytest.raises(ValueError, match="not a finished tfrecord-pipe dataset"):
+        reader.make_input_fn(str(tmp_path), is_training=True, batch_size=2)()
+
+
+def test_config_errors_list_every_problem():
+    with pytest.raises(ValueError) as caught:
+        reader.ReaderConfig(data="x", batch_size=0, dtype="float16", eval_remainder="keep")
+    assert all(field in str(caught.value) for field in ("batch_size", "dtype", "eval_remainder"))
+    with pytest.raises(ValueError, match="exactly one"):
+        reader.make_input_fn("x", is_training=True, mode="train")
+
+
+def test_reads_a_dataset_on_gcs(gcs):
+    folder = gcs.url("reader", "ds")
+    write_dataset(folder, {"train": [[0, 1], [2, 0]], "validation": [[0, 1, 2]]})
+    train = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2)()
+    assert sum(len(labels) for _, labels in batches(train, 4)) == 8
+    evaluation = reader.make_input_fn(folder, is_training=False, image_size=SIZE, batch_size=2)()
+    assert sorted(real_labels(batches(evaluation))) == [0, 1, 2]

@@ -1,0 +1,131 @@
+"""Image preprocessing in TensorFlow, shared by the reader (training and evaluation) and serving.
+
+One module so that training, evaluation and the exported serving function cannot drift apart:
+serving calls `eval_image`, exactly what evaluation runs, never the training augmentation.
+
+Both paths decode only the part of the JPEG they keep (`tf.image.decode_and_crop_jpeg`), then
+resize the crop to a fixed square. The output is in one of three dtypes:
+- "float32" / "bfloat16": normalised with the ImageNet mean and standard deviation;
+- "uint8": resized pixels rounded back to 0..255, four times fewer bytes to move to the
+  accelerator; call `normalize` on the accelerator (inside the model or the step function).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+# ImageNet statistics on the 0..255 scale, as in the Cloud TPU reference models.
+MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+# Evaluation crops the centre (size / (size + CROP_PADDING)) of the shorter side, i.e. 224 of
+# 256 at the default size: the standard ImageNet evaluation crop.
+CROP_PADDING = 32
+
+# Random crop of the training path (Inception-style), as in the reference ResNet preprocessing.
+CROP_AREA_RANGE = (0.08, 1.0)
+CROP_ASPECT_RANGE = (3 / 4, 4 / 3)
+CROP_MIN_OBJECT_COVERED = 0.1
+CROP_MAX_ATTEMPTS = 10
+
+DTYPES = ("float32", "bfloat16", "uint8")
+
+
+def check_dtype(dtype: str) -> None:
+    """Raises ValueError unless `dtype` is one of DTYPES."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+
+
+def train_image(
+    encoded: tf.Tensor, image_size: int, dtype: str = "float32", color_jitter: float = 0.0
+) -> tf.Tensor:
+    """A random crop of a JPEG, flipped at random, as image_size x image_size x 3.
+
+    Args:
+      encoded: scalar string tensor, a JPEG (every record of the format is one).
+      image_size: side of the square output, in pixels.
+      dtype: one of DTYPES (see the module docstring).
+      color_jitter: 0 for none; else the strength (0..1) of random brightness, contrast and
+        saturation changes.
+
+    Returns:
+      A [image_size, image_size, 3] tensor of `dtype`.
+    """
+    check_dtype(dtype)
+    shape = tf.image.extract_jpeg_shape(encoded)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape,
+        bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+        min_object_covered=CROP_MIN_OBJECT_COVERED,
+        aspect_ratio_range=CROP_ASPECT_RANGE,
+        area_range=CROP_AREA_RANGE,
+        max_attempts=CROP_MAX_ATTEMPTS,
+        use_image_if_no_bounding_boxes=True,
+    )
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    image = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+    image = _resize(image, image_size)
+    image = tf.image.random_flip_left_right(image)
+    if color_jitter:
+        image = _jitter(image, color_jitter)
+    return _finish(image, image_size, dtype)
+
+
+def eval_image(encoded: tf.Tensor, image_size: int, dtype: str = "float32") -> tf.Tensor:
+    """The centre crop of a JPEG, resized to image_size x image_size x 3.
+
+    Deterministic: the same bytes always give the same pixels. Serving uses this too.
+
+    Args:
+      encoded: scalar string tensor, a JPEG.
+      image_size: side of the square output, in pixels.
+      dtype: one of DTYPES.
+
+    Returns:
+      A [image_size, image_size, 3] tensor of `dtype`.
+    """
+    check_dtype(dtype)
+    shape = tf.image.extract_jpeg_shape(encoded)
+    height, width = shape[0], shape[1]
+    crop = tf.cast(
+        image_size / (image_size + CROP_PADDING) * tf.cast(tf.minimum(height, width), tf.float64),
+        tf.int32,
+    )
+    crop = tf.maximum(crop, 1)
+    window = tf.stack([(height - crop + 1) // 2, (width - crop + 1) // 2, crop, crop])
+    image = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+    return _finish(_resize(image, image_size), image_size, dtype)
+
+
+def normalize(images: tf.Tensor, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """Subtracts the ImageNet mean and divides by its standard deviation, channels last.
+
+    For "uint8" pipelines, call this on the accelerator (first layer of the model or the step
+    function). Also works on HWCN batches: give it `images` with channels last after transposing
+    back, or normalise before transposing.
+    """
+    images = tf.cast(images, tf.float32)
+    images = (images - tf.constant(MEAN_RGB)) / tf.constant(STDDEV_RGB)
+    return tf.cast(images, dtype)
+
+
+def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
+    """Bilinear resize of a decoded crop to the square output; float32 on the 0..255 scale."""
+    return tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BILINEAR)
+
+
+def _jitter(image: tf.Tensor, strength: float) -> tf.Tensor:
+    """Random brightness, contrast and saturation, on the 0..255 float scale, clipped back."""
+    image = tf.image.random_brightness(image, max_delta=strength * 255 * 0.4)
+    image = tf.image.random_contrast(image, 1 - 0.4 * strength, 1 + 0.4 * strength)
+    image = tf.image.random_saturation(image, 1 - 0.4 * strength, 1 + 0.4 * strength)
+    return tf.clip_by_value(image, 0.0, 255.0)
+
+
+def _finish(image: tf.Tensor, image_size: int, dtype: str) -> tf.Tensor:
+    """Fixes the static shape and converts to the output dtype."""
+    image.set_shape([image_size, image_size, 3])
+    if dtype == "uint8":
+        return tf.cast(tf.round(tf.clip_by_value(image, 0.0, 255.0)), tf.uint8)
+    return normalize(image, tf.as_dtype(dtype))

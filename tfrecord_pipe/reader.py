@@ -1,0 +1,661 @@
+"""The TPU-ready tf.data input pipeline: `make_input_fn` and `build_dataset`.
+
+What training code imports. The pipeline, top to bottom (evaluation differs as noted):
+
+  list files ─► this pipeline's share of the files ─► shuffle files, repeat (training)
+  ─► parallel interleave of TFRecord readers (each checked against the manifest's counts)
+  ─► shuffle records (training) ─► parse + decode + preprocess (`preprocess.py`), in parallel
+  ─► [evaluation: pad with weight-0 examples] ─► batch(drop_remainder=True)
+  ─► [transpose to HWCN] ─► prefetch
+
+Every shape in the result is static, which is what XLA on a TPU needs.
+
+    input_fn = reader.make_input_fn("gs://bucket/dataset", "train", is_training=True,
+                                    global_batch_size=1024)
+    dataset = strategy.distribute_datasets_from_function(input_fn)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import posixpath
+import sys
+from collections.abc import Mapping
+
+import tensorflow as tf
+
+from tfrecord_pipe import manifest as manifest_lib
+from tfrecord_pipe import preprocess, schema
+
+log = logging.getLogger(__name__)
+
+TRAIN_SPLIT = "train"
+EVAL_SPLIT = "validation"
+
+# Records held for shuffling. Model Garden's ImageNet configs use 10k; memory is the records'
+# serialized size times this (about 1 GB for ImageNet-sized JPEGs, see the reader benchmark).
+DEFAULT_SHUFFLE_BUFFER = 10_000
+# Shards read at once per pipeline. More hides per-file latency on GCS; each costs a buffer.
+DEFAULT_CYCLE_LENGTH = 16
+# Read buffer per open shard: large sequential reads are what GCS is fast at.
+DEFAULT_READ_BUFFER = 8 << 20  # 8 MiB
+
+EVAL_REMAINDERS = ("pad", "drop")
+_COMPRESSIONS = ("", "GZIP")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderConfig:
+    """What to read and how.
+
+    Attributes:
+      data: a dataset folder written by tfrecord-pipe (has manifest.json), or a file pattern
+        (`gs://b/d/train-*`). Local paths and anything tf.io.gfile reads.
+      split: the split to read from a dataset folder; default "train" when training and
+        "validation" otherwise. Must be None for a file pattern.
+      is_training: True: shuffled, repeated, randomly cropped and flipped. False: one pass in
+        file order with the centre crop.
+      batch_size: the GLOBAL batch size. With an InputContext each replica gets its share
+        (`get_per_replica_batch_size`); `input_fn(params)` uses `params["batch_size"]` instead.
+      image_size: side of the square images, in pixels.
+      dtype: "float32", "bfloat16" (both normalised) or "uint8" (normalise on the accelerator
+        with `preprocess.normalize`).
+      transpose_input: batches of images come out HWCN ([H, W, 3, batch]) instead of NHWC; a
+        layout that made TPU infeed faster for the reference models.
+      label_offset: subtracted from stored labels so that they come out 0-based. Default: the
+        manifest's; without a manifest it must be given (1 for data written by tfrecord-pipe or
+        the Cloud TPU scripts, 0 for 0-based data): the reader does not guess.
+      num_classes: labels are checked to lie in [0, num_classes). Default: the manifest's label
+        count; without a manifest, no check.
+      compression: "" or "GZIP". Default: the manifest's, else ".gz" file names mean GZIP.
+      eval_remainder: evaluation only. "pad": the last batch is filled up with weight-0
+        examples and a third element, the weights, is added; every record is counted exactly
+        once and shapes stay static. "drop": the last partial batch is dropped.
+      shuffle_buffer: records held for shuffling (training); at most one epoch of this
+        pipeline's records when the manifest gives the counts.
+      seed: seeds the file and record shuffles; None for a different order on every run.
+      deterministic: element order independent of thread timing. Default: False when
+        training (faster), True for evaluation.
+      cycle_length: shards read in parallel per pipeline.
+      read_buffer_bytes: read buffer per open shard.
+      color_jitter: 0 for none, else the strength (0..1) of random brightness, contrast and
+        saturation (training).
+      skip_corrupt: a corrupt or truncated shard stops the pipeline with an error naming the
+        file (default), or, when True, the rest of that shard is skipped and a warning with the
+        counts is printed to stderr.
+    """
+
+    data: str
+    split: str | None = None
+    is_training: bool = True
+    batch_size: int | None = None
+    image_size: int = 224
+    dtype: str = "float32"
+    transpose_input: bool = False
+    label_offset: int | None = None
+    num_classes: int | None = None
+    compression: str | None = None
+    eval_remainder: str = "pad"
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
+    seed: int | None = None
+    deterministic: bool | None = None
+    cycle_length: int = DEFAULT_CYCLE_LENGTH
+    read_buffer_bytes: int = DEFAULT_READ_BUFFER
+    color_jitter: float = 0.0
+    skip_corrupt: bool = False
+
+    def __post_init__(self):
+        problems = []
+        if not self.data:
+            problems.append("data is empty: give a dataset folder or a file pattern")
+        if self.batch_size is not None and self.batch_size < 1:
+            problems.append(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.image_size < 1:
+            problems.append(f"image_size must be >= 1, got {self.image_size}")
+        if self.dtype not in preprocess.DTYPES:
+            problems.append(f"dtype must be one of {preprocess.DTYPES}, got {self.dtype!r}")
+        if self.label_offset is not None and self.label_offset < 0:
+            problems.append(f"label_offset must be >= 0, got {self.label_offset}")
+        if self.num_classes is not None and self.num_classes < 1:
+            problems.append(f"num_classes must be >= 1, got {self.num_classes}")
+        if self.compression is not None and self.compression not in _COMPRESSIONS:
+            problems.append(f"compression must be one of {_COMPRESSIONS}, got {self.compression!r}")
+        if self.eval_remainder not in EVAL_REMAINDERS:
+            problems.append(
+                f"eval_remainder must be one of {EVAL_REMAINDERS}, got {self.eval_remainder!r}"
+            )
+        if self.shuffle_buffer < 1:
+            problems.append(f"shuffle_buffer must be >= 1, got {self.shuffle_buffer}")
+        if self.cycle_length < 1:
+            problems.append(f"cycle_length must be >= 1, got {self.cycle_length}")
+        if self.read_buffer_bytes < 1:
+            problems.append(f"read_buffer_bytes must be >= 1, got {self.read_buffer_bytes}")
+        if not 0 <= self.color_jitter <= 1:
+            problems.append(f"color_jitter must be in [0, 1], got {self.color_jitter}")
+        if problems:
+            raise ValueError("Invalid ReaderConfig: " + "; ".join(problems))
+
+    @property
+    def padded(self) -> bool:
+        """Whether batches carry a third element, the per-example weights."""
+        return not self.is_training and self.eval_remainder == "pad"
+
+    @property
+    def is_deterministic(self) -> bool:
+        return (not self.is_training) if self.deterministic is None else self.deterministic
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """The files a config reads and what is known about them, resolved once on the host.
+
+    Attributes:
+      files: shard paths, in dataset order.
+      record_counts: records per file (from the manifest), or None when unknown.
+      compression: "" or "GZIP".
+      label_offset: subtracted from stored labels.
+      num_classes: label count, or None when unknown.
+      labels: label texts in index order, when there is a manifest.
+    """
+
+    files: tuple[str, ...]
+    record_counts: tuple[int, ...] | None
+    compression: str
+    label_offset: int
+    num_classes: int | None
+    labels: tuple[str, ...] | None = None
+
+    @property
+    def num_examples(self) -> int | None:
+        return None if self.record_counts is None else sum(self.record_counts)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineShare:
+    """The part of a Source that one input pipeline reads.
+
+    Attributes:
+      files: the files this pipeline opens.
+      record_counts: records per file in the file (not the share), or None when unknown.
+      record_shard: (num_pipelines, index) when there are fewer files than pipelines: every
+        pipeline opens every file and keeps every num_pipelines-th record from `index`.
+        None when the pipeline owns whole files.
+    """
+
+    files: tuple[str, ...]
+    record_counts: tuple[int, ...] | None
+    record_shard: tuple[int, int] | None = None
+
+    @property
+    def num_examples(self) -> int | None:
+        """Records this pipeline yields in one pass, when the counts are known."""
+        if self.record_counts is None:
+            return None
+        if self.record_shard is None:
+            return sum(self.record_counts)
+        num, index = self.record_shard
+        return sum(len(range(index, count, num)) for count in self.record_counts)
+
+
+def resolve_source(config: ReaderConfig) -> Source:
+    """Finds the files to read and the manifest facts that go with them.
+
+    Raises:
+      ValueError: nothing to read, a split that does not exist, or a label offset that is
+        neither in a manifest nor given; the message says what to pass.
+    """
+    data = config.data.rstrip("/") or config.data
+    found = None
+    if tf.io.gfile.exists(posixpath.join(data, manifest_lib.MANIFEST_NAME)):
+        found = manifest_lib.read(data)
+        split = config.split or (TRAIN_SPLIT if config.is_training else EVAL_SPLIT)
+        if split not in found.splits:
+            raise ValueError(
+                f"{data} has no split {split!r}; it has {sorted(found.splits)}. Pass split=..."
+            )
+        info = found.splits[split]
+        if not info.files:
+            raise ValueError(f"Split {split!r} of {data} has no shards (0 examples written).")
+        files = tuple(posixpath.join(data, name) for name in info.files)
+        counts = tuple(info.shard_lengths)
+    else:
+        if tf.io.gfile.isdir(data):
+            raise ValueError(
+                f"{data} is a folder without {manifest_lib.MANIFEST_NAME}: not a finished "
+                f"tfrecord-pipe dataset. To read shards anyway, pass a file pattern such as "
+                f"{posixpath.join(data, 'train-*')} and label_offset."
+            )
+        if config.split is not None:
+            raise ValueError(
+                f"split={config.split!r} selects a split of a dataset folder, but {data} is a "
+                "file pattern; drop split or pass the dataset folder."
+            )
+        files = tuple(sorted(tf.io.gfile.glob(data)))
+        if not files:
+            raise ValueError(
+                f"{data} matched no files. Pass a dataset folder (with manifest.json) or a "
+                "pattern of TFRecord files such as gs://bucket/dataset/train-*."
+            )
+        found, counts = _manifest_beside(files)
+    return Source(
+        files=files,
+        record_counts=counts,
+        compression=_compression(config, found, files),
+        label_offset=_label_offset(config, found),
+        num_classes=config.num_classes or (len(found.labels) if found else None),
+        labels=found.labels if found else None,
+    )
+
+
+def _manifest_beside(files):
+    """The manifest of the folder holding `files`, and their counts, if it lists all of them."""
+    folders = {posixpath.dirname(path) for path in files}
+    if len(folders) != 1:
+        return None, None
+    folder = folders.pop()
+    if not tf.io.gfile.exists(posixpath.join(folder, manifest_lib.MANIFEST_NAME)):
+        return None, None
+    found = manifest_lib.read(folder)
+    lengths = {
+        name: length
+        for info in found.splits.values()
+        for name, length in zip(info.files, info.shard_lengths)
+    }
+    names = [posixpath.basename(path) for path in files]
+    if not all(name in lengths for name in names):
+        return found, None
+    return found, tuple(lengths[name] for name in names)
+
+
+def _compression(config, found, files) -> str:
+    if config.compression is not None:
+        return config.compression
+    if found is not None:
+        return found.compression
+    return "GZIP" if all(path.endswith(".gz") for path in files) else ""
+
+
+def _label_offset(config, found) -> int:
+    if found is not None:
+        if config.label_offset is not None and config.label_offset != found.label_offset:
+            raise ValueError(
+                f"label_offset={config.label_offset} was passed, but the dataset's manifest "
+                f"says its labels were written with offset {found.label_offset}. Leave "
+                "label_offset unset to use the manifest's."
+            )
+        return found.label_offset
+    if config.label_offset is None:
+        raise ValueError(
+            f"{config.data} has no manifest.json beside it, so the label offset is unknown. "
+            "Pass label_offset: 1 for data written by tfrecord-pipe or the Cloud TPU scripts "
+            "(labels start at 1), 0 for 0-based labels."
+        )
+    return config.label_offset
+
+
+def pipeline_share(source: Source, num_pipelines: int = 1, index: int = 0) -> PipelineShare:
+    """The files (or records) input pipeline `index` of `num_pipelines` reads.
+
+    Pipelines own whole files, dealt round-robin, so that each reads sequentially and no two
+    read the same record. With fewer files than pipelines, that would leave some pipelines
+    with nothing: instead every pipeline reads every file and keeps every num_pipelines-th
+    record (correct, but each byte is read num_pipelines times), with a warning.
+    """
+    if not 0 <= index < num_pipelines:
+        raise ValueError(f"input pipeline {index} does not exist among {num_pipelines}")
+    if len(source.files) >= num_pipelines:
+        picked = range(index, len(source.files), num_pipelines)
+        counts = source.record_counts
+        return PipelineShare(
+            files=tuple(source.files[i] for i in picked),
+            record_counts=None if counts is None else tuple(counts[i] for i in picked),
+        )
+    log.warning(
+        "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d of "
+        "the records. Write at least %d shards (--num_shards) to read each once.",
+        len(source.files),
+        num_pipelines,
+        num_pipelines,
+        num_pipelines,
+    )
+    return PipelineShare(source.files, source.record_counts, (num_pipelines, index))
+
+
+def build_dataset(
+    config: ReaderConfig,
+    input_context: tf.distribute.InputContext | None = None,
+    batch_size: int | None = None,
+) -> tf.data.Dataset:
+    """The batched dataset of one input pipeline.
+
+    Args:
+      config: what to read and how.
+      input_context: from `strategy.distribute_datasets_from_function`: this pipeline's share
+        of the files and the per-replica batch size. None: one pipeline reading everything.
+      batch_size: the batch size of THIS pipeline, overriding the one derived from
+        `config.batch_size` (TPUEstimator-style `params["batch_size"]`).
+
+    Returns:
+      (images, labels) batches, plus weights when `config.padded`; labels are int32, 0-based.
+    """
+    source = resolve_source(config)
+    num_pipelines = input_context.num_input_pipelines if input_context else 1
+    index = input_context.input_pipeline_id if input_context else 0
+    batch = _pipeline_batch_size(config, input_context, batch_size)
+    share = pipeline_share(source, num_pipelines, index)
+
+    records = _read_records(config, source, share)
+    if config.is_training:
+        # After the interleave: mixes records of different shards, not just shard order. A
+        # buffer larger than an epoch would only mix epochs and hold memory: cap it there.
+        buffer = min(config.shuffle_buffer, share.num_examples or config.shuffle_buffer)
+        records = records.shuffle(buffer, seed=config.seed)
+    examples = records.map(
+        _parse_fn(config, source),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=config.is_deterministic,
+    )
+    if config.padded:
+        examples = _padded_batches(config, source, examples, batch, num_pipelines)
+    else:
+        examples = examples.batch(batch, drop_remainder=True)
+    if config.transpose_input:
+        examples = examples.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
+    examples = examples.prefetch(tf.data.AUTOTUNE)
+    return examples.with_options(_options(config))
+
+
+def _pipeline_batch_size(config, input_context, batch_size) -> int:
+    if batch_size is not None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        return batch_size
+    if config.batch_size is None:
+        raise ValueError(
+            "No batch size: set ReaderConfig.batch_size (the global batch), or call the "
+            "input_fn with params={'batch_size': per_pipeline_batch}."
+        )
+    if input_context is None:
+        return config.batch_size
+    return input_context.get_per_replica_batch_size(config.batch_size)
+
+
+def _read_records(config, source, share) -> tf.data.Dataset:
+    """Serialized records of this pipeline's files, read by a parallel interleave."""
+    names = tf.constant(share.files)
+    counts = share.record_counts if share.record_counts is not None else [-1] * len(share.files)
+    files = tf.data.Dataset.from_tensor_slices((names, tf.constant(counts, tf.int64)))
+    if config.is_training:
+        # Shuffle before repeat: a new file order every epoch, each file once per epoch.
+        files = files.shuffle(len(share.files), seed=config.seed, reshuffle_each_iteration=True)
+        files = files.repeat()
+    read = _file_reader(config, source, share.record_shard)
+    return files.interleave(
+        read,
+        cycle_length=min(config.cycle_length, len(share.files)),
+        block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=config.is_deterministic,
+    )
+
+
+def _file_reader(config, source, record_shard):
+    """A function from (file name, expected record count) to that file's records.
+
+    TensorFlow's own error for a bad shard ("truncated record at 5085") does not say which
+    file. So each file is read with errors caught, its records are counted, and at its end
+    the count is compared with the manifest's: short means corrupt or truncated, and the
+    error (or, with skip_corrupt, the warning) names the file.
+    """
+
+    def read(filename, expected):
+        records = tf.data.TFRecordDataset(
+            filename, compression_type=source.compression, buffer_size=config.read_buffer_bytes
+        )
+        if source.record_counts is not None:
+            records = _checked(records, filename, expected, config.skip_corrupt)
+        elif config.skip_corrupt:
+            records = records.ignore_errors(log_warning=True)
+        if record_shard is not None:
+            records = records.shard(*record_shard)
+        return records
+
+    return read
+
+
+def _checked(records, filename, expected, skip_corrupt):
+    """`records` with read errors caught and the count checked when the file ends."""
+    end = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True)))
+    tagged = records.ignore_errors().map(lambda r: (r, tf.constant(False))).concatenate(end)
+
+    def count(seen, element):
+        record, is_end = element
+        seen = seen + tf.cast(tf.logical_not(is_end), tf.int64)
+        return seen, (record, is_end, seen)
+
+    def keep(record, is_end, seen):
+        return tf.cond(is_end, lambda: _file_end(filename, seen, expected, skip_corrupt), _true)
+
+    counted = tagged.scan(tf.constant(0, tf.int64), count)
+    return counted.filter(keep).map(lambda record, is_end, seen: record)
+
+
+def _true():
+    return tf.constant(True)
+
+
+def _file_end(filename, seen, expected, skip_corrupt):
+    """At a file's end: False (the end marker is dropped), after an error or a warning if short."""
+    complete = tf.equal(seen, expected)
+    problem = tf.strings.join(
+        [
+            "Corrupt or truncated TFRecord file ",
+            filename,
+            ": read ",
+            tf.strings.as_string(seen),
+            " records, the manifest lists ",
+            tf.strings.as_string(expected),
+        ]
+    )
+    if skip_corrupt:
+        return tf.cond(complete, _false, lambda: _warn_false(problem))
+    check = tf.debugging.Assert(complete, [problem])
+    with tf.control_dependencies([check]):
+        return tf.constant(False)
+
+
+def _false():
+    return tf.constant(False)
+
+
+def _warn_false(problem):
+    warn = tf.print(
+        "WARNING tfrecord-pipe:",
+        problem,
+        "; skipped the rest of it (skip_corrupt=True)",
+        output_stream=sys.stderr,
+    )
+    with tf.control_dependencies([warn]):
+        return tf.constant(False)
+
+
+def _parse_fn(config, source):
+    """Record to (image, label[, weight]): parse the two keys needed, decode, preprocess."""
+    spec = {key: schema.parse_spec()[key] for key in (schema.ENCODED, schema.LABEL)}
+    offset = source.label_offset
+    num_classes = source.num_classes
+
+    def parse(record):
+        features = tf.io.parse_single_example(record, spec)
+        encoded = features[schema.ENCODED]
+        if config.is_training:
+            image = preprocess.train_image(
+                encoded, config.image_size, config.dtype, config.color_jitter
+            )
+        else:
+            image = preprocess.eval_image(encoded, config.image_size, config.dtype)
+        label = features[schema.LABEL] - offset
+        checks = [
+            tf.debugging.assert_non_negative(
+                label, message=f"Label below 0 after subtracting label_offset={offset}"
+            )
+        ]
+        if num_classes is not None:
+            checks.append(
+                tf.debugging.assert_less(
+                    label,
+                    tf.constant(num_classes, tf.int64),
+                    message=f"Label not below num_classes={num_classes} (label_offset={offset})",
+                )
+            )
+        with tf.control_dependencies(checks):
+            label = tf.cast(label, tf.int32)
+        if config.padded:
+            return image, label, tf.constant(1.0)
+        return image, label
+
+    return parse
+
+
+def _padded_batches(config, source, examples, batch, num_pipelines) -> tf.data.Dataset:
+    """Full batches that hold every example once, the last filled up with weight-0 examples.
+
+    With known counts every pipeline yields the same number of batches (the most any
+    pipeline needs), as synchronous multi-replica evaluation requires.
+    """
+    dtype = tf.as_dtype(config.dtype)
+    blank = (
+        tf.zeros([config.image_size, config.image_size, 3], dtype),
+        tf.constant(0, tf.int32),
+        tf.constant(0.0),
+    )
+    filler = tf.data.Dataset.from_tensors(blank).repeat()
+    batches = examples.concatenate(filler).batch(batch, drop_remainder=True)
+    steps = eval_steps(config, batch, num_pipelines, source)
+    if steps is not None:
+        return batches.take(steps)
+    if num_pipelines > 1:
+        raise ValueError(
+            f"Padded evaluation over {num_pipelines} input pipelines needs record counts to "
+            f"give every pipeline the same number of batches, and {config.data} has no "
+            "manifest listing them. Read a dataset folder, or use eval_remainder='drop'."
+        )
+    # One pipeline, count unknown: stop at the first batch that starts with filler.
+    return batches.take_while(lambda images, labels, weights: weights[0] > 0)
+
+
+def eval_steps(
+    config: ReaderConfig, batch: int, num_pipelines: int = 1, source: Source | None = None
+) -> int | None:
+    """Batches each pipeline yields in one padded evaluation pass, or None when unknown.
+
+    Args:
+      config: an evaluation config.
+      batch: the per-pipeline batch size.
+      num_pipelines: input pipelines reading the data between them.
+      source: resolve_source(config), if already at hand.
+    """
+    source = source or resolve_source(config)
+    counts = [pipeline_share(source, num_pipelines, i).num_examples for i in range(num_pipelines)]
+    if any(count is None for count in counts):
+        return None
+    return max(math.ceil(count / batch) for count in counts)
+
+
+def _to_hwcn(images, labels, *weights):
+    return (tf.transpose(images, [1, 2, 3, 0]), labels, *weights)
+
+
+def _options(config) -> tf.data.Options:
+    options = tf.data.Options()
+    options.deterministic = config.is_deterministic
+    # The pipeline shards its own files per InputContext; tf.distribute must not shard again.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return options
+
+
+class InputFn:
+    """The `input_fn` returned by `make_input_fn`: call it the way your training code does.
+
+    - `input_fn(input_context)`, from `strategy.distribute_datasets_from_function`: this
+      pipeline's share of the files, per-replica batches from `config.batch_size`.
+    - `input_fn(params)`: TPUEstimator-era code; `params["batch_size"]` is the batch of this
+      pipeline, and `params["context"]` (when present) says which host this is.
+    - `input_fn()`: one pipeline, batches of `config.batch_size`.
+    """
+
+    def __init__(self, config: ReaderConfig):
+        self.config = config
+
+    def __call__(self, context=None) -> tf.data.Dataset:
+        if context is None or isinstance(context, tf.distribute.InputContext):
+            return build_dataset(self.config, context)
+        if isinstance(context, Mapping):
+            if "batch_size" not in context:
+                raise ValueError(
+                    f"input_fn(params) needs params['batch_size']; got keys {sorted(context)}"
+                )
+            return build_dataset(
+                self.config, _host_context(context.get("context")), context["batch_size"]
+            )
+        raise TypeError(
+            "input_fn takes a tf.distribute.InputContext, a params dict with 'batch_size', "
+            f"or nothing; got {type(context).__name__}"
+        )
+
+    def __repr__(self):
+        return f"InputFn({self.config!r})"
+
+
+def _host_context(tpu_context):
+    """An InputContext for this host from a TPUEstimator TPUContext, or None without one."""
+    if tpu_context is None:
+        return None
+    _, host_id, *_ = tpu_context.current_input_fn_deployment()
+    return tf.distribute.InputContext(
+        num_input_pipelines=tpu_context.num_hosts, input_pipeline_id=host_id
+    )
+
+
+def make_input_fn(
+    data: str,
+    split: str | None = None,
+    *,
+    is_training: bool | None = None,
+    mode: str | None = None,
+    image_size: int = 224,
+    transpose_input: bool = False,
+    **options,
+) -> InputFn:
+    """An `input_fn` for training or evaluation, in the style of the Cloud TPU reference models.
+
+    Args:
+      data: a dataset folder (with manifest.json) or a file pattern.
+      split: which split of a dataset folder (default "train" or "validation" by mode).
+      is_training: training (shuffle, repeat, augment) or evaluation. Give this or `mode`.
+      mode: "train" or "eval" (what `tf.estimator.ModeKeys` held), instead of is_training.
+      image_size: side of the square images.
+      transpose_input: HWCN image batches.
+      **options: any other ReaderConfig field (batch_size, dtype, seed, ...).
+
+    Returns:
+      An InputFn: `input_fn(input_context)`, `input_fn(params)` or `input_fn()`.
+    """
+    if (is_training is None) == (mode is None):
+        raise ValueError("Pass exactly one of is_training=True/False or mode='train'/'eval'.")
+    if mode is not None:
+        modes = {"train": True, "training": True, "eval": False, "evaluation": False}
+        if mode not in modes:
+            raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
+        is_training = modes[mode]
+    config = ReaderConfig(
+        data=data,
+        split=split,
+        is_training=is_training,
+        image_size=image_size,
+        transpose_input=transpose_input,
+        **options,
+    )
+    return InputFn(config)
