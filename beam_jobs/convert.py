@@ -47,7 +47,7 @@ from beam_jobs import packaging, sharding
 from beam_jobs.config import ConvertConfig
 from beam_jobs.load import LoadImages
 from beam_jobs.shards import WriteShards
-from beam_jobs.sources import SPLITS, TRAIN, ListSources
+from beam_jobs.sources import SPLITS, TRAIN, DropDuplicatePaths, ListSources
 from tfrecord_pipe import images, manifest, schema
 
 LOG = logging.getLogger("beam_jobs.convert")
@@ -85,17 +85,23 @@ def _write_json_lines(pcoll, path: str, label: str):
 def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str,
                    fixed_labels: tuple[str, ...] | None) -> None:
     """Adds the conversion's steps to `pipeline`; outputs land in `temp_dir` for finalize()."""
-    sources = pipeline | "List" >> ListSources(config)
+    listed = pipeline | "List" >> ListSources(config)
+    if config.layout == "csv":  # folder listings cannot name a file twice
+        deduplicated = listed | "DropDuplicatePaths" >> DropDuplicatePaths()
+        sources, duplicates = deduplicated.sources, deduplicated[DropDuplicatePaths.REJECTED]
+    else:
+        sources, duplicates = listed, pipeline | "NoDuplicates" >> beam.Create([])
     labels = sources | "CollectLabels" >> CollectLabels(fixed_labels)
     loaded = sources | "LoadImages" >> beam.ParDo(
         LoadImages(config.policy, config.label_offset), labels=beam.pvalue.AsSingleton(labels)
     ).with_outputs(LoadImages.REJECTED, main="records")
     shards = loaded.records | "WriteShards" >> WriteShards(config, temp_dir)
+    rejected = (duplicates, loaded[LoadImages.REJECTED]) | "AllRejected" >> beam.Flatten()
 
     counts = (
         (
-            sources | "ListedPerSplit" >> beam.Map(lambda s: ((s.split, "listed"), 1)),
-            loaded[LoadImages.REJECTED]
+            listed | "ListedPerSplit" >> beam.Map(lambda s: ((s.split, "listed"), 1)),
+            rejected
             | "RejectedPerReason" >> beam.Map(lambda r: ((r["split"], "rejected:" + r["reason"]), 1)),
         )
         | "AllCounts" >> beam.Flatten()
@@ -106,7 +112,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
     _write_json_lines(counts, posixpath.join(temp_dir, "_counts.jsonl"), "Counts")
     _write_json_lines(labels, posixpath.join(temp_dir, "_labels.jsonl"), "LabelList")
     _ = (
-        loaded[LoadImages.REJECTED]
+        rejected
         | "RejectedToJson" >> beam.Map(lambda x: json.dumps(x, sort_keys=True))
         | "WriteRejected" >> beam.io.WriteToText(
             posixpath.join(temp_dir, manifest.REJECTED_DIR, "rejected"), file_name_suffix=".jsonl"

@@ -14,7 +14,7 @@ from apache_beam.metrics import Metrics
 
 import beam_jobs
 from beam_jobs import sharding
-from beam_jobs.sources import SourceFile
+from beam_jobs.sources import SourceFile, rejection
 from tfrecord_pipe import images, schema
 
 LOG = logging.getLogger(__name__)
@@ -97,7 +97,3 @@ class LoadImages(beam.DoFn):
         )
         return sharding.order_key(source.relpath), schema.serialize(record, self._label_offset)
 
-
-def rejection(source: SourceFile, reason: str, detail: str) -> dict:
-    """A dead-letter line: what a user needs to find and fix the input."""
-    return {"path": source.path, "split": source.split, "reason": reason, "error": detail}

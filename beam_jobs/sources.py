@@ -13,8 +13,11 @@ import posixpath
 
 import apache_beam as beam
 from apache_beam.io import fileio
+from apache_beam.metrics import Metrics
 
+import beam_jobs
 from beam_jobs.config import ConvertConfig
+from tfrecord_pipe import images
 
 TRAIN, VALIDATION = "train", "validation"
 SPLITS = (TRAIN, VALIDATION, "test")
@@ -100,5 +103,53 @@ class ListSources(beam.PTransform):
                 lambda meta: source_from_folder(
                     meta.path, root, config.layout, config.validation_fraction
                 )
+            )
+        )
+
+
+def rejection(source: SourceFile, reason: str, detail: str) -> dict:
+    """A dead-letter line: what a user needs to find and fix the input."""
+    return {"path": source.path, "split": source.split, "reason": reason, "error": detail}
+
+
+def keep_one_per_path(path_and_sources):
+    """Yields the one listing of a path that is kept, and rejections for the others.
+
+    Which one is kept must not depend on the order Beam delivers them in: the smallest by
+    (split, label, relpath) is kept, so re-runs write the same records.
+    """
+    path, sources = path_and_sources
+    ordered = sorted(sources, key=lambda s: (s.split, s.label or "", s.relpath))
+    kept = ordered[0]
+    yield kept
+    for other in ordered[1:]:
+        Metrics.counter(beam_jobs.METRICS_NAMESPACE, "inputs_duplicate").inc()
+        yield beam.pvalue.TaggedOutput(
+            DropDuplicatePaths.REJECTED,
+            rejection(
+                other,
+                images.DUPLICATE,
+                f"{path} is listed {len(ordered)} times; kept the listing with label "
+                f"{kept.label!r} in split {kept.split!r}. Remove the extra lines.",
+            ),
+        )
+
+
+class DropDuplicatePaths(beam.PTransform):
+    """Keeps one listing per path; the others go to the REJECTED output (reason "duplicate").
+
+    CSV lists can name a file twice, sometimes with two labels or in two splits. Writing it
+    twice would count it twice and could put the same image in train and validation.
+    """
+
+    REJECTED = "rejected"
+
+    def expand(self, sources):
+        return (
+            sources
+            | "KeyByPath" >> beam.Map(lambda source: (source.path, source))
+            | "GroupByPath" >> beam.GroupByKey()
+            | "KeepOne" >> beam.FlatMap(keep_one_per_path).with_outputs(
+                self.REJECTED, main="sources"
             )
         )

@@ -23,19 +23,16 @@ import time
 import numpy as np
 from PIL import Image
 
+from benchmarks import photos
+
 
 def make_photo_like(folder: pathlib.Path, count: int, side: int, seed: int = 0) -> None:
-    """JPEGs with smooth gradients plus noise: compress and decode like photos, not flat fills."""
+    """`count` photo-like side x side JPEGs in ten label folders."""
     rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
     for i in range(count):
         label = folder / f"class{i % 10}"
         label.mkdir(parents=True, exist_ok=True)
-        a, b, c = rng.uniform(0, 255, 3)
-        base = np.stack([a * x, b * y, c * (1 - x) * y], axis=-1)
-        noise = rng.normal(0, 18, (side, side, 3))
-        pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
-        Image.fromarray(pixels).save(label / f"{i:06d}.jpg", quality=90)
+        (label / f"{i:06d}.jpg").write_bytes(photos.photo_like_jpeg(rng, side, side))
         if (i + 1) % 500 == 0 or i + 1 == count:
             print(f"\r  generating images: {i + 1}/{count}", end="", flush=True)
     print()

@@ -133,6 +133,29 @@ def test_csv_with_split_column_relative_paths_and_a_labels_file(tmp_path):
         assert record.filename.startswith("images/blue/")
 
 
+def test_a_path_listed_twice_is_written_once_and_the_extra_line_rejected(tmp_path):
+    make_folder(tmp_path / "images", per_label=2, odd=())
+    lines = [
+        "images/red/000.jpg,red,train",
+        "images/red/001.jpg,red,train",
+        "images/blue/000.jpg,blue,train",
+        "images/blue/000.jpg,red,validation",  # same file, other label and split
+    ]
+    csv_path = tmp_path / "list.csv"
+    csv_path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+
+    result = run(csv_path, out)
+
+    assert result.splits["train"].num_examples == 3
+    assert result.splits["validation"].num_examples == 0
+    assert result.splits["validation"].listed == result.splits["validation"].rejected == 1
+    assert result.rejected_reasons == {"duplicate": 1}
+    (line,) = [json.loads(text) for f in out.glob("rejected/*.jsonl") for text in f.open()]
+    assert line["reason"] == "duplicate" and line["split"] == "validation"
+    assert "listed 2 times; kept the listing with label 'blue' in split 'train'" in line["error"]
+
+
 def test_split_folders_are_detected(tmp_path):
     for split in ("train", "validation"):
         make_folder(tmp_path / "src" / split, per_label=2, odd=())

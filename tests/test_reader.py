@@ -286,3 +286,26 @@ def test_reads_a_dataset_on_gcs(gcs):
     assert sum(len(labels) for _, labels in batches(train, 4)) == 8
     evaluation = reader.make_input_fn(folder, is_training=False, image_size=SIZE, batch_size=2)()
     assert sorted(real_labels(batches(evaluation))) == [0, 1, 2]
+
+
+def test_image_fn_replaces_the_preprocessing_and_is_checked(dataset):
+    config = reader.ReaderConfig(
+        data=dataset, is_training=True, batch_size=2, image_size=SIZE, dtype="uint8"
+    )
+
+    def gray(encoded):
+        image = tf.image.resize(tf.io.decode_jpeg(encoded, channels=3), [SIZE, SIZE])
+        return tf.cast(tf.fill([SIZE, SIZE, 3], 128.0) + 0 * image, tf.uint8)
+
+    images, _ = next(iter(reader.build_dataset(config, image_fn=gray)))
+    assert (images.numpy() == 128).all()
+    with pytest.raises(ValueError, match=r"image_fn returned float32 \(24, 24, 3\)"):
+        reader.build_dataset(config, image_fn=lambda encoded: tf.zeros([SIZE, SIZE, 3]))
+
+
+def test_read_records_gives_the_serialized_records_of_a_pipeline(dataset):
+    config = reader.ReaderConfig(data=dataset, is_training=False)
+    records = [r.numpy() for r in reader.read_records(config)]
+    assert len(records) == 11
+    context = tf.distribute.InputContext(2, 1, 2)
+    assert len(list(reader.read_records(config, context))) == 5  # the second shard

@@ -28,6 +28,7 @@ NOT_ALLOWED_FORMAT = "format_not_allowed"
 UNREADABLE = "unreadable"
 UNKNOWN_LABEL = "unknown_label"
 NO_LABEL = "no_label"
+DUPLICATE = "duplicate"
 
 # 100 megapixels: far above any training image, far below what would exhaust a worker
 # (an RGB image of this size is 300 MB decoded).

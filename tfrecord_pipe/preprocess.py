@@ -12,6 +12,7 @@ resize the crop to a fixed square. The output is in one of three dtypes:
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 # ImageNet statistics on the 0..255 scale, as in the Cloud TPU reference models.
@@ -102,12 +103,24 @@ def normalize(images: tf.Tensor, dtype: tf.DType = tf.float32) -> tf.Tensor:
     """Subtracts the ImageNet mean and divides by its standard deviation, channels last.
 
     For "uint8" pipelines, call this on the accelerator (first layer of the model or the step
-    function). Also works on HWCN batches: give it `images` with channels last after transposing
-    back, or normalise before transposing.
+    function), on NHWC images (transpose HWCN batches back first).
     """
     images = tf.cast(images, tf.float32)
-    images = (images - tf.constant(MEAN_RGB)) / tf.constant(STDDEV_RGB)
-    return tf.cast(images, dtype)
+    # A multiply-add with constants of the image's full shape: broadcasting a [3] vector over
+    # channels is 6x slower on CPU (Eigen's broadcast path; measured in the reader benchmark).
+    shape = images.shape
+    if shape.is_fully_defined():
+        scale = tf.constant(_full(shape, [1 / s for s in STDDEV_RGB]))
+        shift = tf.constant(_full(shape, [-m / s for m, s in zip(MEAN_RGB, STDDEV_RGB)]))
+    else:
+        scale = tf.constant([1 / s for s in STDDEV_RGB])
+        shift = tf.constant([-m / s for m, s in zip(MEAN_RGB, STDDEV_RGB)])
+    return tf.cast(images * scale + shift, dtype)
+
+
+def _full(shape, per_channel):
+    """A numpy array of `shape` (channels last) holding `per_channel` along the last axis."""
+    return np.broadcast_to(np.asarray(per_channel, np.float32), shape.as_list()).copy()
 
 
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
@@ -127,5 +140,6 @@ def _finish(image: tf.Tensor, image_size: int, dtype: str) -> tf.Tensor:
     """Fixes the static shape and converts to the output dtype."""
     image.set_shape([image_size, image_size, 3])
     if dtype == "uint8":
-        return tf.cast(tf.round(tf.clip_by_value(image, 0.0, 255.0)), tf.uint8)
+        # Bilinear resizing only averages pixels, so values stay in 0..255: round, no clip.
+        return tf.cast(image + 0.5, tf.uint8)
     return normalize(image, tf.as_dtype(dtype))

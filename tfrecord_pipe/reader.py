@@ -22,7 +22,7 @@ import logging
 import math
 import posixpath
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
@@ -323,10 +323,25 @@ def pipeline_share(source: Source, num_pipelines: int = 1, index: int = 0) -> Pi
     return PipelineShare(source.files, source.record_counts, (num_pipelines, index))
 
 
+def read_records(
+    config: ReaderConfig, input_context: tf.distribute.InputContext | None = None
+) -> tf.data.Dataset:
+    """Serialized records of one input pipeline, after the reading stages and before parsing.
+
+    The first half of `build_dataset`: this pipeline's files, shuffled and repeated when
+    training, read by a parallel interleave with their counts checked, records shuffled when
+    training. For tools and benchmarks that parse records their own way.
+    """
+    source = resolve_source(config)
+    share = pipeline_share(source, *_pipeline_position(input_context))
+    return _records(config, source, share)
+
+
 def build_dataset(
     config: ReaderConfig,
     input_context: tf.distribute.InputContext | None = None,
     batch_size: int | None = None,
+    image_fn: Callable[[tf.Tensor], tf.Tensor] | None = None,
 ) -> tf.data.Dataset:
     """The batched dataset of one input pipeline.
 
@@ -336,24 +351,21 @@ def build_dataset(
         of the files and the per-replica batch size. None: one pipeline reading everything.
       batch_size: the batch size of THIS pipeline, overriding the one derived from
         `config.batch_size` (TPUEstimator-style `params["batch_size"]`).
+      image_fn: replaces the preprocessing of `preprocess.py`: takes the JPEG bytes of one
+        record (a scalar string tensor) and returns its image, [image_size, image_size, 3] of
+        `config.dtype`. For your own augmentation; evaluation and serving should keep ours.
 
     Returns:
       (images, labels) batches, plus weights when `config.padded`; labels are int32, 0-based.
     """
     source = resolve_source(config)
-    num_pipelines = input_context.num_input_pipelines if input_context else 1
-    index = input_context.input_pipeline_id if input_context else 0
+    num_pipelines, index = _pipeline_position(input_context)
     batch = _pipeline_batch_size(config, input_context, batch_size)
     share = pipeline_share(source, num_pipelines, index)
 
-    records = _read_records(config, source, share)
-    if config.is_training:
-        # After the interleave: mixes records of different shards, not just shard order. A
-        # buffer larger than an epoch would only mix epochs and hold memory: cap it there.
-        buffer = min(config.shuffle_buffer, share.num_examples or config.shuffle_buffer)
-        records = records.shuffle(buffer, seed=config.seed)
+    records = _records(config, source, share)
     examples = records.map(
-        _parse_fn(config, source),
+        _parse_fn(config, source, image_fn),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=config.is_deterministic,
     )
@@ -365,6 +377,13 @@ def build_dataset(
         examples = examples.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
     examples = examples.prefetch(tf.data.AUTOTUNE)
     return examples.with_options(_options(config))
+
+
+def _pipeline_position(input_context) -> tuple[int, int]:
+    """(number of input pipelines, this one's index)."""
+    if input_context is None:
+        return 1, 0
+    return input_context.num_input_pipelines, input_context.input_pipeline_id
 
 
 def _pipeline_batch_size(config, input_context, batch_size) -> int:
@@ -382,8 +401,8 @@ def _pipeline_batch_size(config, input_context, batch_size) -> int:
     return input_context.get_per_replica_batch_size(config.batch_size)
 
 
-def _read_records(config, source, share) -> tf.data.Dataset:
-    """Serialized records of this pipeline's files, read by a parallel interleave."""
+def _records(config, source, share) -> tf.data.Dataset:
+    """Serialized records of this pipeline's files: parallel interleave, then shuffle."""
     names = tf.constant(share.files)
     counts = share.record_counts if share.record_counts is not None else [-1] * len(share.files)
     files = tf.data.Dataset.from_tensor_slices((names, tf.constant(counts, tf.int64)))
@@ -391,14 +410,19 @@ def _read_records(config, source, share) -> tf.data.Dataset:
         # Shuffle before repeat: a new file order every epoch, each file once per epoch.
         files = files.shuffle(len(share.files), seed=config.seed, reshuffle_each_iteration=True)
         files = files.repeat()
-    read = _file_reader(config, source, share.record_shard)
-    return files.interleave(
-        read,
+    records = files.interleave(
+        _file_reader(config, source, share.record_shard),
         cycle_length=min(config.cycle_length, len(share.files)),
         block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=config.is_deterministic,
     )
+    if config.is_training:
+        # After the interleave: mixes records of different shards, not just shard order. A
+        # buffer larger than an epoch would only mix epochs and hold memory: cap it there.
+        buffer = min(config.shuffle_buffer, share.num_examples or config.shuffle_buffer)
+        records = records.shuffle(buffer, seed=config.seed)
+    return records
 
 
 def _file_reader(config, source, record_shard):
@@ -481,7 +505,7 @@ def _warn_false(problem):
         return tf.constant(False)
 
 
-def _parse_fn(config, source):
+def _parse_fn(config, source, image_fn=None):
     """Record to (image, label[, weight]): parse the two keys needed, decode, preprocess."""
     spec = {key: schema.parse_spec()[key] for key in (schema.ENCODED, schema.LABEL)}
     offset = source.label_offset
@@ -490,7 +514,9 @@ def _parse_fn(config, source):
     def parse(record):
         features = tf.io.parse_single_example(record, spec)
         encoded = features[schema.ENCODED]
-        if config.is_training:
+        if image_fn is not None:
+            image = _checked_image(image_fn(encoded), config)
+        elif config.is_training:
             image = preprocess.train_image(
                 encoded, config.image_size, config.dtype, config.color_jitter
             )
@@ -517,6 +543,17 @@ def _parse_fn(config, source):
         return image, label
 
     return parse
+
+
+def _checked_image(image, config):
+    """image_fn's result, if it has the config's static shape and dtype (checked when traced)."""
+    expected = (config.image_size, config.image_size, 3)
+    if image.dtype != tf.as_dtype(config.dtype) or not image.shape.is_compatible_with(expected):
+        raise ValueError(
+            f"image_fn returned {image.dtype.name} {image.shape}; the config asks for "
+            f"{config.dtype} {list(expected)}. Resize/crop to image_size and cast to dtype."
+        )
+    return tf.ensure_shape(image, expected)
 
 
 def _padded_batches(config, source, examples, batch, num_pipelines) -> tf.data.Dataset:

@@ -1,0 +1,214 @@
+"""Reader throughput against the decode ceiling measured in the same run, and peak memory.
+
+On one set of shards (photo-like JPEGs, 256..480 px a side), each pipeline runs in its own
+process for a fixed time after a warm-up, and reports images/s and its peak RSS:
+
+- ceiling: the records read by the reader's own stages (`reader.read_records`: interleave,
+  shuffle), then only parsed and fully decoded with `tf.io.decode_jpeg`, in parallel;
+- train: `reader.build_dataset`, training (random crop decoded with decode_and_crop_jpeg,
+  flip, float32, batched with drop_remainder, default shuffle buffer);
+- article: the same reading and batching with the original Cloud TPU article's preprocessing
+  (full decode, to float, resize to size+10, random crop, flip, brightness, contrast);
+- eval: `reader.build_dataset`, evaluation (centre crop, padded last batch), whole passes.
+
+Run: .venv/bin/python -m benchmarks.reader_bench [--images N] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+PIPELINES = ("ceiling", "train", "article", "eval")
+LABELS = tuple(f"class{i}" for i in range(10))
+
+
+def write_shards(folder: pathlib.Path, count: int, num_shards: int, seed: int = 0) -> None:
+    """`count` photo-like JPEG records in `num_shards` shards plus a manifest, as the job would."""
+    import hashlib
+
+    import numpy as np
+    import tensorflow as tf
+
+    from benchmarks import photos
+    from tfrecord_pipe import manifest, schema
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"train-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
+    lengths = [len(range(i, count, num_shards)) for i in range(num_shards)]
+    writers = [tf.io.TFRecordWriter(str(folder / name)) for name in names]
+    for i in range(count):
+        width, height = (int(side) for side in rng.integers(256, 481, 2))
+        encoded = photos.photo_like_jpeg(rng, width, height)
+        record = schema.ImageRecord(
+            encoded=encoded,
+            height=height,
+            width=width,
+            label_index=i % len(LABELS),
+            label_text=LABELS[i % len(LABELS)],
+            filename=f"{LABELS[i % len(LABELS)]}/{i:06d}.jpg",
+            sha256=hashlib.sha256(encoded).hexdigest(),
+        )
+        writers[i % num_shards].write(schema.serialize(record))
+        if (i + 1) % 250 == 0 or i + 1 == count:
+            print(f"\r  writing shards: {i + 1}/{count} images", end="", flush=True)
+    for writer in writers:
+        writer.close()
+    print()
+    info = manifest.SplitInfo(
+        num_examples=count,
+        shard_lengths=tuple(lengths),
+        num_bytes=sum((folder / name).stat().st_size for name in names),
+        listed=count,
+        rejected=0,
+        files=tuple(names),
+    )
+    # Evaluation reads the same shards, as its own split.
+    splits = {"train": info, "validation": info}
+    manifest.write(
+        str(folder), manifest.Manifest(labels=LABELS, label_offset=1, compression="", splits=splits)
+    )
+
+
+def article_image_fn(image_size: int):
+    """The original Cloud TPU article's training preprocessing, for comparison."""
+    import tensorflow as tf
+
+    def preprocess(encoded):
+        image = tf.io.decode_jpeg(encoded, channels=3)
+        image = tf.image.convert_image_dtype(image, tf.float32)
+        image = tf.image.resize(image, [image_size + 10, image_size + 10])
+        image = tf.image.random_crop(image, [image_size, image_size, 3])
+        image = tf.image.random_flip_left_right(image)
+        image = tf.image.random_brightness(image, max_delta=32.0 / 255.0)
+        image = tf.image.random_contrast(image, lower=0.5, upper=1.5)
+        return image
+
+    return preprocess
+
+
+def build(name: str, data: str, image_size: int, batch: int):
+    """The dataset of pipeline `name`, and a function giving the images in one of its batches."""
+    import tensorflow as tf
+
+    from tfrecord_pipe import reader, schema
+
+    train = reader.ReaderConfig(
+        data=data, split="train", is_training=True, batch_size=batch, image_size=image_size
+    )
+    if name == "ceiling":
+
+        def decode(record):
+            encoded = tf.io.parse_single_example(
+                record, {schema.ENCODED: tf.io.FixedLenFeature([], tf.string)}
+            )[schema.ENCODED]
+            return tf.shape(tf.io.decode_jpeg(encoded, channels=3))[0]
+
+        records = reader.read_records(train)
+        decoded = records.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        return decoded.batch(batch).prefetch(tf.data.AUTOTUNE), lambda element: batch
+    if name == "train":
+        return reader.build_dataset(train), lambda element: batch
+    if name == "article":
+        return reader.build_dataset(train, image_fn=article_image_fn(image_size)), lambda e: batch
+    evaluation = reader.ReaderConfig(
+        data=data, split="validation", is_training=False, batch_size=batch, image_size=image_size
+    )
+    return reader.build_dataset(evaluation), lambda element: int(element[2].numpy().sum())
+
+
+def measure(name: str, data: str, image_size: int, batch: int, seconds: float) -> None:
+    """Runs one pipeline (in this process) and prints `RESULT images/s peak_rss_MiB`."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf  # noqa: F401  (imported before the baseline RSS is taken)
+
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    dataset, images_in = build(name, data, image_size, batch)
+    finite = name == "eval"
+    iterator = iter(dataset)
+    for _ in range(3):  # warm-up: threads started, shuffle buffer filled, autotuning begun
+        next(iterator)
+    images, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        try:
+            element = next(iterator)
+        except StopIteration:
+            iterator = iter(dataset)  # evaluation: another full pass, start-up included
+            continue
+        images += images_in(element)
+        print(
+            f"\r  {name:8s} {_bar(elapsed / seconds)} {elapsed:5.1f}/{seconds:.0f} s "
+            f"{images / max(elapsed, 1e-9):7.0f} img/s",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(file=sys.stderr)
+    del finite
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"RESULT {images / elapsed} {peak} {baseline}")
+
+
+def _bar(fraction: float, width: int = 24) -> str:
+    filled = int(min(max(fraction, 0.0), 1.0) * width)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def run_pipeline(name, data, args) -> tuple[float, float, float]:
+    command = [
+        sys.executable, "-m", "benchmarks.reader_bench", "--measure", name, "--data", data,
+        "--image-size", str(args.image_size), "--batch", str(args.batch),
+        "--seconds", str(args.seconds),
+    ]  # fmt: skip
+    result = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+    line = next(li for li in result.stdout.splitlines() if li.startswith("RESULT"))
+    rate, peak, baseline = (float(value) for value in line.split()[1:])
+    return rate, peak, baseline
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=3000, help="records in the shards")
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--seconds", type=float, default=12.0, help="timed run per pipeline")
+    parser.add_argument("--data", help="existing shards (from an earlier run) to reuse")
+    parser.add_argument("--measure", choices=PIPELINES, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:
+        return measure(args.measure, args.data, args.image_size, args.batch, args.seconds)
+
+    data = args.data
+    if data is None:
+        data = tempfile.mkdtemp(prefix="reader-bench-")
+        write_shards(pathlib.Path(data), args.images, args.shards)
+    results = {name: run_pipeline(name, data, args) for name in PIPELINES}
+    ceiling = results["ceiling"][0]
+    shown = sys.argv[1:] if argv is None else argv
+    print(
+        f"\n$ python -m benchmarks.reader_bench {' '.join(shown)}".rstrip()
+        + f"   ({os.cpu_count()} cores; {args.images} JPEGs 256..480 px in {args.shards} shards; "
+        f"{args.image_size}x{args.image_size}, batch {args.batch})"
+    )
+    print("| pipeline | images/s | / ceiling | / article | peak RSS MiB (after TF import) |")
+    print("|---|---|---|---|---|")
+    article = results["article"][0]
+    for name, (rate, peak, baseline) in results.items():
+        print(
+            f"| {name} | {rate:.0f} | {rate / ceiling:.2f}x | {rate / article:.2f}x | "
+            f"{peak:.0f} ({baseline:.0f}) |"
+        )
+    print("targets: train >= 0.9x ceiling and >= 1.3x article; eval >= 0.9x ceiling")
+    return None
+
+
+if __name__ == "__main__":
+    main()
