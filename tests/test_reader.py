@@ -309,3 +309,12 @@ def test_read_records_gives_the_serialized_records_of_a_pipeline(dataset):
     assert len(records) == 11
     context = tf.distribute.InputContext(2, 1, 2)
     assert len(list(reader.read_records(config, context))) == 5  # the second shard
+
+
+def test_padded_evaluation_gives_each_replica_of_a_pipeline_the_same_batches(dataset):
+    # 11 records in per-replica batches of 4 need 3 batches; two replicas share one pipeline,
+    # so it yields 4: a step where one replica had no batch would be dropped with its images.
+    input_fn = reader.make_input_fn(dataset, is_training=False, image_size=SIZE, batch_size=8)
+    elements = batches(input_fn(tf.distribute.InputContext(1, 0, num_replicas_in_sync=2)))
+    assert len(elements) == 4
+    assert sorted(real_labels(elements)) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2]

@@ -61,7 +61,7 @@ class ReaderConfig:
         (`get_per_replica_batch_size`); `input_fn(params)` uses `params["batch_size"]` instead.
       image_size: side of the square images, in pixels.
       dtype: "float32", "bfloat16" (both normalised) or "uint8" (normalise on the accelerator
-        with `preprocess.normalize`).
+        with `preprocess.Normalize` or `preprocess.normalize`).
       transpose_input: batches of images come out HWCN ([H, W, 3, batch]) instead of NHWC; a
         layout that made TPU infeed faster for the reference models.
       label_offset: subtracted from stored labels so that they come out 0-based. Default: the
@@ -312,14 +312,6 @@ def pipeline_share(source: Source, num_pipelines: int = 1, index: int = 0) -> Pi
             files=tuple(source.files[i] for i in picked),
             record_counts=None if counts is None else tuple(counts[i] for i in picked),
         )
-    log.warning(
-        "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d of "
-        "the records. Write at least %d shards (--num_shards) to read each once.",
-        len(source.files),
-        num_pipelines,
-        num_pipelines,
-        num_pipelines,
-    )
     return PipelineShare(source.files, source.record_counts, (num_pipelines, index))
 
 
@@ -362,6 +354,12 @@ def build_dataset(
     num_pipelines, index = _pipeline_position(input_context)
     batch = _pipeline_batch_size(config, input_context, batch_size)
     share = pipeline_share(source, num_pipelines, index)
+    if share.record_shard is not None:
+        log.warning(
+            "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d "
+            "of the records. Write at least %d shards (--num_shards) to read each once.",
+            len(source.files), num_pipelines, num_pipelines, num_pipelines,
+        )  # fmt: skip
 
     records = _records(config, source, share)
     examples = records.map(
@@ -370,7 +368,7 @@ def build_dataset(
         deterministic=config.is_deterministic,
     )
     if config.padded:
-        examples = _padded_batches(config, source, examples, batch, num_pipelines)
+        examples = _padded_batches(config, source, examples, batch, input_context)
     else:
         examples = examples.batch(batch, drop_remainder=True)
     if config.transpose_input:
@@ -556,11 +554,12 @@ def _checked_image(image, config):
     return tf.ensure_shape(image, expected)
 
 
-def _padded_batches(config, source, examples, batch, num_pipelines) -> tf.data.Dataset:
+def _padded_batches(config, source, examples, batch, context) -> tf.data.Dataset:
     """Full batches that hold every example once, the last filled up with weight-0 examples.
 
     With known counts every pipeline yields the same number of batches (the most any
-    pipeline needs), as synchronous multi-replica evaluation requires.
+    pipeline needs, rounded up to a multiple of its replicas), as synchronous multi-replica
+    evaluation requires: a step that some replica has no batch for is dropped whole.
     """
     dtype = tf.as_dtype(config.dtype)
     blank = (
@@ -570,35 +569,43 @@ def _padded_batches(config, source, examples, batch, num_pipelines) -> tf.data.D
     )
     filler = tf.data.Dataset.from_tensors(blank).repeat()
     batches = examples.concatenate(filler).batch(batch, drop_remainder=True)
-    steps = eval_steps(config, batch, num_pipelines, source)
+    steps = eval_steps(config, batch, context, source)
     if steps is not None:
         return batches.take(steps)
-    if num_pipelines > 1:
+    if context is not None and context.num_replicas_in_sync > 1:
         raise ValueError(
-            f"Padded evaluation over {num_pipelines} input pipelines needs record counts to "
-            f"give every pipeline the same number of batches, and {config.data} has no "
-            "manifest listing them. Read a dataset folder, or use eval_remainder='drop'."
+            f"Padded evaluation over {context.num_replicas_in_sync} replicas needs record "
+            f"counts to give every replica the same number of batches, and {config.data} has "
+            "no manifest listing them. Read a dataset folder, or use eval_remainder='drop'."
         )
-    # One pipeline, count unknown: stop at the first batch that starts with filler.
+    # One pipeline, one replica, count unknown: stop at the first batch that starts with filler.
     return batches.take_while(lambda images, labels, weights: weights[0] > 0)
 
 
 def eval_steps(
-    config: ReaderConfig, batch: int, num_pipelines: int = 1, source: Source | None = None
+    config: ReaderConfig,
+    batch: int,
+    input_context: tf.distribute.InputContext | None = None,
+    source: Source | None = None,
 ) -> int | None:
     """Batches each pipeline yields in one padded evaluation pass, or None when unknown.
 
     Args:
       config: an evaluation config.
-      batch: the per-pipeline batch size.
-      num_pipelines: input pipelines reading the data between them.
+      batch: the per-pipeline (per-replica) batch size.
+      input_context: how many pipelines and replicas share the data; None for one of each.
       source: resolve_source(config), if already at hand.
     """
     source = source or resolve_source(config)
+    num_pipelines, _ = _pipeline_position(input_context)
     counts = [pipeline_share(source, num_pipelines, i).num_examples for i in range(num_pipelines)]
     if any(count is None for count in counts):
         return None
-    return max(math.ceil(count / batch) for count in counts)
+    steps = max(math.ceil(count / batch) for count in counts)
+    # Each pipeline feeds its replicas in turn: give every replica the same number of batches.
+    replicas = input_context.num_replicas_in_sync // num_pipelines if input_context else 1
+    replicas = max(replicas, 1)
+    return math.ceil(steps / replicas) * replicas
 
 
 def _to_hwcn(images, labels, *weights):

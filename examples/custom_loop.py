@@ -1,0 +1,120 @@
+"""A custom training loop, as many TPU users write it: `strategy.run` inside a `tf.function`
+that runs several steps per call, then a padded evaluation loop that counts every image once.
+
+    python -m examples.custom_loop DATASET_DIR [--tpu NAME] [--epochs 5] [--batch_size 64]
+
+DATASET_DIR is a dataset written by `tfrecord-pipe convert` (or examples/train.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import tensorflow as tf
+
+from examples import train as fit_example
+from tfrecord_pipe import distribute, manifest, reader
+
+
+def make_train_steps(strategy, model, optimizer, global_batch_size: int):
+    """A tf.function running `steps` training steps on the replicas per call; returns the loss."""
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=tf.keras.losses.Reduction.NONE
+    )
+
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            per_example = loss_fn(labels, model(images, training=True))
+            # Averaged over the GLOBAL batch: replicas' gradients are summed, not averaged.
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_steps(iterator, steps):
+        total = tf.constant(0.0)
+        for _ in tf.range(steps):  # one host call, many device steps
+            losses = strategy.run(step, args=next(iterator))
+            total += strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+        return total / tf.cast(steps, tf.float32)
+
+    return train_steps
+
+
+def make_eval_step(strategy, model):
+    """A tf.function giving (weighted correct, weight) of one padded batch, over all replicas."""
+
+    def step(images, labels, weights):
+        predicted = tf.argmax(model(images, training=False), axis=-1, output_type=tf.int32)
+        correct = tf.cast(tf.equal(predicted, labels), tf.float32) * weights
+        return tf.reduce_sum(correct), tf.reduce_sum(weights)
+
+    @tf.function
+    def eval_step(batch):
+        correct, counted = strategy.run(step, args=batch)
+        return (
+            strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None),
+            strategy.reduce(tf.distribute.ReduceOp.SUM, counted, axis=None),
+        )
+
+    return eval_step
+
+
+def run(strategy, dataset_dir: str, config: fit_example.TrainConfig) -> dict:
+    """Trains with the custom loop and evaluates; returns loss, accuracy and images counted."""
+    found = manifest.read(dataset_dir)
+    train_fn = reader.make_input_fn(
+        dataset_dir, is_training=True, image_size=config.image_size,
+        batch_size=config.global_batch_size,
+    )  # fmt: skip
+    eval_fn = reader.make_input_fn(
+        dataset_dir, is_training=False, image_size=config.image_size,
+        batch_size=config.global_batch_size,
+    )  # fmt: skip
+    with strategy.scope():
+        model = fit_example.build_model(len(found.labels), config.image_size)
+        optimizer = tf.keras.optimizers.Adam(config.learning_rate)
+        # Create the optimizer's slots now: created lazily inside the multi-step tf.function
+        # they would be born inside a loop on each replica, which TensorFlow cannot do.
+        optimizer.build(model.trainable_variables)
+    train_steps = make_train_steps(strategy, model, optimizer, config.global_batch_size)
+    eval_step = make_eval_step(strategy, model)
+
+    iterator = iter(distribute.distribute(strategy, train_fn))
+    steps_per_epoch = max(1, found.splits["train"].num_examples // config.global_batch_size)
+    calls = max(1, steps_per_epoch // config.steps_per_execution)
+    loss = float("nan")
+    for epoch in range(config.epochs):
+        for _ in range(calls):
+            loss = float(train_steps(iterator, tf.constant(config.steps_per_execution)))
+        print(f"      epoch {epoch + 1}/{config.epochs}: loss {loss:.3f}")
+
+    correct = counted = 0.0
+    for batch in distribute.distribute(strategy, eval_fn):
+        batch_correct, batch_counted = eval_step(batch)
+        correct += float(batch_correct)
+        counted += float(batch_counted)
+    return {"loss": loss, "accuracy": correct / counted, "images": int(counted)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dataset_dir")
+    parser.add_argument("--tpu", default=None)
+    parser.add_argument("--epochs", type=int, default=fit_example.TrainConfig.epochs)
+    parser.add_argument("--batch_size", type=int, default=fit_example.TrainConfig.global_batch_size)
+    parser.add_argument("--image_size", type=int, default=fit_example.TrainConfig.image_size)
+    args = parser.parse_args(argv)
+    config = fit_example.TrainConfig(
+        image_size=args.image_size, global_batch_size=args.batch_size, epochs=args.epochs
+    )
+    strategy = distribute.resolve_strategy(args.tpu)
+    print(f"custom loop under {type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)")
+    result = run(strategy, args.dataset_dir, config)
+    print(f"validation: accuracy {result['accuracy']:.3f} on all {result['images']} images")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Runs the examples' fit, evaluation and custom loop under a MirroredStrategy of two logical
+CPU devices, in a fresh process (logical devices must be set before TensorFlow starts), and
+prints what the test asserts on as one JSON line.
+
+    python tests/strategy_run.py DATASET_DIR
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+)
+
+from examples import custom_loop, train  # noqa: E402
+from tfrecord_pipe import reader  # noqa: E402
+
+
+def main(dataset_dir):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    config = train.TrainConfig(image_size=16, global_batch_size=8, epochs=1, steps_per_execution=2)
+    contexts = []
+    input_fn = reader.make_input_fn(dataset_dir, is_training=True, image_size=16, batch_size=8)
+
+    def recording(context):
+        contexts.append(context)
+        return input_fn(context)
+
+    distributed = strategy.distribute_datasets_from_function(recording)
+    images, _ = next(iter(distributed))
+    per_replica = [t.shape.as_list() for t in strategy.experimental_local_results(images)]
+    model = train.train(strategy, dataset_dir, config)
+    evaluated = train.evaluate(strategy, model, dataset_dir, config)
+    looped = custom_loop.run(strategy, dataset_dir, config)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "replicas": strategy.num_replicas_in_sync,
+                "contexts": [
+                    [c.num_input_pipelines, c.input_pipeline_id, c.get_per_replica_batch_size(8)]
+                    for c in contexts
+                ],
+                "per_replica_images": per_replica,
+                "fit_accuracy": evaluated["accuracy"],
+                "custom_loop_images": looped["images"],
+                "custom_loop_loss": looped["loss"],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,111 @@
+"""distribute.py and the training examples: the resolver's choices, real fit and custom-loop
+steps under the default strategy and under MirroredStrategy with two replicas."""
+
+import json
+import logging
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from examples import custom_loop, train
+from tfrecord_pipe import distribute
+
+from dataset_factory import write_dataset
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "tpu, environ, devices, gpus, kind, target",
+    [
+        ("my-tpu", {}, [], 0, distribute.TPU, "my-tpu"),
+        (None, {"TPU_NAME": "pod-1"}, [], 4, distribute.TPU, "pod-1"),
+        (None, {}, ["/dev/accel0", "/dev/accel1"], 0, distribute.TPU, "local"),
+        ("", {}, [], 2, distribute.GPUS, None),
+        (None, {}, [], 0, distribute.CPU, None),
+    ],
+)
+def test_choose_prefers_a_named_or_present_tpu_then_gpus_then_cpu(
+    tpu, environ, devices, gpus, kind, target
+):
+    choice = distribute.choose(tpu, environ, devices, gpus)
+    assert (choice.kind, choice.tpu) == (kind, target)
+    assert choice.reason
+
+
+def test_without_accelerators_the_default_strategy_is_used_and_logged(caplog, monkeypatch):
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    with caplog.at_level(logging.INFO, logger=distribute.__name__):
+        strategy = distribute.resolve_strategy()
+    assert strategy.num_replicas_in_sync == 1
+    assert "no TPU and no GPU" in caplog.text and "1 replica" in caplog.text
+
+
+def test_an_unreachable_tpu_address_fails_fast_with_what_to_check():
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(distribute.TpuUnavailableError, match="cannot be reached"):
+        distribute.resolve_strategy(tpu=f"grpc://127.0.0.1:{port}")
+
+
+def test_a_tpu_name_that_does_not_resolve_says_what_to_check():
+    with pytest.raises(distribute.TpuUnavailableError, match="Check the TPU name, zone"):
+        distribute.resolve_strategy(tpu="no-such-tpu-here")
+
+
+def test_a_global_batch_must_split_evenly_among_replicas():
+    strategy = tf.distribute.get_strategy()
+    assert distribute.per_replica_batch_size(32, strategy) == 32
+
+    class TwoReplicas:
+        num_replicas_in_sync = 2
+
+    assert distribute.per_replica_batch_size(32, TwoReplicas()) == 16
+    with pytest.raises(ValueError, match="multiple of 2"):
+        distribute.per_replica_batch_size(33, TwoReplicas())
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """4 train shards (20 records), 2 validation shards (11 records)."""
+    folder = str(tmp_path_factory.mktemp("distribute") / "ds")
+    write_dataset(
+        folder,
+        {"train": [[0, 1, 2, 0, 1]] * 4, "validation": [[0, 1, 2, 0, 1, 2], [0, 1, 2, 0, 1]]},
+        size=(20, 20),
+    )
+    return folder
+
+
+def test_fit_evaluate_and_custom_loop_under_the_default_strategy(dataset):
+    strategy = tf.distribute.get_strategy()
+    config = train.TrainConfig(image_size=16, global_batch_size=4, epochs=1, steps_per_execution=2)
+    model = train.train(strategy, dataset, config)
+    evaluated = train.evaluate(strategy, model, dataset, config)
+    assert evaluated["images"] == 11 and 0 <= evaluated["accuracy"] <= 1
+    looped = custom_loop.run(strategy, dataset, config)
+    assert looped["images"] == 11  # padded evaluation counted every record once
+    assert looped["loss"] == looped["loss"]  # a real number, not NaN
+
+
+def test_fit_and_custom_loop_with_two_replicas(dataset):
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "strategy_run.py"), dataset],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(li for li in done.stdout.splitlines() if li.startswith("RESULT "))
+    result = json.loads(line[len("RESULT ") :])
+    assert result["replicas"] == 2
+    # One input pipeline on this one machine, reading every file, each replica half the batch.
+    assert result["contexts"] == [[1, 0, 4]]
+    assert result["per_replica_images"] == [[4, 16, 16, 3], [4, 16, 16, 3]]
+    assert 0 <= result["fit_accuracy"] <= 1
+    assert result["custom_loop_images"] == 11

@@ -1,0 +1,138 @@
+"""serving.py: the exported SavedModel takes image bytes, runs the evaluation preprocessing,
+and refuses what is not an image or is too large."""
+
+import io
+import json
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from tfrecord_pipe import preprocess, serving
+
+from dataset_factory import jpeg
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LABELS = ("red", "green", "blue")
+SIZE = 32
+
+
+def small_model(dtype="float32"):
+    """A fixed random CNN: untrained weights are enough to compare two ways of calling it."""
+    tf.keras.utils.set_random_seed(1)
+    inputs = tf.keras.Input((SIZE, SIZE, 3), dtype=dtype)
+    x = preprocess.Normalize()(inputs) if dtype == "uint8" else inputs
+    x = tf.keras.layers.Conv2D(8, 3, activation="relu")(x)
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(len(LABELS))(x))
+
+
+def png(width, height, color) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model = small_model()
+    export_dir = str(tmp_path_factory.mktemp("serving") / "export")
+    serving.export(model, export_dir, serving.ServingConfig(labels=LABELS, image_size=SIZE))
+    return model, export_dir
+
+
+def test_a_fresh_process_gets_the_same_answers_as_the_model_in_memory(exported, tmp_path):
+    model, export_dir = exported
+    images = {  # different sizes and aspect ratios, and a PNG
+        "wide.jpg": jpeg(90, 40, (200, 30, 30)),
+        "tall.jpg": jpeg(33, 120, (30, 30, 200)),
+        "square.png": png(50, 50, (30, 200, 30)),
+    }
+    for name, data in images.items():
+        (tmp_path / name).write_bytes(data)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "serve_check.py"), export_dir,
+         *(str(tmp_path / name) for name in images)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(li for li in done.stdout.splitlines() if li.startswith("RESULT "))[7:])
+    assert result["inputs"] == {"image_bytes": "string"}
+
+    # In memory: the reader's evaluation preprocessing, then the model and a softmax.
+    pixels = [
+        preprocess.eval_image(tf.constant(data), SIZE)
+        if name.endswith(".jpg")
+        else preprocess.eval_pixels(tf.io.decode_png(data, channels=3), SIZE)
+        for name, data in images.items()
+    ]
+    expected = tf.nn.softmax(model(tf.stack(pixels))).numpy()
+    np.testing.assert_allclose(result["probabilities"], expected, atol=1e-5)
+    assert result["classid"] == expected.argmax(axis=1).tolist()
+    assert result["class"] == [LABELS[i] for i in expected.argmax(axis=1)]
+
+
+def test_png_and_jpeg_of_the_same_pixels_give_the_same_input():
+    config = serving.ServingConfig(labels=LABELS, image_size=SIZE)
+    as_png = serving.image_from_bytes(tf.constant(png(40, 30, (10, 200, 90))), config)
+    as_jpeg = serving.image_from_bytes(tf.constant(jpeg(40, 30, (10, 200, 90))), config)
+    np.testing.assert_allclose(as_png.numpy(), as_jpeg.numpy(), atol=0.1)
+
+
+@pytest.fixture(scope="module")
+def serve(exported):
+    return tf.saved_model.load(exported[1]).signatures["serving_default"]
+
+
+def test_bytes_that_are_not_an_image_are_refused_clearly(serve):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not a JPEG or PNG image"):
+        serve(image_bytes=tf.constant([jpeg(20, 20, (1, 2, 3)), b"hello, this is text"]))
+
+
+def with_declared_size(data: bytes, height: int, width: int) -> bytes:
+    """A JPEG whose SOF header claims another size (a decompression-bomb shape)."""
+    sof = data.index(b"\xff\xc0")
+    return data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9 :]
+
+
+def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(serve):
+    bomb = with_declared_size(jpeg(16, 16, (1, 2, 3)), 60000, 60000)  # 3.6 gigapixels
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more than the cap of 40000000"):
+        serve(image_bytes=tf.constant([bomb]))
+
+
+def test_the_pixel_cap_is_configurable_and_applies_to_png(tmp_path):
+    export_dir = str(tmp_path / "export")
+    config = serving.ServingConfig(labels=LABELS, image_size=SIZE, max_pixels=1000)
+    serving.export(small_model(), export_dir, config)
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    assert serve(image_bytes=tf.constant([png(30, 30, (1, 2, 3))]))["class"].shape == (1,)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="declares.*40.*x.*30"):
+        serve(image_bytes=tf.constant([png(30, 40, (1, 2, 3))]))
+
+
+def test_a_uint8_model_gets_uint8_pixels(tmp_path):
+    model = small_model("uint8")
+    export_dir = str(tmp_path / "export")
+    serving.export(
+        model, export_dir, serving.ServingConfig(labels=LABELS, image_size=SIZE, dtype="uint8")
+    )
+    data = jpeg(64, 48, (200, 100, 50))
+    out = tf.saved_model.load(export_dir).signatures["serving_default"](
+        image_bytes=tf.constant([data])
+    )
+    pixels = preprocess.eval_image(tf.constant(data), SIZE, "uint8")
+    expected = tf.nn.softmax(model(pixels[None])).numpy()
+    np.testing.assert_allclose(out["probabilities"].numpy(), expected, atol=1e-5)
+
+
+def test_config_errors_are_listed():
+    with pytest.raises(ValueError, match="labels is empty.*dtype"):
+        serving.ServingConfig(labels=(), dtype="int8")
