@@ -109,7 +109,13 @@ class ListSources(beam.PTransform):
 
 def rejection(source: SourceFile, reason: str, detail: str) -> dict:
     """A dead-letter line: what a user needs to find and fix the input."""
-    return {"path": source.path, "split": source.split, "reason": reason, "error": detail}
+    return {
+        "path": source.path,
+        "relpath": source.relpath,
+        "split": source.split,
+        "reason": reason,
+        "error": detail,
+    }
 
 
 def keep_one_per_path(path_and_sources):

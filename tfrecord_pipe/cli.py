@@ -1,38 +1,126 @@
 """The `tfrecord-pipe` command.
 
-Subcommands:
   convert SRC OUT [options] [Beam flags]   run the Beam conversion job (beam_jobs.convert)
+  inspect PATH [--grid FILE.png]           what a dataset holds, with histograms and a picture
+  verify SRC OUT                           prove nothing was lost or changed
 
-More subcommands (inspect, verify, bench) arrive with their issues.
+Exit codes: 0 success; 1 `verify` or `inspect --check` found problems; 2 bad input (a missing
+path, a folder that is not a dataset, ...), with one line on stderr saying what to do.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfrecord-pipe",
         description="Image folders to sharded TFRecords, and TPU-ready input pipelines.",
+        epilog="Paths may be local or gs://. Run `tfrecord-pipe COMMAND --help` for details.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser(
         "convert", add_help=False,
         help="convert an image folder or CSV list into TFRecord shards (see convert --help)",
+    )  # fmt: skip
+    inspect = commands.add_parser(
+        "inspect",
+        help="show what a dataset holds: splits, shards, labels, image sizes, rejections",
+        description="Show what a dataset folder (or a pattern of TFRecord files) holds: splits, "
+        "shard counts and sizes, record counts, a label histogram, the image size distribution "
+        "and the rejected inputs with their reasons.",
     )
+    inspect.add_argument("path", help="dataset folder, or a file pattern such as out/train-*")
+    inspect.add_argument(
+        "--grid", metavar="FILE.png",
+        help="also draw a contact sheet of sample records with their labels into FILE.png",
+    )  # fmt: skip
+    inspect.add_argument(
+        "--check", action="store_true",
+        help="read every shard and compare its record count with the manifest (slow on big data)",
+    )  # fmt: skip
+    inspect.add_argument(
+        "--sample", type=int, default=5000,
+        help="records read per split for the histograms (default 5000; 0 reads all)",
+    )  # fmt: skip
+    inspect.add_argument("--grid_count", type=int, default=24, help="records in the grid")
+    verify = commands.add_parser(
+        "verify",
+        help="prove nothing was lost or changed between the inputs and a dataset",
+        description="Check a dataset against the inputs it was converted from: every listed "
+        "source is in exactly one shard (matched by content hash) or in rejected/, no record "
+        "appears twice, shard counts match the manifest, every record parses and its image "
+        "decodes to the stated shape. Exits 1 and lists the problems otherwise. Streams: memory "
+        "stays flat however large the dataset.",
+    )
+    verify.add_argument("source", help="what was converted: the image folder or CSV list")
+    verify.add_argument("dataset", help="the dataset folder written by `tfrecord-pipe convert`")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser()
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command == "convert":
+        return EXIT_OK if argv else EXIT_BAD_INPUT
+    if argv[0] == "convert":
         from beam_jobs import convert
 
-        return convert.main(rest, prog="tfrecord-pipe convert")
-    parser.error(f"unknown command {command!r}")
-    return 2
+        return convert.main(argv[1:], prog="tfrecord-pipe convert")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _inspect(args) -> int:
+    from tfrecord_pipe import inspection
+
+    _require_path(args.path)
+    summary = inspection.summarize(
+        args.path, sample=args.sample or None, check_counts=args.check
+    )
+    print(inspection.render(summary))
+    if args.grid:
+        drawn = inspection.contact_sheet(args.path, args.grid, count=args.grid_count)
+        print(f"\ncontact sheet of {drawn} records: {args.grid}")
+    return EXIT_PROBLEMS if summary.count_problems else EXIT_OK
+
+
+def _require_path(path: str) -> None:
+    """A clear error for a path that does not exist (patterns are checked by what they match)."""
+    import tensorflow as tf
+
+    if any(char in path for char in "*?["):
+        return
+    try:
+        exists = tf.io.gfile.exists(path)
+    except tf.errors.OpError as err:  # an unreachable or forbidden bucket
+        raise FileNotFoundError(f"Cannot reach {path}: {err.message}") from err
+    if not exists:
+        raise FileNotFoundError(f"{path} does not exist.")
+
+
+def _verify(args) -> int:
+    from tfrecord_pipe import verify
+
+    _require_path(args.source)
+    _require_path(args.dataset)
+    report = verify.verify(args.source, args.dataset)
+    print(report)
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+COMMANDS = {"inspect": _inspect, "verify": _verify}
 
 
 if __name__ == "__main__":
