@@ -23,7 +23,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 
 PIPELINES = ("ceiling", "train", "article", "eval")
 LABELS = tuple(f"class{i}" for i in range(10))
@@ -96,69 +95,36 @@ def article_image_fn(image_size: int):
 
 def build(name: str, data: str, image_size: int, batch: int):
     """The dataset of pipeline `name`, and a function giving the images in one of its batches."""
-    import tensorflow as tf
-
-    from tfrecord_pipe import reader, schema
+    from tfrecord_pipe import reader, throughput
 
     train = reader.ReaderConfig(
         data=data, split="train", is_training=True, batch_size=batch, image_size=image_size
     )
     if name == "ceiling":
-
-        def decode(record):
-            encoded = tf.io.parse_single_example(
-                record, {schema.ENCODED: tf.io.FixedLenFeature([], tf.string)}
-            )[schema.ENCODED]
-            return tf.shape(tf.io.decode_jpeg(encoded, channels=3))[0]
-
-        records = reader.read_records(train)
-        decoded = records.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-        return decoded.batch(batch).prefetch(tf.data.AUTOTUNE), lambda element: batch
+        return throughput.ceiling_dataset(train), throughput.batch_images(train)
     if name == "train":
-        return reader.build_dataset(train), lambda element: batch
+        return reader.build_dataset(train), throughput.batch_images(train)
     if name == "article":
-        return reader.build_dataset(train, image_fn=article_image_fn(image_size)), lambda e: batch
+        dataset = reader.build_dataset(train, image_fn=article_image_fn(image_size))
+        return dataset, throughput.batch_images(train)
     evaluation = reader.ReaderConfig(
         data=data, split="validation", is_training=False, batch_size=batch, image_size=image_size
     )
-    return reader.build_dataset(evaluation), lambda element: int(element[2].numpy().sum())
+    return reader.build_dataset(evaluation), throughput.batch_images(evaluation)
 
 
 def measure(name: str, data: str, image_size: int, batch: int, seconds: float) -> None:
-    """Runs one pipeline (in this process) and prints `RESULT images/s peak_rss_MiB`."""
+    """Runs one pipeline (in this process) and prints `RESULT images/s peak_rss baseline_rss`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf  # noqa: F401  (imported before the baseline RSS is taken)
 
+    from tfrecord_pipe import throughput
+
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     dataset, images_in = build(name, data, image_size, batch)
-    finite = name == "eval"
-    iterator = iter(dataset)
-    for _ in range(3):  # warm-up: threads started, shuffle buffer filled, autotuning begun
-        next(iterator)
-    images, started = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - started) < seconds:
-        try:
-            element = next(iterator)
-        except StopIteration:
-            iterator = iter(dataset)  # evaluation: another full pass, start-up included
-            continue
-        images += images_in(element)
-        print(
-            f"\r  {name:8s} {_bar(elapsed / seconds)} {elapsed:5.1f}/{seconds:.0f} s "
-            f"{images / max(elapsed, 1e-9):7.0f} img/s",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-    print(file=sys.stderr)
-    del finite
+    result = throughput.measure(name, dataset, seconds, images_in)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"RESULT {images / elapsed} {peak} {baseline}")
-
-
-def _bar(fraction: float, width: int = 24) -> str:
-    filled = int(min(max(fraction, 0.0), 1.0) * width)
-    return "[" + "#" * filled + "." * (width - filled) + "]"
+    print(f"RESULT {result.images_per_s} {peak} {baseline}")
 
 
 def run_pipeline(name, data, args) -> tuple[float, float, float]:

@@ -39,4 +39,5 @@ def test_convert_on_a_missing_folder_exits_2_with_one_clear_line(tmp_path):
 def test_help_lists_the_commands():
     result = tfrecord_pipe("--help")
     assert result.returncode == 0
-    assert "convert" in result.stdout
+    for command in ("convert", "inspect", "verify", "bench"):
+        assert command in result.stdout

@@ -189,3 +189,20 @@ def test_inspect_and_verify_on_gcs(converted, gcs):
     assert verified.stdout.strip().endswith("OK")
     missing = tfrecord_pipe("inspect", "gs://no-such-bucket/data", env=gcs.environ)
     assert missing.returncode == 2 and "error:" in missing.stderr
+
+
+def test_bench_prints_train_and_eval_next_to_the_ceiling(converted):
+    _, out = converted
+    done = tfrecord_pipe("bench", out, "--seconds", "1", "--image_size", "32", "--batch_size", "4")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["ceiling", "train", "eval"]
+    assert "1.00x" in rows[1]
+    assert "training runs at" in done.stdout
+    assert "[####" in done.stderr  # the progress bar
+
+
+def test_bench_on_a_pattern_that_matches_nothing_exits_2(tmp_path):
+    done = tfrecord_pipe("bench", f"{tmp_path}/train-*", "--seconds", "1")
+    assert done.returncode == 2
+    assert "matched no files" in done.stderr

@@ -3,6 +3,7 @@
   convert SRC OUT [options] [Beam flags]   run the Beam conversion job (beam_jobs.convert)
   inspect PATH [--grid FILE.png]           what a dataset holds, with histograms and a picture
   verify SRC OUT                           prove nothing was lost or changed
+  bench PATH                               the reader's images/s next to the decode ceiling
 
 Exit codes: 0 success; 1 `verify` or `inspect --check` found problems; 2 bad input (a missing
 path, a folder that is not a dataset, ...), with one line on stderr saying what to do.
@@ -60,6 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("source", help="what was converted: the image folder or CSV list")
     verify.add_argument("dataset", help="the dataset folder written by `tfrecord-pipe convert`")
+    bench = commands.add_parser(
+        "bench",
+        help="time the reader's training and evaluation pipelines against the decode ceiling",
+        description="Run the reader's training and evaluation pipelines on a dataset for a fixed "
+        "time each, with a progress bar, and print images/s next to the decode ceiling (the "
+        "same records only parsed and fully decoded) measured in the same run. Compare the "
+        "training rate with what your accelerator consumes (global batch x steps/s).",
+    )
+    bench.add_argument("path", help="dataset folder, or a file pattern")
+    bench.add_argument("--seconds", type=float, default=10.0, help="timed run per pipeline")
+    bench.add_argument("--image_size", type=int, default=224)
+    bench.add_argument("--batch_size", type=int, default=128)
     return parser
 
 
@@ -120,7 +133,27 @@ def _verify(args) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
-COMMANDS = {"inspect": _inspect, "verify": _verify}
+def _bench(args) -> int:
+    from tfrecord_pipe import throughput
+
+    _require_path(args.path)
+    if args.seconds <= 0 or args.batch_size < 1 or args.image_size < 1:
+        raise ValueError("--seconds, --batch_size and --image_size must be positive")
+    results = throughput.bench(args.path, args.seconds, args.image_size, args.batch_size)
+    print(
+        f"{args.path}: {args.image_size}x{args.image_size}, batch {args.batch_size}, "
+        f"{args.seconds:g} s per pipeline, {os.cpu_count()} CPU cores"
+    )
+    print(throughput.render(results))
+    train = results[1].images_per_s / max(results[0].images_per_s, 1e-9)
+    print(
+        f"training runs at {train:.2f}x the decode ceiling; it keeps an accelerator busy if "
+        f"that needs fewer than {results[1].images_per_s:.0f} images/s (global batch x steps/s)."
+    )
+    return EXIT_OK
+
+
+COMMANDS = {"inspect": _inspect, "verify": _verify, "bench": _bench}
 
 
 if __name__ == "__main__":

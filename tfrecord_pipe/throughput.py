@@ -1,0 +1,155 @@
+"""How fast the reader delivers batches, next to a decode ceiling measured in the same run.
+
+Used by `tfrecord-pipe bench` and `benchmarks/reader_bench.py`. Machines are shared and
+noisy, so absolute images/s mean little across runs; the ratio to the ceiling, measured
+moments apart on the same shards, says whether the pipeline itself is the bottleneck.
+
+The ceiling: the records read by the reader's own stages (`reader.read_records`), then only
+parsed and fully decoded with `tf.io.decode_jpeg`, in parallel. A pipeline near 1.0x of it
+spends its time decoding, which only more host cores (or smaller images) can speed up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from tfrecord_pipe import reader, schema
+
+WARMUP_BATCHES = 3  # threads started, shuffle buffer filled, autotuning begun
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """Attributes: name; images delivered in the timed part; seconds it took."""
+
+    name: str
+    images: int
+    seconds: float
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds else 0.0
+
+
+def ceiling_dataset(config: reader.ReaderConfig) -> tf.data.Dataset:
+    """Parse + full decode of the records `config` reads, batched as scalars (nothing to copy)."""
+    spec = {schema.ENCODED: schema.parse_spec()[schema.ENCODED]}
+
+    def decode(record):
+        encoded = tf.io.parse_single_example(record, spec)[schema.ENCODED]
+        return tf.shape(tf.io.decode_jpeg(encoded, channels=3))[0]
+
+    records = reader.read_records(config)
+    decoded = records.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    return decoded.batch(config.batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def measure(
+    name: str,
+    dataset: tf.data.Dataset,
+    seconds: float,
+    images_in: Callable[[tuple], int],
+    progress: bool = True,
+) -> Measurement:
+    """Iterates `dataset` for `seconds` after a warm-up; restarts it when it ends (evaluation).
+
+    Args:
+      name: shown on the progress bar.
+      dataset: what to time.
+      seconds: length of the timed part.
+      images_in: images in one element (real ones only, for padded evaluation batches).
+      progress: draw a progress bar on stderr.
+    """
+    iterator = iter(dataset)
+    for _ in range(WARMUP_BATCHES):
+        try:
+            next(iterator)
+        except StopIteration:
+            iterator = iter(dataset)
+    images, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        try:
+            element = next(iterator)
+        except StopIteration:
+            iterator = iter(dataset)  # another full pass, its start-up included
+            continue
+        images += images_in(element)
+        if progress:
+            print(
+                f"\r  {name:8s} {progress_bar(elapsed / seconds)} {elapsed:5.1f}/{seconds:.0f} s "
+                f"{images / max(elapsed, 1e-9):7.0f} img/s",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+    if progress:
+        print(file=sys.stderr)
+    return Measurement(name, images, elapsed)
+
+
+def progress_bar(fraction: float, width: int = 24) -> str:
+    filled = int(min(max(fraction, 0.0), 1.0) * width)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def batch_images(config: reader.ReaderConfig) -> Callable[[tuple], int]:
+    """Images in one batch of `config`'s pipeline: real ones only for padded evaluation."""
+    if config.padded:
+        return lambda element: int(tf.reduce_sum(element[2]))
+    return lambda element: config.batch_size
+
+
+def bench(
+    path: str,
+    seconds: float = 10.0,
+    image_size: int = 224,
+    batch_size: int = 128,
+    progress: bool = True,
+) -> list[Measurement]:
+    """Ceiling, training and evaluation pipelines on the dataset at `path`, one after another.
+
+    A dataset folder's train split feeds the ceiling and training, its validation split (or
+    the train split when there is none) evaluation; a file pattern feeds all three.
+    """
+    found_splits = _splits(path)
+    train_split = "train" if "train" in found_splits else None
+    eval_split = "validation" if "validation" in found_splits else train_split
+    base = dict(data=path, image_size=image_size, batch_size=batch_size)
+    if not found_splits:  # a bare pattern: labels are not looked at here, only counted
+        base["label_offset"] = 0
+    train = reader.ReaderConfig(split=train_split, is_training=True, **base)
+    evaluation = reader.ReaderConfig(split=eval_split, is_training=False, **base)
+    results = [measure("ceiling", ceiling_dataset(train), seconds, batch_images(train), progress)]
+    results.append(
+        measure("train", reader.build_dataset(train), seconds, batch_images(train), progress)
+    )
+    results.append(
+        measure(
+            "eval", reader.build_dataset(evaluation), seconds, batch_images(evaluation), progress
+        )
+    )
+    return results
+
+
+def _splits(path: str) -> tuple[str, ...]:
+    from tfrecord_pipe import manifest
+
+    try:
+        return tuple(manifest.read(path).splits)
+    except FileNotFoundError:
+        return ()
+
+
+def render(results: list[Measurement]) -> str:
+    """A table of images/s and the ratio of each pipeline to the ceiling (the first row)."""
+    ceiling = results[0].images_per_s
+    lines = ["| pipeline | images/s | / ceiling |", "|---|---|---|"]
+    for result in results:
+        ratio = result.images_per_s / ceiling if ceiling else 0.0
+        lines.append(f"| {result.name} | {result.images_per_s:.0f} | {ratio:.2f}x |")
+    return "\n".join(lines)
