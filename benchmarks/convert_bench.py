@@ -100,6 +100,7 @@ def main(argv=None):
         print(f"| {n} | {top:.0f} | {job:.0f} | {job / top:.2f}x | {rss:.0f} |")
     print(f"peak RSS at 4N / N: {rows[1][3] / rows[0][3]:.2f}x (target <= 1.2x); "
           f"job / ceiling target >= 0.5x")
+    return rows
 
 
 if __name__ == "__main__":

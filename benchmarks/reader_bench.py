@@ -20,6 +20,7 @@ import argparse
 import os
 import pathlib
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,11 +153,15 @@ def main(argv=None):
     if args.measure:
         return measure(args.measure, args.data, args.image_size, args.batch, args.seconds)
 
-    data = args.data
+    data, created = args.data, None
     if data is None:
-        data = tempfile.mkdtemp(prefix="reader-bench-")
+        data = created = tempfile.mkdtemp(prefix="reader-bench-")
         write_shards(pathlib.Path(data), args.images, args.shards)
-    results = {name: run_pipeline(name, data, args) for name in PIPELINES}
+    try:
+        results = {name: run_pipeline(name, data, args) for name in PIPELINES}
+    finally:
+        if created:
+            shutil.rmtree(created, ignore_errors=True)
     ceiling = results["ceiling"][0]
     shown = sys.argv[1:] if argv is None else argv
     print(
@@ -173,7 +178,7 @@ def main(argv=None):
             f"{peak:.0f} ({baseline:.0f}) |"
         )
     print("targets: train >= 0.9x ceiling and >= 1.3x article; eval >= 0.9x ceiling")
-    return None
+    return results
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""All benchmarks behind one command: one table, printed and written to a file.
+
+    python -m benchmarks [--images N] [--out benchmarks/RESULTS.md]
+
+Runs the conversion benchmark (job vs Pillow-decode ceiling at N and 4N images, peak RSS) and
+the reader benchmark (pipelines vs tf.data decode ceiling on 3N images, peak RSS), then prints
+one table with the command, the date and the machine, and writes it to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import pathlib
+import platform
+import sys
+
+from benchmarks import convert_bench, reader_bench
+
+
+def machine() -> str:
+    """CPU model, cores and memory: what the numbers were measured on."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+        memory_kib = next(
+            int(line.split()[1])
+            for line in pathlib.Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
+        memory = f", {memory_kib / (1 << 20):.0f} GiB"
+    except (OSError, StopIteration):
+        memory = ""
+    return f"{os.cpu_count()} cores ({model}){memory}, Python {platform.python_version()}"
+
+
+def table(convert_rows, reader_results) -> list[str]:
+    lines = [
+        "| benchmark | images/s | ceiling images/s | / ceiling | target | peak RSS MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    (n, top_n, job_n, rss_n), (n4, top_4n, job_4n, rss_4n) = convert_rows
+    growth = rss_4n / rss_n
+    lines.append(f"| convert, {n} images | {job_n:.0f} | {top_n:.0f} | {job_n / top_n:.2f}x | "
+                 f">= 0.5x | {rss_n:.0f} |")  # fmt: skip
+    lines.append(f"| convert, {n4} images | {job_4n:.0f} | {top_4n:.0f} | {job_4n / top_4n:.2f}x "
+                 f"| >= 0.5x; RSS 4N/N <= 1.2x | {rss_4n:.0f} ({growth:.2f}x of N) |")  # fmt: skip
+    ceiling = reader_results["ceiling"][0]
+    article = reader_results["article"][0]
+    targets = {
+        "ceiling": "",
+        "train": f">= 0.9x; >= 1.3x article (is {reader_results['train'][0] / article:.2f}x)",
+        "article": "(comparison)",
+        "eval": ">= 0.9x",
+    }
+    for name, (rate, peak, _) in reader_results.items():
+        lines.append(f"| reader {name} | {rate:.0f} | {ceiling:.0f} | {rate / ceiling:.2f}x | "
+                     f"{targets[name]} | {peak:.0f} |")  # fmt: skip
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=1000, help="N of the conversion benchmark")
+    parser.add_argument("--seconds", type=float, default=12.0, help="per reader pipeline")
+    parser.add_argument("--out", default="benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+    convert_rows = convert_bench.main(["--images", str(args.images)])
+    reader_results = reader_bench.main(
+        ["--images", str(3 * args.images), "--seconds", str(args.seconds)]
+    )
+    shown = " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [
+        f"$ python -m benchmarks {shown}".rstrip(),
+        f"{datetime.date.today()}, {machine()}",
+        "conversion: photo-like 320x320 JPEGs; ceiling = read + full Pillow decode on all cores",
+        "reader: photo-like JPEGs 256..480 px, 224x224, batch 128; ceiling = the reader's "
+        "reading stages + parse + full tf.io.decode_jpeg",
+        "",
+        *table(convert_rows, reader_results),
+    ]
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    pathlib.Path(args.out).write_text(text)
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
