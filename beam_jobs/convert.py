@@ -22,6 +22,7 @@ Run on Dataflow (the usual Beam flags pass through):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
 import json
@@ -43,7 +44,7 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
-from beam_jobs import packaging, sharding
+from beam_jobs import packaging, progress, sharding
 from beam_jobs.config import ConvertConfig
 from beam_jobs.load import LoadImages
 from beam_jobs.shards import WriteShards
@@ -83,7 +84,7 @@ def _write_json_lines(pcoll, path: str, label: str):
 
 
 def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str,
-                   fixed_labels: tuple[str, ...] | None) -> None:
+                   fixed_labels: tuple[str, ...] | None, progress_dir: str | None = None) -> None:
     """Adds the conversion's steps to `pipeline`; outputs land in `temp_dir` for finalize()."""
     listed = pipeline | "List" >> ListSources(config)
     if config.layout == "csv":  # folder listings cannot name a file twice
@@ -93,7 +94,8 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
         sources, duplicates = listed, pipeline | "NoDuplicates" >> beam.Create([])
     labels = sources | "CollectLabels" >> CollectLabels(fixed_labels)
     loaded = sources | "LoadImages" >> beam.ParDo(
-        LoadImages(config.policy, config.label_offset), labels=beam.pvalue.AsSingleton(labels)
+        LoadImages(config.policy, config.label_offset, progress_dir),
+        labels=beam.pvalue.AsSingleton(labels),
     ).with_outputs(LoadImages.REJECTED, main="records")
     shards = loaded.records | "WriteShards" >> WriteShards(config, temp_dir)
     rejected = (duplicates, loaded[LoadImages.REJECTED]) | "AllRejected" >> beam.Flatten()
@@ -334,8 +336,11 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
     temp_dir = posixpath.join(config.output.rstrip("/"), f".tmp-{uuid.uuid4().hex[:12]}")
     started = time.monotonic()
     LOG.info("Converting %s (%s layout) into %s", config.source, config.layout, config.output)
-    with beam.Pipeline(options=options) as pipeline:
-        build_pipeline(pipeline, config, temp_dir, fixed_labels)
+    local = options.view_as(StandardOptions).runner == LOCAL_RUNNER
+    with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
+        shown = progress.ProgressLine(progress_dir) if local else contextlib.nullcontext()
+        with shown, beam.Pipeline(options=options) as pipeline:
+            build_pipeline(pipeline, config, temp_dir, fixed_labels, progress_dir if local else None)
     template = options.view_as(GoogleCloudOptions).template_location
     if template:  # nothing ran: the template runs later, and finalising is the caller's part
         print(f"Dataflow template written to {template}; nothing was converted yet.", flush=True)

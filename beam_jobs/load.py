@@ -5,21 +5,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import sys
 import time
+import uuid
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import sharding
+from beam_jobs import progress, sharding
 from beam_jobs.sources import SourceFile, rejection
 from tfrecord_pipe import images, schema
 
 LOG = logging.getLogger(__name__)
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
-PROGRESS_EVERY_S = 5.0  # a line per worker this often; the Beam counters hold the totals
+PROGRESS_EVERY_S = 30.0  # remote runs: a log line per worker this often (counters hold totals)
 
 
 class LoadImages(beam.DoFn):
@@ -30,9 +30,12 @@ class LoadImages(beam.DoFn):
 
     REJECTED = "rejected"
 
-    def __init__(self, policy: images.ImagePolicy, label_offset: int):
+    def __init__(
+        self, policy: images.ImagePolicy, label_offset: int, progress_dir: str | None = None
+    ):
         self._policy = policy
         self._label_offset = label_offset
+        self._progress_dir = progress_dir  # local runs: where the launcher sums our counts
 
     def setup(self):
         self._label_index: dict[str, int] = {}
@@ -43,6 +46,7 @@ class LoadImages(beam.DoFn):
         self._bytes_read = Metrics.counter(NAMESPACE, "bytes_read")
         self._seen = self._seen_rejected = 0
         self._last_report = time.monotonic()
+        self._worker = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this instance's report file
 
     def process(self, source: SourceFile, labels: tuple[str, ...]):
         if labels is not self._labels_seen:
@@ -64,12 +68,20 @@ class LoadImages(beam.DoFn):
                 self.REJECTED, rejection(source, "unexpected_error", f"{type(err).__name__}: {err}")
             )
 
-    def _report_progress(self):
+    def _report_progress(self, force: bool = False):
         now = time.monotonic()
-        if now - self._last_report >= PROGRESS_EVERY_S:
-            self._last_report = now
-            print(f"progress: worker {os.getpid()}: {self._seen} inputs loaded, "
-                  f"{self._seen_rejected} rejected", file=sys.stderr, flush=True)
+        every = PROGRESS_EVERY_S if self._progress_dir is None else progress.POLL_S
+        if not force and now - self._last_report < every:
+            return
+        self._last_report = now
+        if self._progress_dir is not None:
+            progress.report(self._progress_dir, self._worker, self._seen, self._seen_rejected)
+        elif not force:
+            LOG.info("worker %d: %d inputs loaded, %d rejected", os.getpid(), self._seen,
+                     self._seen_rejected)  # fmt: skip
+
+    def finish_bundle(self):
+        self._report_progress(force=True)  # the launcher's final line counts every input
 
     def _load(self, source: SourceFile) -> tuple[str, bytes]:
         if source.label is None:

@@ -21,9 +21,12 @@ def test_convert_writes_a_dataset_and_prints_the_summary(tmp_path):
         for i in range(3):
             (tmp_path / "src" / label / f"{i}.jpg").write_bytes(jpeg_bytes(8, 8))
     result = tfrecord_pipe("convert", tmp_path / "src", tmp_path / "out",
-                           "--direct_num_workers=2")  # a Beam flag, passed through
+                           "--direct_num_workers=2", "--direct_running_mode=multi_processing")
     assert result.returncode == 0, result.stderr
     assert "train: 6 in 1 shards; 0 rejected" in result.stdout
+    # One progress line for the whole job, summed over its worker processes.
+    finals = [line for line in result.stderr.splitlines() if line.startswith("converting: ")]
+    assert finals and finals[-1].startswith("converting: 6 inputs loaded (0 rejected)")
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["labels"] == ["cat", "dog"]
 
