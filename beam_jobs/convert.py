@@ -299,15 +299,18 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
 
 
 def pipeline_options(beam_args: list[str], save_main_session: bool) -> PipelineOptions:
-    """Beam options; locally, the FnApiRunner on every core unless the user chose otherwise."""
+    """Beam options; locally, the FnApiRunner with a thread per core unless the user chose."""
     options = PipelineOptions(beam_args)
     standard = options.view_as(StandardOptions)
     if standard.runner in (None, "DirectRunner"):
         standard.runner = LOCAL_RUNNER
         direct = options.view_as(DirectOptions)
         if "--direct_num_workers" not in " ".join(beam_args):
+            # Threads, not processes: decoding (Pillow), hashing and reading release the GIL,
+            # and worker processes each pay for importing TensorFlow and Beam. Measured on 2
+            # cores, 4000 images: 3.2 s threads, 6.0 s processes, 3.9 s one in-memory worker.
             direct.direct_num_workers = os.cpu_count() or 1
-            direct.direct_running_mode = "multi_processing"
+            direct.direct_running_mode = "multi_threading"
     elif not packaging.user_packaged(beam_args):
         # Remote workers need our package; ship a wheel of it unless the user chose a way.
         wheel = packaging.build_wheel(tempfile.mkdtemp(prefix="tfrecord-pipe-wheel-"))

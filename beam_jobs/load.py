@@ -1,7 +1,15 @@
-"""LoadImages: one input file in, one serialized Example or one dead letter out."""
+"""LoadImages: one input file in, a small `Checked` entry or one dead letter out.
+
+The image bytes are not passed on. Carrying them through the shuffle that groups records by
+shard made a local run hold the whole dataset in memory (Beam's local runner keeps grouped
+data in RAM). Instead each shard writer reads its sources again (`read_record`): the bytes
+are checked against the hash taken here, and only images that are re-encoded pay for
+normalising a second time.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -22,8 +30,66 @@ NAMESPACE = beam_jobs.METRICS_NAMESPACE
 PROGRESS_EVERY_S = 30.0  # remote runs: a log line per worker this often (counters hold totals)
 
 
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """A source that passed every check, and what its record will hold.
+
+    Attributes:
+      key: the record's order key (sharding.order_key of relpath).
+      path: where to read the source again.
+      relpath: the record's filename.
+      label_index: 0-based label.
+      label_text: the label's name.
+      sha256: hex digest of the source bytes, checked when they are read again.
+      height, width: of the stored image.
+      size: bytes of the serialized record (for shard sizing).
+      reencoded: the stored image is a re-encoding (else the source bytes themselves).
+    """
+
+    key: str
+    path: str
+    relpath: str
+    label_index: int
+    label_text: str
+    sha256: str
+    height: int
+    width: int
+    size: int
+    reencoded: bool
+
+
+class SourceChangedError(RuntimeError):
+    """A source's bytes differ between the check and the write: it changed during the job."""
+
+
+def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int) -> bytes:
+    """The serialized Example for a checked source, from its bytes read again.
+
+    Raises:
+      SourceChangedError: the file changed since it was checked; rerun the job.
+    """
+    with FileSystems.open(checked.path) as f:
+        data = f.read()
+    if hashlib.sha256(data).hexdigest() != checked.sha256:
+        raise SourceChangedError(
+            f"{checked.path} changed while the job ran (its content hash differs from when it "
+            "was checked). Rerun the conversion once the inputs are stable."
+        )
+    encoded = images.normalise(data, policy).encoded if checked.reencoded else data
+    record = schema.ImageRecord(
+        encoded=encoded,
+        height=checked.height,
+        width=checked.width,
+        label_index=checked.label_index,
+        label_text=checked.label_text,
+        filename=checked.relpath,
+        sha256=checked.sha256,
+    )
+    return schema.serialize(record, label_offset)
+
+
 class LoadImages(beam.DoFn):
-    """Reads, checks and normalises one input; emits (split, (order key, serialized Example)).
+    """Reads, checks and normalises one input; emits (split, Checked).
 
     Inputs that cannot be used go to the REJECTED output with their reason; nothing is dropped.
     """
@@ -83,7 +149,7 @@ class LoadImages(beam.DoFn):
     def finish_bundle(self):
         self._report_progress(force=True)  # the launcher's final line counts every input
 
-    def _load(self, source: SourceFile) -> tuple[str, bytes]:
+    def _load(self, source: SourceFile) -> Checked:
         if source.label is None:
             raise images.Rejected(images.NO_LABEL, "the input gives no label for this file")
         if source.label not in self._label_index:
@@ -107,5 +173,16 @@ class LoadImages(beam.DoFn):
             filename=source.relpath,
             sha256=hashlib.sha256(data).hexdigest(),
         )
-        return sharding.order_key(source.relpath), schema.serialize(record, self._label_offset)
+        return Checked(
+            key=sharding.order_key(source.relpath),
+            path=source.path,
+            relpath=source.relpath,
+            label_index=record.label_index,
+            label_text=record.label_text,
+            sha256=record.sha256,
+            height=record.height,
+            width=record.width,
+            size=len(schema.serialize(record, self._label_offset)),
+            reencoded=stored.reencoded,
+        )
 

@@ -12,18 +12,21 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import sharding
+from beam_jobs import load, sharding
 from beam_jobs.config import ConvertConfig
+from tfrecord_pipe import images
 
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
 
 
 class WriteShard(beam.DoFn):
-    """Writes one shard: its records sorted by key, to the job's temporary folder."""
+    """Writes one shard: its records sorted by key, read from their sources, to the temp folder."""
 
-    def __init__(self, temp_dir: str, compress: bool):
+    def __init__(self, temp_dir: str, compress: bool, policy: images.ImagePolicy, label_offset: int):
         self._temp_dir = temp_dir
         self._compress = compress
+        self._policy = policy
+        self._label_offset = label_offset
 
     def setup(self):
         import tensorflow as tf  # heavy; workers import it once
@@ -33,15 +36,15 @@ class WriteShard(beam.DoFn):
         self._records = Metrics.counter(NAMESPACE, "records_written")
 
     def process(self, element, stats):
-        (split, index), keyed_records = element
+        (split, index), checked = element
         shards = stats[split]["shards"]
         name = sharding.shard_name(split, index, shards, self._compress)
         path = posixpath.join(self._temp_dir, name)
         options = self._tf.io.TFRecordOptions(compression_type="GZIP" if self._compress else "")
         count = 0
         with self._tf.io.TFRecordWriter(path, options) as writer:
-            for _, serialized in sorted(keyed_records):
-                writer.write(serialized)
+            for entry in sorted(checked, key=lambda c: c.key):
+                writer.write(load.read_record(entry, self._policy, self._label_offset))
                 count += 1
         self._shards.inc()
         self._records.inc(count)
@@ -62,7 +65,7 @@ class PlanShards(beam.PTransform):
     """Per split: record count, bytes, shard count, and the first key of every shard but the first.
 
     Boundaries come from keys alone, grouped by key-prefix bucket, so no worker ever holds a
-    whole split and the image bytes are shuffled only once (in WriteShards).
+    whole split; image bytes are never shuffled (WriteShard reads them from the sources).
     """
 
     def __init__(self, num_shards: int | None, shard_bytes: int):
@@ -74,7 +77,7 @@ class PlanShards(beam.PTransform):
         num_shards, shard_bytes = self._num_shards, self._shard_bytes
         stats = (
             records
-            | "SizePerSplit" >> beam.Map(lambda kv: (kv[0], (1, len(kv[1][1]))))
+            | "SizePerSplit" >> beam.Map(lambda kv: (kv[0], (1, kv[1].size)))
             | "SumPerSplit" >> beam.CombinePerKey(_count_and_bytes)
             | "ShardCount" >> beam.Map(
                 lambda kv: (kv[0], {
@@ -85,7 +88,7 @@ class PlanShards(beam.PTransform):
             )
         )
         keys = records | "KeysOnly" >> beam.Map(
-            lambda kv: ((kv[0], sharding.bucket_of(kv[1][0])), kv[1][0])
+            lambda kv: ((kv[0], sharding.bucket_of(kv[1].key)), kv[1].key)
         )
         bucket_counts = (
             keys
@@ -136,11 +139,15 @@ class WriteShards(beam.PTransform):
         return (
             records
             | "AssignShard" >> beam.Map(
-                lambda kv, b: ((kv[0], sharding.shard_of(kv[1][0], b.get(kv[0], []))), kv[1]),
+                lambda kv, b: ((kv[0], sharding.shard_of(kv[1].key, b.get(kv[0], []))), kv[1]),
                 b=beam.pvalue.AsDict(boundaries),
             )
             | "GroupShards" >> beam.GroupByKey()
             | "WriteShard" >> beam.ParDo(
-                WriteShard(self._temp_dir, self._config.compress), stats=beam.pvalue.AsDict(stats)
-            )
+                WriteShard(
+                    self._temp_dir, self._config.compress, self._config.policy,
+                    self._config.label_offset,
+                ),
+                stats=beam.pvalue.AsDict(stats),
+            )  # fmt: skip
         )

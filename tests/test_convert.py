@@ -198,3 +198,21 @@ def test_full_run_from_gs_to_gs(gcs, tmp_path):
     assert sorted(r.filename for r in records) == sorted(
         str(p.relative_to(src)) for p in src.rglob("*.jpg") if "truncated" not in p.name)
     assert not tf.io.gfile.glob(out + "/.tmp-*/*")
+
+
+def test_a_source_that_changes_between_check_and_write_stops_the_write(tmp_path):
+    from beam_jobs import load
+    from tfrecord_pipe import images
+
+    path = tmp_path / "a.jpg"
+    path.write_bytes(jpeg_bytes(8, 8))
+    checked = load.Checked(
+        key="k", path=str(path), relpath="a.jpg", label_index=0, label_text="red",
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(), height=8, width=8, size=1,
+        reencoded=False,
+    )  # fmt: skip
+    record = schema.decode_example(load.read_record(checked, images.ImagePolicy(), 1))
+    assert record.encoded == path.read_bytes() and record.label_text == "red"
+    path.write_bytes(jpeg_bytes(8, 8, (0, 0, 255)))
+    with pytest.raises(load.SourceChangedError, match="changed while the job ran"):
+        load.read_record(checked, images.ImagePolicy(), 1)
