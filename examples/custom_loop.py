@@ -110,7 +110,7 @@ def main(argv=None):
         image_size=args.image_size, global_batch_size=args.batch_size, epochs=args.epochs
     )
     strategy = distribute.resolve_strategy(args.tpu)
-    print(f"custom loop under {type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas)")
+    print(f"custom loop under {distribute.describe(strategy)}")
     result = run(strategy, args.dataset_dir, config)
     print(f"validation: accuracy {result['accuracy']:.3f} on all {result['images']} images")
     return result

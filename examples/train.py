@@ -151,8 +151,7 @@ def main(argv=None):
     print(f"[1/5] converting {args.images_dir} with the Beam job")
     convert_images(args.images_dir, dataset_dir)
     strategy = distribute.resolve_strategy(args.tpu)
-    print(f"[2/5] training under {type(strategy).__name__} "
-          f"({strategy.num_replicas_in_sync} replica(s))")  # fmt: skip
+    print(f"[2/5] training under {distribute.describe(strategy)}")
     model = train(strategy, dataset_dir, config)
     result = evaluate(strategy, model, dataset_dir, config)
     print(f"[3/5] validation: accuracy {result['accuracy']:.3f} on all {result['images']} "

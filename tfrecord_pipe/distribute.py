@@ -89,12 +89,7 @@ def resolve_strategy(tpu: str | None = None) -> tf.distribute.Strategy:
         strategy = tf.distribute.MirroredStrategy()
     else:
         strategy = tf.distribute.get_strategy()
-    log.info(
-        "Using %s (%s): %d replica(s)",
-        type(strategy).__name__,
-        choice.reason,
-        strategy.num_replicas_in_sync,
-    )
+    log.info("Using %s: %s", describe(strategy), choice.reason)
     return strategy
 
 
@@ -128,6 +123,15 @@ def _check_reachable(tpu: str, master: str) -> None:
             f"TPU {tpu!r} at {master} cannot be reached ({err}). Is it running, and is this "
             "machine in its network?"
         ) from err
+
+
+def describe(strategy: tf.distribute.Strategy) -> str:
+    """`TPUStrategy (8 replicas)`; the default strategy reads `default strategy (1 replica)`."""
+    name = type(strategy).__name__
+    if name.startswith("_Default"):
+        name = "default strategy"
+    replicas = strategy.num_replicas_in_sync
+    return f"{name} ({replicas} replica{'s' if replicas != 1 else ''})"
 
 
 def per_replica_batch_size(global_batch_size: int, strategy: tf.distribute.Strategy) -> int:
