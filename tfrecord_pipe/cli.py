@@ -22,7 +22,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfrecord-pipe",
         description="Image folders to sharded TFRecords, and TPU-ready input pipelines.",
-        epilog="Paths may be local or gs://. Run `tfrecord-pipe COMMAND --help` for details.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="""examples:
+  tfrecord-pipe convert flowers/ dataset/ --validation_fraction 0.1
+  tfrecord-pipe inspect dataset/ --grid sample.png
+  tfrecord-pipe verify flowers/ dataset/
+  tfrecord-pipe bench dataset/ --batch_size 256
+
+Paths may be local or gs://. Run `tfrecord-pipe COMMAND --help` for details.
+Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser(
