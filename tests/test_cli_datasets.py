@@ -206,3 +206,26 @@ def test_bench_on_a_pattern_that_matches_nothing_exits_2(tmp_path):
     done = tfrecord_pipe("bench", f"{tmp_path}/train-*", "--seconds", "1")
     assert done.returncode == 2
     assert "matched no files" in done.stderr
+
+
+def test_inspect_a_bare_pattern_counts_from_the_shards(converted):
+    _, out = converted
+    done = tfrecord_pipe("inspect", f"{out}/train-*")
+    assert done.returncode == 0, done.stderr
+    train = manifest.read(str(out)).splits["train"].num_examples
+    assert "no manifest.json" in done.stdout
+    assert f"train: {train} records in 2 shards" in done.stdout
+
+
+def test_verify_a_csv_conversion_with_a_duplicate_line_and_a_missing_file(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    lines = ["path,label,split"]
+    for i, (label, colour) in enumerate(COLOURS.items()):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(jpeg_bytes(9, 9, colour))
+        lines.append(f"imgs/{i}.jpg,{label},train")
+    lines += ["imgs/0.jpg,green,validation", "imgs/missing.jpg,red,train"]
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    convert.run([str(tmp_path / "list.csv"), str(tmp_path / "out")] + IN_PROCESS)
+    done = tfrecord_pipe("verify", tmp_path / "list.csv", tmp_path / "out")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "5 sources listed; 3 records in the shards; 2 rejected" in done.stdout

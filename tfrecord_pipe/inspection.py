@@ -38,12 +38,13 @@ class Shard:
 
 @dataclasses.dataclass(frozen=True)
 class SplitSummary:
-    """Attributes: name; shards; records read for the histograms; label text to count among
-    them; image heights and widths among them."""
+    """Attributes: name; shards; records read for the histograms (read_all: every record);
+    label text to count among them; image heights and widths among them."""
 
     name: str
     shards: tuple[Shard, ...]
     read: int
+    read_all: bool
     labels: dict[str, int]
     heights: tuple[int, ...]
     widths: tuple[int, ...]
@@ -148,6 +149,7 @@ def _split_summary(name, shards, compression, sample, check_counts, offset, labe
             for (path, listed), size, count in zip(shards, sizes, counted)
         ),
         read=read,
+        read_all=sample is None or read < sample,
         labels=dict(labels),
         heights=tuple(heights),
         widths=tuple(widths),
@@ -187,9 +189,11 @@ def render(summary: DatasetSummary) -> str:
         total_bytes = sum(shard.num_bytes for shard in split.shards)
         sizes = [shard.num_bytes for shard in split.shards]
         listed = split.listed
+        if listed is None and split.read_all:
+            listed = split.read  # no manifest, but every record was read
         lines.append("")
         lines.append(
-            f"{split.name}: {listed if listed is not None else '?'} records in "
+            f"{split.name}: {listed if listed is not None else f'at least {split.read}'} records in "
             f"{len(split.shards)} shards, {_mb(total_bytes)} "
             f"(shards {_mb(min(sizes))}..{_mb(max(sizes))})"
         )
