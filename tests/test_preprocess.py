@@ -85,3 +85,16 @@ def test_color_jitter_changes_pixels_within_range():
 def test_an_unknown_dtype_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="float32"):
         preprocess.eval_image(tf.constant(halves_jpeg(8, 8)), SIZE, "float16")
+
+
+def test_large_crops_decoded_at_reduced_scale_match_a_full_decode():
+    # A 600 x 400 gradient: the 32 px evaluation crop is 200 px, so libjpeg decodes it at 1/4
+    # scale; a full decode then crop and resize must give nearly the same pixels.
+    y, x = np.mgrid[0:400, 0:600].astype(np.float32)
+    pixels = np.stack([x / 600 * 255, y / 400 * 255, (x + y) / 1000 * 255], axis=-1)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="JPEG", quality=95)
+    encoded = tf.constant(buffer.getvalue())
+    fast = preprocess.eval_image(encoded, SIZE, "uint8").numpy().astype(int)
+    full = preprocess.eval_pixels(tf.io.decode_jpeg(encoded, channels=3), SIZE, "uint8").numpy()
+    assert np.abs(fast - full.astype(int)).mean() < 3
