@@ -79,7 +79,9 @@ def train(strategy, dataset_dir: str, config: TrainConfig) -> tf.keras.Model:
         model.compile(
             optimizer=tf.keras.optimizers.Adam(config.learning_rate),
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
+            # Weighted: in padded evaluation batches the weight-0 filler must not count. Training
+            # batches carry no weights, where it is plain accuracy.
+            weighted_metrics=["accuracy"],
             steps_per_execution=steps_per_execution,
         )
     steps = max(1, found.splits["train"].num_examples // config.global_batch_size)
@@ -100,12 +102,6 @@ def evaluate(strategy, model: tf.keras.Model, dataset_dir: str, config: TrainCon
         dataset_dir, is_training=False, image_size=config.image_size,
         batch_size=config.global_batch_size,
     )  # fmt: skip
-    with strategy.scope():
-        # weighted_metrics: the weight-0 filler in the last batch must not count.
-        model.compile(
-            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            weighted_metrics=["accuracy"],
-        )
     result = model.evaluate(distribute.distribute(strategy, input_fn), return_dict=True, verbose=0)
     result["images"] = found.splits["validation"].num_examples
     result["batches"] = math.ceil(result["images"] / config.global_batch_size)

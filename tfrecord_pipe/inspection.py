@@ -88,9 +88,8 @@ def summarize(path: str, sample: int | None = DEFAULT_SAMPLE, check_counts: bool
       ValueError: nothing to inspect at `path`; the message says what was expected.
     """
     folder = path.rstrip("/") or path
-    found = None
-    if tf.io.gfile.exists(posixpath.join(folder, manifest_lib.MANIFEST_NAME)):
-        found = manifest_lib.read(folder)
+    files, compression, found = validate.shard_files(path)
+    if found is not None:
         groups = {
             name: [
                 (posixpath.join(folder, file), length)
@@ -98,9 +97,7 @@ def summarize(path: str, sample: int | None = DEFAULT_SAMPLE, check_counts: bool
             ]
             for name, info in found.splits.items()
         }
-        compression = found.compression
     else:
-        files, compression = validate.shard_files(path)
         groups = collections.defaultdict(list)
         for file in files:
             groups[posixpath.basename(file).split("-")[0]].append((file, None))
@@ -266,12 +263,8 @@ def contact_sheet(path: str, output: str, count: int = 24, columns: int = 6, thu
     Returns:
       The number of records drawn.
     """
-    folder = path.rstrip("/") or path
-    offset, names = 0, None
-    if tf.io.gfile.exists(posixpath.join(folder, manifest_lib.MANIFEST_NAME)):
-        found = manifest_lib.read(folder)
-        offset, names = found.label_offset, found.labels
-    files, compression = validate.shard_files(path)
+    files, compression, found = validate.shard_files(path)
+    offset, names = (found.label_offset, found.labels) if found else (0, None)
     records = tf.data.Dataset.from_tensor_slices(list(files)).interleave(
         lambda p: tf.data.TFRecordDataset(p, compression_type=compression),
         cycle_length=len(files),

@@ -96,6 +96,11 @@ class Manifest:
         return cls(**data)
 
 
+def compression_of(files) -> str:
+    """"GZIP" when every file name ends in .gz (as the converter names compressed shards), else ""."""
+    return "GZIP" if files and all(str(path).endswith(".gz") for path in files) else ""
+
+
 def write(folder: str, manifest: Manifest) -> None:
     """Writes labels.txt, then manifest.json (last: its presence means the dataset is complete)."""
     with tf.io.gfile.GFile(posixpath.join(folder, LABELS_NAME), "w") as f:

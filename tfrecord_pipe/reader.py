@@ -274,7 +274,7 @@ def _compression(config, found, files) -> str:
         return config.compression
     if found is not None:
         return found.compression
-    return "GZIP" if all(path.endswith(".gz") for path in files) else ""
+    return manifest_lib.compression_of(files)
 
 
 def _label_offset(config, found) -> int:
@@ -458,14 +458,10 @@ def _checked(records, filename, expected, skip_corrupt):
         return seen, (record, is_end, seen)
 
     def keep(record, is_end, seen):
-        return tf.cond(is_end, lambda: _file_end(filename, seen, expected, skip_corrupt), _true)
+        return tf.cond(is_end, lambda: _file_end(filename, seen, expected, skip_corrupt), lambda: True)
 
     counted = tagged.scan(tf.constant(0, tf.int64), count)
     return counted.filter(keep).map(lambda record, is_end, seen: record)
-
-
-def _true():
-    return tf.constant(True)
 
 
 def _file_end(filename, seen, expected, skip_corrupt):
@@ -482,14 +478,10 @@ def _file_end(filename, seen, expected, skip_corrupt):
         ]
     )
     if skip_corrupt:
-        return tf.cond(complete, _false, lambda: _warn_false(problem))
+        return tf.cond(complete, lambda: False, lambda: _warn_false(problem))
     check = tf.debugging.Assert(complete, [problem])
     with tf.control_dependencies([check]):
         return tf.constant(False)
-
-
-def _false():
-    return tf.constant(False)
 
 
 def _warn_false(problem):
@@ -626,7 +618,7 @@ class InputFn:
     - `input_fn(input_context)`, from `strategy.distribute_datasets_from_function`: this
       pipeline's share of the files, per-replica batches from `config.batch_size`.
     - `input_fn(params)`: TPUEstimator-era code; `params["batch_size"]` is the batch of this
-      pipeline, and `params["context"]` (when present) says which host this is.
+      pipeline, which reads every file (TPUEstimator itself left TensorFlow in 2.16).
     - `input_fn()`: one pipeline, batches of `config.batch_size`.
     """
 
@@ -641,9 +633,7 @@ class InputFn:
                 raise ValueError(
                     f"input_fn(params) needs params['batch_size']; got keys {sorted(context)}"
                 )
-            return build_dataset(
-                self.config, _host_context(context.get("context")), context["batch_size"]
-            )
+            return build_dataset(self.config, batch_size=context["batch_size"])
         raise TypeError(
             "input_fn takes a tf.distribute.InputContext, a params dict with 'batch_size', "
             f"or nothing; got {type(context).__name__}"
@@ -651,16 +641,6 @@ class InputFn:
 
     def __repr__(self):
         return f"InputFn({self.config!r})"
-
-
-def _host_context(tpu_context):
-    """An InputContext for this host from a TPUEstimator TPUContext, or None without one."""
-    if tpu_context is None:
-        return None
-    _, host_id, *_ = tpu_context.current_input_fn_deployment()
-    return tf.distribute.InputContext(
-        num_input_pipelines=tpu_context.num_hosts, input_pipeline_id=host_id
-    )
 
 
 def make_input_fn(

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from tfrecord_pipe import reader, schema
+from tfrecord_pipe import manifest, reader, schema
 
 WARMUP_BATCHES = 3  # threads started, shuffle buffer filled, autotuning begun
 
@@ -137,8 +137,6 @@ def bench(
 
 
 def _splits(path: str) -> tuple[str, ...]:
-    from tfrecord_pipe import manifest
-
     try:
         return tuple(manifest.read(path).splits)
     except FileNotFoundError:

@@ -138,8 +138,9 @@ class RecordReport:
         return "\n".join(lines)
 
 
-def shard_files(path: str) -> tuple[tuple[str, ...], str]:
-    """Shard files of a dataset folder (every split) or a file pattern, and their compression.
+def shard_files(path: str) -> tuple[tuple[str, ...], str, manifest_lib.Manifest | None]:
+    """Shard files of a dataset folder (every split) or a file pattern, their compression, and
+    the folder's manifest (None for a pattern or a folder without one).
 
     Raises:
       ValueError: nothing matches; the message says what was expected.
@@ -150,7 +151,7 @@ def shard_files(path: str) -> tuple[tuple[str, ...], str]:
         files = tuple(
             posixpath.join(folder, name) for info in found.splits.values() for name in info.files
         )
-        return files, found.compression
+        return files, found.compression, found
     if tf.io.gfile.isdir(folder):
         pattern = posixpath.join(folder, "*.tfrecord*")
     else:
@@ -161,7 +162,7 @@ def shard_files(path: str) -> tuple[tuple[str, ...], str]:
             f"No TFRecord files at {path}: give a dataset folder, a folder of *.tfrecord files, "
             "or a file pattern that matches some."
         )
-    return files, ("GZIP" if all(name.endswith(".gz") for name in files) else "")
+    return files, manifest_lib.compression_of(files), None
 
 
 def inspect_records(path: str, num_records: int = 32) -> RecordReport:
@@ -171,7 +172,7 @@ def inspect_records(path: str, num_records: int = 32) -> RecordReport:
     with `tf.io.decode_jpeg`, exactly as the reader will; anything that fails is a problem in the
     report, not an exception.
     """
-    files, compression = shard_files(path)
+    files, compression, _ = shard_files(path)
     keys: dict[str, str] = {}
     labels: dict[int, str] = {}
     heights, widths, problems = [], [], []

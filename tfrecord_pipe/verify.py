@@ -182,22 +182,20 @@ def _record_row(serialized: bytes, found) -> dict:
         shape = tuple(tf.io.decode_jpeg(record.encoded, channels=3).shape)
     except tf.errors.OpError as err:
         return {"problem": f"{record.filename}: image does not decode: {err.message}"}
-    row = {
+    problems = []
+    if shape != (record.height, record.width, 3):
+        problems.append(f"decodes to {shape}, the record says {record.height}x{record.width}x3")
+    if not 0 <= record.label_index < len(found.labels) or (
+        found.labels[record.label_index] != record.label_text
+    ):
+        problems.append(f"label {record.label_index} ({record.label_text!r}) does not match labels.txt")
+    return {
         "relpath": record.filename,
         "sha256": record.sha256,
         "encoded_sha256": hashlib.sha256(record.encoded).hexdigest(),
         "label": record.label_text,
-        "label_index": record.label_index,
+        "record_problems": problems,
     }
-    if shape != (record.height, record.width, 3):
-        row["record_problem"] = f"decodes to {shape}, the record says {record.height}x{record.width}x3"
-    if not 0 <= record.label_index < len(found.labels) or (
-        found.labels[record.label_index] != record.label_text
-    ):
-        row["record_problem"] = (
-            f"label {record.label_index} ({record.label_text!r}) does not match labels.txt"
-        )
-    return row
 
 
 def _add_rejected(dataset, buckets) -> int:
@@ -301,8 +299,8 @@ def _check(relpath: str, rows: dict[str, list[dict]], problems: _Problems) -> No
         return
     record = records[0]
     expected = next((s for s in listed if "encoded_sha256" in s), None)
-    if record.get("record_problem"):
-        problems.add(f"{relpath} (shard {record['shard']}): {record['record_problem']}")
+    for problem in record["record_problems"]:
+        problems.add(f"{relpath} (shard {record['shard']}): {problem}")
     if expected is None:
         reasons = ", ".join(sorted({s.get("rejected", "?") for s in listed}))
         problems.add(f"{relpath}: has a record, but the source should be rejected ({reasons})")
