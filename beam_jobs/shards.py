@@ -16,10 +16,11 @@ from apache_beam.metrics import Metrics
 import beam_jobs
 from beam_jobs import load, sharding
 from beam_jobs.config import ConvertConfig
+from beam_jobs.record_writer import RecordWriter
 from tfrecord_pipe import images
 
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
-READERS = 16  # threads re-reading a shard's sources (I/O, hashing and decoding drop the GIL)
+READERS = 16  # threads re-reading a shard's remote sources (gs://...), hiding request latency
 READ_AHEAD = 64  # records read ahead of the writer, bounding memory to ~64 images
 
 
@@ -33,11 +34,10 @@ class WriteShard(beam.DoFn):
         self._label_offset = label_offset
 
     def setup(self):
-        import tensorflow as tf  # heavy; workers import it once
-
-        self._tf = tf
-        # Sources are read again here, in key order: in parallel, or a shard of 10,000 images
-        # on GCS would wait for 10,000 requests one after another.
+        # Sources are read again here, in key order. Remote ones in parallel, or a shard of
+        # 10,000 images on GCS would wait for 10,000 requests one after another; local ones
+        # in this thread: a local read takes microseconds, and threads fighting over the GIL
+        # made writing a 4000-image shard 1.8x slower (0.59 s in one thread, 1.05 s in 16).
         self._pool = futures.ThreadPoolExecutor(READERS)
         self._shards = Metrics.counter(NAMESPACE, "shards_written")
         self._records = Metrics.counter(NAMESPACE, "records_written")
@@ -53,11 +53,14 @@ class WriteShard(beam.DoFn):
         shards = stats[split]["shards"]
         name = sharding.shard_name(split, index, shards, self._compress)
         path = posixpath.join(self._temp_dir, name)
-        options = self._tf.io.TFRecordOptions(compression_type="GZIP" if self._compress else "")
         count = 0
-        with self._tf.io.TFRecordWriter(path, options) as writer:
+        with RecordWriter(path, self._compress) as writer:
             entries = sorted(checked, key=lambda c: c.key)
-            for serialized in _in_order(self._pool, self._read, entries, READ_AHEAD):
+            if any("://" in entry.path for entry in entries):
+                records = _in_order(self._pool, self._read, entries, READ_AHEAD)
+            else:
+                records = map(self._read, entries)
+            for serialized in records:
                 writer.write(serialized)
                 count += 1
         self._shards.inc()

@@ -216,3 +216,17 @@ def test_a_source_that_changes_between_check_and_write_stops_the_write(tmp_path)
     path.write_bytes(jpeg_bytes(8, 8, (0, 0, 255)))
     with pytest.raises(load.SourceChangedError, match="changed while the job ran"):
         load.read_record(checked, images.ImagePolicy(), 1)
+
+
+def test_the_job_s_worker_code_does_not_load_tensorflow():
+    # Dataflow workers (and local worker processes) start faster and use less memory without
+    # TensorFlow; records are serialized and framed by our own code.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, beam_jobs.load, beam_jobs.shards, beam_jobs.sources, beam_jobs.config;"
+        "print('tensorflow' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

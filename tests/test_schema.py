@@ -92,3 +92,20 @@ def test_decode_refuses_a_record_of_another_format():
 def test_decode_refuses_bytes_that_are_not_an_example():
     with pytest.raises(ValueError, match="Not a tf.train.Example"):
         schema.decode_example(b"\xff\xff\xff garbage")
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_hand_written_bytes_equal_the_message_tensorflow_builds(offset):
+    record = make_record(filename="daisy/ünïcode name.jpg", label_index=300)
+    B = lambda v: tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))  # noqa: E731
+    I = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))  # noqa: E731,E741
+    expected = tf.train.Example(features=tf.train.Features(feature={
+        schema.ENCODED: B(record.encoded), schema.FORMAT: B(b"JPEG"),
+        schema.COLORSPACE: B(b"RGB"), schema.CHANNELS: I(3), schema.HEIGHT: I(8),
+        schema.WIDTH: I(12), schema.LABEL: I(300 + offset), schema.SYNSET: B(b"tulips"),
+        schema.FILENAME: B("daisy/ünïcode name.jpg".encode()),
+        schema.SHA256: B(record.sha256.encode()),
+    }))  # fmt: skip
+    serialized = schema.serialize(record, offset)
+    assert tf.train.Example.FromString(serialized) == expected
+    assert schema.serialize(record, offset) == serialized  # stable bytes

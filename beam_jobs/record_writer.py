@@ -1,0 +1,60 @@
+"""TFRecord files written with Beam's filesystems: the framing, checksums and optional GZIP.
+
+The format (what `tf.data.TFRecordDataset` reads), per record:
+  uint64 length, little-endian | uint32 masked CRC-32C of those 8 bytes | data |
+  uint32 masked CRC-32C of data
+and with GZIP the whole file is one gzip stream.
+
+Why not `tf.io.TFRecordWriter`: from Python it costs about 125 us a record (30 KB records,
+measured) against about 25 us here, and a shard is written by one thread; Beam's filesystems
+also reach every place the job can write to (local, gs://) without TensorFlow's.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import google_crc32c
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+_MASK_DELTA = 0xA282EAD8
+
+
+def masked_crc32c(data: bytes) -> int:
+    """The CRC-32C of `data`, rotated and offset as TFRecord stores it."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame(data: bytes) -> bytes:
+    """One record as it lies in the file."""
+    length = struct.pack("<Q", len(data))
+    return b"".join(
+        (length, struct.pack("<I", masked_crc32c(length)), data, struct.pack("<I", masked_crc32c(data)))
+    )
+
+
+class RecordWriter:
+    """Writes records to a new TFRecord file at `path` (any Beam filesystem path).
+
+    Use as a context manager; the file is complete only once the writer is closed.
+    """
+
+    def __init__(self, path: str, compress: bool = False):
+        compression = CompressionTypes.GZIP if compress else CompressionTypes.UNCOMPRESSED
+        self._file = FileSystems.create(
+            path, mime_type="application/octet-stream", compression_type=compression
+        )
+
+    def write(self, data: bytes) -> None:
+        self._file.write(frame(data))
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
