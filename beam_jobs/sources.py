@@ -104,6 +104,10 @@ class ListSources(beam.PTransform):
                     meta.path, root, config.layout, config.validation_fraction
                 )
             )
+            # The listing comes out of one step that runners cannot split: without this
+            # redistribution every image would be loaded by one worker thread (on Dataflow
+            # too). CSV lines need none: DropDuplicatePaths groups them by path.
+            | "Spread" >> beam.Reshuffle()
         )
 
 

@@ -218,6 +218,33 @@ def test_a_source_that_changes_between_check_and_write_stops_the_write(tmp_path)
         load.read_record(checked, images.ImagePolicy(), 1)
 
 
+def test_images_are_loaded_in_parallel_bundles_not_by_one_worker(tmp_path):
+    # Listing is one step a runner cannot split; without redistributing its output, every
+    # image would be loaded by a single worker thread, locally and on Dataflow.
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_jobs.config import ConvertConfig
+
+    # With a labels file nothing else forces a break between listing and loading.
+    src = make_folder(tmp_path / "src", per_label=10, odd=())
+    config = convert.resolve_layout(ConvertConfig(source=str(src), output=str(tmp_path / "out")))
+    progress_dir = tmp_path / "progress"
+    progress_dir.mkdir()
+    options = PipelineOptions(
+        ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_threading"]
+    )
+    with beam.Pipeline(options=options) as pipeline:
+        convert.build_pipeline(
+            pipeline, config, str(tmp_path / "tmp"), tuple(sorted(COLOURS)), str(progress_dir)
+        )
+
+    loaded = [int(f.read_text().split()[0]) for f in progress_dir.iterdir()
+              if f.suffix != ".partial"]  # fmt: skip
+    assert sum(loaded) == 30
+    assert sum(1 for n in loaded if n > 0) >= 2, f"one worker loaded everything: {loaded}"
+
+
 def test_the_job_s_worker_code_does_not_load_tensorflow():
     # Dataflow workers (and local worker processes) start faster and use less memory without
     # TensorFlow; records are serialized and framed by our own code.
