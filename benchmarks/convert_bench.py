@@ -64,7 +64,9 @@ def run_job(src: pathlib.Path, out: pathlib.Path) -> tuple[float, float]:
         " resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss);"
         "print('RESULT', d, r)")]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode:
+        raise RuntimeError(f"the conversion job failed:\n{result.stderr[-4000:]}")
     line = next(li for li in result.stdout.splitlines() if li.startswith("RESULT"))
     _, seconds, max_rss_kib = line.split()
     peak_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
