@@ -56,7 +56,10 @@ LOCAL_RUNNER = "FnApiRunner"  # what DirectRunner runs on; naming it skips the P
 
 
 class CollectLabels(beam.PTransform):
-    """The label list: from the labels file when given, else the sorted distinct labels seen."""
+    """The label list: from the labels file when given, else the sorted distinct labels seen.
+
+    One element, a tuple; empty when no input has a label.
+    """
 
     def __init__(self, fixed_labels: tuple[str, ...] | None):
         super().__init__()
@@ -68,10 +71,25 @@ class CollectLabels(beam.PTransform):
         return (
             sources
             | "Labels" >> beam.FlatMap(lambda s: [s.label] if s.label is not None else [])
-            | "Distinct" >> beam.Distinct()
-            | "AllLabels" >> beam.combiners.ToList()
-            | "Sort" >> beam.Map(lambda labels: tuple(sorted(labels)))
+            | "SortedSet" >> beam.CombineGlobally(SortedSet())
         )
+
+
+class SortedSet(beam.CombineFn):
+    """The distinct values as a sorted tuple (each worker sends its set, not every value)."""
+
+    def create_accumulator(self):
+        return set()
+
+    def add_input(self, accumulator, value):
+        accumulator.add(value)
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        return set().union(*accumulators)
+
+    def extract_output(self, accumulator):
+        return tuple(sorted(accumulator))
 
 
 SUMMARY_NAME = "_summary.json"  # in the temp folder: shards, counts and labels, for finalize()
@@ -117,18 +135,19 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
                    fixed_labels: tuple[str, ...] | None, progress_dir: str | None = None) -> None:
     """Adds the conversion's steps to `pipeline`; outputs land in `temp_dir` for finalize()."""
     listed = pipeline | "List" >> ListSources(config)
+    duplicates = ()
     if config.layout == "csv":  # folder listings cannot name a file twice
         deduplicated = listed | "DropDuplicatePaths" >> DropDuplicatePaths()
-        sources, duplicates = deduplicated.sources, deduplicated[DropDuplicatePaths.REJECTED]
+        sources, duplicates = deduplicated.sources, (deduplicated[DropDuplicatePaths.REJECTED],)
     else:
-        sources, duplicates = listed, pipeline | "NoDuplicates" >> beam.Create([])
+        sources = listed
     labels = sources | "CollectLabels" >> CollectLabels(fixed_labels)
     loaded = sources | "LoadImages" >> beam.ParDo(
         LoadImages(config.policy, config.label_offset, progress_dir),
         labels=beam.pvalue.AsSingleton(labels),
     ).with_outputs(LoadImages.REJECTED, main="records")
     shards = loaded.records | "WriteShards" >> WriteShards(config, temp_dir)
-    rejected = (duplicates, loaded[LoadImages.REJECTED]) | "AllRejected" >> beam.Flatten()
+    rejected = (*duplicates, loaded[LoadImages.REJECTED]) | "AllRejected" >> beam.Flatten()
 
     counts = (
         (
