@@ -66,8 +66,10 @@ def train_image(
         use_image_if_no_bounding_boxes=True,
     )
     window = tf.stack([begin[0], begin[1], size[0], size[1]])
-    image = _resize(_decode_crop(encoded, window, image_size), image_size)
-    image = tf.image.random_flip_left_right(image)
+    # Flipped before resizing: bilinear resizing commutes with a mirror, and the uint8 crop
+    # is a quarter of the bytes of the float32 output.
+    image = tf.image.random_flip_left_right(_decode_crop(encoded, window, image_size))
+    image = _resize(image, image_size)
     if color_jitter:
         image = _jitter(image, color_jitter)
     return _finish(image, image_size, dtype)
