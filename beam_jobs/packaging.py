@@ -3,7 +3,9 @@
 The job's DoFns live in `beam_jobs` and `tfrecord_pipe`, so remote workers need both packages.
 We write a pure-Python wheel of them from the files this interpreter imports (works for both
 regular and editable installs, no network, no source tree needed), and hand it to Beam as an
-`--extra_package`; workers pip-install it with its declared dependencies.
+`--extra_package`; workers pip-install it with its declared dependencies, except TensorFlow:
+the job's worker code never imports it (tested), and installing it on every worker would
+cost minutes of start-up and gigabytes of disk.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import base64
 import hashlib
 import importlib.metadata
 import pathlib
+import re
 import zipfile
 
 import beam_jobs
@@ -19,6 +22,9 @@ import tfrecord_pipe
 
 DISTRIBUTION = "tfrecord-pipe"
 PACKAGES = (tfrecord_pipe, beam_jobs)
+
+# Declared dependencies that remote workers do not need.
+NOT_ON_WORKERS = ("tensorflow",)
 
 # Flags with which the user already tells Beam how workers get our code.
 USER_PACKAGING_FLAGS = ("--setup_file", "--extra_package", "--extra_packages",
@@ -36,8 +42,16 @@ def _metadata(version: str) -> str:
         requires = importlib.metadata.requires(DISTRIBUTION) or []
     except importlib.metadata.PackageNotFoundError:
         requires = []
-    lines += [f"Requires-Dist: {r}" for r in requires if "extra ==" not in r]
+    lines += [
+        f"Requires-Dist: {r}" for r in requires
+        if "extra ==" not in r and _name(r) not in NOT_ON_WORKERS
+    ]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _name(requirement: str) -> str:
+    """The distribution name a requirement line starts with ("apache-beam[gcp]>=2" -> ...)."""
+    return re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0].lower()
 
 
 def build_wheel(folder: str | pathlib.Path) -> pathlib.Path:
