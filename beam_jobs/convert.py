@@ -215,6 +215,13 @@ def check_output(config: ConvertConfig) -> None:
         )
 
 
+def _read_labels(path: str) -> tuple[str, ...]:
+    if not FileSystems.exists(path):
+        raise FileNotFoundError(f"Labels file {path} does not exist.")
+    with FileSystems.open(path) as f:
+        return manifest.parse_labels(f.read().decode("utf-8"), path)
+
+
 def _read_summary(temp_dir: str) -> dict:
     with FileSystems.open(posixpath.join(temp_dir, SUMMARY_NAME)) as f:
         return json.loads(f.read().decode("utf-8"))
@@ -277,7 +284,9 @@ def finalize(config: ConvertConfig, temp_dir: str, options: dict, version: str) 
         if not out.startswith("gs://"):
             os.makedirs(posixpath.join(out, manifest.REJECTED_DIR), exist_ok=True)
         FileSystems.rename([m[0] for m in moves], [m[1] for m in moves])
-    manifest.write(out, result)
+    for name, text in manifest.files_of(result):  # manifest.json last
+        with FileSystems.create(posixpath.join(out, name), mime_type="text/plain") as f:
+            f.write(text.encode("utf-8"))
     _delete_matching(posixpath.join(temp_dir, "**"))
     if not temp_dir.startswith("gs://"):
         import shutil
@@ -380,7 +389,7 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
     args, beam_args = make_parser(prog).parse_known_args(argv)
     config = resolve_layout(config_from_args(args))
     check_output(config)
-    fixed_labels = manifest.read_labels(config.labels_file) if config.labels_file else None
+    fixed_labels = _read_labels(config.labels_file) if config.labels_file else None
     options = pipeline_options(beam_args, save_main_session)
 
     temp_dir = posixpath.join(config.output.rstrip("/"), f".tmp-{uuid.uuid4().hex[:12]}")

@@ -2,7 +2,9 @@
 
 The converter writes them; the reader, `inspect` and `verify` read them. A folder with a
 manifest is a complete dataset: the job writes it only after every shard is in place.
-Paths may be local or anything tf.io.gfile understands (gs://).
+Paths may be local or anything tf.io.gfile understands (gs://). TensorFlow is imported only
+when a file is read or written here: the conversion job writes the same files through Beam's
+filesystems (`files_of`, `parse_labels`), and never loads it.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
-
-import tensorflow as tf
 
 from tfrecord_pipe import schema
 
@@ -101,12 +101,20 @@ def compression_of(files) -> str:
     return "GZIP" if files and all(str(path).endswith(".gz") for path in files) else ""
 
 
+def files_of(manifest: Manifest) -> list[tuple[str, str]]:
+    """(name, text) of the files that describe a dataset, in writing order: manifest.json last,
+    as its presence means the dataset is complete."""
+    labels = "".join(label + "\n" for label in manifest.labels)
+    return [(LABELS_NAME, labels), (MANIFEST_NAME, manifest.to_json())]
+
+
 def write(folder: str, manifest: Manifest) -> None:
-    """Writes labels.txt, then manifest.json (last: its presence means the dataset is complete)."""
-    with tf.io.gfile.GFile(posixpath.join(folder, LABELS_NAME), "w") as f:
-        f.write("".join(label + "\n" for label in manifest.labels))
-    with tf.io.gfile.GFile(posixpath.join(folder, MANIFEST_NAME), "w") as f:
-        f.write(manifest.to_json())
+    """Writes labels.txt, then manifest.json into `folder`."""
+    import tensorflow as tf
+
+    for name, text in files_of(manifest):
+        with tf.io.gfile.GFile(posixpath.join(folder, name), "w") as f:
+            f.write(text)
 
 
 def read(folder: str) -> Manifest:
@@ -115,6 +123,8 @@ def read(folder: str) -> Manifest:
     Raises:
       FileNotFoundError: the folder has no manifest.json (not a dataset, or an unfinished one).
     """
+    import tensorflow as tf
+
     path = posixpath.join(folder, MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(
@@ -125,14 +135,13 @@ def read(folder: str) -> Manifest:
         return Manifest.from_json(f.read())
 
 
-def read_labels(path: str) -> tuple[str, ...]:
-    """Labels from a labels file: one per line, in index order; blank lines ignored.
+def parse_labels(text: str, path: str) -> tuple[str, ...]:
+    """The labels of a labels file's text: one per line, in index order; blanks ignored.
 
     Raises:
-      ValueError: a label appears twice.
+      ValueError: a label appears twice, or none is listed (`path` names the file).
     """
-    with tf.io.gfile.GFile(path) as f:
-        labels = tuple(line.strip() for line in f.read().splitlines() if line.strip())
+    labels = tuple(line.strip() for line in text.splitlines() if line.strip())
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     if duplicates:
         raise ValueError(f"{path} lists these labels more than once: {duplicates}")
