@@ -27,12 +27,10 @@ def masked_crc32c(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-def frame(data: bytes) -> bytes:
-    """One record as it lies in the file."""
+def _header(data: bytes) -> bytes:
+    """What precedes a record's data in the file: its length and that length's checksum."""
     length = struct.pack("<Q", len(data))
-    return b"".join(
-        (length, struct.pack("<I", masked_crc32c(length)), data, struct.pack("<I", masked_crc32c(data)))
-    )
+    return length + struct.pack("<I", masked_crc32c(length))
 
 
 class RecordWriter:
@@ -48,7 +46,10 @@ class RecordWriter:
         )
 
     def write(self, data: bytes) -> None:
-        self._file.write(frame(data))
+        # Three writes into the file's buffer rather than one joined copy of the record.
+        self._file.write(_header(data))
+        self._file.write(data)
+        self._file.write(struct.pack("<I", masked_crc32c(data)))
 
     def close(self) -> None:
         self._file.close()

@@ -137,10 +137,9 @@ _INT64_LIST = 3
 
 
 def _varint(value: int) -> bytes:
-    """A protobuf varint; negative int64 values take ten bytes (two's complement)."""
-    if 0 <= value < 0x80:
+    """A protobuf varint of a non-negative int (every value a record holds is one)."""
+    if value < 0x80:
         return bytes((value,))
-    value &= (1 << 64) - 1
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
