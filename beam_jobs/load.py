@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import progress, sharding
+from beam_jobs import malloc, progress, sharding
 from beam_jobs.sources import SourceFile, rejection
 from tfrecord_pipe import images, schema
 
@@ -30,7 +30,7 @@ NAMESPACE = beam_jobs.METRICS_NAMESPACE
 PROGRESS_EVERY_S = 30.0  # remote runs: a log line per worker this often (counters hold totals)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Checked:
     """A source that passed every check, and what its record will hold.
 
@@ -115,6 +115,7 @@ class LoadImages(beam.DoFn):
         self._progress_dir = progress_dir  # local runs: where the launcher sums our counts
 
     def setup(self):
+        malloc.keep_large_buffers_in_mmap()
         self._label_index: dict[str, int] = {}
         self._labels_seen: tuple[str, ...] = ()
         self._stored = Metrics.counter(NAMESPACE, "images_stored_unchanged")

@@ -14,7 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import load, sharding
+from beam_jobs import load, malloc, sharding
 from beam_jobs.config import ConvertConfig
 from beam_jobs.record_writer import RecordWriter
 from tfrecord_pipe import images
@@ -34,6 +34,7 @@ class WriteShard(beam.DoFn):
         self._label_offset = label_offset
 
     def setup(self):
+        malloc.keep_large_buffers_in_mmap()
         # Sources are read again here, in key order. Remote ones in parallel, or a shard of
         # 10,000 images on GCS would wait for 10,000 requests one after another; local ones
         # in this thread: a local read takes microseconds, and threads fighting over the GIL

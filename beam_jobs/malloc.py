@@ -1,0 +1,34 @@
+"""Keeps a worker's memory from growing with the number of images it has handled.
+
+Every image read, decoded or re-encoded passes through buffers of hundreds of kilobytes that
+live for milliseconds. glibc's malloc gives blocks that large their own mmap, returned to the
+system when freed, but each such free raises the size limit for mmap (up to 32 MiB): after
+the first few images the buffers come from the heap instead, between the small objects the
+runner keeps per input, and a heap can only shrink from its top. Fixing the limit at its
+default keeps large buffers in mmap. Measured on the conversion benchmark's images: about
+10 KB more peak RSS per input image without this, about 5 KB with it, at the same speed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+# glibc's malloc.h: the mallopt parameter, and the limit glibc starts with.
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 128 << 10
+
+
+def keep_large_buffers_in_mmap() -> bool:
+    """Fixes glibc's mmap threshold at 128 KiB for this process; False where there is no glibc.
+
+    Idempotent and cheap: DoFns call it in `setup`, on every worker.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # musl has a mallopt that does nothing; only glibc has this
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
