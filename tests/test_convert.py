@@ -206,6 +206,8 @@ def test_full_run_from_gs_to_gs(gcs, tmp_path):
 
 
 def test_a_source_that_changes_between_check_and_write_stops_the_write(tmp_path):
+    import google_crc32c
+
     from beam_jobs import load
     from tfrecord_pipe import images
 
@@ -213,8 +215,8 @@ def test_a_source_that_changes_between_check_and_write_stops_the_write(tmp_path)
     path.write_bytes(jpeg_bytes(8, 8))
     checked = load.Checked(
         key="k", path=str(path), relpath="a.jpg", label_index=0, label_text="red",
-        sha256=hashlib.sha256(path.read_bytes()).hexdigest(), height=8, width=8, size=1,
-        reencoded=False,
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        crc32c=google_crc32c.value(path.read_bytes()), height=8, width=8, size=1, reencoded=False,
     )  # fmt: skip
     record = schema.decode_example(load.read_record(checked, images.ImagePolicy(), 1))
     assert record.encoded == path.read_bytes() and record.label_text == "red"
