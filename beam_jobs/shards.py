@@ -49,9 +49,9 @@ class WriteShard(beam.DoFn):
     def _read(self, entry: load.Checked) -> bytes:
         return load.read_record(entry, self._policy, self._label_offset)
 
-    def process(self, element, stats):
+    def process(self, element, plans):
         (split, index), checked = element
-        shards = stats[split]["shards"]
+        shards = plans[split]["shards"]
         name = sharding.shard_name(split, index, shards, self._compress)
         path = posixpath.join(self._temp_dir, name)
         count = 0
@@ -90,11 +90,28 @@ def _count_and_bytes(values):
     return count, total
 
 
+def _plan(split, buckets, num_shards, shard_bytes):
+    """(split, plan) from the split's (bucket, records, bytes) rows: its totals, shard count,
+    and the rank of the first key of each bucket."""
+    counts = {bucket: n for bucket, n, _ in buckets}
+    examples = sum(counts.values())
+    size = sum(b for _, _, b in buckets)
+    return split, {
+        "examples": examples,
+        "bytes": size,
+        "shards": sharding.num_shards(examples, size, num_shards, shard_bytes),
+        "starts": sharding.bucket_start_ranks(counts),
+    }
+
+
 class PlanShards(beam.PTransform):
-    """Per split: record count, bytes, shard count, and the first key of every shard but the first.
+    """Per split: a plan (records, bytes, shard count, bucket start ranks), and the first key
+    of every shard but the first.
 
     Boundaries come from keys alone, grouped by key-prefix bucket, so no worker ever holds a
     whole split; image bytes are never shuffled (WriteShard reads them from the sources).
+    One combine gives both the totals and the bucket counts: every step here is a stage
+    with a fixed start-up cost on the local runner.
     """
 
     def __init__(self, num_shards: int | None, shard_bytes: int):
@@ -104,50 +121,39 @@ class PlanShards(beam.PTransform):
 
     def expand(self, records):
         num_shards, shard_bytes = self._num_shards, self._shard_bytes
-        stats = (
-            records
-            | "SizePerSplit" >> beam.Map(lambda kv: (kv[0], (1, kv[1].size)))
-            | "SumPerSplit" >> beam.CombinePerKey(_count_and_bytes)
-            | "ShardCount" >> beam.Map(
-                lambda kv: (kv[0], {
-                    "examples": kv[1][0],
-                    "bytes": kv[1][1],
-                    "shards": sharding.num_shards(kv[1][0], kv[1][1], num_shards, shard_bytes),
-                })
-            )
+        bucketed = records | "ByBucket" >> beam.Map(
+            lambda kv: ((kv[0], sharding.bucket_of(kv[1].key)), kv[1])
         )
-        keys = records | "KeysOnly" >> beam.Map(
-            lambda kv: ((kv[0], sharding.bucket_of(kv[1].key)), kv[1].key)
-        )
-        bucket_counts = (
-            keys
-            | "CountPerBucket" >> beam.combiners.Count.PerKey()
-            | "BySplit" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
+        plans = (
+            bucketed
+            | "SizeOnly" >> beam.MapTuple(lambda bucket, checked: (bucket, (1, checked.size)))
+            | "SumPerBucket" >> beam.CombinePerKey(_count_and_bytes)
+            | "BySplit" >> beam.MapTuple(lambda key, total: (key[0], (key[1], *total)))
             | "BucketsPerSplit" >> beam.GroupByKey()
-            | "StartRanks" >> beam.MapTuple(
-                lambda split, counts: (split, sharding.bucket_start_ranks(dict(counts)))
+            | "Plan" >> beam.MapTuple(
+                lambda split, buckets: _plan(split, buckets, num_shards, shard_bytes)
             )
         )
         boundaries = (
-            keys
+            bucketed
+            | "KeysOnly" >> beam.MapTuple(lambda bucket, checked: (bucket, checked.key))
             | "KeysPerBucket" >> beam.GroupByKey()
             | "BoundariesInBucket" >> beam.FlatMap(
-                _bucket_boundaries,
-                stats=beam.pvalue.AsDict(stats),
-                starts=beam.pvalue.AsDict(bucket_counts),
+                _bucket_boundaries, plans=beam.pvalue.AsDict(plans)
             )
             | "BoundariesPerSplit" >> beam.GroupByKey()
             | "OrderBoundaries" >> beam.MapTuple(
                 lambda split, pairs: (split, [key for _, key in sorted(pairs)])
             )
         )
-        return stats, boundaries
+        return plans, boundaries
 
 
-def _bucket_boundaries(element, stats, starts):
+def _bucket_boundaries(element, plans):
     (split, bucket), keys = element
+    plan = plans[split]
     found = sharding.boundaries_in_bucket(
-        sorted(keys), starts[split][bucket], stats[split]["examples"], stats[split]["shards"]
+        sorted(keys), plan["starts"][bucket], plan["examples"], plan["shards"]
     )
     for index, key in found:
         yield split, (index, key)
@@ -162,7 +168,7 @@ class WriteShards(beam.PTransform):
         self._temp_dir = temp_dir
 
     def expand(self, records):
-        stats, boundaries = records | "PlanShards" >> PlanShards(
+        plans, boundaries = records | "PlanShards" >> PlanShards(
             self._config.num_shards, self._config.shard_bytes
         )
         return (
@@ -177,6 +183,6 @@ class WriteShards(beam.PTransform):
                     self._temp_dir, self._config.compress, self._config.policy,
                     self._config.label_offset,
                 ),
-                stats=beam.pvalue.AsDict(stats),
+                plans=beam.pvalue.AsDict(plans),
             )  # fmt: skip
         )
