@@ -3,7 +3,7 @@
 Outputs, in OUT:
   train-00000-of-000NN.tfrecord ...      shards (".tfrecord.gz" with --compress)
   validation-00000-of-000MM.tfrecord ...
-  rejected/rejected-*.jsonl              one line per input that could not be used, with reason
+  rejected/rejected-SPLIT.jsonl          one line per input that could not be used, with reason
   labels.txt, manifest.json              written last: a manifest means a complete dataset
 
 Inputs (SRC):
@@ -58,7 +58,7 @@ LOCAL_RUNNER = "FnApiRunner"  # what DirectRunner runs on; naming it skips the P
 class CollectLabels(beam.PTransform):
     """The label list: from the labels file when given, else the sorted distinct labels seen.
 
-    One element, a tuple; empty when no input has a label.
+    At most one element, a tuple; none when no input has a label.
     """
 
     def __init__(self, fixed_labels: tuple[str, ...] | None):
@@ -71,7 +71,7 @@ class CollectLabels(beam.PTransform):
         return (
             sources
             | "Labels" >> beam.FlatMap(lambda s: [s.label] if s.label is not None else [])
-            | "SortedSet" >> beam.CombineGlobally(SortedSet())
+            | "SortedSet" >> beam.CombineGlobally(SortedSet()).without_defaults()
         )
 
 
@@ -90,6 +90,40 @@ class SortedSet(beam.CombineFn):
 
     def extract_output(self, accumulator):
         return tuple(sorted(accumulator))
+
+
+class WriteRejected(beam.PTransform):
+    """One `rejected-<split>.jsonl` per split with rejections, lines sorted by path.
+
+    Sorted, so that re-runs write the same files. Rejections are few next to the inputs;
+    one worker per split writes them (Beam's text sink would cost four more stages here).
+    """
+
+    def __init__(self, folder: str):
+        super().__init__()
+        self._folder = folder
+
+    def expand(self, rejected):
+        folder = self._folder
+        return (
+            rejected
+            | "BySplit" >> beam.Map(
+                lambda row: (row["split"], (row["path"], json.dumps(row, sort_keys=True)))
+            )
+            | "PerSplit" >> beam.GroupByKey()
+            | "WriteJsonl" >> beam.MapTuple(
+                lambda split, rows: _write_lines(
+                    posixpath.join(folder, f"rejected-{split}.jsonl"),
+                    [line for _, line in sorted(rows)],
+                )
+            )
+        )
+
+
+def _write_lines(path: str, lines: list[str]) -> None:
+    with FileSystems.create(path, mime_type="application/x-ndjson") as f:
+        for line in lines:
+            f.write(line.encode("utf-8") + b"\n")
 
 
 SUMMARY_NAME = "_summary.json"  # in the temp folder: shards, counts and labels, for finalize()
@@ -144,7 +178,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
     labels = sources | "CollectLabels" >> CollectLabels(fixed_labels)
     loaded = sources | "LoadImages" >> beam.ParDo(
         LoadImages(config.policy, config.label_offset, progress_dir),
-        labels=beam.pvalue.AsSingleton(labels),
+        labels=beam.pvalue.AsSingleton(labels, default_value=()),
     ).with_outputs(LoadImages.REJECTED, main="records")
     shards = loaded.records | "WriteShards" >> WriteShards(config, temp_dir)
     rejected = (*duplicates, loaded[LoadImages.REJECTED]) | "AllRejected" >> beam.Flatten()
@@ -160,13 +194,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
         | "CountRows" >> beam.MapTuple(lambda key, n: {"split": key[0], "what": key[1], "n": n})
     )
     _ = (shards, counts, labels) | "Summary" >> WriteSummary(posixpath.join(temp_dir, SUMMARY_NAME))
-    _ = (
-        rejected
-        | "RejectedToJson" >> beam.Map(lambda x: json.dumps(x, sort_keys=True))
-        | "WriteRejected" >> beam.io.WriteToText(
-            posixpath.join(temp_dir, manifest.REJECTED_DIR, "rejected"), file_name_suffix=".jsonl"
-        )
-    )
+    _ = rejected | "WriteRejected" >> WriteRejected(posixpath.join(temp_dir, manifest.REJECTED_DIR))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -53,6 +53,11 @@ def test_folder_becomes_balanced_sorted_shards_and_nothing_is_lost(tmp_path):
     rejected_lines = [json.loads(line) for f in (out / "rejected").glob("rejected-*.jsonl")
                       for line in f.read_text().splitlines()]
     assert sorted(r["reason"] for r in rejected_lines) == ["truncated", "unsupported_jpeg"]
+    for f in (out / "rejected").iterdir():  # one file per split, in path order
+        lines = [json.loads(line) for line in f.read_text().splitlines()]
+        assert f.name == f"rejected-{lines[0]['split']}.jsonl"
+        assert all(r["split"] == lines[0]["split"] for r in lines)
+        assert [r["path"] for r in lines] == sorted(r["path"] for r in lines)
     assert result.rejected_reasons == {"truncated": 1, "unsupported_jpeg": 1}
     for split, info in result.splits.items():
         assert info.listed == info.num_examples + info.rejected
@@ -83,6 +88,9 @@ def test_good_jpegs_are_stored_byte_for_byte_and_odd_ones_normalised(tmp_path):
     assert cmyk.encoded != (src / "red/pil_sample_cmyk.jpg").read_bytes()
     assert tf.io.decode_jpeg(cmyk.encoded).shape[-1] == 3
     assert records["red/hopper.png"].encoded[:2] == b"\xff\xd8"
+    (rejected,) = (out / "rejected").iterdir()
+    paths = [json.loads(line)["path"] for line in rejected.read_text().splitlines()]
+    assert rejected.name == "rejected-train.jsonl" and len(paths) == 2 and paths == sorted(paths)
 
 
 def test_two_runs_over_the_same_input_give_identical_bytes(tmp_path):
