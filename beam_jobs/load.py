@@ -18,6 +18,7 @@ import uuid
 
 import apache_beam as beam
 import google_crc32c
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
@@ -73,6 +74,19 @@ def _record_size(image_bytes: int, filename: str, label: str) -> int:
     return image_bytes + len(filename.encode()) + len(label.encode()) + 64 + _RECORD_OVERHEAD
 
 
+def read_source(path: str) -> bytes:
+    """The bytes of an input file, as stored (never decompressed because of its name).
+
+    Local files are read with open(): Beam's FileSystems costs about 10 us more per file,
+    paid twice per image (check and write), one core's worth of time every ~50,000 images.
+    """
+    if "://" not in path:
+        with open(path, "rb") as f:
+            return f.read()
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
 class SourceChangedError(RuntimeError):
     """A source's bytes differ between the check and the write: it changed during the job."""
 
@@ -83,8 +97,7 @@ def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int)
     Raises:
       SourceChangedError: the file changed since it was checked; rerun the job.
     """
-    with FileSystems.open(checked.path) as f:
-        data = f.read()
+    data = read_source(checked.path)
     if google_crc32c.value(data) != checked.crc32c:
         raise SourceChangedError(
             f"{checked.path} changed while the job ran (its checksum differs from when it "
@@ -173,8 +186,7 @@ class LoadImages(beam.DoFn):
                 images.UNKNOWN_LABEL, f"label {source.label!r} is not in the labels file"
             )
         try:
-            with FileSystems.open(source.path) as f:
-                data = f.read()
+            data = read_source(source.path)
         except Exception as err:  # Beam wraps every filesystem's errors differently
             raise images.Rejected(images.UNREADABLE, f"cannot read: {err}") from err
         self._bytes_read.inc(len(data))
