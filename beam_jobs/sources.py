@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import hashlib
 import posixpath
+import re
 
 import apache_beam as beam
 from apache_beam.io import fileio
@@ -20,6 +21,7 @@ from beam_jobs.config import ConvertConfig
 from tfrecord_pipe import images
 
 TRAIN, VALIDATION = "train", "validation"
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # split names become part of shard file names
 SPLITS = (TRAIN, VALIDATION, "test")
 
 
@@ -73,6 +75,11 @@ def source_from_csv_line(line: str, csv_path: str, validation_fraction: float) -
     else:
         full, relpath = posixpath.join(posixpath.dirname(csv_path), path), path
     split = row[2] if len(row) > 2 and row[2] else split_by_hash(relpath, validation_fraction)
+    if not _SPLIT_NAME.fullmatch(split):
+        raise ValueError(
+            f"{csv_path}: split {split!r} in line {line!r} is not a usable split name: it becomes "
+            "part of file names, so use letters, digits, '_' and '-' (e.g. train, validation)."
+        )
     return SourceFile(full, relpath, label, split)
 
 

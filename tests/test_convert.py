@@ -164,6 +164,14 @@ def test_a_path_listed_twice_is_written_once_and_the_extra_line_rejected(tmp_pat
     assert "listed 2 times; kept the listing with label 'blue' in split 'train'" in line["error"]
 
 
+def test_a_csv_split_that_cannot_be_a_file_name_stops_the_job_with_what_to_do(tmp_path):
+    src = make_folder(tmp_path / "src", odd=())
+    (tmp_path / "list.csv").write_text("src/red/000.jpg,red,../train\n")
+    with pytest.raises(Exception, match="is not a usable split name"):
+        run(tmp_path / "list.csv", tmp_path / "out")
+    assert not list(tmp_path.glob("*train*")) and not list((tmp_path / "out").glob("*.tfrecord"))
+
+
 def test_split_folders_are_detected(tmp_path):
     for split in ("train", "validation"):
         make_folder(tmp_path / "src" / split, per_label=2, odd=())
