@@ -165,7 +165,7 @@ def test_a_path_listed_twice_is_written_once_and_the_extra_line_rejected(tmp_pat
 
 
 def test_a_csv_split_that_cannot_be_a_file_name_stops_the_job_with_what_to_do(tmp_path):
-    src = make_folder(tmp_path / "src", odd=())
+    make_folder(tmp_path / "src", odd=())
     (tmp_path / "list.csv").write_text("src/red/000.jpg,red,../train\n")
     with pytest.raises(Exception, match="is not a usable split name"):
         run(tmp_path / "list.csv", tmp_path / "out")
