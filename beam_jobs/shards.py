@@ -93,9 +93,11 @@ def _count_and_bytes(values):
 def _plan(split, buckets, num_shards, shard_bytes):
     """(split, plan) from the split's (bucket, records, bytes) rows: its totals, shard count,
     and the rank of the first key of each bucket."""
-    counts = {bucket: n for bucket, n, _ in buckets}
+    counts, size = {}, 0
+    for bucket, n, bucket_bytes in buckets:  # one pass: a grouped iterable may be re-read
+        counts[bucket] = n
+        size += bucket_bytes
     examples = sum(counts.values())
-    size = sum(b for _, _, b in buckets)
     return split, {
         "examples": examples,
         "bytes": size,
