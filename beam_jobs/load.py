@@ -5,6 +5,10 @@ shard made a local run hold the whole dataset in memory (Beam's local runner kee
 data in RAM). Instead each shard writer reads its sources again (`read_record`): the bytes
 are checked against the checksum taken here, and only images that are re-encoded pay for
 normalising a second time.
+
+LoadImages takes inputs in small batches and can check a batch on a few threads: locally the
+job runs as one in-process worker (Beam's cheapest local mode), and this is where the cores
+are used; Pillow decoding, hashing and reading release the GIL.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import os
 import time
 import uuid
+from concurrent import futures
 
 import apache_beam as beam
 import google_crc32c
@@ -30,6 +35,7 @@ from tfrecord_pipe import images, schema
 LOG = logging.getLogger(__name__)
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
 PROGRESS_EVERY_S = 30.0  # remote runs: a log line per worker this often (counters hold totals)
+BATCH = 64  # inputs per LoadImages call: threads stay busy, and only small entries wait
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,22 +123,31 @@ def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int)
 
 
 class LoadImages(beam.DoFn):
-    """Reads, checks and normalises one input; emits (split, Checked).
+    """Reads, checks and normalises a batch of inputs; emits (split, Checked) per input.
 
     Inputs that cannot be used go to the REJECTED output with their reason; nothing is dropped.
+    With `threads` > 1 the inputs of a batch are checked on that many threads (local runs);
+    Beam's counters are only counted on the bundle's own thread, so workers return
+    what to count.
     """
 
     REJECTED = "rejected"
 
     def __init__(
-        self, policy: images.ImagePolicy, label_offset: int, progress_dir: str | None = None
+        self,
+        policy: images.ImagePolicy,
+        label_offset: int,
+        progress_dir: str | None = None,
+        threads: int = 1,
     ):
         self._policy = policy
         self._label_offset = label_offset
         self._progress_dir = progress_dir  # local runs: where the launcher sums our counts
+        self._threads = threads
 
     def setup(self):
         malloc.keep_large_buffers_in_mmap()
+        self._pool = futures.ThreadPoolExecutor(self._threads) if self._threads > 1 else None
         self._label_index: dict[str, int] = {}
         self._labels_seen: tuple[str, ...] = ()
         self._stored = Metrics.counter(NAMESPACE, "images_stored_unchanged")
@@ -143,25 +158,39 @@ class LoadImages(beam.DoFn):
         self._last_report = time.monotonic()
         self._worker = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this instance's report file
 
-    def process(self, source: SourceFile, labels: tuple[str, ...]):
+    def teardown(self):
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def process(self, batch: list[SourceFile], labels: tuple[str, ...]):
         if labels is not self._labels_seen:
             self._labels_seen = labels
             self._label_index = {label: i for i, label in enumerate(labels)}
-        self._seen += 1
-        self._report_progress()
+        # In input order, each as soon as it and those before it are done.
+        results = self._pool.map(self._try_load, batch) if self._pool else map(self._try_load, batch)
+        for source, (checked, bytes_read, error) in zip(batch, results):
+            self._seen += 1
+            self._bytes_read.inc(bytes_read)
+            if checked is not None:
+                (self._reencoded if checked.reencoded else self._stored).inc()
+                yield source.split, checked
+            else:
+                self._seen_rejected += 1
+                self._rejected.inc()
+                yield beam.pvalue.TaggedOutput(self.REJECTED, rejection(source, *error))
+            self._report_progress()
+
+    def _try_load(self, source: SourceFile):
+        """(Checked or None, bytes read, None or (reason, detail)); never raises."""
+        data = b""
         try:
-            yield source.split, self._load(source)
+            data = self._read(source)
+            return self._check(source, data), len(data), None
         except images.Rejected as err:
-            self._seen_rejected += 1
-            self._rejected.inc()
-            yield beam.pvalue.TaggedOutput(self.REJECTED, rejection(source, err.reason, err.detail))
+            return None, len(data), (err.reason, err.detail)
         except Exception as err:  # one odd file must not fail a job of millions; it is recorded
-            self._seen_rejected += 1
-            self._rejected.inc()
             LOG.exception("Unexpected error on %s", source.path)
-            yield beam.pvalue.TaggedOutput(
-                self.REJECTED, rejection(source, "unexpected_error", f"{type(err).__name__}: {err}")
-            )
+            return None, len(data), ("unexpected_error", f"{type(err).__name__}: {err}")
 
     def _report_progress(self, force: bool = False):
         now = time.monotonic()
@@ -178,7 +207,7 @@ class LoadImages(beam.DoFn):
     def finish_bundle(self):
         self._report_progress(force=True)  # the launcher's final line counts every input
 
-    def _load(self, source: SourceFile) -> Checked:
+    def _read(self, source: SourceFile) -> bytes:
         if source.label is None:
             raise images.Rejected(images.NO_LABEL, "the input gives no label for this file")
         if source.label not in self._label_index:
@@ -186,12 +215,12 @@ class LoadImages(beam.DoFn):
                 images.UNKNOWN_LABEL, f"label {source.label!r} is not in the labels file"
             )
         try:
-            data = read_source(source.path)
+            return read_source(source.path)
         except Exception as err:  # Beam wraps every filesystem's errors differently
             raise images.Rejected(images.UNREADABLE, f"cannot read: {err}") from err
-        self._bytes_read.inc(len(data))
+
+    def _check(self, source: SourceFile, data: bytes) -> Checked:
         stored = images.normalise(data, self._policy)
-        (self._reencoded if stored.reencoded else self._stored).inc()
         return Checked(
             key=sharding.order_key(source.relpath),
             path=source.path,
@@ -205,4 +234,3 @@ class LoadImages(beam.DoFn):
             size=_record_size(len(stored.encoded), source.relpath, source.label),
             reencoded=stored.reencoded,
         )
-

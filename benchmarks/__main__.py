@@ -77,7 +77,8 @@ def main(argv=None):
     lines = [
         f"$ python -m benchmarks {shown}".rstrip(),
         f"{datetime.date.today()}, {machine()}",
-        "conversion: photo-like 320x320 JPEGs; ceiling = read + full Pillow decode on all cores",
+        "conversion: photo-like 320x320 JPEGs; ceiling = read + full Pillow decode on all cores; "
+        "medians of 3 job runs and 4 ceiling runs, alternating",
         "reader: photo-like JPEGs 256..480 px, 224x224, batch 128; ceiling = the reader's "
         "reading stages + parse + full tf.io.decode_jpeg",
         "",

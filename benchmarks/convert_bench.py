@@ -1,10 +1,12 @@
 """Conversion throughput against a ceiling measured in the same run, and peak memory vs N.
 
-Ceiling: every input read and fully decoded once with Pillow, in one process per core;
-measured just before and just after the job, and averaged (a run of 4000 images takes about
-1.5 s, and on a shared machine one such measurement alone varied by 25%).
-Job: `python -m beam_jobs.convert SRC OUT` (its local defaults: FnApiRunner, a worker per core).
-Peak RSS: the largest process of the job (ru_maxrss of children), at N and 4N images.
+Ceiling: every input read and fully decoded once with Pillow, in one process per core.
+Job: `python -m beam_jobs.convert SRC OUT` with its local defaults (one in-process worker
+checking inputs on a thread per core).
+On a shared machine one 1.5 s ceiling measurement alone varied by 25%, so both are measured
+several times, alternating (ceiling, job, ceiling, job, ..., ceiling), and the table shows the
+median of each; every measurement is printed as well.
+Peak RSS: the largest process of the job (ru_maxrss), the largest over the runs, at N and 4N.
 
 Run: .venv/bin/python -m benchmarks.convert_bench [--images N] [--side PX]
 """
@@ -17,6 +19,7 @@ import os
 import pathlib
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,10 +79,26 @@ def run_job(src: pathlib.Path, out: pathlib.Path) -> tuple[float, float]:
     return count / float(seconds), max(int(max_rss_kib), peak_children) / 1024
 
 
+def measure(src: pathlib.Path, work: pathlib.Path, repeats: int) -> tuple[float, float, float]:
+    """(median ceiling img/s, median job img/s, peak RSS MiB), alternating the two."""
+    files = [str(p) for p in src.rglob("*.jpg")]
+    ceilings, jobs, peaks = [ceiling(files)], [], []
+    for run in range(repeats):
+        print(f"  job run {run + 1}/{repeats}, then the ceiling again...", flush=True)
+        rate, peak = run_job(src, work / f"out-{src.name}-{run}")
+        jobs.append(rate)
+        peaks.append(peak)
+        ceilings.append(ceiling(files))
+    print(f"  ceiling {', '.join(f'{c:.0f}' for c in ceilings)} img/s; "
+          f"job {', '.join(f'{j:.0f}' for j in jobs)} img/s")
+    return statistics.median(ceilings), statistics.median(jobs), max(peaks)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1000, help="N (the memory run uses 4N)")
     parser.add_argument("--side", type=int, default=320, help="image side in pixels")
+    parser.add_argument("--repeats", type=int, default=3, help="job runs per size")
     args = parser.parse_args(argv)
     work = pathlib.Path(tempfile.mkdtemp(prefix="convert-bench-"))
     rows = []
@@ -88,20 +107,13 @@ def main(argv=None):
             src = work / f"src-{n}"
             print(f"N={n}:")
             make_photo_like(src, n, args.side)
-            files = [str(p) for p in src.rglob("*.jpg")]
-            print("  measuring ceiling (Pillow decode, all cores)...", flush=True)
-            before = ceiling(files)
-            print("  running the conversion job...", flush=True)
-            job, rss = run_job(src, work / f"out-{n}")
-            print("  measuring ceiling again...", flush=True)
-            after = ceiling(files)
-            print(f"  ceiling {before:.0f} then {after:.0f} img/s; job {job:.0f} img/s")
-            top = (before + after) / 2
+            top, job, rss = measure(src, work, args.repeats)
             rows.append((n, top, job, rss))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     command = "python -m benchmarks.convert_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"\n$ {command.strip()}   ({os.cpu_count()} cores, {args.side}x{args.side} JPEGs)")
+    print(f"medians of {args.repeats} job runs and {args.repeats + 1} ceiling runs, alternating")
     print("| images | ceiling img/s | job img/s | job / ceiling | peak RSS MiB |")
     print("|---|---|---|---|---|")
     for n, top, job, rss in rows:

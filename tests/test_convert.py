@@ -281,3 +281,37 @@ def test_the_job_does_not_load_tensorflow():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_checking_on_threads_writes_the_same_dataset_and_counts_every_input(tmp_path):
+    # Local runs check inputs on a thread per core inside one worker; Beam's counters only
+    # count on the bundle's own thread, so a count made on a checking thread would be lost.
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_jobs.config import ConvertConfig
+
+    src = make_folder(tmp_path / "src", per_label=30)
+    listed = sum(1 for p in src.rglob("*") if p.is_file())
+    config = convert.resolve_layout(ConvertConfig(source=str(src), output=str(tmp_path / "out")))
+    outputs, counters = {}, {}
+    for threads in (1, 3):
+        temp = tmp_path / f"tmp-{threads}"
+        pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
+        convert.build_pipeline(pipeline, config, str(temp), None, load_threads=threads)
+        result = pipeline.run()
+        result.wait_until_finish()
+        counters[threads] = {
+            c.key.metric.name: c.committed
+            for c in result.metrics().query(MetricsFilter().with_namespace("tfrecord_pipe"))["counters"]
+        }
+        outputs[threads] = {p.relative_to(temp): p.read_bytes() for p in temp.rglob("*") if p.is_file()}
+
+    assert outputs[1] == outputs[3]
+    assert any(name.suffix == ".tfrecord" for name in outputs[3])
+    assert counters[1] == counters[3]
+    counted = counters[3]
+    assert counted["images_rejected"] == 2 and counted["images_reencoded"] == 2  # CMYK, PNG
+    assert counted["images_stored_unchanged"] + counted["images_reencoded"] + 2 == listed
+    assert counted["bytes_read"] == sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
