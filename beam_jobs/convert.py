@@ -175,12 +175,17 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
     """
     listed = pipeline | "List" >> ListSources(config)
     duplicates = ()
-    if config.layout == "csv":  # folder listings cannot name a file twice
+    if config.layout == "csv":
+        # Grouping by path also spreads the lines over workers. Labels come from the lines
+        # kept: a label only a dropped duplicate gives is no label of the dataset.
         deduplicated = listed | "DropDuplicatePaths" >> DropDuplicatePaths()
         sources, duplicates = deduplicated.sources, (deduplicated[DropDuplicatePaths.REJECTED],)
+        labels = sources | "CollectLabels" >> CollectLabels(fixed_labels)
     else:
-        sources = listed
-    labels = sources | "CollectLabels" >> CollectLabels(fixed_labels)
+        # Folder listings cannot name a file twice. Labels are collected in the listing's
+        # own step, so no step reads the whole spread listing just for them.
+        labels = listed | "CollectLabels" >> CollectLabels(fixed_labels)
+        sources = listed | "Spread" >> beam.Reshuffle()
     loaded = (
         sources
         | "Batch" >> beam.BatchElements(min_batch_size=BATCH, max_batch_size=BATCH)

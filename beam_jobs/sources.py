@@ -84,7 +84,11 @@ def source_from_csv_line(line: str, csv_path: str, validation_fraction: float) -
 
 
 class ListSources(beam.PTransform):
-    """Lists the inputs as SourceFiles with Beam's file matching (scales to millions of files)."""
+    """Lists the inputs as SourceFiles with Beam's file matching (scales to millions of files).
+
+    A folder listing comes out of one step that runners cannot split: spread it (`Spread`)
+    before any per-image work, or one worker thread would load every image (on Dataflow too).
+    """
 
     def __init__(self, config: ConvertConfig):
         super().__init__()
@@ -111,10 +115,6 @@ class ListSources(beam.PTransform):
                     meta.path, root, config.layout, config.validation_fraction
                 )
             )
-            # The listing comes out of one step that runners cannot split: without this
-            # redistribution every image would be loaded by one worker thread (on Dataflow
-            # too). CSV lines need none: DropDuplicatePaths groups them by path.
-            | "Spread" >> beam.Reshuffle()
         )
 
 

@@ -147,7 +147,7 @@ def test_a_path_listed_twice_is_written_once_and_the_extra_line_rejected(tmp_pat
         "images/red/000.jpg,red,train",
         "images/red/001.jpg,red,train",
         "images/blue/000.jpg,blue,train",
-        "images/blue/000.jpg,red,validation",  # same file, other label and split
+        "images/blue/000.jpg,green,validation",  # same file, other label and split
     ]
     csv_path = tmp_path / "list.csv"
     csv_path.write_text("\n".join(lines) + "\n")
@@ -159,6 +159,7 @@ def test_a_path_listed_twice_is_written_once_and_the_extra_line_rejected(tmp_pat
     assert result.splits["validation"].num_examples == 0
     assert result.splits["validation"].listed == result.splits["validation"].rejected == 1
     assert result.rejected_reasons == {"duplicate": 1}
+    assert result.labels == ("blue", "red")  # "green" came only from the dropped line
     (line,) = [json.loads(text) for f in out.glob("rejected/*.jsonl") for text in f.open()]
     assert line["reason"] == "duplicate" and line["split"] == "validation"
     assert "listed 2 times; kept the listing with label 'blue' in split 'train'" in line["error"]
