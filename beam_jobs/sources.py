@@ -55,7 +55,13 @@ def source_from_folder(path: str, root: str, layout: str, validation_fraction: f
     relpath = path[len(root):].lstrip("/")
     parts = relpath.split("/")
     if layout == "splits":
+        if len(parts) < 2:
+            raise ValueError(
+                f"{path} is not inside a split folder, but {root} holds split folders "
+                f"({root}/train/<label>/...): move it into one, or out of {root}."
+            )
         split = parts[0]
+        _check_split_name(split, f"{root}: split folder {split!r}", "rename the folder to use")
         label = parts[1] if len(parts) >= 3 else None
         return SourceFile(path, relpath, label, split)
     label = parts[0] if len(parts) >= 2 else None
@@ -75,12 +81,17 @@ def source_from_csv_line(line: str, csv_path: str, validation_fraction: float) -
     else:
         full, relpath = posixpath.join(posixpath.dirname(csv_path), path), path
     split = row[2] if len(row) > 2 and row[2] else split_by_hash(relpath, validation_fraction)
+    _check_split_name(split, f"{csv_path}: split {split!r} in line {line!r}", "use")
+    return SourceFile(full, relpath, label, split)
+
+
+def _check_split_name(split: str, where: str, fix: str) -> None:
+    """Raises ValueError unless `split` can be part of shard file names."""
     if not _SPLIT_NAME.fullmatch(split):
         raise ValueError(
-            f"{csv_path}: split {split!r} in line {line!r} is not a usable split name: it becomes "
-            "part of file names, so use letters, digits, '_' and '-' (e.g. train, validation)."
+            f"{where} is not a usable split name: it becomes part of file names, so {fix} "
+            "letters, digits, '_' and '-' only (e.g. train, validation)."
         )
-    return SourceFile(full, relpath, label, split)
 
 
 class ListSources(beam.PTransform):

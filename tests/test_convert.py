@@ -182,6 +182,21 @@ def test_split_folders_are_detected(tmp_path):
     assert result.labels == tuple(sorted(COLOURS))
 
 
+@pytest.mark.parametrize("stray, message", [
+    ("train old/red/1.jpg", "split folder 'train old' is not a usable split name"),
+    ("notes.jpg", "is not inside a split folder"),
+])
+def test_split_folders_that_cannot_name_shards_stop_the_job_with_what_to_do(
+    tmp_path, stray, message
+):
+    make_folder(tmp_path / "src" / "train", per_label=2, odd=())
+    (tmp_path / "src" / stray).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "src" / stray).write_bytes(jpeg_bytes())
+    with pytest.raises(ValueError, match=message):
+        run(tmp_path / "src", tmp_path / "out")
+    assert not list((tmp_path / "out").glob("*.tfrecord"))
+
+
 def test_compressed_shards_read_back_with_gzip(tmp_path):
     src = make_folder(tmp_path / "src", per_label=2, odd=())
     result = run(src, tmp_path / "out", "--compress")
