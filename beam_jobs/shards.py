@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import posixpath
 from concurrent import futures
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -123,12 +124,11 @@ class PlanShards(beam.PTransform):
 
     def expand(self, records):
         num_shards, shard_bytes = self._num_shards, self._shard_bytes
-        bucketed = records | "ByBucket" >> beam.Map(
-            lambda kv: ((kv[0], sharding.bucket_of(kv[1].key)), kv[1])
-        )
+        bucketed = records | "ByBucket" >> beam.FlatMap(_bucket_rows).with_output_types(
+            tuple[Any, Any]  # the main output's type; inferred, it would include TaggedOutput
+        ).with_outputs(_KEYS, main="sizes")
         plans = (
-            bucketed
-            | "SizeOnly" >> beam.MapTuple(lambda bucket, checked: (bucket, (1, checked.size)))
+            bucketed.sizes
             | "SumPerBucket" >> beam.CombinePerKey(_count_and_bytes)
             | "BySplit" >> beam.MapTuple(lambda key, total: (key[0], (key[1], *total)))
             | "BucketsPerSplit" >> beam.GroupByKey()
@@ -137,8 +137,7 @@ class PlanShards(beam.PTransform):
             )
         )
         boundaries = (
-            bucketed
-            | "KeysOnly" >> beam.MapTuple(lambda bucket, checked: (bucket, checked.key))
+            bucketed[_KEYS]
             | "KeysPerBucket" >> beam.GroupByKey()
             | "BoundariesInBucket" >> beam.FlatMap(
                 _bucket_boundaries, plans=beam.pvalue.AsDict(plans)
@@ -149,6 +148,17 @@ class PlanShards(beam.PTransform):
             )
         )
         return plans, boundaries
+
+
+_KEYS = "keys"
+
+
+def _bucket_rows(split_and_checked):
+    """((split, bucket), (1, size)) for the totals, and ((split, bucket), key) to _KEYS."""
+    split, checked = split_and_checked
+    bucket = (split, sharding.bucket_of(checked.key))
+    yield bucket, (1, checked.size)
+    yield beam.pvalue.TaggedOutput(_KEYS, (bucket, checked.key))
 
 
 def _bucket_boundaries(element, plans):
