@@ -6,14 +6,17 @@ data in RAM). Instead each shard writer reads its sources again (`read_record`):
 are checked against the checksum taken here, and only images that are re-encoded pay for
 normalising a second time.
 
-LoadImages takes inputs in small batches and can check a batch on a few threads: locally the
-job runs as one in-process worker (Beam's cheapest local mode), and this is where the cores
-are used; Pillow decoding, hashing and reading release the GIL.
+LoadImages takes inputs in batches. Remote sources (gs://...) of a batch are read at once on
+REMOTE_READERS threads: one request after another, a worker would spend its time waiting on
+the network. Checking can use a few threads too: locally the job runs as one in-process
+worker (Beam's cheapest local mode), and this is where the cores are used; Pillow decoding,
+hashing and reading release the GIL.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -36,6 +39,7 @@ LOG = logging.getLogger(__name__)
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
 PROGRESS_EVERY_S = 30.0  # remote runs: a log line per worker this often (counters hold totals)
 BATCH = 64  # inputs per LoadImages call: threads stay busy, and only small entries wait
+REMOTE_READERS = 16  # threads reading remote sources at once, hiding request latency
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -127,8 +131,8 @@ class LoadImages(beam.DoFn):
 
     Inputs that cannot be used go to the REJECTED output with their reason; nothing is dropped.
     With `threads` > 1 the inputs of a batch are checked on that many threads (local runs);
-    Beam's counters are only counted on the bundle's own thread, so workers return
-    what to count.
+    at most that many images are decoded at once, whatever the number of remote readers.
+    Beam's counters only count on the bundle's own thread, so the threads return what to count.
     """
 
     REJECTED = "rejected"
@@ -148,6 +152,7 @@ class LoadImages(beam.DoFn):
     def setup(self):
         malloc.keep_large_buffers_in_mmap()
         self._pool = futures.ThreadPoolExecutor(self._threads) if self._threads > 1 else None
+        self._readers = futures.ThreadPoolExecutor(REMOTE_READERS)  # threads start when used
         self._label_index: dict[str, int] = {}
         self._labels_seen: tuple[str, ...] = ()
         self._stored = Metrics.counter(NAMESPACE, "images_stored_unchanged")
@@ -159,6 +164,7 @@ class LoadImages(beam.DoFn):
         self._worker = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this instance's report file
 
     def teardown(self):
+        self._readers.shutdown()
         if self._pool is not None:
             self._pool.shutdown()
 
@@ -166,9 +172,13 @@ class LoadImages(beam.DoFn):
         if labels is not self._labels_seen:
             self._labels_seen = labels
             self._label_index = {label: i for i, label in enumerate(labels)}
+        if any("://" in source.path for source in batch):
+            reads = [self._readers.submit(self._read, source).result for source in batch]
+        else:  # a local read takes microseconds: in the checking thread
+            reads = [functools.partial(self._read, source) for source in batch]
         # In input order, each as soon as it and those before it are done.
-        results = self._pool.map(self._try_load, batch) if self._pool else map(self._try_load, batch)
-        for source, (checked, bytes_read, error) in zip(batch, results):
+        check = self._pool.map if self._pool else map
+        for source, (checked, bytes_read, error) in zip(batch, check(self._try_load, batch, reads)):
             self._seen += 1
             self._bytes_read.inc(bytes_read)
             if checked is not None:
@@ -180,11 +190,14 @@ class LoadImages(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(self.REJECTED, rejection(source, *error))
             self._report_progress()
 
-    def _try_load(self, source: SourceFile):
-        """(Checked or None, bytes read, None or (reason, detail)); never raises."""
+    def _try_load(self, source: SourceFile, read):
+        """(Checked or None, bytes read, None or (reason, detail)); never raises.
+
+        `read()` gives the source's bytes, or raises Rejected (see `_read`).
+        """
         data = b""
         try:
-            data = self._read(source)
+            data = read()
             return self._check(source, data), len(data), None
         except images.Rejected as err:
             return None, len(data), (err.reason, err.detail)

@@ -5,6 +5,7 @@ import json
 import pathlib
 import shutil
 
+import apache_beam as beam
 import pytest
 import tensorflow as tf
 from google.cloud import storage
@@ -235,6 +236,56 @@ def test_full_run_from_gs_to_gs(gcs, tmp_path):
     assert sorted(r.filename for r in records) == sorted(
         str(p.relative_to(src)) for p in src.rglob("*.jpg") if "truncated" not in p.name)
     assert not tf.io.gfile.glob(out + "/.tmp-*/*")
+
+
+def test_remote_sources_of_a_batch_are_read_at_once_and_checked_in_order(gcs, tmp_path):
+    # On Dataflow a worker checks on one thread; reading gs:// objects one after another
+    # there would leave it waiting on the network. Each read is slowed down here, as a
+    # distant bucket would be, to see how many are in flight.
+    import threading
+    import time
+
+    from beam_jobs import load
+    from beam_jobs.sources import SourceFile
+    from tfrecord_pipe import images
+
+    src = make_folder(tmp_path / "src", per_label=6, odd=("truncated_jpeg.jpg",))
+    bucket = storage.Client().bucket(gcs.bucket)
+    batch = []
+    for path in sorted(src.rglob("*.jpg")):
+        relpath = str(path.relative_to(src))
+        bucket.blob(f"batch-src/{relpath}").upload_from_filename(path)
+        batch.append(SourceFile(gcs.url(f"batch-src/{relpath}"), relpath, path.parent.name, "train"))
+
+    in_flight, peak, lock = 0, 0, threading.Lock()
+
+    class SlowNetwork(load.LoadImages):
+        def _read(self, source):
+            nonlocal in_flight, peak
+            with lock:
+                in_flight += 1
+                peak = max(peak, in_flight)
+            time.sleep(0.05)
+            try:
+                return super()._read(source)
+            finally:
+                with lock:
+                    in_flight -= 1
+
+    loader = SlowNetwork(images.ImagePolicy(), 1, threads=1)
+    loader.setup()
+    try:
+        out = list(loader.process(batch, tuple(sorted(COLOURS))))
+    finally:
+        loader.teardown()
+
+    assert peak >= min(len(batch), load.REMOTE_READERS) // 2, peak
+    checked = [o for o in out if not isinstance(o, beam.pvalue.TaggedOutput)]
+    rejected = [o.value for o in out if isinstance(o, beam.pvalue.TaggedOutput)]
+    assert [c.relpath for _, c in checked] == [s.relpath for s in batch if "truncated" not in s.path]
+    assert [r["reason"] for r in rejected] == ["truncated"]
+    sha = {c.relpath: c.sha256 for _, c in checked}
+    assert all(sha[p] == hashlib.sha256((src / p).read_bytes()).hexdigest() for p in sha)
 
 
 def test_a_source_that_changes_between_check_and_write_stops_the_write(tmp_path):
