@@ -121,10 +121,12 @@ class ListSources(beam.PTransform):
         return (
             pbegin
             | "MatchFiles" >> fileio.MatchFiles(root + "/**")
-            | "FromFolders" >> beam.Map(
-                lambda meta: source_from_folder(
-                    meta.path, root, config.layout, config.validation_fraction
-                )
+            # Folder markers (empty objects named "images/daisy/", which the Cloud console
+            # creates for "Create folder") match too; they are folders, not inputs.
+            | "FromFolders" >> beam.FlatMap(
+                lambda meta: [] if meta.path.endswith("/") else [
+                    source_from_folder(meta.path, root, config.layout, config.validation_fraction)
+                ]
             )
         )
 

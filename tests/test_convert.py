@@ -225,6 +225,8 @@ def test_full_run_from_gs_to_gs(gcs, tmp_path):
     bucket = storage.Client().bucket(gcs.bucket)
     for path in src.rglob("*.jpg"):
         bucket.blob(f"convert-src/{path.relative_to(src)}").upload_from_filename(path)
+    for marker in ("convert-src/", "convert-src/red/"):  # what the console's "Create folder" makes
+        bucket.blob(marker).upload_from_string(b"")
 
     out = gcs.url("convert-out")
     result = run(gcs.url("convert-src"), out, "--num_shards", 2)
@@ -232,6 +234,7 @@ def test_full_run_from_gs_to_gs(gcs, tmp_path):
     assert manifest.read(out) == result
     assert result.splits["train"].num_examples == 9
     assert result.rejected_reasons == {"truncated": 1}
+    assert result.splits["train"].listed == 10  # folder markers are not inputs
     records = [r for name in result.splits["train"].files for r in read_records(f"{out}/{name}")]
     assert sorted(r.filename for r in records) == sorted(
         str(p.relative_to(src)) for p in src.rglob("*.jpg") if "truncated" not in p.name)
