@@ -8,7 +8,7 @@ several times, alternating (ceiling, job, ceiling, job, ..., ceiling), and the t
 median of each; every measurement is printed as well.
 Peak RSS: the largest process of the job (ru_maxrss), the largest over the runs, at N and 4N.
 
-Run: .venv/bin/python -m benchmarks.convert_bench [--images N] [--side PX]
+Run: .venv/bin/python -m benchmarks.convert_bench [--images N] [--side PX] [--repeats R]
 """
 
 from __future__ import annotations
