@@ -164,9 +164,9 @@ class LoadImages(beam.DoFn):
         self._worker = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this instance's report file
 
     def teardown(self):
-        self._readers.shutdown()
-        if self._pool is not None:
-            self._pool.shutdown()
+        for pool in (getattr(self, "_readers", None), getattr(self, "_pool", None)):
+            if pool is not None:  # None: one thread, or setup never got this far
+                pool.shutdown()
 
     def process(self, batch: list[SourceFile], labels: tuple[str, ...]):
         if labels is not self._labels_seen:
