@@ -243,9 +243,24 @@ def resolve_layout(config: ConvertConfig) -> ConvertConfig:
     return dataclasses.replace(config, layout="splits" if has_splits else "labels")
 
 
+def _inside(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or below it (local paths resolved first)."""
+    if "://" not in path and "://" not in folder:
+        path, folder = os.path.realpath(path), os.path.realpath(folder)
+    path, folder = path.rstrip("/"), folder.rstrip("/")
+    return path == folder or path.startswith(folder + "/")
+
+
 def check_output(config: ConvertConfig) -> None:
-    """Refuses an output folder that already holds a dataset, unless overwrite was asked for."""
+    """Refuses an output folder inside the input folder, or one that already holds a dataset
+    (unless overwrite was asked for)."""
     out = config.output.rstrip("/")
+    if config.layout != "csv" and _inside(out, config.source_root):
+        raise ValueError(
+            f"{out} is inside the input folder {config.source_root}: every file there is an "
+            "input, so a later run would take this dataset's shards and manifest for images "
+            f"(and the folder name for a label). Write the dataset outside {config.source_root}."
+        )
     existing = [
         pattern for pattern in (
             posixpath.join(out, manifest.MANIFEST_NAME),

@@ -213,6 +213,9 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path):
     src = make_folder(tmp_path / "src", per_label=1, odd=())
     with pytest.raises(ValueError, match="validation_fraction"):
         run(src, tmp_path / "out", "--validation_fraction", 1.5)
+    with pytest.raises(ValueError, match="is inside the input folder"):
+        run(src, src / "dataset")
+    assert not (src / "dataset").exists()
     with pytest.raises(FileNotFoundError, match="Labels file .* does not exist"):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     (tmp_path / "labels.txt").write_text("red\nblue\nred\n")
