@@ -172,13 +172,7 @@ class LoadImages(beam.DoFn):
         if labels is not self._labels_seen:
             self._labels_seen = labels
             self._label_index = {label: i for i, label in enumerate(labels)}
-        if any("://" in source.path for source in batch):
-            reads = [self._readers.submit(self._read, source).result for source in batch]
-        else:  # a local read takes microseconds: in the checking thread
-            reads = [functools.partial(self._read, source) for source in batch]
-        # In input order, each as soon as it and those before it are done.
-        check = self._pool.map if self._pool else map
-        for source, (checked, bytes_read, error) in zip(batch, check(self._try_load, batch, reads)):
+        for source, (checked, bytes_read, error) in self._loaded(batch):
             self._seen += 1
             self._bytes_read.inc(bytes_read)
             if checked is not None:
@@ -189,6 +183,23 @@ class LoadImages(beam.DoFn):
                 self._rejected.inc()
                 yield beam.pvalue.TaggedOutput(self.REJECTED, rejection(source, *error))
             self._report_progress()
+
+    def _loaded(self, batch: list[SourceFile]):
+        """(source, _try_load result) in input order, each once it and all before it are done.
+
+        Remote sources are read REMOTE_READERS at a time, which also bounds how many of them
+        are held in memory at once; a local read takes microseconds, in the checking thread.
+        """
+        remote = any("://" in source.path for source in batch)
+        step = REMOTE_READERS if remote else len(batch)
+        check = self._pool.map if self._pool else map
+        for start in range(0, len(batch), step):
+            chunk = batch[start : start + step]
+            if remote:
+                reads = [self._readers.submit(self._read, source).result for source in chunk]
+            else:
+                reads = [functools.partial(self._read, source) for source in chunk]
+            yield from zip(chunk, check(self._try_load, chunk, reads))
 
     def _try_load(self, source: SourceFile, read):
         """(Checked or None, bytes read, None or (reason, detail)); never raises.
