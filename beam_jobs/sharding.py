@@ -8,7 +8,6 @@ running twice over the same input gives the same bytes.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 
 # Aim: 100-200 MB shards, big enough that reading is sequential and few enough files that a
@@ -49,24 +48,14 @@ def shard_lengths(num_examples: int, shards: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(shards)]
 
 
-def shard_start_ranks(num_examples: int, shards: int) -> list[int]:
-    """The rank (position in key order) of the first record of each shard."""
-    starts, rank = [], 0
-    for length in shard_lengths(num_examples, shards):
-        starts.append(rank)
-        rank += length
-    return starts
-
-
-def boundaries_in_bucket(sorted_keys: list[str], bucket_start_rank: int,
-                         num_examples: int, shards: int) -> list[tuple[int, str]]:
-    """(shard index, first key) for every shard > 0 that starts inside this bucket."""
-    end = bucket_start_rank + len(sorted_keys)
-    return [
-        (index, sorted_keys[start - bucket_start_rank])
-        for index, start in enumerate(shard_start_ranks(num_examples, shards))
-        if index > 0 and bucket_start_rank <= start < end
-    ]
+def shard_of_rank(rank: int, num_examples: int, shards: int) -> int:
+    """The shard holding the record at `rank` (its 0-based position in key order), for the
+    lengths `shard_lengths` gives: the first num_examples % shards shards one longer."""
+    base, extra = divmod(num_examples, shards)
+    longer = extra * (base + 1)  # records in the longer shards
+    if rank < longer:
+        return rank // (base + 1)
+    return extra + (rank - longer) // base
 
 
 def bucket_start_ranks(bucket_counts: dict[int, int]) -> dict[int, int]:
@@ -76,11 +65,6 @@ def bucket_start_ranks(bucket_counts: dict[int, int]) -> dict[int, int]:
         starts[bucket] = rank
         rank += bucket_counts[bucket]
     return starts
-
-
-def shard_of(key: str, boundaries: list[str]) -> int:
-    """The shard a key belongs to, given the first keys of shards 1..S-1 in order."""
-    return bisect.bisect_right(boundaries, key)
 
 
 def shard_name(split: str, index: int, shards: int, compressed: bool) -> str:

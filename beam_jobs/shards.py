@@ -1,4 +1,4 @@
-"""Balanced, deterministic shards: plan boundaries from keys, then write each shard sorted.
+"""Balanced, deterministic shards: count records per key bucket, rank them, write each shard.
 
 The pure arithmetic lives in sharding.py; these transforms only wire it into Beam.
 """
@@ -82,23 +82,41 @@ def _in_order(pool, fn, items, window: int):
         yield pending.popleft().result()
 
 
-def _count_and_bytes(values):
-    count = total = 0
-    for n, size in values:
-        count += n
-        total += size
-    return count, total
+class BucketTotals(beam.CombineFn):
+    """A split's {bucket: (records, bytes)} from its (bucket, record size) rows.
+
+    At most NUM_BUCKETS entries, whatever the number of records: each worker sends one
+    such dict per split.
+    """
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, totals, bucket_and_size):
+        bucket, size = bucket_and_size
+        count, total = totals.get(bucket, (0, 0))
+        totals[bucket] = (count + 1, total + size)
+        return totals
+
+    def merge_accumulators(self, accumulators):
+        merged = {}
+        for totals in accumulators:
+            for bucket, (count, size) in totals.items():
+                before = merged.get(bucket, (0, 0))
+                merged[bucket] = (before[0] + count, before[1] + size)
+        return merged
+
+    def extract_output(self, totals):
+        return totals
 
 
-def _plan(split, buckets, num_shards, shard_bytes):
-    """(split, plan) from the split's (bucket, records, bytes) rows: its totals, shard count,
-    and the rank of the first key of each bucket."""
-    counts, size = {}, 0
-    for bucket, n, bucket_bytes in buckets:  # one pass: a grouped iterable may be re-read
-        counts[bucket] = n
-        size += bucket_bytes
+def _plan(totals, num_shards, shard_bytes):
+    """A split's plan from its bucket totals: records, bytes, shard count, and the rank of
+    the first key of each bucket."""
+    counts = {bucket: count for bucket, (count, _) in totals.items()}
     examples = sum(counts.values())
-    return split, {
+    size = sum(total for _, total in totals.values())
+    return {
         "examples": examples,
         "bytes": size,
         "shards": sharding.num_shards(examples, size, num_shards, shard_bytes),
@@ -107,13 +125,11 @@ def _plan(split, buckets, num_shards, shard_bytes):
 
 
 class PlanShards(beam.PTransform):
-    """Per split: a plan (records, bytes, shard count, bucket start ranks), and the first key
-    of every shard but the first.
+    """Per split, from (split, (bucket, record size)) rows: a plan with its records, bytes,
+    shard count, and the rank of the first key of each key-prefix bucket.
 
-    Boundaries come from keys alone, grouped by key-prefix bucket, so no worker ever holds a
-    whole split; image bytes are never shuffled (WriteShard reads them from the sources).
-    One combine gives both the totals and the bucket counts: every step here is a stage
-    with a fixed start-up cost on the local runner.
+    One combine per split gives both the totals and the bucket counts (each worker sends at
+    most NUM_BUCKETS counts per split, whatever the number of records).
     """
 
     def __init__(self, num_shards: int | None, shard_bytes: int):
@@ -121,57 +137,49 @@ class PlanShards(beam.PTransform):
         self._num_shards = num_shards
         self._shard_bytes = shard_bytes
 
-    def expand(self, records):
+    def expand(self, sizes):
         num_shards, shard_bytes = self._num_shards, self._shard_bytes
-        bucketed = records | "ByBucket" >> beam.FlatMap(_bucket_rows).with_output_types(
-            tuple[Any, Any]  # the main output's type; inferred, it would include TaggedOutput
-        ).with_outputs(_KEYS, main="sizes")
-        plans = (
-            bucketed.sizes
-            | "SumPerBucket" >> beam.CombinePerKey(_count_and_bytes)
-            | "BySplit" >> beam.MapTuple(lambda key, total: (key[0], (key[1], *total)))
-            | "BucketsPerSplit" >> beam.GroupByKey()
+        return (
+            sizes
+            | "BucketTotals" >> beam.CombinePerKey(BucketTotals())
             | "Plan" >> beam.MapTuple(
-                lambda split, buckets: _plan(split, buckets, num_shards, shard_bytes)
+                lambda split, totals: (split, _plan(totals, num_shards, shard_bytes))
             )
         )
-        boundaries = (
-            bucketed[_KEYS]
-            | "KeysPerBucket" >> beam.GroupByKey()
-            | "BoundariesInBucket" >> beam.FlatMap(
-                _bucket_boundaries, plans=beam.pvalue.AsDict(plans)
-            )
-            | "BoundariesPerSplit" >> beam.GroupByKey()
-            | "OrderBoundaries" >> beam.MapTuple(
-                lambda split, pairs: (split, [key for _, key in sorted(pairs)])
-            )
-        )
-        return plans, boundaries
 
 
-_KEYS = "keys"
+_ENTRIES = "entries"
 
 
 def _bucket_rows(split_and_checked):
-    """((split, bucket), (1, size)) for the totals, and ((split, bucket), key) to _KEYS."""
+    """(split, (bucket, size)) for the plan, and ((split, bucket), Checked) to _ENTRIES."""
     split, checked = split_and_checked
-    bucket = (split, sharding.bucket_of(checked.key))
-    yield bucket, (1, checked.size)
-    yield beam.pvalue.TaggedOutput(_KEYS, (bucket, checked.key))
+    bucket = sharding.bucket_of(checked.key)
+    yield split, (bucket, checked.size)
+    yield beam.pvalue.TaggedOutput(_ENTRIES, ((split, bucket), checked))
 
 
-def _bucket_boundaries(element, plans):
-    (split, bucket), keys = element
+def _in_shards(bucket_entries, plans):
+    """((split, shard index), Checked) for every entry of one bucket.
+
+    A bucket's entries, sorted, have consecutive ranks from the bucket's start rank, and a
+    rank says which shard the record is in.
+    """
+    (split, bucket), entries = bucket_entries
     plan = plans[split]
-    found = sharding.boundaries_in_bucket(
-        sorted(keys), plan["starts"][bucket], plan["examples"], plan["shards"]
-    )
-    for index, key in found:
-        yield split, (index, key)
+    rank = plan["starts"][bucket]
+    for checked in sorted(entries, key=lambda c: c.key):
+        yield (split, sharding.shard_of_rank(rank, plan["examples"], plan["shards"])), checked
+        rank += 1
 
 
 class WriteShards(beam.PTransform):
-    """Assigns each record to its shard and writes the shards; emits one info dict per shard."""
+    """Assigns each record to its shard and writes the shards; emits one info dict per shard.
+
+    Records are grouped by split and key-prefix bucket (never a whole split in one place;
+    image bytes are never shuffled: WriteShard reads them from the sources), ranked within
+    their bucket once the plan gives each bucket's start rank, then grouped by shard.
+    """
 
     def __init__(self, config: ConvertConfig, temp_dir: str):
         super().__init__()
@@ -179,15 +187,16 @@ class WriteShards(beam.PTransform):
         self._temp_dir = temp_dir
 
     def expand(self, records):
-        plans, boundaries = records | "PlanShards" >> PlanShards(
+        bucketed = records | "ByBucket" >> beam.FlatMap(_bucket_rows).with_output_types(
+            tuple[Any, Any]  # the main output's type; inferred, it would include TaggedOutput
+        ).with_outputs(_ENTRIES, main="sizes")
+        plans = bucketed.sizes | "PlanShards" >> PlanShards(
             self._config.num_shards, self._config.shard_bytes
         )
         return (
-            records
-            | "AssignShard" >> beam.Map(
-                lambda kv, b: ((kv[0], sharding.shard_of(kv[1].key, b.get(kv[0], []))), kv[1]),
-                b=beam.pvalue.AsDict(boundaries),
-            )
+            bucketed[_ENTRIES]
+            | "EntriesPerBucket" >> beam.GroupByKey()
+            | "AssignShards" >> beam.FlatMap(_in_shards, plans=beam.pvalue.AsDict(plans))
             | "GroupShards" >> beam.GroupByKey()
             | "WriteShard" >> beam.ParDo(
                 WriteShard(

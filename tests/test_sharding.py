@@ -1,4 +1,4 @@
-"""Shard planning without I/O: balance, boundaries, and the stable split."""
+"""Shard planning without I/O: balance, ranks, and the stable split."""
 
 import random
 
@@ -25,23 +25,27 @@ def test_num_shards_targets_size_and_never_exceeds_records(n, size, requested, e
     assert sharding.num_shards(n, size, requested) == expected
 
 
+@pytest.mark.parametrize("n, shards", [(10, 3), (1026, 8), (7, 7), (5, 1), (100, 16)])
+def test_shard_of_rank_follows_the_shard_lengths(n, shards):
+    expected = [i for i, length in enumerate(sharding.shard_lengths(n, shards)) for _ in range(length)]
+    assert [sharding.shard_of_rank(rank, n, shards) for rank in range(n)] == expected
+
+
 @pytest.mark.parametrize("shards", [1, 2, 7, 50])
-def test_bucketed_boundaries_cut_the_global_order_into_balanced_runs(shards):
+def test_ranking_within_buckets_cuts_the_global_order_into_balanced_runs(shards):
+    # What the job does: count keys per bucket, give each bucket its start rank, then rank
+    # each bucket's sorted keys on their own; no place ever sees all the keys.
     rng = random.Random(shards)
     keys = [sharding.order_key(f"label{rng.randrange(5)}/{i}.jpg") for i in range(997)]
     buckets = {}
     for key in keys:
         buckets.setdefault(sharding.bucket_of(key), []).append(key)
     starts = sharding.bucket_start_ranks({b: len(k) for b, k in buckets.items()})
-    found = []
-    for bucket, bucket_keys in buckets.items():
-        found += sharding.boundaries_in_bucket(sorted(bucket_keys), starts[bucket], len(keys), shards)
-    boundaries = [key for _, key in sorted(found)]
-    assert len(boundaries) == shards - 1
 
     assigned = {}
-    for key in keys:
-        assigned.setdefault(sharding.shard_of(key, boundaries), []).append(key)
+    for bucket, bucket_keys in buckets.items():
+        for rank, key in enumerate(sorted(bucket_keys), start=starts[bucket]):
+            assigned.setdefault(sharding.shard_of_rank(rank, len(keys), shards), []).append(key)
     ordered = sorted(keys)
     expected, position = [], 0
     for length in sharding.shard_lengths(len(keys), shards):
@@ -67,3 +71,22 @@ def test_validation_split_is_stable_when_images_are_added():
     assert all(after[path] == split for path, split in before.items())
     share = sum(s == VALIDATION for s in after.values()) / len(after)
     assert 0.17 < share < 0.23
+
+
+def test_bucket_totals_count_and_sum_per_bucket_across_merged_workers():
+    from beam_jobs.shards import BucketTotals
+
+    combine = BucketTotals()
+    rows = [(7, 100), (3, 10), (7, 50), (4095, 1), (3, 5)]
+    whole = combine.create_accumulator()
+    for row in rows:
+        whole = combine.add_input(whole, row)
+    parts = []
+    for chunk in (rows[:2], rows[2:]):  # as two workers would, then merged
+        part = combine.create_accumulator()
+        for row in chunk:
+            part = combine.add_input(part, row)
+        parts.append(part)
+    expected = {3: (2, 15), 7: (2, 150), 4095: (1, 1)}
+    assert combine.extract_output(whole) == expected
+    assert combine.extract_output(combine.merge_accumulators(parts)) == expected
