@@ -15,8 +15,8 @@ import hashlib
 # range.
 DEFAULT_SHARD_BYTES = 128 << 20  # 128 MiB
 
-# Keys are grouped into this many key-prefix buckets to find shard boundaries without ever
-# holding a whole split's keys in one place.
+# Records are grouped into this many key-prefix buckets and ranked within them, so no place
+# ever holds a whole split's keys (a bucket holds about 1/4096 of a split).
 NUM_BUCKETS = 4096
 
 
