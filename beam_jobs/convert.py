@@ -43,7 +43,7 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
-from beam_jobs import malloc, packaging, progress, sharding
+from beam_jobs import packaging, progress, sharding
 from beam_jobs.config import ConvertConfig
 from beam_jobs.load import BATCH, LoadImages
 from beam_jobs.shards import WriteShards
@@ -463,8 +463,6 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
     started = time.monotonic()
     LOG.info("Converting %s (%s layout) into %s", config.source, config.layout, config.output)
     local = options.view_as(StandardOptions).runner == LOCAL_RUNNER
-    if local:  # the workers are threads of this process; from the first stage on
-        malloc.keep_large_buffers_in_mmap()
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
         shown = progress.ProgressLine(progress_dir) if local else contextlib.nullcontext()
         with shown, beam.Pipeline(options=options) as pipeline:

@@ -6,8 +6,8 @@ data in RAM). Instead each shard writer reads its sources again (`read_record`):
 are checked against the checksum taken here, and only images that are re-encoded pay for
 normalising a second time.
 
-LoadImages takes inputs in batches. Remote sources (gs://...) of a batch are read at once on
-REMOTE_READERS threads: one request after another, a worker would spend its time waiting on
+LoadImages takes inputs in batches. Remote sources (gs://...) are read ahead of their checks,
+REMOTE_READERS at a time: one request after another, a worker would spend its time waiting on
 the network. Checking can use a few threads too: locally the job runs as one in-process
 worker (Beam's cheapest local mode), and this is where the cores are used; Pillow decoding,
 hashing and reading release the GIL.
@@ -15,6 +15,7 @@ hashing and reading release the GIL.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -95,6 +96,20 @@ def read_source(path: str) -> bytes:
             return f.read()
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read()
+
+
+def in_order(pool: futures.Executor, fn, items, window: int):
+    """Futures of fn(item) on `pool`, yielded in item order, submitted up to `window` ahead.
+
+    Consumed one at a time, at most `window` results wait in memory: reading remote sources
+    ahead of the work that uses them, without holding a whole batch or shard.
+    """
+    pending = collections.deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            yield pending.popleft()
+    yield from pending
 
 
 class SourceChangedError(RuntimeError):
@@ -185,21 +200,18 @@ class LoadImages(beam.DoFn):
             self._report_progress()
 
     def _loaded(self, batch: list[SourceFile]):
-        """(source, _try_load result) in input order, each once it and all before it are done.
-
-        Remote sources are read REMOTE_READERS at a time, which also bounds how many of them
-        are held in memory at once; a local read takes microseconds, in the checking thread.
-        """
-        remote = any("://" in source.path for source in batch)
-        step = REMOTE_READERS if remote else len(batch)
+        """(source, _try_load result) in input order, each once it and all before it are done."""
+        if any("://" in source.path for source in batch):
+            # Remote reads wait on the network: REMOTE_READERS of them run ahead of the checks.
+            # (Several checking threads take a whole batch's reads at once: at most BATCH held.)
+            reads = (
+                future.result
+                for future in in_order(self._readers, self._read, batch, REMOTE_READERS)
+            )
+        else:  # a local read takes microseconds: in the checking thread
+            reads = (functools.partial(self._read, source) for source in batch)
         check = self._pool.map if self._pool else map
-        for start in range(0, len(batch), step):
-            chunk = batch[start : start + step]
-            if remote:
-                reads = [self._readers.submit(self._read, source).result for source in chunk]
-            else:
-                reads = [functools.partial(self._read, source) for source in chunk]
-            yield from zip(chunk, check(self._try_load, chunk, reads))
+        return zip(batch, check(self._try_load, batch, reads))
 
     def _try_load(self, source: SourceFile, read):
         """(Checked or None, bytes read, None or (reason, detail)); never raises.

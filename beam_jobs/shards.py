@@ -5,7 +5,6 @@ The pure arithmetic lives in sharding.py; these transforms only wire it into Bea
 
 from __future__ import annotations
 
-import collections
 import posixpath
 from concurrent import futures
 from typing import Any
@@ -58,7 +57,8 @@ class WriteShard(beam.DoFn):
         with RecordWriter(path, self._compress) as writer:
             entries = sorted(checked, key=lambda c: c.key)
             if any("://" in entry.path for entry in entries):
-                records = _in_order(self._pool, self._read, entries, READ_AHEAD)
+                reads = load.in_order(self._pool, self._read, entries, READ_AHEAD)
+                records = (future.result() for future in reads)
             else:
                 records = map(self._read, entries)
             for serialized in records:
@@ -69,17 +69,6 @@ class WriteShard(beam.DoFn):
         size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
         yield {"split": split, "index": index, "shards": shards, "count": count,
                "bytes": size, "file": name}
-
-
-def _in_order(pool, fn, items, window: int):
-    """fn over items on the pool, results in item order, at most `window` in flight."""
-    pending = collections.deque()
-    for item in items:
-        pending.append(pool.submit(fn, item))
-        if len(pending) >= window:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
 
 
 class BucketTotals(beam.CombineFn):
