@@ -162,7 +162,13 @@ def _decode_crop(encoded: tf.Tensor, window: tf.Tensor, image_size: int) -> tf.T
 
 
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
-    """Bilinear resize of a decoded crop to the square output; float32 on the 0..255 scale."""
+    """Bilinear resize of a decoded crop to the square output; float32 on the 0..255 scale.
+
+    The crop is cast to float32 first: TensorFlow's float resize kernel is about twice as fast
+    as its uint8 one (120 vs 230 us for a 300x270 crop on one core, the cast included), with
+    bit-identical results; the training pipeline gains ~5% (see benchmarks/RESULTS.md).
+    """
+    image = tf.cast(image, tf.float32)
     return tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BILINEAR)
 
 
