@@ -166,7 +166,7 @@ def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
 
     The crop is cast to float32 first: TensorFlow's float resize kernel is about twice as fast
     as its uint8 one (120 vs 230 us for a 300x270 crop on one core, the cast included), with
-    bit-identical results; the training pipeline gains ~5% (see benchmarks/RESULTS.md).
+    bit-identical results.
     """
     image = tf.cast(image, tf.float32)
     return tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BILINEAR)
