@@ -1,8 +1,8 @@
 """Reader throughput against the decode ceiling measured in the same run, and peak memory.
 
-On one set of shards (photo-like JPEGs, 256..480 px a side), each pipeline runs in its own
-process for a fixed time after a warm-up, and reports images/s and its peak RSS (baseline in
-brackets: the RSS right after importing TensorFlow):
+On one set of shards (photo-like JPEGs, 256..480 px a side unless --sides), each pipeline
+runs in its own process for a fixed time after a warm-up, and reports images/s and its peak
+RSS (baseline in brackets: the RSS right after importing TensorFlow):
 
 - ceiling: the records read by the reader's own stages (`reader.read_records`: interleave,
   shuffle), then only parsed and fully decoded with `tf.io.decode_jpeg`, in parallel;
@@ -21,6 +21,7 @@ pipelines run in rounds (ceiling, train, article, eval, ..., then again), every 
 is printed, and the table shows medians; a ratio is the median of its per-round ratios.
 
 Run: .venv/bin/python -m benchmarks.reader_bench [--images N] [--seconds S] [--repeats R]
+                                                 [--sides MIN MAX]
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ PIPELINES = ("ceiling", "train", "article", "eval", "eval, one iterator")
 LABELS = tuple(f"class{i}" for i in range(10))
 
 
-def write_shards(folder: pathlib.Path, count: int, num_shards: int, seed: int = 0) -> None:
-    """`count` photo-like JPEG records in `num_shards` shards plus a manifest, as the job would."""
+def write_shards(
+    folder: pathlib.Path, count: int, num_shards: int, seed: int = 0, sides=(256, 480)
+) -> None:
+    """`count` photo-like JPEGs (`sides` px a side) in `num_shards` shards plus a manifest."""
     import hashlib
 
     import numpy as np
@@ -55,7 +58,7 @@ def write_shards(folder: pathlib.Path, count: int, num_shards: int, seed: int = 
     lengths = [len(range(i, count, num_shards)) for i in range(num_shards)]
     writers = [tf.io.TFRecordWriter(str(folder / name)) for name in names]
     for i in range(count):
-        width, height = (int(side) for side in rng.integers(256, 481, 2))
+        width, height = (int(side) for side in rng.integers(sides[0], sides[1] + 1, 2))
         encoded = photos.photo_like_jpeg(rng, width, height)
         record = schema.ImageRecord(
             encoded=encoded,
@@ -181,6 +184,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--seconds", type=float, default=8.0, help="timed run per pipeline")
     parser.add_argument("--repeats", type=int, default=3, help="rounds over all pipelines")
+    parser.add_argument("--sides", type=int, nargs=2, default=(256, 480), metavar=("MIN", "MAX"),
+                        help="range of the generated images' width and height, px")  # fmt: skip
     parser.add_argument("--data", help="existing shards (from an earlier run) to reuse")
     parser.add_argument("--measure", choices=PIPELINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -190,7 +195,7 @@ def main(argv=None):
     data, created = args.data, None
     if data is None:
         data = created = tempfile.mkdtemp(prefix="reader-bench-")
-        write_shards(pathlib.Path(data), args.images, args.shards)
+        write_shards(pathlib.Path(data), args.images, args.shards, sides=args.sides)
     rounds = []
     try:
         for round_index in range(args.repeats):
@@ -207,7 +212,8 @@ def main(argv=None):
     shown = sys.argv[1:] if argv is None else argv
     print(
         f"\n$ python -m benchmarks.reader_bench {' '.join(shown)}".rstrip()
-        + f"   ({os.cpu_count()} cores; {args.images} JPEGs 256..480 px in {args.shards} shards; "
+        + f"   ({os.cpu_count()} cores; {args.images} JPEGs "
+        f"{args.sides[0]}..{args.sides[1]} px in {args.shards} shards; "
         f"{args.image_size}x{args.image_size}, batch {args.batch}; medians of {args.repeats} "
         "rounds)"
     )

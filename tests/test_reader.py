@@ -2,6 +2,7 @@
 
 import collections
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -130,6 +131,22 @@ def test_keras_evaluate_on_padded_batches_scores_exactly_the_records(dataset):
     ds = reader.make_input_fn(dataset, is_training=False, image_size=SIZE, batch_size=4)()
     result = model.evaluate(ds, return_dict=True, verbose=0)
     assert result["accuracy"] == pytest.approx(4 / 11)
+
+
+def test_evaluation_runs_without_the_autotuner_on_every_core(dataset):
+    # Deleting an iterator could wait seconds for tf.data's autotuning thread (reader._options),
+    # and evaluation makes one per pass: it runs with its parallelism fixed at the core count.
+    # Training iterators live long and keep the autotuner.
+    def options(is_training):
+        input_fn = reader.make_input_fn(
+            dataset, is_training=is_training, image_size=SIZE, batch_size=4
+        )
+        return input_fn().options()
+
+    evaluation = options(is_training=False)
+    assert evaluation.autotune.enabled is False
+    assert evaluation.autotune.initial_parallelism == os.cpu_count()
+    assert options(is_training=True).autotune.enabled is not False
 
 
 def test_eval_remainder_drop_drops_the_partial_batch(dataset):
