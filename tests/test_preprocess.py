@@ -9,6 +9,8 @@ from PIL import Image
 
 from tfrecord_pipe import preprocess
 
+from conftest import ODD_IMAGES
+
 SIZE = 32
 
 
@@ -118,3 +120,27 @@ def test_eval_pixels_equal_the_plain_recipe_exactly():
     expected = (resized - mean) / std
     actual = preprocess.eval_image(encoded, SIZE, "float32").numpy()
     np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-5)
+
+
+def _jpeg(pixels: np.ndarray, subsampling: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90, subsampling=subsampling)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("left", [0, 5, 15, 16, 17, 40])
+def test_crops_decoded_from_the_mcu_boundary_equal_libjpegs_own_crops(left):
+    # _decode_crop asks libjpeg for the crop from the MCU column to its left and slices the
+    # extra columns off (faster): the pixels must be exactly decode_and_crop_jpeg's, for every
+    # chroma subsampling (MCUs 8 or 16 px wide), grayscale and CMYK.
+    rng = np.random.default_rng(left)
+    noisy = rng.integers(0, 256, (48, 80, 3), dtype=np.uint8)
+    jpegs = [_jpeg(noisy, subsampling) for subsampling in (0, 1, 2)]  # 4:4:4, 4:2:2, 4:2:0
+    jpegs.append(_jpeg(noisy[..., 0], 0))
+    jpegs.append((ODD_IMAGES / "pil_sample_cmyk.jpg").read_bytes())
+    for data in jpegs:
+        encoded = tf.constant(data)
+        window = tf.constant([3, left, 20, 31])
+        expected = tf.image.decode_and_crop_jpeg(encoded, window, channels=3).numpy()
+        actual = preprocess._decode_crop(encoded, window, SIZE).numpy()
+        np.testing.assert_array_equal(actual, expected)
