@@ -79,7 +79,7 @@ def main(argv=None):
     import tensorflow as tf
 
     from benchmarks import reader_bench
-    from tfrecord_pipe import schema, throughput
+    from tfrecord_pipe import reader, schema, throughput
 
     data = args.data
     if data is None:
@@ -92,11 +92,15 @@ def main(argv=None):
         for record in tf.data.TFRecordDataset(files).take(args.images)
     ]
     source = tf.data.Dataset.from_tensor_slices(encoded).cache().repeat()
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.autotune.initial_parallelism = os.cpu_count() or 1
 
     rows = []
     for name, fn in steps(args.image_size):
         dataset = source.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-        dataset = dataset.batch(args.batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        dataset = dataset.batch(args.batch, drop_remainder=True).prefetch(reader.PREFETCH_BATCHES)
+        dataset = dataset.with_options(options)  # no autotuner, one call per core: the reader's
         result = throughput.measure(name, dataset, args.seconds, lambda _: args.batch)
         rows.append((name, result.images_per_s))
 

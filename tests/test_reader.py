@@ -326,6 +326,10 @@ def test_read_records_gives_the_serialized_records_of_a_pipeline(dataset):
     assert len(records) == 11
     context = tf.distribute.InputContext(2, 1, 2)
     assert len(list(reader.read_records(config, context))) == 5  # the second shard
+    # The same tf.data options as build_dataset: a decode ceiling built on these records is
+    # timed the way the pipeline is (here: without the autotuner).
+    pipeline = reader.build_dataset(config, batch_size=4)
+    assert reader.read_records(config).options() == pipeline.options()
 
 
 def test_padded_evaluation_gives_each_replica_of_a_pipeline_the_same_batches(dataset):

@@ -332,11 +332,17 @@ def read_records(
 
     The first half of `build_dataset`: this pipeline's files, shuffled and repeated when
     training, read by a parallel interleave with their counts checked, records shuffled when
-    training. For tools and benchmarks that parse records their own way.
+    training; with the same tf.data options. For tools and benchmarks that parse records
+    their own way (`prefetch(prefetch_size(config))` at the end to match `build_dataset`).
     """
     source = resolve_source(config)
     share = pipeline_share(source, *_pipeline_position(input_context))
-    return _records(config, source, share)
+    return _records(config, source, share).with_options(_options(config))
+
+
+def prefetch_size(config: ReaderConfig) -> int:
+    """Batches `build_dataset` prefetches: fixed without the autotuner (see `_options`)."""
+    return tf.data.AUTOTUNE if config.autotune else PREFETCH_BATCHES
 
 
 def build_dataset(
@@ -383,9 +389,7 @@ def build_dataset(
         examples = examples.batch(batch, drop_remainder=True)
     if config.transpose_input:
         examples = examples.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
-    # Without the autotuner a prefetch of AUTOTUNE would grow by doubling whenever a stall
-    # (a checkpoint, say) filled it and the accelerator drained it: fixed instead.
-    examples = examples.prefetch(tf.data.AUTOTUNE if config.autotune else PREFETCH_BATCHES)
+    examples = examples.prefetch(prefetch_size(config))
     return examples.with_options(_options(config))
 
 
@@ -627,6 +631,9 @@ def _options(config) -> tf.data.Options:
         # RootDataset::Iterator's destructor), and the autotuner cost ~90 us of CPU per
         # training image on 2 cores. Without it, AUTOTUNE parallelism means initial_parallelism
         # (capped by tf.data at its thread pool: one thread per core).
+        # prefetch(AUTOTUNE) would then fall back to tf.data's legacy tuner, which doubles the
+        # buffer whenever a full one drains to empty: every stall the accelerator catches up
+        # from (a checkpoint, say) would grow it. `prefetch_size` fixes it instead.
         options.autotune.enabled = False
         options.autotune.initial_parallelism = os.cpu_count() or 1
     return options

@@ -44,9 +44,9 @@ def ceiling_dataset(config: reader.ReaderConfig) -> tf.data.Dataset:
         encoded = tf.io.parse_single_example(record, spec)[schema.ENCODED]
         return tf.shape(tf.io.decode_jpeg(encoded, channels=3))[0]
 
-    records = reader.read_records(config)
+    records = reader.read_records(config)  # with the reader's options: no autotuner by default
     decoded = records.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    return decoded.batch(config.batch_size).prefetch(tf.data.AUTOTUNE)
+    return decoded.batch(config.batch_size).prefetch(reader.prefetch_size(config))
 
 
 def measure(
