@@ -378,14 +378,13 @@ def build_dataset(
         )  # fmt: skip
 
     records = _records(config, source, share)
-    examples = records.map(
-        _parse_fn(config, source, image_fn),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=config.is_deterministic,
-    )
+    parse = _parse_fn(config, source, image_fn)
     if config.padded:
-        examples = _padded_batches(config, source, examples, batch, input_context)
+        examples = _padded_batches(config, source, records, parse, batch, input_context)
     else:
+        examples = records.map(
+            parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.is_deterministic
+        )
         examples = examples.batch(batch, drop_remainder=True)
     if config.transpose_input:
         examples = examples.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
@@ -562,7 +561,7 @@ def _checked_image(image, config):
     return tf.ensure_shape(image, expected)
 
 
-def _padded_batches(config, source, examples, batch, context) -> tf.data.Dataset:
+def _padded_batches(config, source, records, parse, batch, context) -> tf.data.Dataset:
     """Full batches that hold every example once, the last filled up with weight-0 examples.
 
     With known counts every pipeline yields the same number of batches (the most any
@@ -575,8 +574,18 @@ def _padded_batches(config, source, examples, batch, context) -> tf.data.Dataset
         tf.constant(0, tf.int32),
         tf.constant(0.0),
     )
-    filler = tf.data.Dataset.from_tensors(blank).repeat()
-    batches = examples.concatenate(filler).batch(batch, drop_remainder=True)
+
+    def example(record, real):
+        return tf.cond(real, lambda: parse(record), lambda: blank)
+
+    # The filler joins as records, before the map: map and batch then fuse, and each image is
+    # copied into its batch by the thread that made it (a separate batch stage copied them all).
+    real = records.map(lambda record: (record, tf.constant(True)))
+    filler = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(False))).repeat()
+    examples = real.concatenate(filler).map(
+        example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.is_deterministic
+    )
+    batches = examples.batch(batch, drop_remainder=True)
     steps = eval_steps(config, batch, context, source)
     if steps is not None:
         return batches.take(steps)
