@@ -104,7 +104,8 @@ def test_large_crops_decoded_at_reduced_scale_match_a_full_decode():
 
 def test_eval_pixels_equal_the_plain_recipe_exactly():
     # Centre crop of 32/64 of the shorter side decoded by libjpeg, bilinear resize of the uint8
-    # crop, ImageNet normalisation: the speed-ups (float resize) must not change a bit. (A full
+    # crop, ImageNet normalisation: the speed-ups (float resize, a crop decoded from its MCU
+    # boundary: the left edge here is column 24) must not change a bit. (A full
     # decode then crop differs at the crop's edges, where libjpeg upsamples chroma without the
     # neighbours outside the crop: up to 19 levels on this noise, in 6% of the values.)
     rng = np.random.default_rng(3)
