@@ -12,7 +12,8 @@ RSS (baseline in brackets: the RSS right after importing TensorFlow):
   (full decode, to float, resize to size+10, random crop, flip, brightness, contrast);
 - eval: `reader.build_dataset`, evaluation (centre crop, padded last batch), whole passes,
   each from a new iterator as Keras `evaluate` makes one: each pass pays the pipeline's
-  start-up (~0.2-0.4 s here), which a pass of a few thousand images does not hide;
+  start-up (~0.15 s here: creating the iterator, filling it for the first batch), which a
+  pass of a few thousand images does not hide;
 - eval, one iterator: the same passes one after another from one iterator (`.repeat()`),
   the steady rate the ceiling is also measured at.
 

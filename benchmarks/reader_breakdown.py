@@ -92,15 +92,14 @@ def main(argv=None):
         for record in tf.data.TFRecordDataset(files).take(args.images)
     ]
     source = tf.data.Dataset.from_tensor_slices(encoded).cache().repeat()
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    options.autotune.initial_parallelism = os.cpu_count() or 1
+    config = reader.ReaderConfig(data=data)  # for the reader's tf.data options and prefetch
 
     rows = []
     for name, fn in steps(args.image_size):
         dataset = source.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-        dataset = dataset.batch(args.batch, drop_remainder=True).prefetch(reader.PREFETCH_BATCHES)
-        dataset = dataset.with_options(options)  # no autotuner, one call per core: the reader's
+        dataset = dataset.batch(args.batch, drop_remainder=True)
+        dataset = dataset.prefetch(reader.prefetch_size(config))
+        dataset = dataset.with_options(reader._options(config))
         result = throughput.measure(name, dataset, args.seconds, lambda _: args.batch)
         rows.append((name, result.images_per_s))
 

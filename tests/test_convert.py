@@ -359,7 +359,6 @@ def test_the_job_does_not_load_tensorflow():
 def test_checking_on_threads_writes_the_same_dataset_and_counts_every_input(tmp_path):
     # Local runs check inputs on a thread per core inside one worker; Beam's counters only
     # count on the bundle's own thread, so a count made on a checking thread would be lost.
-    import apache_beam as beam
     from apache_beam.metrics.metric import MetricsFilter
     from apache_beam.options.pipeline_options import PipelineOptions
 
