@@ -11,6 +11,10 @@ time; images/s and the ratio to the first row, the full-decode ceiling:
   + normalise    ... normalised: preprocess.train_image, float32 (the default)
   uint8 output   preprocess.train_image(dtype="uint8"): a quarter of the bytes to batch
   eval           preprocess.eval_image, float32
+  top tenth      decode_and_crop_jpeg of the first tenth of the rows, full width
+  bottom tenth   ... of the last tenth: libjpeg must still entropy-decode every row above a
+                 crop (only the rows below it are skipped for free), so what a crop costs
+                 follows its bottom edge more than its area
 
 Run: .venv/bin/python -m benchmarks.reader_breakdown [--data SHARDS_FOLDER] [--seconds S]
 """
@@ -46,6 +50,13 @@ def steps(image_size: int):
     def crop(encoded):
         return tf.image.decode_and_crop_jpeg(encoded, window(encoded), channels=3)
 
+    def tenth(encoded, top_fraction):
+        shape = tf.image.extract_jpeg_shape(encoded)
+        height = tf.maximum(shape[0] // 10, 1)
+        top = tf.cast(top_fraction * tf.cast(shape[0] - height, tf.float32), tf.int32)
+        window = tf.stack([top, 0, height, shape[1]])
+        return tf.shape(tf.image.decode_and_crop_jpeg(encoded, window, channels=3))[0]
+
     def resized(encoded):
         image = preprocess._resize(crop(encoded), image_size)  # the library's own resize
         image.set_shape([image_size, image_size, 3])
@@ -64,6 +75,8 @@ def steps(image_size: int):
         ("+ normalise", lambda e: preprocess.train_image(e, image_size)),
         ("uint8 output", lambda e: preprocess.train_image(e, image_size, dtype="uint8")),
         ("eval", lambda e: preprocess.eval_image(e, image_size)),
+        ("top tenth", lambda e: tenth(e, 0.0)),
+        ("bottom tenth", lambda e: tenth(e, 1.0)),
     ]
 
 
