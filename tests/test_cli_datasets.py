@@ -193,13 +193,22 @@ def test_inspect_and_verify_on_gcs(converted, gcs):
 
 def test_bench_prints_train_and_eval_next_to_the_ceiling(converted):
     _, out = converted
-    done = tfrecord_pipe("bench", out, "--seconds", "1", "--image_size", "32", "--batch_size", "4")
+    sizes = ("--image_size", "32", "--batch_size", "4")
+    done = tfrecord_pipe("bench", out, "--seconds", "1", *sizes, "--dtype", "uint8")
     assert done.returncode == 0, done.stderr
+    assert "32x32 uint8, batch 4" in done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert [row.split("|")[1].strip() for row in rows[1:]] == ["ceiling", "train", "eval"]
     assert "1.00x" in rows[1]
     assert "training runs at" in done.stdout
     assert "[####" in done.stderr  # the progress bar
+
+
+def test_bench_with_an_unknown_dtype_exits_2_naming_the_choices(converted):
+    _, out = converted
+    done = tfrecord_pipe("bench", out, "--dtype", "float16")
+    assert done.returncode == 2
+    assert "dtype must be one of ('float32', 'bfloat16', 'uint8'), got 'float16'" in done.stderr
 
 
 def test_bench_on_a_pattern_that_matches_nothing_exits_2(tmp_path):

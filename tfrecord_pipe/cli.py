@@ -81,6 +81,12 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
     bench.add_argument("--seconds", type=float, default=10.0, help="timed run per pipeline")
     bench.add_argument("--image_size", type=int, default=224)
     bench.add_argument("--batch_size", type=int, default=128)
+    bench.add_argument(
+        "--dtype",
+        default="float32",
+        help="output dtype of the pipelines: float32 (default), bfloat16 or uint8 (normalised "
+        "on the accelerator; the least host work)",
+    )
     return parser
 
 
@@ -147,9 +153,11 @@ def _bench(args) -> int:
     _require_path(args.path)
     if args.seconds <= 0 or args.batch_size < 1 or args.image_size < 1:
         raise ValueError("--seconds, --batch_size and --image_size must be positive")
-    results = throughput.bench(args.path, args.seconds, args.image_size, args.batch_size)
+    results = throughput.bench(
+        args.path, args.seconds, args.image_size, args.batch_size, dtype=args.dtype
+    )
     print(
-        f"{args.path}: {args.image_size}x{args.image_size}, batch {args.batch_size}, "
+        f"{args.path}: {args.image_size}x{args.image_size} {args.dtype}, batch {args.batch_size}, "
         f"{args.seconds:g} s per pipeline, {os.cpu_count()} CPU cores"
     )
     print(throughput.render(results))

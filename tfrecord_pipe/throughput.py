@@ -110,16 +110,18 @@ def bench(
     image_size: int = 224,
     batch_size: int = 128,
     progress: bool = True,
+    dtype: str = "float32",
 ) -> list[Measurement]:
     """Ceiling, training and evaluation pipelines on the dataset at `path`, one after another.
 
     A dataset folder's train split feeds the ceiling and training, its validation split (or
-    the train split when there is none) evaluation; a file pattern feeds all three.
+    the train split when there is none) evaluation; a file pattern feeds all three. `dtype`
+    is the pipelines' output dtype (the ceiling only decodes).
     """
     found_splits = _splits(path)
     train_split = "train" if "train" in found_splits else None
     eval_split = "validation" if "validation" in found_splits else train_split
-    base = dict(data=path, image_size=image_size, batch_size=batch_size)
+    base = dict(data=path, image_size=image_size, batch_size=batch_size, dtype=dtype)
     if not found_splits:  # a bare pattern: labels are not looked at here, only counted
         base["label_offset"] = 0
     train = reader.ReaderConfig(split=train_split, is_training=True, **base)
