@@ -6,13 +6,13 @@ What training code imports. The pipeline, top to bottom (evaluation differs as n
   ─► parallel interleave of TFRecord readers (each checked against the manifest's counts)
   ─► shuffle records (training) ─► parse + decode + preprocess (`preprocess.py`), in parallel
   ─► [evaluation: pad with weight-0 examples] ─► batch(drop_remainder=True)
-  ─► [transpose to HWCN] ─► prefetch
+  ─► [transpose to HWCN] ─► [made by tf.data service workers] ─► prefetch
 
 Every shape in the result is static, which is what XLA on a TPU needs. Parallel stages run one
 call per core, without tf.data's autotuner unless asked for (`ReaderConfig.autotune`).
 
     input_fn = reader.make_input_fn("gs://bucket/dataset", "train", is_training=True,
-                                    global_batch_size=1024)
+                                    batch_size=1024)
     dataset = strategy.distribute_datasets_from_function(input_fn)
 """
 
@@ -94,6 +94,13 @@ class ReaderConfig:
         within its RAM budget. On 2 cores the autotuned training pipeline was ~6% slower (~90
         us more CPU per image), and deleting an autotuned iterator (once per evaluation pass,
         as Keras `evaluate` makes one per call) could wait 0.5-4 s for the autotuner's thread.
+      data_service: address of a tf.data service dispatcher ("grpc://host:port"), for hosts
+        whose CPUs cannot keep the accelerator fed: the service's workers run the pipeline up
+        to the batches (each reads this pipeline's files in its own random order, autotuned
+        for its own cores) and stream the batches here. Receiving costs the host CPU too:
+        0.10x of making the batches itself with dtype "uint8", 0.22x "bfloat16", 0.42x
+        "float32" (224x224, benchmarks/service_bench.py). Training only, without `seed` or
+        `deterministic`: with several workers neither the order nor a repeat is defined.
     """
 
     data: str
@@ -115,6 +122,7 @@ class ReaderConfig:
     color_jitter: float = 0.0
     skip_corrupt: bool = False
     autotune: bool = False
+    data_service: str | None = None
 
     def __post_init__(self):
         problems = []
@@ -144,8 +152,31 @@ class ReaderConfig:
             problems.append(f"read_buffer_bytes must be >= 1, got {self.read_buffer_bytes}")
         if not 0 <= self.color_jitter <= 1:
             problems.append(f"color_jitter must be in [0, 1], got {self.color_jitter}")
+        if self.data_service is not None:
+            problems.extend(self._data_service_problems())
         if problems:
             raise ValueError("Invalid ReaderConfig: " + "; ".join(problems))
+
+    def _data_service_problems(self) -> list[str]:
+        if not self.data_service.strip():
+            return ['data_service is empty: give the dispatcher\'s address, "grpc://host:port"']
+        problems = []
+        if not self.is_training:
+            problems.append(
+                "data_service is for training: evaluation reads on this host, so that every "
+                "record is counted exactly once"
+            )
+        if self.seed is not None:
+            problems.append(
+                "seed with data_service: every service worker would read the records in the "
+                "same order, so the batches would repeat each other; leave seed=None"
+            )
+        if self.deterministic:
+            problems.append(
+                "deterministic=True with data_service: batches arrive from whichever worker "
+                "has one ready, so their order cannot be fixed; leave deterministic unset"
+            )
+        return problems
 
     @property
     def padded(self) -> bool:
@@ -385,11 +416,49 @@ def build_dataset(
         examples = records.map(
             parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.is_deterministic
         )
-        examples = examples.batch(batch, drop_remainder=True)
+        if config.data_service:
+            examples = _from_service(examples, config, batch)
+        else:
+            examples = examples.batch(batch, drop_remainder=True)
     if config.transpose_input:
         examples = examples.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
     examples = examples.prefetch(prefetch_size(config))
     return examples.with_options(_options(config))
+
+
+# Largest element the tf.data service streams to the host. Receiving a 77 MB float32 batch
+# cost the host ~1000 us of CPU per image, most of it in the kernel (fresh pages for every
+# buffer over glibc's 32 MB mmap limit); 19 MB parts ~545 us, 9.6 MB ~465 us; a 19 MB uint8
+# batch 110-126 us, against 135-141 us as two parts put back together (ad-hoc, 2 rounds).
+_STREAMED_BYTES = 24 << 20
+
+
+def _from_service(examples: tf.data.Dataset, config: ReaderConfig, batch: int) -> tf.data.Dataset:
+    """Batches of `examples`, made by the tf.data service's workers and streamed to this host.
+
+    ShardingPolicy.OFF: each worker runs the whole (endlessly repeating) training pipeline on
+    this pipeline's files, in its own random order; this host takes batches from whichever
+    worker has one ready. Batches over _STREAMED_BYTES travel in equal parts and are put back
+    together here. The workers autotune: this host's core count says nothing about theirs.
+    Uncompressed: compressing (the service's default) was slower for every dtype
+    (benchmarks/service_bench.py).
+    """
+    on_workers = _options(dataclasses.replace(config, autotune=True))
+    service = tf.data.experimental.service
+    part = _streamed_batch(config, batch)
+    parts = examples.batch(part, drop_remainder=True).with_options(on_workers)
+    parts = parts.apply(
+        service.distribute(service.ShardingPolicy.OFF, config.data_service, compression=None)
+    )
+    return parts if part == batch else parts.rebatch(batch, drop_remainder=True)
+
+
+def _streamed_batch(config: ReaderConfig, batch: int) -> int:
+    """Examples per element the tf.data service streams: `batch`, or its largest divisor
+    whose images fit in _STREAMED_BYTES."""
+    image_bytes = config.image_size**2 * 3 * tf.as_dtype(config.dtype).size
+    fitting = max(_STREAMED_BYTES // image_bytes, 1)
+    return max(part for part in range(1, batch + 1) if batch % part == 0 and part <= fitting)
 
 
 def _pipeline_position(input_context) -> tuple[int, int]:

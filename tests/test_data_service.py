@@ -1,0 +1,96 @@
+"""reader.ReaderConfig(data_service=...): training batches made by tf.data service workers.
+
+The dispatcher and two workers run in this process on 127.0.0.1, as real servers: the
+pipeline is serialised, sent to the workers over gRPC and its batches streamed back.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfrecord_pipe import reader, validate
+
+from dataset_factory import write_dataset
+
+SIZE = 24
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def service():
+    """(dispatcher address, workers): one dispatcher, two workers."""
+    api = tf.data.experimental.service
+    dispatcher = api.DispatchServer(api.DispatcherConfig(port=0))
+    address = dispatcher.target.replace("localhost", "127.0.0.1")
+    workers = [
+        api.WorkerServer(
+            api.WorkerConfig(
+                dispatcher_address=address.split("://")[1],
+                worker_address="127.0.0.1:%port%",
+                port=0,
+            )
+        )
+        for _ in range(2)
+    ]
+    yield address, workers
+    for worker in workers:
+        worker.stop()
+    dispatcher.stop()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("service") / "ds")
+    write_dataset(folder, {"train": [[0, 1, 2, 0], [1, 2, 0, 1]], "validation": [[0, 1]]})
+    return folder
+
+
+def served_config(dataset, address, **options):
+    settings = dict(data=dataset, batch_size=BATCH, image_size=SIZE, data_service=address)
+    return reader.ReaderConfig(**{**settings, **options})
+
+
+# uint8 24x24: whole batches travel; float32 1100x1100 (14.5 MB an image): one image at a time,
+# put back into batches of 4 on this side.
+@pytest.mark.parametrize("dtype, size", [("uint8", SIZE), ("float32", 1100)])
+def test_training_batches_come_from_the_workers_with_static_shapes(dataset, service, dtype, size):
+    address, workers = service
+    config = served_config(dataset, address, dtype=dtype, image_size=size)
+    dataset = reader.build_dataset(config)
+    validate.check_tpu_ready(dataset, batch_size=BATCH)
+    assert dataset.element_spec[0].shape == (BATCH, size, size, 3)
+    labels = [label for _, batch in dataset.take(4) for label in batch.numpy()]
+    assert len(labels) == 4 * BATCH and set(labels) <= {0, 1, 2}
+    # Private, but the one place the workers say they ran the pipeline: a task each.
+    assert sum(worker._num_tasks() for worker in workers) >= 1
+
+
+def test_a_keras_model_trains_on_served_batches(dataset, service):
+    address, _ = service
+    train = reader.build_dataset(served_config(dataset, address, dtype="uint8"))
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((SIZE, SIZE, 3), dtype="uint8"),
+            tf.keras.layers.Rescaling(1 / 255),
+            tf.keras.layers.GlobalAveragePooling2D(),
+            tf.keras.layers.Dense(3),
+        ]
+    )
+    model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(train, steps_per_epoch=3, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"is_training": False}, "data_service is for training"),
+        ({"seed": 1}, "leave seed=None"),
+        ({"deterministic": True}, "leave deterministic unset"),
+        ({"data_service": " "}, "data_service is empty"),
+    ],
+)
+def test_settings_the_service_cannot_honour_are_refused(options, message):
+    settings = {"data": "x", "is_training": True, "data_service": "grpc://127.0.0.1:1"}
+    with pytest.raises(ValueError, match=message):
+        reader.ReaderConfig(**{**settings, **options})
