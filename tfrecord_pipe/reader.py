@@ -441,7 +441,7 @@ def _from_service(examples: tf.data.Dataset, config: ReaderConfig, batch: int) -
     worker has one ready. Batches over _STREAMED_BYTES travel in equal parts and are put back
     together here. The workers autotune: this host's core count says nothing about theirs.
     Uncompressed: with the service's default compression, images/s through one in-process
-    worker fell 8-22% for each dtype (ad hoc, 2 rounds).
+    worker fell 6-23% for each dtype (ad hoc, 2 rounds).
     """
     on_workers = _options(dataclasses.replace(config, autotune=True))
     service = tf.data.experimental.service
