@@ -99,8 +99,9 @@ class ReaderConfig:
         to the batches (each reads this pipeline's files in its own random order, autotuned
         for its own cores) and stream the batches here. Receiving costs the host CPU too:
         0.10x of making the batches itself with dtype "uint8", 0.22x "bfloat16", 0.42x
-        "float32" (224x224, benchmarks/service_bench.py). Training only, without `seed` or
-        `deterministic`: with several workers neither the order nor a repeat is defined.
+        "float32" (224x224, benchmarks/service_bench.py). Training only, and without `seed`
+        or `deterministic=True`: workers reading in one fixed order would repeat each other's
+        batches, and batches arrive in the order the workers finish them.
     """
 
     data: str
