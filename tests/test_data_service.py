@@ -94,3 +94,20 @@ def test_settings_the_service_cannot_honour_are_refused(options, message):
     settings = {"data": "x", "is_training": True, "data_service": "grpc://127.0.0.1:1"}
     with pytest.raises(ValueError, match=message):
         reader.ReaderConfig(**{**settings, **options})
+
+
+def test_each_input_pipeline_is_served_from_its_own_files(tmp_path, service):
+    """Two hosts (input pipelines): the workers read each host's share of the files only."""
+    address, _ = service
+    folder = str(tmp_path / "by_shard")
+    labels = ("a", "b", "c", "d")
+    write_dataset(folder, {"train": [[label] * 3 for label in range(4)]}, labels=labels)
+    input_fn = reader.make_input_fn(
+        folder, is_training=True, image_size=SIZE, batch_size=8, data_service=address
+    )
+    for index in range(2):
+        served = input_fn(tf.distribute.InputContext(2, index, num_replicas_in_sync=2))
+        iterator = iter(served)
+        seen = {int(label) for _ in range(6) for label in next(iterator)[1].numpy()}
+        # Shard i holds label i; files are dealt round-robin to the pipelines.
+        assert seen == {index, index + 2}
