@@ -4,6 +4,10 @@ The dispatcher and two workers run in this process on 127.0.0.1, as real servers
 pipeline is serialised, sent to the workers over gRPC and its batches streamed back.
 """
 
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -111,3 +115,20 @@ def test_each_input_pipeline_is_served_from_its_own_files(tmp_path, service):
         seen = {int(label) for _ in range(6) for label in next(iterator)[1].numpy()}
         # Shard i holds label i; files are dealt round-robin to the pipelines.
         assert seen == {index, index + 2}
+
+
+def test_bench_times_training_batches_from_the_service(dataset, service):
+    address, workers = service
+    tasks_before = sum(worker._num_tasks() for worker in workers)
+    command = str(pathlib.Path(sys.executable).parent / "tfrecord-pipe")
+    done = subprocess.run(
+        [command, "bench", dataset, "--seconds", "1", "--image_size", str(SIZE),
+         "--batch_size", str(BATCH), "--dtype", "uint8", "--data_service", address],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"training batches by the tf.data service at {address}" in done.stdout
+    rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert rows[1:] == ["ceiling", "train", "eval"]
+    # The bench's job gave the workers new tasks (finished jobs' stay for minutes).
+    assert sum(worker._num_tasks() for worker in workers) > tasks_before

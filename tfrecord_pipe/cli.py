@@ -87,6 +87,11 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
         help="output dtype of the pipelines: float32 (default), bfloat16 or uint8 (normalised "
         "on the accelerator; the least host work)",
     )
+    bench.add_argument(
+        "--data_service",
+        help="grpc://HOST:PORT of a tf.data service dispatcher: time training batches made by "
+        "its workers (the ceiling and evaluation still run here)",
+    )
     return parser
 
 
@@ -154,11 +159,18 @@ def _bench(args) -> int:
     if args.seconds <= 0 or args.batch_size < 1 or args.image_size < 1:
         raise ValueError("--seconds, --batch_size and --image_size must be positive")
     results = throughput.bench(
-        args.path, args.seconds, args.image_size, args.batch_size, dtype=args.dtype
+        args.path,
+        args.seconds,
+        image_size=args.image_size,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        data_service=args.data_service,
     )
+    served = f", training batches by the tf.data service at {args.data_service}"
     print(
         f"{args.path}: {args.image_size}x{args.image_size} {args.dtype}, batch {args.batch_size}, "
         f"{args.seconds:g} s per pipeline, {os.cpu_count()} CPU cores"
+        + (served if args.data_service else "")
     )
     print(throughput.render(results))
     train = results[1].images_per_s / max(results[0].images_per_s, 1e-9)

@@ -105,28 +105,35 @@ def batch_images(config: reader.ReaderConfig) -> Callable[[tuple], int]:
 
 
 def bench(
-    path: str,
-    seconds: float = 10.0,
-    image_size: int = 224,
-    batch_size: int = 128,
-    progress: bool = True,
-    dtype: str = "float32",
+    path: str, seconds: float = 10.0, progress: bool = True, **options
 ) -> list[Measurement]:
     """Ceiling, training and evaluation pipelines on the dataset at `path`, one after another.
 
     A dataset folder's train split feeds the ceiling and training, its validation split (or
-    the train split when there is none) evaluation; a file pattern feeds all three. `dtype`
-    is the pipelines' output dtype (the ceiling only decodes).
+    the train split when there is none) evaluation; a file pattern feeds all three.
+
+    Args:
+      path: a dataset folder or a file pattern.
+      seconds: timed run per pipeline.
+      progress: draw progress bars on stderr.
+      **options: `reader.ReaderConfig` fields for both pipelines (image_size, batch_size
+        (default 128), dtype, ...); `data_service` applies to training only, as evaluation
+        always reads on this host.
     """
     found_splits = _splits(path)
     train_split = "train" if "train" in found_splits else None
     eval_split = "validation" if "validation" in found_splits else train_split
-    base = dict(data=path, image_size=image_size, batch_size=batch_size, dtype=dtype)
+    base = {"batch_size": 128, **options, "data": path}
     if not found_splits:  # a bare pattern: labels are not looked at here, only counted
         base["label_offset"] = 0
     train = reader.ReaderConfig(split=train_split, is_training=True, **base)
-    evaluation = reader.ReaderConfig(split=eval_split, is_training=False, **base)
-    results = [measure("ceiling", ceiling_dataset(train), seconds, batch_images(train), progress)]
+    evaluation = reader.ReaderConfig(
+        split=eval_split, is_training=False, **{**base, "data_service": None}
+    )
+    local_train = dataclasses.replace(train, data_service=None)
+    results = [
+        measure("ceiling", ceiling_dataset(local_train), seconds, batch_images(train), progress)
+    ]
     results.append(
         measure("train", reader.build_dataset(train), seconds, batch_images(train), progress)
     )
