@@ -5,6 +5,7 @@ pipeline is serialised, sent to the workers over gRPC and its batches streamed b
 """
 
 import pathlib
+import socket
 import subprocess
 import sys
 
@@ -132,3 +133,29 @@ def test_bench_times_training_batches_from_the_service(dataset, service):
     assert rows[1:] == ["ceiling", "train", "eval"]
     # The bench's job gave the workers new tasks (finished jobs' stay for minutes).
     assert sum(worker._num_tasks() for worker in workers) > tasks_before
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("address", ["grpc://127.0.0.1:{port}", "grpc://127.0.0.1", "dispatcher"])
+def test_an_unreachable_dispatcher_fails_at_once_saying_what_to_check(dataset, address):
+    # TensorFlow itself would retry an unreachable dispatcher without end, in silence.
+    address = address.format(port=_closed_port())
+    with pytest.raises(ConnectionError, match="No tf.data service dispatcher at .*grpc://HOST:PORT"):
+        reader.build_dataset(served_config(dataset, address))
+
+
+def test_bench_with_an_unreachable_dispatcher_exits_2(dataset):
+    command = str(pathlib.Path(sys.executable).parent / "tfrecord-pipe")
+    address = f"grpc://127.0.0.1:{_closed_port()}"
+    done = subprocess.run(
+        [command, "bench", dataset, "--data_service", address],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"error: No tf.data service dispatcher at '{address}'" in done.stderr

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

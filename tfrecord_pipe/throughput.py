@@ -130,19 +130,16 @@ def bench(
     evaluation = reader.ReaderConfig(
         split=eval_split, is_training=False, **{**base, "data_service": None}
     )
-    local_train = dataclasses.replace(train, data_service=None)
-    results = [
-        measure("ceiling", ceiling_dataset(local_train), seconds, batch_images(train), progress)
+    # All built before any is timed: a bad option fails at once, not after a timed run.
+    pipelines = [
+        ("ceiling", ceiling_dataset(dataclasses.replace(train, data_service=None)), train),
+        ("train", reader.build_dataset(train), train),
+        ("eval", reader.build_dataset(evaluation), evaluation),
     ]
-    results.append(
-        measure("train", reader.build_dataset(train), seconds, batch_images(train), progress)
-    )
-    results.append(
-        measure(
-            "eval", reader.build_dataset(evaluation), seconds, batch_images(evaluation), progress
-        )
-    )
-    return results
+    return [
+        measure(name, dataset, seconds, batch_images(config), progress)
+        for name, dataset, config in pipelines
+    ]
 
 
 def _splits(path: str) -> tuple[str, ...]:
