@@ -5,6 +5,7 @@ pipeline is serialised, sent to the workers over gRPC and its batches streamed b
 """
 
 import gc
+import logging
 import pathlib
 import socket
 import subprocess
@@ -87,6 +88,13 @@ def test_transposed_batches_are_hwcn_whether_whole_or_in_parts(dataset, service,
     assert images.shape == (size, size, 3, BATCH) and labels.shape == (BATCH,)
 
 
+def test_local_files_warn_that_the_workers_must_see_them_too(dataset, service, caplog):
+    address, _ = service
+    with caplog.at_level(logging.WARNING, logger=reader.__name__):
+        reader.build_dataset(served_config(dataset, address))
+    assert f"data_service with local files ({dataset})" in caplog.text
+
+
 def test_a_keras_model_trains_on_served_batches(dataset, service):
     address, _ = service
     train = reader.build_dataset(served_config(dataset, address, dtype="uint8"))
@@ -99,7 +107,7 @@ def test_a_keras_model_trains_on_served_batches(dataset, service):
         ]
     )
     model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(train, steps_per_epoch=3, epochs=1, verbose=0)
+    history = model.fit(train, steps_per_epoch=3, epochs=1, verbose=0, shuffle=False)
     assert np.isfinite(history.history["loss"][0])
 
 

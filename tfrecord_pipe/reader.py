@@ -451,6 +451,12 @@ def _from_service(examples: tf.data.Dataset, config: ReaderConfig, batch: int) -
     worker fell 6-23% for each dtype (ad hoc, 2 rounds).
     """
     _check_dispatcher(config.data_service)
+    if "://" not in config.data:
+        log.warning(
+            "data_service with local files (%s): the service's workers open the same paths, "
+            "so they must see them too (a shared filesystem); gs:// paths work everywhere.",
+            config.data,
+        )
     on_workers = _options(dataclasses.replace(config, autotune=True))
     service = tf.data.experimental.service
     part = _streamed_batch(config, batch)
