@@ -6,10 +6,7 @@ pipeline is serialised, sent to the workers over gRPC and its batches streamed b
 
 import gc
 import logging
-import pathlib
 import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -19,6 +16,7 @@ import tensorflow as tf
 from tfrecord_pipe import reader, validate
 
 from dataset_factory import write_dataset
+from test_cli_datasets import tfrecord_pipe
 
 SIZE = 24
 BATCH = 4
@@ -146,12 +144,10 @@ def test_each_input_pipeline_is_served_from_its_own_files(tmp_path, service):
 def test_bench_times_training_batches_from_the_service(dataset, service):
     # That the address reaches the reader shows in the next test: a wrong one is reported.
     address, _ = service
-    command = str(pathlib.Path(sys.executable).parent / "tfrecord-pipe")
-    done = subprocess.run(
-        [command, "bench", dataset, "--seconds", "1", "--image_size", str(SIZE),
-         "--batch_size", str(BATCH), "--dtype", "uint8", "--data_service", address],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    sizes = ("--image_size", SIZE, "--batch_size", BATCH)
+    done = tfrecord_pipe(
+        "bench", dataset, "--seconds", "1", *sizes, "--dtype", "uint8", "--data_service", address
+    )
     assert done.returncode == 0, done.stderr
     assert f"training batches by the tf.data service at {address}" in done.stdout
     rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")]
@@ -174,11 +170,7 @@ def test_an_unreachable_dispatcher_fails_at_once_saying_what_to_check(dataset, a
 
 
 def test_bench_with_an_unreachable_dispatcher_exits_2(dataset):
-    command = str(pathlib.Path(sys.executable).parent / "tfrecord-pipe")
     address = f"grpc://127.0.0.1:{_closed_port()}"
-    done = subprocess.run(
-        [command, "bench", dataset, "--data_service", address],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = tfrecord_pipe("bench", dataset, "--data_service", address)
     assert done.returncode == 2
     assert f"error: No tf.data service dispatcher at '{address}'" in done.stderr
