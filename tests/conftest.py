@@ -15,7 +15,8 @@ from PIL import Image  # noqa: E402
 
 import local_gcs  # noqa: E402
 
-ODD_IMAGES = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "odd-images"
+# Real odd image files from Pillow's and libjpeg-turbo's test suites (licences beside them).
+ODD_IMAGES = pathlib.Path(__file__).resolve().parent / "data" / "odd-images"
 
 
 def jpeg_bytes(width: int = 8, height: int = 8, color=(200, 30, 30), quality: int = 90) -> bytes:

@@ -1,7 +1,7 @@
 """Write-time image handling: turn any input file into an upright RGB JPEG, or say why not.
 
 Used by the conversion job (one call per input file). Pure: bytes in, bytes out, no I/O, so it
-is tested directly on the odd real-world files in shared/testdata/odd-images.
+is tested directly on the odd real-world files in tests/data/odd-images.
 
 A source that already is an upright 8-bit RGB JPEG within the size cap is stored byte for byte
 (no generational loss). Everything else that Pillow can decode (CMYK, grayscale, EXIF-rotated,
