@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: install test demo clean
+.PHONY: install test test-fast demo clean
 
 install: $(STAMP)
 
@@ -23,6 +23,10 @@ test: $(STAMP)
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: no tests were collected; failing." >&2; fi; \
 	  exit $$rc
+
+# The fast part (no end-to-end runs), for a developer's own loop: under a minute.
+test-fast: $(STAMP)
+	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo

@@ -1,12 +1,18 @@
-"""ConvertConfig: the conversion job's options, checked before anything runs."""
+"""ConvertConfig: the conversion job's options, checked before anything runs.
+
+The manifest records the configuration a dataset was written with (`to_record`), and `verify`
+reads it back (`from_record`) to redo the conversion's decisions.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import posixpath
 
-from beam_jobs import sharding
-from tfrecord_pipe import images, schema
+from beam_jobs import shard_plan
+from tfrecord_pipe.core import images, paths, schema
+
+LAYOUTS = ("auto", "labels", "splits", "csv")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +41,15 @@ class ConvertConfig:
     labels_file: str | None = None
     label_offset: int = schema.DEFAULT_LABEL_OFFSET
     num_shards: int | None = None
-    shard_bytes: int = sharding.DEFAULT_SHARD_BYTES
+    shard_bytes: int = shard_plan.DEFAULT_SHARD_BYTES
     compress: bool = False
     overwrite: bool = False
     policy: images.ImagePolicy = images.ImagePolicy()
 
     def __post_init__(self):
         problems = []
-        if self.layout not in ("auto", "labels", "splits", "csv"):
-            problems.append(f"layout must be auto, labels, splits or csv; got {self.layout!r}")
+        if self.layout not in LAYOUTS:
+            problems.append(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if not 0.0 <= self.validation_fraction < 1.0:
             problems.append(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
         if self.label_offset < 0:
@@ -60,4 +66,15 @@ class ConvertConfig:
         """The folder relative paths are taken from (the CSV's folder for CSV input)."""
         if self.layout == "csv":
             return posixpath.dirname(self.source)
-        return self.source.rstrip("/")
+        return paths.folder(self.source)
+
+    def to_record(self) -> dict:
+        """The configuration as plain JSON values, for the manifest."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict) -> ConvertConfig:
+        """The configuration a manifest recorded (`to_record`)."""
+        fields = dict(record)
+        policy = images.ImagePolicy(**fields.pop("policy"))
+        return cls(**fields, policy=policy)

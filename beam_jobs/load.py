@@ -27,14 +27,12 @@ from concurrent import futures
 
 import apache_beam as beam
 import google_crc32c
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import malloc, progress, sharding
+from beam_jobs import malloc, progress, shard_plan, storage
 from beam_jobs.sources import SourceFile, rejection
-from tfrecord_pipe import images, schema
+from tfrecord_pipe.core import images, paths, schema
 
 LOG = logging.getLogger(__name__)
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
@@ -48,7 +46,7 @@ class Checked:
     """A source that passed every check, and what its record will hold.
 
     Attributes:
-      key: the record's order key (sharding.order_key of relpath).
+      key: the record's order key (shard_plan.order_key of relpath).
       path: where to read the source again.
       relpath: the record's filename.
       label_index: 0-based label.
@@ -85,19 +83,6 @@ def _record_size(image_bytes: int, filename: str, label: str) -> int:
     return image_bytes + len(filename.encode()) + len(label.encode()) + 64 + _RECORD_OVERHEAD
 
 
-def read_source(path: str) -> bytes:
-    """The bytes of an input file, as stored (never decompressed because of its name).
-
-    Local files are read with open(): Beam's FileSystems costs about 10 us more per file,
-    paid twice per image (check and write), one core's worth of time every ~50,000 images.
-    """
-    if "://" not in path:
-        with open(path, "rb") as f:
-            return f.read()
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read()
-
-
 def in_order(pool: futures.Executor, fn, items, window: int):
     """Futures of fn(item) on `pool`, yielded in item order, submitted up to `window` ahead.
 
@@ -122,7 +107,7 @@ def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int)
     Raises:
       SourceChangedError: the file changed since it was checked; rerun the job.
     """
-    data = read_source(checked.path)
+    data = storage.read_bytes(checked.path)
     if google_crc32c.value(data) != checked.crc32c:
         raise SourceChangedError(
             f"{checked.path} changed while the job ran (its checksum differs from when it "
@@ -138,7 +123,7 @@ def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int)
         filename=checked.relpath,
         sha256=checked.sha256,
     )
-    return schema.serialize(record, label_offset)
+    return schema.serialize(record, label_offset=label_offset)
 
 
 class LoadImages(beam.DoFn):
@@ -201,7 +186,7 @@ class LoadImages(beam.DoFn):
 
     def _loaded(self, batch: list[SourceFile]):
         """(source, _try_load result) in input order, each once it and all before it are done."""
-        if any("://" in source.path for source in batch):
+        if any(paths.is_remote(source.path) for source in batch):
             # Remote reads wait on the network: REMOTE_READERS of them run ahead of the checks.
             # (Several checking threads take a whole batch's reads at once: at most BATCH held.)
             reads = (
@@ -251,14 +236,14 @@ class LoadImages(beam.DoFn):
                 images.UNKNOWN_LABEL, f"label {source.label!r} is not in the labels file"
             )
         try:
-            return read_source(source.path)
+            return storage.read_bytes(source.path)
         except Exception as err:  # Beam wraps every filesystem's errors differently
             raise images.Rejected(images.UNREADABLE, f"cannot read: {err}") from err
 
     def _check(self, source: SourceFile, data: bytes) -> Checked:
         stored = images.normalise(data, self._policy)
         return Checked(
-            key=sharding.order_key(source.relpath),
+            key=shard_plan.order_key(source.relpath),
             path=source.path,
             relpath=source.relpath,
             label_index=self._label_index[source.label],

@@ -5,8 +5,8 @@ live for milliseconds. glibc's malloc gives blocks that large their own mmap, re
 system when freed, but each such free raises the size limit for mmap (up to 32 MiB): after
 the first few images the buffers come from the heap instead, between the small objects the
 runner keeps per input, and a heap can only shrink from its top. Fixing the limit at its
-default keeps large buffers in mmap. Measured on the conversion benchmark's images: about
-10 KB more peak RSS per input image without this, about 5 KB with it, at the same speed.
+default keeps large buffers in mmap: peak memory grows about half as fast with the number of
+images, at the same speed (benchmarks/RESULTS.md, "Conversion: memory").
 """
 
 from __future__ import annotations

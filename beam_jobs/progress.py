@@ -1,21 +1,22 @@
 """One progress line for a local run, summed over all worker processes.
 
 Each LoadImages instance writes its running counts to its own small file in a local folder
-(replaced atomically); the launcher polls the folder and prints one line for the whole job.
-On remote runners there is no shared folder: workers log their counts and the runner's UI
-(Dataflow's job page) shows the Beam counters.
+(replaced atomically); the launcher polls the folder and shows one line for the whole job
+(`core.progress`: redrawn on a terminal, plain lines in a log). On remote runners there is no
+shared folder: workers log their counts and the runner's UI (Dataflow's job page) shows the
+Beam counters.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
-import sys
 import threading
 import time
 
-POLL_S = 1.0  # how often the launcher redraws the line
-LINE_EVERY_S = 5.0  # when stderr is not a terminal: one plain line this often
+from tfrecord_pipe.core import progress
+
+POLL_S = 1.0  # how often the launcher sums the workers' reports
 
 
 def report(folder: str, worker: str, seen: int, rejected: int) -> None:
@@ -42,12 +43,11 @@ def totals(folder: str) -> tuple[int, int]:
 
 
 class ProgressLine:
-    """A background thread drawing `converting: N inputs loaded (R rejected), X/s` on stderr."""
+    """A background thread showing `converting: N inputs loaded (R rejected), X/s` on stderr."""
 
     def __init__(self, folder: str, stream=None):
         self._folder = folder
-        self._stream = stream or sys.stderr
-        self._tty = getattr(self._stream, "isatty", lambda: False)()
+        self._line = progress.StatusLine(stream)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._started = time.monotonic()
@@ -59,27 +59,14 @@ class ProgressLine:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        seen, rejected = totals(self._folder)
-        self._write(self._line(seen, rejected), final=True)
+        self._line.finish(self._text(*totals(self._folder)))
 
     def _run(self):
-        last_plain = 0.0
         while not self._stop.wait(POLL_S):
             seen, rejected = totals(self._folder)
-            now = time.monotonic()
-            if self._tty:
-                self._write(self._line(seen, rejected))
-            elif now - last_plain >= LINE_EVERY_S and seen:
-                last_plain = now
-                self._write(self._line(seen, rejected), final=True)
+            if seen:
+                self._line.update(self._text(seen, rejected))
 
-    def _line(self, seen: int, rejected: int) -> str:
+    def _text(self, seen: int, rejected: int) -> str:
         elapsed = max(time.monotonic() - self._started, 1e-9)
         return f"converting: {seen} inputs loaded ({rejected} rejected), {seen / elapsed:.0f}/s"
-
-    def _write(self, line: str, final: bool = False):
-        if self._tty:
-            self._stream.write("\r" + line + ("\n" if final else ""))
-        else:
-            self._stream.write(line + "\n")
-        self._stream.flush()

@@ -5,9 +5,9 @@ The format (what `tf.data.TFRecordDataset` reads), per record:
   uint32 masked CRC-32C of data
 and with GZIP the whole file is one gzip stream.
 
-Why not `tf.io.TFRecordWriter`: from Python it costs about 125 us a record (30 KB records,
-measured) against about 25 us here, and a shard is written by one thread; Beam's filesystems
-also reach every place the job can write to (local, gs://) without TensorFlow's.
+Why not `tf.io.TFRecordWriter`: from Python it costs several times more per record than this
+(benchmarks/RESULTS.md, "Writing shards"), and a shard is written by one thread; Beam's
+filesystems also reach every place the job can write to (local, gs://) without TensorFlow.
 """
 
 from __future__ import annotations

@@ -10,19 +10,16 @@ import csv
 import dataclasses
 import hashlib
 import posixpath
-import re
 
 import apache_beam as beam
 from apache_beam.io import fileio
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import beam_jobs
+from beam_jobs import storage
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe import images
-
-TRAIN, VALIDATION = "train", "validation"
-_SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]+")  # split names become part of shard file names
-SPLITS = (TRAIN, VALIDATION, "test")
+from tfrecord_pipe.core import images, naming, paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,15 +39,40 @@ class SourceFile:
     split: str
 
 
+def resolve_layout(config: ConvertConfig) -> ConvertConfig:
+    """Checks that the source exists, and fills in layout="auto" by looking at it.
+
+    Raises:
+      FileNotFoundError: no such CSV file, or no file under the folder; says what is expected.
+    """
+    is_csv = config.layout == "auto" and config.source.lower().endswith(".csv")
+    if config.layout == "csv" or is_csv:
+        if not FileSystems.exists(config.source):
+            raise FileNotFoundError(f"CSV list {config.source} does not exist.")
+        return dataclasses.replace(config, layout="csv")
+    root = config.source_root
+    if not storage.exists(root + "/**"):
+        raise FileNotFoundError(
+            f"No files found under {root}. Give a folder whose sub-folders are labels "
+            "(SRC/daisy/1.jpg), a folder of split folders (SRC/train/daisy/1.jpg), or a CSV file."
+        )
+    if config.layout != "auto":
+        return config
+    has_splits = storage.exists(paths.join(root, naming.TRAIN, "**"))
+    return dataclasses.replace(config, layout="splits" if has_splits else "labels")
+
+
 def split_by_hash(relpath: str, validation_fraction: float) -> str:
-    """TRAIN or VALIDATION, from a stable hash of the relative path."""
+    """naming.TRAIN or naming.VALIDATION, from a stable hash of the relative path."""
     if validation_fraction <= 0:
-        return TRAIN
+        return naming.TRAIN
     value = int(hashlib.sha256(relpath.encode("utf-8")).hexdigest()[:16], 16) / 16**16
-    return VALIDATION if value < validation_fraction else TRAIN
+    return naming.VALIDATION if value < validation_fraction else naming.TRAIN
 
 
-def source_from_folder(path: str, root: str, layout: str, validation_fraction: float) -> SourceFile:
+def source_from_folder(
+    path: str, root: str, layout: str, validation_fraction: float
+) -> SourceFile:
     """Label (and split) of a listed file, from the folders between `root` and it."""
     relpath = path[len(root):].lstrip("/")
     parts = relpath.split("/")
@@ -61,7 +83,7 @@ def source_from_folder(path: str, root: str, layout: str, validation_fraction: f
                 f"({root}/train/<label>/...): move it into one, or out of {root}."
             )
         split = parts[0]
-        _check_split_name(split, f"{root}: split folder {split!r}", "rename the folder to use")
+        _check_split_name(split, f"{root}: split folder", "rename the folder")
         label = parts[1] if len(parts) >= 3 else None
         return SourceFile(path, relpath, label, split)
     label = parts[0] if len(parts) >= 2 else None
@@ -76,22 +98,20 @@ def source_from_csv_line(line: str, csv_path: str, validation_fraction: float) -
         return None
     path = row[0]
     label = row[1] if len(row) > 1 and row[1] else None
-    if "://" in path or path.startswith("/"):
+    if paths.is_remote(path) or path.startswith("/"):
         full, relpath = path, path.split("://", 1)[-1].lstrip("/")
     else:
         full, relpath = posixpath.join(posixpath.dirname(csv_path), path), path
     split = row[2] if len(row) > 2 and row[2] else split_by_hash(relpath, validation_fraction)
-    _check_split_name(split, f"{csv_path}: split {split!r} in line {line!r}", "use")
+    _check_split_name(split, f"{csv_path}: line {line!r}: split", "change it")
     return SourceFile(full, relpath, label, split)
 
 
 def _check_split_name(split: str, where: str, fix: str) -> None:
     """Raises ValueError unless `split` can be part of shard file names."""
-    if not _SPLIT_NAME.fullmatch(split):
-        raise ValueError(
-            f"{where} is not a usable split name: it becomes part of file names, so {fix} "
-            "letters, digits, '_' and '-' only (e.g. train, validation)."
-        )
+    problem = naming.split_name_problem(split)
+    if problem:
+        raise ValueError(f"{where} {problem}; {fix}.")
 
 
 class ListSources(beam.PTransform):

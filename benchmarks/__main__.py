@@ -4,7 +4,8 @@
 
 Runs the conversion benchmark (job vs Pillow-decode ceiling at N and 4N images, peak RSS) and
 the reader benchmark (pipelines vs tf.data decode ceiling on 3N images, peak RSS), then prints
-one table with the command, the date and the machine, and writes it to --out.
+one table with the command, the date and the machine. In --out it replaces the block between
+the BEGIN and END markers (the rest of RESULTS.md is kept by hand), or writes a new file.
 """
 
 from __future__ import annotations
@@ -90,8 +91,22 @@ def main(argv=None):
     ]
     text = "\n".join(lines) + "\n"
     print("\n" + text)
-    pathlib.Path(args.out).write_text(text)
+    write_block(pathlib.Path(args.out), text)
     print(f"written to {args.out}")
+
+
+BEGIN, END = "<!-- BEGIN python -m benchmarks -->", "<!-- END python -m benchmarks -->"
+
+
+def write_block(path: pathlib.Path, text: str) -> None:
+    """Puts `text` between the markers in `path`, keeping the rest of the file."""
+    block = f"{BEGIN}\n```\n{text}```\n{END}"
+    old = path.read_text() if path.exists() else ""
+    if BEGIN in old and END in old:
+        before, rest = old.split(BEGIN, 1)
+        path.write_text(before + block + rest.split(END, 1)[1])
+    else:
+        path.write_text(block + "\n" + old)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Ceiling: every input read and fully decoded once with Pillow, in one process per core.
 Job: `python -m beam_jobs.convert SRC OUT` with its local defaults (one in-process worker
 checking inputs on a thread per core).
-On a shared machine one 1.5 s ceiling measurement alone varied by 25%, so both are measured
+On a shared machine one ceiling measurement alone can move by a quarter, so both are measured
 several times, alternating (ceiling, job, ceiling, job, ..., ceiling), and the table shows the
 median of each; every measurement is printed as well.
 Peak RSS: the largest process of the job (ru_maxrss), the largest over the runs, at N and 4N.
@@ -29,18 +29,19 @@ import numpy as np
 from PIL import Image
 
 from benchmarks import photos
+from tfrecord_pipe.core import progress
 
 
 def make_photo_like(folder: pathlib.Path, count: int, side: int, seed: int = 0) -> None:
     """`count` photo-like side x side JPEGs in ten label folders."""
     rng = np.random.default_rng(seed)
+    line = progress.StatusLine()
     for i in range(count):
         label = folder / f"class{i % 10}"
         label.mkdir(parents=True, exist_ok=True)
         (label / f"{i:06d}.jpg").write_bytes(photos.photo_like_jpeg(rng, side, side))
-        if (i + 1) % 500 == 0 or i + 1 == count:
-            print(f"\r  generating images: {i + 1}/{count}", end="", flush=True)
-    print()
+        line.update(f"  generating images: {i + 1}/{count}")
+    line.finish(f"  generated {count} images")
 
 
 def _decode(path: str) -> int:

@@ -12,13 +12,13 @@ RSS (baseline in brackets: the RSS right after importing TensorFlow):
   (full decode, to float, resize to size+10, random crop, flip, brightness, contrast);
 - eval: `reader.build_dataset`, evaluation (centre crop, padded last batch), whole passes,
   each from a new iterator as Keras `evaluate` makes one: each pass pays the pipeline's
-  start-up (~0.15 s here: creating the iterator, filling it for the first batch), which a
-  pass of a few thousand images does not hide;
+  start-up (creating the iterator, filling it for the first batch), which a pass of a few
+  thousand images does not hide;
 - eval, one iterator: the same passes one after another from one iterator (`.repeat()`),
   the steady rate the ceiling is also measured at.
 
-This machine is shared and noisy (one pipeline's rate moves 5-10% between runs), so the
-pipelines run in rounds (ceiling, train, article, eval, ..., then again), every measurement
+Machines here are shared and noisy (benchmarks/RESULTS.md, "Reader"), so the pipelines run
+in rounds (ceiling, train, article, eval, ..., then again), every measurement
 is printed, and the table shows medians; a ratio is the median of its per-round ratios.
 
 Run: .venv/bin/python -m benchmarks.reader_bench [--images N] [--seconds S] [--repeats R]
@@ -51,13 +51,15 @@ def write_shards(
     import tensorflow as tf
 
     from benchmarks import photos
-    from tfrecord_pipe import manifest, schema
+    from tfrecord_pipe import dataset, manifest, schema
+    from tfrecord_pipe.core import progress
 
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"train-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
     lengths = [len(range(i, count, num_shards)) for i in range(num_shards)]
     writers = [tf.io.TFRecordWriter(str(folder / name)) for name in names]
+    line = progress.StatusLine()
     for i in range(count):
         width, height = (int(side) for side in rng.integers(sides[0], sides[1] + 1, 2))
         encoded = photos.photo_like_jpeg(rng, width, height)
@@ -70,12 +72,11 @@ def write_shards(
             filename=f"{LABELS[i % len(LABELS)]}/{i:06d}.jpg",
             sha256=hashlib.sha256(encoded).hexdigest(),
         )
-        writers[i % num_shards].write(schema.serialize(record))
-        if (i + 1) % 250 == 0 or i + 1 == count:
-            print(f"\r  writing shards: {i + 1}/{count} images", end="", flush=True)
+        writers[i % num_shards].write(schema.serialize(record, label_offset=1))
+        line.update(f"  writing shards: {i + 1}/{count} images")
     for writer in writers:
         writer.close()
-    print()
+    line.finish(f"  wrote {count} images in {num_shards} shards")
     info = manifest.SplitInfo(
         num_examples=count,
         shard_lengths=tuple(lengths),
@@ -86,7 +87,7 @@ def write_shards(
     )
     # Evaluation reads the same shards, as its own split.
     splits = {"train": info, "validation": info}
-    manifest.write(
+    dataset.write_manifest(
         str(folder), manifest.Manifest(labels=LABELS, label_offset=1, compression="", splits=splits)
     )
 
@@ -110,25 +111,26 @@ def article_image_fn(image_size: int):
 
 def build(name: str, data: str, image_size: int, batch: int):
     """The dataset of pipeline `name`, and a function giving the images in one of its batches."""
-    from tfrecord_pipe import reader, throughput
+    from tfrecord_pipe import reader
+    from tfrecord_pipe.tools import bench
 
     train = reader.ReaderConfig(
         data=data, split="train", is_training=True, batch_size=batch, image_size=image_size
     )
     if name == "ceiling":
-        return throughput.ceiling_dataset(train), throughput.batch_images(train)
+        return bench.ceiling_dataset(train), bench.batch_images(train)
     if name == "train":
-        return reader.build_dataset(train), throughput.batch_images(train)
+        return reader.build_dataset(train), bench.batch_images(train)
     if name == "article":
         dataset = reader.build_dataset(train, image_fn=article_image_fn(image_size))
-        return dataset, throughput.batch_images(train)
+        return dataset, bench.batch_images(train)
     evaluation = reader.ReaderConfig(
         data=data, split="validation", is_training=False, batch_size=batch, image_size=image_size
     )
     dataset = reader.build_dataset(evaluation)
     if name == "eval, one iterator":
         dataset = dataset.repeat()
-    return dataset, throughput.batch_images(evaluation)
+    return dataset, bench.batch_images(evaluation)
 
 
 def measure(name: str, data: str, image_size: int, batch: int, seconds: float) -> None:
@@ -136,11 +138,11 @@ def measure(name: str, data: str, image_size: int, batch: int, seconds: float) -
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf  # noqa: F401  (imported before the baseline RSS is taken)
 
-    from tfrecord_pipe import throughput
+    from tfrecord_pipe.tools import bench
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     dataset, images_in = build(name, data, image_size, batch)
-    result = throughput.measure(name, dataset, seconds, images_in)
+    result = bench.measure(name, dataset, seconds, images_in)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"RESULT {result.images_per_s} {peak} {baseline}")
 

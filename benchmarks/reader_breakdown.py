@@ -92,14 +92,16 @@ def main(argv=None):
     import tensorflow as tf
 
     from benchmarks import reader_bench
-    from tfrecord_pipe import reader, schema, throughput
+    from tfrecord_pipe import reader, schema
+    from tfrecord_pipe.reading import records
+    from tfrecord_pipe.tools import bench
 
     data = args.data
     if data is None:
         data = tempfile.mkdtemp(prefix="reader-breakdown-")
         reader_bench.write_shards(pathlib.Path(data), args.images, 4)
     files = sorted(str(p) for p in pathlib.Path(data).glob("train-*.tfrecord"))
-    spec = {schema.ENCODED: schema.parse_spec()[schema.ENCODED]}
+    spec = records.parse_spec(schema.ENCODED)
     encoded = [
         tf.io.parse_single_example(record, spec)[schema.ENCODED].numpy()
         for record in tf.data.TFRecordDataset(files).take(args.images)
@@ -112,8 +114,8 @@ def main(argv=None):
         dataset = source.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
         dataset = dataset.batch(args.batch, drop_remainder=True)
         dataset = dataset.prefetch(reader.prefetch_size(config))
-        dataset = dataset.with_options(reader._options(config))
-        result = throughput.measure(name, dataset, args.seconds, lambda _: args.batch)
+        dataset = dataset.with_options(reader.data_options(config))
+        result = bench.measure(name, dataset, args.seconds, lambda _: args.batch)
         rows.append((name, result.images_per_s))
 
     shown = sys.argv[1:] if argv is None else argv

@@ -43,10 +43,11 @@ sys.stdin.read()  # until the benchmark closes it
 
 def host_cost(config, seconds: float) -> tuple[float, float]:
     """(images/s, this process's CPU µs per image) of `config`'s training batches."""
-    from tfrecord_pipe import reader, throughput
+    from tfrecord_pipe import reader
+    from tfrecord_pipe.tools import bench
 
     iterator = iter(reader.build_dataset(config))
-    for _ in range(throughput.WARMUP_BATCHES):
+    for _ in range(bench.WARMUP_BATCHES):
         next(iterator)
     before, started, images = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter(), 0
     while time.perf_counter() - started < seconds:
@@ -67,7 +68,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from benchmarks import reader_bench
-    from tfrecord_pipe import reader, throughput
+    from tfrecord_pipe import reader
+    from tfrecord_pipe.core import progress
 
     data, created = args.data, None
     if data is None:
@@ -77,7 +79,7 @@ def main(argv=None):
         [sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     results = {(dtype, where): [] for dtype in DTYPES for where in ("local", "service")}
-    total, done = args.repeats * len(results), 0
+    total, done, line = args.repeats * len(results), 0, progress.StatusLine(log_every_s=0)
     try:
         address = server.stdout.readline().strip()
         for _ in range(args.repeats):
@@ -91,14 +93,13 @@ def main(argv=None):
                 )
                 results[dtype, where].append(host_cost(config, args.seconds))
                 done += 1
-                print(f"\r  {throughput.progress_bar(done / total)} {done}/{total} "
-                      f"{dtype} {where}      ", end="", file=sys.stderr, flush=True)  # fmt: skip
+                line.update(f"  {progress.bar(done / total)} {done}/{total} {dtype} {where}")
     finally:
         server.stdin.close()
         server.wait()
         if created:
             shutil.rmtree(created, ignore_errors=True)
-    print(file=sys.stderr)
+    line.finish(f"  {progress.bar(done / total)} {done}/{total} measured")
 
     shown = sys.argv[1:] if argv is None else argv
     print(f"\n$ python -m benchmarks.service_bench {' '.join(shown)}".rstrip()

@@ -13,7 +13,7 @@ import argparse
 import tensorflow as tf
 
 from examples import train as fit_example
-from tfrecord_pipe import distribute, manifest, reader
+from tfrecord_pipe import dataset, distribute, reader
 
 
 def make_train_steps(strategy, model, optimizer, global_batch_size: int):
@@ -63,7 +63,7 @@ def make_eval_step(strategy, model):
 
 def run(strategy, dataset_dir: str, config: fit_example.TrainConfig) -> dict:
     """Trains with the custom loop and evaluates; returns loss, accuracy and images counted."""
-    found = manifest.read(dataset_dir)
+    found = dataset.read_manifest(dataset_dir)
     train_fn = reader.make_input_fn(
         dataset_dir, is_training=True, image_size=config.image_size,
         batch_size=config.global_batch_size,

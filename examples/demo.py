@@ -19,7 +19,7 @@ import shutil  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
 from examples import train  # noqa: E402
-from tfrecord_pipe import manifest  # noqa: E402
+from tfrecord_pipe import dataset  # noqa: E402
 
 OUT = pathlib.Path("demo-output")
 SHAPES = ("circle", "square", "triangle")
@@ -67,7 +67,7 @@ def main(argv=None):
 
     result = train.main([str(images_dir), str(out), "--epochs", str(args.epochs)])
 
-    found = manifest.read(str(out / "dataset"))
+    found = dataset.read_manifest(str(out / "dataset"))
     written = sum(info.num_examples for info in found.splits.values())
     assert written + found.num_rejected == count, "inputs were lost"
     chance = 1 / len(found.labels)

@@ -19,7 +19,7 @@ import pathlib
 import tensorflow as tf
 
 from beam_jobs import convert
-from tfrecord_pipe import distribute, manifest, reader, serving
+from tfrecord_pipe import dataset, distribute, manifest, reader, serving
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ def build_model(num_classes: int, image_size: int) -> tf.keras.Model:
 
 def train(strategy, dataset_dir: str, config: TrainConfig) -> tf.keras.Model:
     """Keras fit on the distributed training dataset."""
-    found = manifest.read(dataset_dir)
+    found = dataset.read_manifest(dataset_dir)
     input_fn = reader.make_input_fn(
         dataset_dir, is_training=True, image_size=config.image_size,
         batch_size=config.global_batch_size,
@@ -97,7 +97,7 @@ def train(strategy, dataset_dir: str, config: TrainConfig) -> tf.keras.Model:
 
 def evaluate(strategy, model: tf.keras.Model, dataset_dir: str, config: TrainConfig) -> dict:
     """Padded evaluation: every validation image counted exactly once, shapes static."""
-    found = manifest.read(dataset_dir)
+    found = dataset.read_manifest(dataset_dir)
     input_fn = reader.make_input_fn(
         dataset_dir, is_training=False, image_size=config.image_size,
         batch_size=config.global_batch_size,
@@ -109,7 +109,7 @@ def evaluate(strategy, model: tf.keras.Model, dataset_dir: str, config: TrainCon
 
 
 def export(model: tf.keras.Model, dataset_dir: str, export_dir: str, config: TrainConfig) -> str:
-    labels = manifest.read(dataset_dir).labels
+    labels = dataset.read_manifest(dataset_dir).labels
     return serving.export(
         model, export_dir, serving.ServingConfig(labels=labels, image_size=config.image_size)
     )

@@ -1,8 +1,8 @@
-"""Shared fixtures: small generated images, and a real local GCS (see local_gcs.py)."""
+"""Fixtures many test modules share: a real local GCS (local_gcs.py), and one small dataset
+written by the conversion job."""
 
-import io
 import os
-import pathlib
+import shutil
 
 # Read by TensorFlow's GCS filesystem and google-auth when they are first loaded, so they must
 # be set before anything imports them: fail fast instead of retrying for minutes offline.
@@ -11,19 +11,9 @@ os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
-from PIL import Image  # noqa: E402
 
 import local_gcs  # noqa: E402
-
-# Real odd image files from Pillow's and libjpeg-turbo's test suites (licences beside them).
-ODD_IMAGES = pathlib.Path(__file__).resolve().parent / "data" / "odd-images"
-
-
-def jpeg_bytes(width: int = 8, height: int = 8, color=(200, 30, 30), quality: int = 90) -> bytes:
-    """A small baseline RGB JPEG of one colour."""
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), color).save(buffer, format="JPEG", quality=quality)
-    return buffer.getvalue()
+from helpers import IN_PROCESS, write_image_folder  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +24,25 @@ def gcs(tmp_path_factory):
     """
     with local_gcs.LocalGcs(tmp_path_factory.mktemp("gcs")) as server, server.exported():
         yield server
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """(source folder, dataset folder): 5 JPEGs per label of red, green, blue and one
+    truncated file, converted into 2 shards per split with validation_fraction 0.3."""
+    from beam_jobs import convert
+
+    root = tmp_path_factory.mktemp("converted")
+    src = write_image_folder(root / "src", per_label=5, odd=("truncated_jpeg.jpg",))
+    convert.run([str(src), str(root / "out"), "--num_shards", "2", "--validation_fraction",
+                 "0.3", *IN_PROCESS])  # fmt: skip
+    return src, root / "out"
+
+
+@pytest.fixture
+def converted_copy(converted, tmp_path):
+    """A copy of `converted` that a test may tamper with."""
+    src, out = converted
+    shutil.copytree(src, tmp_path / "src")
+    shutil.copytree(out, tmp_path / "out")
+    return tmp_path / "src", tmp_path / "out"

@@ -1,34 +1,25 @@
 """Small datasets in the real on-disk format, written directly (no Beam) for reader tests.
 
-Uses the library's own `schema.serialize` and `manifest.write`, so what the reader sees is
-exactly what the converter writes, but with shard layouts chosen by the test.
+Uses the library's own `schema.serialize` and `dataset.write_manifest`, so what the reader
+sees is exactly what the converter writes, but with shard layouts chosen by the test.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
-import posixpath
 
 import tensorflow as tf
-from PIL import Image
 
-from tfrecord_pipe import manifest, schema
+from tfrecord_pipe.core import manifest, naming, paths, schema
+from tfrecord_pipe.reading import dataset
 
-# One colour per class, far apart so that a centre crop still shows which class it is.
-COLORS = ((220, 40, 40), (40, 200, 40), (40, 40, 220), (220, 220, 40), (200, 40, 200))
-
-
-def jpeg(width: int, height: int, color) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), color).save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
+from helpers import COLOURS, RGB, jpeg_bytes
 
 
 def write_dataset(
     folder: str,
     shards: dict[str, list[list[int]]],
-    labels: tuple[str, ...] = ("red", "green", "blue"),
+    labels: tuple[str, ...] = RGB,
     label_offset: int = 1,
     compression: str = "",
     size: tuple[int, int] = (48, 36),
@@ -38,7 +29,7 @@ def write_dataset(
     Args:
       folder: dataset folder, local or gs://.
       shards: split name to a list of shards, each a list of label indices, one per record.
-      labels: label texts.
+      labels: label texts; label i's images have the i-th colour of COLOURS.
       label_offset: added to each label index on write.
       compression: "" or "GZIP".
       size: (width, height) of every image.
@@ -47,20 +38,20 @@ def write_dataset(
       The manifest written.
     """
     tf.io.gfile.makedirs(folder)
-    suffix = ".tfrecord.gz" if compression else ".tfrecord"
+    colours = list(COLOURS.values())
     splits = {}
     serial = 0
     for split, split_shards in shards.items():
         files, lengths, num_bytes = [], [], 0
         for number, shard in enumerate(split_shards):
-            name = f"{split}-{number:05d}-of-{len(split_shards):05d}{suffix}"
-            path = posixpath.join(folder, name)
+            name = naming.shard_name(split, number, len(split_shards), bool(compression))
+            path = paths.join(folder, name)
             with tf.io.TFRecordWriter(path, options=compression or None) as writer:
                 for index in shard:
                     serial += 1
                     filename = f"{labels[index]}/{serial}.jpg"
                     record = schema.ImageRecord(
-                        encoded=jpeg(*size, COLORS[index % len(COLORS)]),
+                        encoded=jpeg_bytes(*size, colours[index % len(colours)]),
                         height=size[1],
                         width=size[0],
                         label_index=index,
@@ -68,7 +59,7 @@ def write_dataset(
                         filename=filename,
                         sha256=hashlib.sha256(filename.encode()).hexdigest(),
                     )
-                    writer.write(schema.serialize(record, label_offset))
+                    writer.write(schema.serialize(record, label_offset=label_offset))
             files.append(name)
             lengths.append(len(shard))
             num_bytes += tf.io.gfile.stat(path).length
@@ -86,5 +77,30 @@ def write_dataset(
         compression=compression,
         splits=splits,
     )
-    manifest.write(folder, result)
+    dataset.write_manifest(folder, result)
     return result
+
+
+def read_split(folder: str, split: str) -> list[schema.ImageRecord]:
+    """Every record of a split, read in plain Python (not through the reader under test)."""
+    found = dataset.read_manifest(folder)
+    return [
+        schema.decode_example(raw.numpy(), label_offset=found.label_offset)
+        for name in found.splits[split].files
+        for raw in tf.data.TFRecordDataset(
+            paths.join(folder, name), compression_type=found.compression
+        )
+    ]
+
+
+def accuracy_on(model, folder: str, image_size: int, split: str = naming.VALIDATION) -> float:
+    """The model's accuracy on every record of a split, each counted once, computed here with
+    the evaluation preprocessing: what a padded evaluation must report."""
+    import numpy as np
+
+    from tfrecord_pipe.reading import preprocess
+
+    found = read_split(folder, split)
+    images = tf.stack([preprocess.eval_image(r.encoded, image_size) for r in found])
+    predicted = np.argmax(model.predict(images, verbose=0), axis=1)
+    return float(np.mean(predicted == [r.label_index for r in found]))

@@ -21,6 +21,8 @@ tf.config.set_logical_device_configuration(
 from examples import custom_loop, train  # noqa: E402
 from tfrecord_pipe import reader  # noqa: E402
 
+from dataset_factory import accuracy_on  # noqa: E402
+
 
 def main(dataset_dir):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -49,6 +51,7 @@ def main(dataset_dir):
                 ],
                 "per_replica_images": per_replica,
                 "fit_accuracy": evaluated["accuracy"],
+                "accuracy_on_every_record": accuracy_on(model, dataset_dir, config.image_size),
                 "custom_loop_images": looped["images"],
                 "custom_loop_loss": looped["loss"],
             }

@@ -9,14 +9,19 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
 from apache_beam.portability.api import beam_runner_api_pb2
 from google.cloud import storage
 
+import tfrecord_pipe
 from beam_jobs import convert, packaging
 
-from conftest import jpeg_bytes
+from helpers import jpeg_bytes
+
+WHEEL = f"tfrecord_pipe-{tfrecord_pipe.__version__}-py3-none-any.whl"
 
 
+@pytest.mark.slow
 def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # Beam leaves mkdtemp folders behind
     monkeypatch.setattr(tempfile, "tempdir", None)
@@ -35,7 +40,7 @@ def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_pa
     assert result is None  # nothing ran
     staged = json.loads(template.read_text())["environment"]["workerPools"][0]["packages"]
     names = {p["name"] for p in staged}
-    assert "tfrecord_pipe-0.1.0-py3-none-any.whl" in names
+    assert WHEEL in names
     blobs = {b.name.rsplit("/", 1)[-1]: b for b in bucket.list_blobs(prefix="df-staging/")}
 
     pipeline = beam_runner_api_pb2.Pipeline()
@@ -46,12 +51,12 @@ def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_pa
         assert any(label == step or label.startswith(step + "/") for label in labels), step
 
     # A worker pip-installs the staged wheel: do the same, then import the job's DoFns from it.
-    wheel = tmp_path / "tfrecord_pipe-0.1.0-py3-none-any.whl"
+    wheel = tmp_path / WHEEL
     blobs[wheel.name].download_to_filename(wheel)
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                     "--target", str(target), str(wheel)], check=True)
-    probe = ("import beam_jobs.load, tfrecord_pipe.schema, importlib.metadata as m;"
+    probe = ("import beam_jobs.load, tfrecord_pipe.core.schema, importlib.metadata as m;"
              "print(beam_jobs.load.__file__); print(m.requires('tfrecord-pipe'))")
     # PYTHONPATH comes before site-packages: the import must resolve to the installed wheel.
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

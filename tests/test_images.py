@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfrecord_pipe import images
+from tfrecord_pipe.core import images
 
-from conftest import ODD_IMAGES, jpeg_bytes
+from helpers import ODD_IMAGES, encode, jpeg_bytes
 
 
 def odd(name: str) -> bytes:
@@ -20,12 +20,6 @@ def odd(name: str) -> bytes:
 
 def pixels(jpeg: bytes) -> np.ndarray:
     return tf.io.decode_jpeg(jpeg, channels=3).numpy().astype(np.float64)
-
-
-def encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
 
 
 @pytest.mark.parametrize(

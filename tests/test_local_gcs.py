@@ -17,6 +17,8 @@ from google.cloud import storage
 
 import local_gcs
 
+pytestmark = pytest.mark.slow  # a real emulator and proxy, in their own processes
+
 
 def write_with_tf(url: str, data: bytes):
     with tf.io.gfile.GFile(url, "wb") as f:

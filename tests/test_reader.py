@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe import reader, validate
+from tfrecord_pipe.reading import reader, tpu_ready
 
 from dataset_factory import write_dataset
 
@@ -65,7 +65,7 @@ def test_every_mode_has_static_tpu_ready_shapes(dataset, is_training, transpose,
     if not is_training:
         expected.append(tf.TensorSpec((4,), tf.float32))
     assert list(ds.element_spec) == expected
-    validate.check_tpu_ready(ds, 4, "HWCN" if transpose else "NHWC")
+    tpu_ready.check(ds, 4, "HWCN" if transpose else "NHWC")
     first = next(iter(ds))
     assert tuple(first[0].shape) == image_shape
 
@@ -274,7 +274,7 @@ def test_a_pattern_beside_a_manifest_uses_its_offset_and_counts(dataset):
     [
         ("/nothing-*", {}, "matched no files"),
         ("", {"split": "test"}, r"has no split 'test'; it has \['train', 'validation'\]"),
-        ("", {"label_offset": 0}, "manifest says its labels were written with offset 1"),
+        ("", {"label_offset": 0}, "says its labels were written with offset 1"),
         ("/train-*", {"split": "train"}, "drop split"),
     ],
 )
@@ -296,6 +296,7 @@ def test_config_errors_list_every_problem():
         reader.make_input_fn("x", is_training=True, mode="train")
 
 
+@pytest.mark.slow
 def test_reads_a_dataset_on_gcs(gcs):
     folder = gcs.url("reader", "ds")
     write_dataset(folder, {"train": [[0, 1], [2, 0]], "validation": [[0, 1, 2]]})

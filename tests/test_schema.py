@@ -5,9 +5,10 @@ import hashlib
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe import schema
+from tfrecord_pipe.core import schema
+from tfrecord_pipe.reading import records
 
-from conftest import jpeg_bytes
+from helpers import jpeg_bytes
 
 
 def make_record(**overrides) -> schema.ImageRecord:
@@ -25,44 +26,96 @@ def make_record(**overrides) -> schema.ImageRecord:
     return schema.ImageRecord(**fields)
 
 
-def test_python_round_trip_keeps_every_field():
-    record = make_record()
-    assert schema.decode_example(schema.serialize(record)) == record
+def feature(value) -> tf.train.Feature:
+    if isinstance(value, bytes):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+
+
+def example_of(record: schema.ImageRecord, offset: int, **replaced) -> tf.train.Example:
+    """The Example TensorFlow's own classes build for `record`, with features replaced."""
+    values = {
+        schema.ENCODED: record.encoded, schema.FORMAT: b"JPEG", schema.COLORSPACE: b"RGB",
+        schema.CHANNELS: 3, schema.HEIGHT: record.height, schema.WIDTH: record.width,
+        schema.LABEL: record.label_index + offset, schema.SYNSET: record.label_text.encode(),
+        schema.FILENAME: record.filename.encode(), schema.SHA256: record.sha256.encode(),
+    }  # fmt: skip
+    values.update(replaced)
+    features = {key: value for key, value in values.items() if value is not None}
+    return tf.train.Example(features=tf.train.Features(
+        feature={key: value if isinstance(value, tf.train.Feature) else feature(value)
+                 for key, value in features.items()}
+    ))  # fmt: skip
+
+
+@pytest.mark.parametrize("offset", [0, 1, 5])
+def test_python_round_trip_keeps_every_field(offset):
+    record = make_record(filename="daisy/ünïcode name.jpg", label_index=300)
+    serialized = schema.serialize(record, label_offset=offset)
+    assert schema.decode_example(serialized, label_offset=offset) == record
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_hand_written_bytes_equal_the_message_tensorflow_builds(offset):
+    record = make_record(filename="daisy/ünïcode name.jpg", label_index=300)
+    serialized = schema.serialize(record, label_offset=offset)
+    assert tf.train.Example.FromString(serialized) == example_of(record, offset)
 
 
 def test_tf_parse_spec_reads_every_key_the_writer_sets():
     record = make_record(filename="daisy/ünïcode name.jpg")
     serialized = schema.serialize(record, label_offset=1)
-    parsed = tf.io.parse_single_example(serialized, schema.parse_spec())
+    parsed = tf.io.parse_single_example(serialized, records.parse_spec())
+    assert set(parsed) == set(schema.FEATURES)
     assert parsed[schema.ENCODED].numpy() == record.encoded
-    assert parsed[schema.FORMAT].numpy() == b"JPEG"
-    assert parsed[schema.COLORSPACE].numpy() == b"RGB"
-    assert parsed[schema.CHANNELS].numpy() == 3
-    assert parsed[schema.HEIGHT].numpy() == 8
-    assert parsed[schema.WIDTH].numpy() == 12
     assert parsed[schema.LABEL].numpy() == record.label_index + 1
-    assert parsed[schema.SYNSET].numpy().decode() == "tulips"
     assert parsed[schema.FILENAME].numpy().decode() == "daisy/ünïcode name.jpg"
-    assert parsed[schema.SHA256].numpy().decode() == record.sha256
-    image = tf.io.decode_jpeg(parsed[schema.ENCODED], channels=3)
-    assert image.shape == (8, 12, 3)
+    assert tf.io.decode_jpeg(parsed[schema.ENCODED], channels=3).shape == (8, 12, 3)
+    subset = records.parse_spec(schema.LABEL, schema.WIDTH)
+    assert set(tf.io.parse_single_example(serialized, subset)) == {schema.LABEL, schema.WIDTH}
 
 
-def test_parse_spec_covers_exactly_the_written_keys():
-    example = schema.encode_example(make_record())
-    assert set(example.features.feature) == set(schema.parse_spec())
+def test_the_python_reader_reads_what_tensorflow_serializes():
+    # An Example TensorFlow wrote, with its own field order, packed ints and a negative one,
+    # an extra key and a float list: every value as TensorFlow's parser sees it.
+    record = make_record()
+    message = example_of(record, 1, **{
+        "extra/floats": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5, -2.0])),
+        "extra/ints": tf.train.Feature(int64_list=tf.train.Int64List(value=[-3, 1 << 40, 7])),
+        "extra/empty": tf.train.Feature(),
+    })  # fmt: skip
+    parsed = schema.parse_features(message.SerializeToString())
+    assert parsed["extra/floats"] == (schema.FLOATS, [0.5, -2.0])
+    assert parsed["extra/ints"] == (schema.INT64, [-3, 1 << 40, 7])
+    assert parsed["extra/empty"] == ("empty", [])
+    assert parsed[schema.ENCODED] == (schema.BYTES, [record.encoded])
+    assert schema.decode_example(message.SerializeToString(), label_offset=1) == record
 
 
-@pytest.mark.parametrize("offset", [0, 1, 5])
-def test_label_offset_is_added_on_write_and_removed_on_read(offset):
-    record = make_record(label_index=0)
-    example = schema.encode_example(record, label_offset=offset)
-    assert example.features.feature[schema.LABEL].int64_list.value[0] == offset
-    assert schema.decode_example(example.SerializeToString(), label_offset=offset) == record
+@pytest.mark.parametrize(
+    "replaced, message",
+    [
+        ({schema.HEIGHT: None}, r"lacks required keys \['image/height'\]"),
+        ({schema.LABEL: b"7"}, "image/class/label holds 1 bytes_list values, expected one int64"),
+        ({schema.SHA256: tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"a", b"b"]))},
+         "image/key/sha256 holds 2 bytes_list values"),
+        ({schema.FORMAT: b"PNG"}, "image/format is b'PNG', expected b'JPEG'"),
+        ({schema.CHANNELS: 1}, "image/channels is 1, expected 3"),
+        ({schema.LABEL: 0}, "label_index must be >= 0, got -1"),
+    ],
+)
+def test_decode_refuses_what_the_reader_would_refuse_naming_the_key(replaced, message):
+    serialized = example_of(make_record(), 1, **replaced).SerializeToString()
+    with pytest.raises(ValueError, match=message):
+        schema.decode_example(serialized, label_offset=1)
 
 
-def test_default_label_offset_matches_cloud_tpu_reference_models():
-    assert schema.DEFAULT_LABEL_OFFSET == 1
+@pytest.mark.parametrize(
+    "data", [b"\xff\xff\xff garbage", b"not an example", b"\x0a\x05ab", b"\x0a\xff"]
+)
+def test_decode_refuses_bytes_that_are_not_an_example(data):
+    with pytest.raises(ValueError, match="Not a tf.train.Example"):
+        schema.decode_example(data, label_offset=1)
 
 
 def test_invalid_record_lists_every_problem():
@@ -76,36 +129,4 @@ def test_invalid_record_lists_every_problem():
 
 def test_negative_label_offset_is_refused():
     with pytest.raises(ValueError, match="label_offset"):
-        schema.encode_example(make_record(), label_offset=-1)
-
-
-def test_decode_refuses_a_record_of_another_format():
-    foreign = tf.train.Example(
-        features=tf.train.Features(
-            feature={"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"x"]))}
-        )
-    ).SerializeToString()
-    with pytest.raises(ValueError, match="lacks required keys"):
-        schema.decode_example(foreign)
-
-
-def test_decode_refuses_bytes_that_are_not_an_example():
-    with pytest.raises(ValueError, match="Not a tf.train.Example"):
-        schema.decode_example(b"\xff\xff\xff garbage")
-
-
-@pytest.mark.parametrize("offset", [0, 1])
-def test_hand_written_bytes_equal_the_message_tensorflow_builds(offset):
-    record = make_record(filename="daisy/ünïcode name.jpg", label_index=300)
-    B = lambda v: tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))  # noqa: E731
-    I = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))  # noqa: E731,E741
-    expected = tf.train.Example(features=tf.train.Features(feature={
-        schema.ENCODED: B(record.encoded), schema.FORMAT: B(b"JPEG"),
-        schema.COLORSPACE: B(b"RGB"), schema.CHANNELS: I(3), schema.HEIGHT: I(8),
-        schema.WIDTH: I(12), schema.LABEL: I(300 + offset), schema.SYNSET: B(b"tulips"),
-        schema.FILENAME: B("daisy/ünïcode name.jpg".encode()),
-        schema.SHA256: B(record.sha256.encode()),
-    }))  # fmt: skip
-    serialized = schema.serialize(record, offset)
-    assert tf.train.Example.FromString(serialized) == expected
-    assert schema.serialize(record, offset) == serialized  # stable bytes
+        schema.serialize(make_record(), label_offset=-1)

@@ -1,7 +1,6 @@
 """serving.py: the exported SavedModel takes image bytes, runs the evaluation preprocessing,
 and refuses what is not an image or is too large."""
 
-import io
 import json
 import os
 import pathlib
@@ -12,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image
 
-from tfrecord_pipe import preprocess, serving
+from tfrecord_pipe.reading import preprocess, serving
 
-from dataset_factory import jpeg
+from helpers import jpeg_bytes as jpeg
+from helpers import png_bytes as png
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LABELS = ("red", "green", "blue")
@@ -33,12 +32,6 @@ def small_model(dtype="float32"):
     return tf.keras.Model(inputs, tf.keras.layers.Dense(len(LABELS))(x))
 
 
-def png(width, height, color) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), color).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     model = small_model()
@@ -47,6 +40,7 @@ def exported(tmp_path_factory):
     return model, export_dir
 
 
+@pytest.mark.slow
 def test_a_fresh_process_gets_the_same_answers_as_the_model_in_memory(exported, tmp_path):
     model, export_dir = exported
     images = {  # different sizes and aspect ratios, and a PNG

@@ -10,6 +10,9 @@ What training code imports. The pipeline, top to bottom (evaluation differs as n
 
 Every shape in the result is static, which is what XLA on a TPU needs. Parallel stages run one
 call per core, without tf.data's autotuner unless asked for (`ReaderConfig.autotune`).
+Beside it: `dataset` resolves what a path holds, `records` reads shard files with their
+counts checked, `preprocess` makes the images, `service` hands the batching to tf.data
+service workers.
 
     input_fn = reader.make_input_fn("gs://bucket/dataset", "train", is_training=True,
                                     batch_size=1024)
@@ -22,21 +25,15 @@ import dataclasses
 import logging
 import math
 import os
-import posixpath
-import socket
-import sys
 from collections.abc import Callable, Mapping
-from urllib import parse
 
 import tensorflow as tf
 
-from tfrecord_pipe import manifest as manifest_lib
-from tfrecord_pipe import preprocess, schema
+from tfrecord_pipe.core import naming, schema
+from tfrecord_pipe.reading import dataset as dataset_lib
+from tfrecord_pipe.reading import file_share, preprocess, records, service
 
 log = logging.getLogger(__name__)
-
-TRAIN_SPLIT = "train"
-EVAL_SPLIT = "validation"
 
 # Records held for shuffling. Model Garden's ImageNet configs use 10k; memory is the records'
 # serialized size times this (about 1 GB for ImageNet-sized JPEGs, see the reader benchmark).
@@ -49,7 +46,6 @@ DEFAULT_READ_BUFFER = 8 << 20  # 8 MiB
 PREFETCH_BATCHES = 2
 
 EVAL_REMAINDERS = ("pad", "drop")
-_COMPRESSIONS = ("", "GZIP")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +66,9 @@ class ReaderConfig:
         with `preprocess.Normalize` or `preprocess.normalize`).
       transpose_input: batches of images come out HWCN ([H, W, 3, batch]) instead of NHWC; a
         layout that made TPU infeed faster for the reference models.
-      label_offset: subtracted from stored labels so that they come out 0-based. Default: the
-        manifest's; without a manifest it must be given (1 for data written by tfrecord-pipe or
-        the Cloud TPU scripts, 0 for 0-based data): the reader does not guess.
+      label_offset: subtracted from stored labels so that they come out 0-based. The
+        manifest's; without a manifest it must be given (1 for data written by tfrecord-pipe
+        or the Cloud TPU scripts, 0 for 0-based data): see `dataset.label_offset`.
       num_classes: labels are checked to lie in [0, num_classes). Default: the manifest's label
         count; without a manifest, no check.
       compression: "" or "GZIP". Default: the manifest's, else ".gz" file names mean GZIP.
@@ -93,17 +89,17 @@ class ReaderConfig:
         counts is printed to stderr.
       autotune: False (default): every parallel stage runs one call per core and PREFETCH_BATCHES
         batches are prefetched. True: tf.data's autotuner picks parallelism and buffer sizes
-        within its RAM budget. On 2 cores the autotuned training pipeline was ~6% slower (~90
-        us more CPU per image), and deleting an autotuned iterator (once per evaluation pass,
-        as Keras `evaluate` makes one per call) could wait 0.5-4 s for the autotuner's thread.
+        within its RAM budget. Off by default: on few cores it made training slower, and
+        deleting an autotuned iterator (once per evaluation pass, as Keras `evaluate` makes
+        one per call) could wait seconds for the autotuner's thread (benchmarks/RESULTS.md,
+        "Reader: without the autotuner").
       data_service: address of a tf.data service dispatcher ("grpc://host:port"), for hosts
         whose CPUs cannot keep the accelerator fed: the service's workers run the pipeline up
-        to the batches (each reads this pipeline's files in its own random order, autotuned
-        for its own cores) and stream the batches here. Receiving costs the host CPU too:
-        0.10x of making the batches itself with dtype "uint8", 0.22x "bfloat16", 0.42x
-        "float32" (224x224, benchmarks/service_bench.py). Training only, and without `seed`
-        or `deterministic=True`: workers reading in one fixed order would repeat each other's
-        batches, and batches arrive in the order the workers finish them.
+        to the batches (`service.py`) and stream the batches here. Receiving costs the host
+        CPU too, least with dtype "uint8" (benchmarks/RESULTS.md, "tf.data service"). Training
+        only, and without `seed` or `deterministic=True`: workers reading in one fixed order
+        would repeat each other's batches, and batches arrive in the order the workers
+        finish them.
     """
 
     data: str
@@ -135,14 +131,16 @@ class ReaderConfig:
             problems.append(f"batch_size must be >= 1, got {self.batch_size}")
         if self.image_size < 1:
             problems.append(f"image_size must be >= 1, got {self.image_size}")
-        if self.dtype not in preprocess.DTYPES:
-            problems.append(f"dtype must be one of {preprocess.DTYPES}, got {self.dtype!r}")
+        if preprocess.dtype_problem(self.dtype):
+            problems.append(preprocess.dtype_problem(self.dtype))
         if self.label_offset is not None and self.label_offset < 0:
             problems.append(f"label_offset must be >= 0, got {self.label_offset}")
         if self.num_classes is not None and self.num_classes < 1:
             problems.append(f"num_classes must be >= 1, got {self.num_classes}")
-        if self.compression is not None and self.compression not in _COMPRESSIONS:
-            problems.append(f"compression must be one of {_COMPRESSIONS}, got {self.compression!r}")
+        if self.compression is not None and self.compression not in naming.COMPRESSIONS:
+            problems.append(
+                f"compression must be one of {naming.COMPRESSIONS}, got {self.compression!r}"
+            )
         if self.eval_remainder not in EVAL_REMAINDERS:
             problems.append(
                 f"eval_remainder must be one of {EVAL_REMAINDERS}, got {self.eval_remainder!r}"
@@ -193,7 +191,7 @@ class ReaderConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """The files a config reads and what is known about them, resolved once on the host.
+    """What one config reads, worked out once on the host.
 
     Attributes:
       files: shard paths, in dataset order.
@@ -201,7 +199,6 @@ class Source:
       compression: "" or "GZIP".
       label_offset: subtracted from stored labels.
       num_classes: label count, or None when unknown.
-      labels: label texts in index order, when there is a manifest.
     """
 
     files: tuple[str, ...]
@@ -209,158 +206,51 @@ class Source:
     compression: str
     label_offset: int
     num_classes: int | None
-    labels: tuple[str, ...] | None = None
 
     @property
     def num_examples(self) -> int | None:
         return None if self.record_counts is None else sum(self.record_counts)
 
 
-@dataclasses.dataclass(frozen=True)
-class PipelineShare:
-    """The part of a Source that one input pipeline reads.
+def resolve_source(config: ReaderConfig, found: dataset_lib.Dataset | None = None) -> Source:
+    """The files `config` reads and the facts that go with them.
 
-    Attributes:
-      files: the files this pipeline opens.
-      record_counts: records per file in the file (not the share), or None when unknown.
-      record_shard: (num_pipelines, index) when there are fewer files than pipelines: every
-        pipeline opens every file and keeps every num_pipelines-th record from `index`.
-        None when the pipeline owns whole files.
-    """
-
-    files: tuple[str, ...]
-    record_counts: tuple[int, ...] | None
-    record_shard: tuple[int, int] | None = None
-
-    @property
-    def num_examples(self) -> int | None:
-        """Records this pipeline yields in one pass, when the counts are known."""
-        if self.record_counts is None:
-            return None
-        if self.record_shard is None:
-            return sum(self.record_counts)
-        num, index = self.record_shard
-        return sum(len(range(index, count, num)) for count in self.record_counts)
-
-
-def resolve_source(config: ReaderConfig) -> Source:
-    """Finds the files to read and the manifest facts that go with them.
+    Args:
+      config: what to read.
+      found: `dataset.resolve(config.data)`, when the caller has it already (bench reads
+        several configs of one dataset).
 
     Raises:
       ValueError: nothing to read, a split that does not exist, or a label offset that is
         neither in a manifest nor given; the message says what to pass.
     """
-    data = config.data.rstrip("/") or config.data
-    found = None
-    if tf.io.gfile.exists(posixpath.join(data, manifest_lib.MANIFEST_NAME)):
-        found = manifest_lib.read(data)
-        split = config.split or (TRAIN_SPLIT if config.is_training else EVAL_SPLIT)
-        if split not in found.splits:
-            raise ValueError(
-                f"{data} has no split {split!r}; it has {sorted(found.splits)}. Pass split=..."
-            )
-        info = found.splits[split]
-        if not info.files:
-            raise ValueError(f"Split {split!r} of {data} has no shards (0 examples written).")
-        files = tuple(posixpath.join(data, name) for name in info.files)
-        counts = tuple(info.shard_lengths)
-    else:
-        if tf.io.gfile.isdir(data):
-            raise ValueError(
-                f"{data} is a folder without {manifest_lib.MANIFEST_NAME}: not a finished "
-                f"tfrecord-pipe dataset. To read shards anyway, pass a file pattern such as "
-                f"{posixpath.join(data, 'train-*')} and label_offset."
-            )
+    found = found or dataset_lib.resolve(config.data)
+    if found.is_pattern:
         if config.split is not None:
+            found.split(config.split)  # raises, saying what to do
+        chosen = found.everything()
+    else:
+        split = config.split or (naming.TRAIN if config.is_training else naming.VALIDATION)
+        chosen = found.split(split)
+        if not chosen.files:
             raise ValueError(
-                f"split={config.split!r} selects a split of a dataset folder, but {data} is a "
-                "file pattern; drop split or pass the dataset folder."
+                f"Split {split!r} of {config.data} has no shards (0 examples written)."
             )
-        files = tuple(sorted(tf.io.gfile.glob(data)))
-        if not files:
-            raise ValueError(
-                f"{data} matched no files. Pass a dataset folder (with manifest.json) or a "
-                "pattern of TFRecord files such as gs://bucket/dataset/train-*."
-            )
-        found, counts = _manifest_beside(files)
+    labels = found.labels
     return Source(
-        files=files,
-        record_counts=counts,
-        compression=_compression(config, found, files),
-        label_offset=_label_offset(config, found),
-        num_classes=config.num_classes or (len(found.labels) if found else None),
-        labels=found.labels if found else None,
+        files=chosen.files,
+        record_counts=chosen.record_counts,
+        compression=config.compression if config.compression is not None else found.compression,
+        label_offset=dataset_lib.label_offset(found, config.label_offset),
+        num_classes=config.num_classes or (len(labels) if labels else None),
     )
 
 
-def _manifest_beside(files):
-    """The manifest of the folder holding `files`, and their counts, if it lists all of them."""
-    folders = {posixpath.dirname(path) for path in files}
-    if len(folders) != 1:
-        return None, None
-    folder = folders.pop()
-    if not tf.io.gfile.exists(posixpath.join(folder, manifest_lib.MANIFEST_NAME)):
-        return None, None
-    found = manifest_lib.read(folder)
-    lengths = {
-        name: length
-        for info in found.splits.values()
-        for name, length in zip(info.files, info.shard_lengths)
-    }
-    names = [posixpath.basename(path) for path in files]
-    if not all(name in lengths for name in names):
-        return found, None
-    return found, tuple(lengths[name] for name in names)
-
-
-def _compression(config, found, files) -> str:
-    if config.compression is not None:
-        return config.compression
-    if found is not None:
-        return found.compression
-    return manifest_lib.compression_of(files)
-
-
-def _label_offset(config, found) -> int:
-    if found is not None:
-        if config.label_offset is not None and config.label_offset != found.label_offset:
-            raise ValueError(
-                f"label_offset={config.label_offset} was passed, but the dataset's manifest "
-                f"says its labels were written with offset {found.label_offset}. Leave "
-                "label_offset unset to use the manifest's."
-            )
-        return found.label_offset
-    if config.label_offset is None:
-        raise ValueError(
-            f"{config.data} has no manifest.json beside it, so the label offset is unknown. "
-            "Pass label_offset: 1 for data written by tfrecord-pipe or the Cloud TPU scripts "
-            "(labels start at 1), 0 for 0-based labels."
-        )
-    return config.label_offset
-
-
-def pipeline_share(source: Source, num_pipelines: int = 1, index: int = 0) -> PipelineShare:
-    """The files (or records) input pipeline `index` of `num_pipelines` reads.
-
-    Pipelines own whole files, dealt round-robin, so that each reads sequentially and no two
-    read the same record. With fewer files than pipelines, that would leave some pipelines
-    with nothing: instead every pipeline reads every file and keeps every num_pipelines-th
-    record (correct, but each byte is read num_pipelines times), with a warning.
-    """
-    if not 0 <= index < num_pipelines:
-        raise ValueError(f"input pipeline {index} does not exist among {num_pipelines}")
-    if len(source.files) >= num_pipelines:
-        picked = range(index, len(source.files), num_pipelines)
-        counts = source.record_counts
-        return PipelineShare(
-            files=tuple(source.files[i] for i in picked),
-            record_counts=None if counts is None else tuple(counts[i] for i in picked),
-        )
-    return PipelineShare(source.files, source.record_counts, (num_pipelines, index))
-
-
 def read_records(
-    config: ReaderConfig, input_context: tf.distribute.InputContext | None = None
+    config: ReaderConfig,
+    input_context: tf.distribute.InputContext | None = None,
+    *,
+    source: Source | None = None,
 ) -> tf.data.Dataset:
     """Serialized records of one input pipeline, after the reading stages and before parsing.
 
@@ -368,14 +258,17 @@ def read_records(
     training, read by a parallel interleave with their counts checked, records shuffled when
     training; with the same tf.data options. For tools and benchmarks that parse records
     their own way (`prefetch(prefetch_size(config))` at the end to match `build_dataset`).
+    `source`: `resolve_source(config)`, when the caller has it already.
     """
-    source = resolve_source(config)
-    share = pipeline_share(source, *_pipeline_position(input_context))
-    return _records(config, source, share).with_options(_options(config))
+    source = source or resolve_source(config)
+    share = file_share.share(
+        source.files, source.record_counts, *_pipeline_position(input_context)
+    )
+    return _records(config, source, share).with_options(data_options(config))
 
 
 def prefetch_size(config: ReaderConfig) -> int:
-    """Batches `build_dataset` prefetches: fixed without the autotuner (see `_options`)."""
+    """Batches `build_dataset` prefetches: fixed without the autotuner (see `data_options`)."""
     return tf.data.AUTOTUNE if config.autotune else PREFETCH_BATCHES
 
 
@@ -384,6 +277,8 @@ def build_dataset(
     input_context: tf.distribute.InputContext | None = None,
     batch_size: int | None = None,
     image_fn: Callable[[tf.Tensor], tf.Tensor] | None = None,
+    *,
+    source: Source | None = None,
 ) -> tf.data.Dataset:
     """The batched dataset of one input pipeline.
 
@@ -396,14 +291,15 @@ def build_dataset(
       image_fn: replaces the preprocessing of `preprocess.py`: takes the JPEG bytes of one
         record (a scalar string tensor) and returns its image, [image_size, image_size, 3] of
         `config.dtype`. For your own augmentation; evaluation and serving should keep ours.
+      source: `resolve_source(config)`, when the caller has it already.
 
     Returns:
       (images, labels) batches, plus weights when `config.padded`; labels are int32, 0-based.
     """
-    source = resolve_source(config)
+    source = source or resolve_source(config)
     num_pipelines, index = _pipeline_position(input_context)
     batch = _pipeline_batch_size(config, input_context, batch_size)
-    share = pipeline_share(source, num_pipelines, index)
+    share = file_share.share(source.files, source.record_counts, num_pipelines, index)
     if share.record_shard is not None:
         log.warning(
             "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d "
@@ -411,92 +307,30 @@ def build_dataset(
             len(source.files), num_pipelines, num_pipelines, num_pipelines,
         )  # fmt: skip
 
-    records = _records(config, source, share)
+    serialized = _records(config, source, share)
     parse = _parse_fn(config, source, image_fn)
     if config.padded:
-        examples = _padded_batches(config, source, records, parse, batch, input_context)
+        examples = _padded_batches(config, source, serialized, parse, batch, input_context)
     else:
-        examples = records.map(
+        examples = serialized.map(
             parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.is_deterministic
         )
         if config.data_service:
-            examples = _from_service(examples, config, batch)
+            examples = service.served_batches(
+                examples,
+                address=config.data_service,
+                data=config.data,
+                batch=batch,
+                image_bytes=config.image_size**2 * 3 * tf.as_dtype(config.dtype).size,
+                transpose=_to_hwcn if config.transpose_input else None,
+                worker_options=data_options(dataclasses.replace(config, autotune=True)),
+            )
         else:
             examples = examples.batch(batch, drop_remainder=True)
     if config.transpose_input and not config.data_service:  # the service's path transposes
         examples = examples.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
     examples = examples.prefetch(prefetch_size(config))
-    return examples.with_options(_options(config))
-
-
-# Largest element the tf.data service streams to the host. Receiving a 77 MB float32 batch
-# cost the host ~1000 us of CPU per image, most of it in the kernel (fresh pages for every
-# buffer over glibc's 32 MB mmap limit); 19 MB parts ~545 us, 9.6 MB ~465 us; a 19 MB uint8
-# batch 110-126 us, against 135-141 us as two parts put back together (ad-hoc, 2 rounds).
-_STREAMED_BYTES = 24 << 20
-# How long to wait for the dispatcher to accept a connection: TensorFlow itself would retry an
-# unreachable one without end, in silence.
-DISPATCHER_TIMEOUT_S = 10.0
-
-
-def _from_service(examples: tf.data.Dataset, config: ReaderConfig, batch: int) -> tf.data.Dataset:
-    """Batches of `examples`, made by the tf.data service's workers and streamed to this host.
-
-    ShardingPolicy.OFF: each worker runs the whole (endlessly repeating) training pipeline on
-    this pipeline's files, in its own random order; this host takes batches from whichever
-    worker has one ready. Batches over _STREAMED_BYTES travel in equal parts and are put back
-    together (and transposed, with transpose_input) here; whole ones are transposed by the
-    workers. The workers autotune: this host's core count says nothing about theirs.
-    Uncompressed: with the service's default compression, images/s through one in-process
-    worker fell 6-23% for each dtype (ad hoc, 2 rounds).
-    """
-    _check_dispatcher(config.data_service)
-    if "://" not in config.data:
-        log.warning(
-            "data_service with local files (%s): the service's workers open the same paths, "
-            "so they must see them too (a shared filesystem); gs:// paths work everywhere.",
-            config.data,
-        )
-    on_workers = _options(dataclasses.replace(config, autotune=True))
-    service = tf.data.experimental.service
-    part = _streamed_batch(config, batch)
-    whole = part == batch
-    parts = examples.batch(part, drop_remainder=True)
-    if whole and config.transpose_input:
-        parts = parts.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
-    parts = parts.with_options(on_workers).apply(
-        service.distribute(service.ShardingPolicy.OFF, config.data_service, compression=None)
-    )
-    if whole:
-        return parts
-    batches = parts.rebatch(batch, drop_remainder=True)
-    if config.transpose_input:
-        batches = batches.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
-    return batches
-
-
-def _check_dispatcher(address: str) -> None:
-    """Raises ConnectionError, saying what to check, unless the dispatcher accepts a connection."""
-    url = parse.urlparse(address if "://" in address else f"grpc://{address}")
-    try:
-        if not url.hostname or url.port is None:
-            raise ValueError("no HOST:PORT in it")
-        with socket.create_connection((url.hostname, url.port), DISPATCHER_TIMEOUT_S):
-            return
-    except (OSError, ValueError) as err:  # refused, timed out, unknown host, bad port
-        raise ConnectionError(
-            f"No tf.data service dispatcher at {address!r} ({err}). Give its address as "
-            "grpc://HOST:PORT, check it is running and reachable from this machine, or leave "
-            "data_service unset to make the batches here."
-        ) from err
-
-
-def _streamed_batch(config: ReaderConfig, batch: int) -> int:
-    """Examples per element the tf.data service streams: `batch`, or its largest divisor
-    whose images fit in _STREAMED_BYTES."""
-    image_bytes = config.image_size**2 * 3 * tf.as_dtype(config.dtype).size
-    fitting = max(_STREAMED_BYTES // image_bytes, 1)
-    return max(part for part in range(1, batch + 1) if batch % part == 0 and part <= fitting)
+    return examples.with_options(data_options(config))
 
 
 def _pipeline_position(input_context) -> tuple[int, int]:
@@ -530,7 +364,7 @@ def _records(config, source, share) -> tf.data.Dataset:
         # Shuffle before repeat: a new file order every epoch, each file once per epoch.
         files = files.shuffle(len(share.files), seed=config.seed, reshuffle_each_iteration=True)
         files = files.repeat()
-    records = files.interleave(
+    serialized = files.interleave(
         _file_reader(config, source, share.record_shard),
         cycle_length=min(config.cycle_length, len(share.files)),
         block_length=1,
@@ -541,85 +375,29 @@ def _records(config, source, share) -> tf.data.Dataset:
         # After the interleave: mixes records of different shards, not just shard order. A
         # buffer larger than an epoch would only mix epochs and hold memory: cap it there.
         buffer = min(config.shuffle_buffer, share.num_examples or config.shuffle_buffer)
-        records = records.shuffle(buffer, seed=config.seed)
-    return records
+        serialized = serialized.shuffle(buffer, seed=config.seed)
+    return serialized
 
 
 def _file_reader(config, source, record_shard):
-    """A function from (file name, expected record count) to that file's records.
-
-    TensorFlow's own error for a bad shard ("truncated record at 5085") does not say which
-    file. So each file is read with errors caught, its records are counted, and at its end
-    the count is compared with the manifest's: short means corrupt or truncated, and the
-    error (or, with skip_corrupt, the warning) names the file.
-    """
+    """A function from (file name, expected record count) to the records this pipeline keeps."""
+    read_shard = records.shard_reader(
+        source.compression,
+        config.read_buffer_bytes,
+        config.skip_corrupt,
+        counted=source.record_counts is not None,
+    )
 
     def read(filename, expected):
-        records = tf.data.TFRecordDataset(
-            filename, compression_type=source.compression, buffer_size=config.read_buffer_bytes
-        )
-        if source.record_counts is not None:
-            records = _checked(records, filename, expected, config.skip_corrupt)
-        elif config.skip_corrupt:
-            records = records.ignore_errors(log_warning=True)
-        if record_shard is not None:
-            records = records.shard(*record_shard)
-        return records
+        shard = read_shard(filename, expected)
+        return shard if record_shard is None else shard.shard(*record_shard)
 
     return read
 
 
-def _checked(records, filename, expected, skip_corrupt):
-    """`records` with read errors caught and the count checked when the file ends."""
-    end = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True)))
-    tagged = records.ignore_errors().map(lambda r: (r, tf.constant(False))).concatenate(end)
-
-    def count(seen, element):
-        record, is_end = element
-        seen = seen + tf.cast(tf.logical_not(is_end), tf.int64)
-        return seen, (record, is_end, seen)
-
-    def keep(record, is_end, seen):
-        return tf.cond(is_end, lambda: _file_end(filename, seen, expected, skip_corrupt), lambda: True)
-
-    counted = tagged.scan(tf.constant(0, tf.int64), count)
-    return counted.filter(keep).map(lambda record, is_end, seen: record)
-
-
-def _file_end(filename, seen, expected, skip_corrupt):
-    """At a file's end: False (the end marker is dropped), after an error or a warning if short."""
-    complete = tf.equal(seen, expected)
-    problem = tf.strings.join(
-        [
-            "Corrupt or truncated TFRecord file ",
-            filename,
-            ": read ",
-            tf.strings.as_string(seen),
-            " records, the manifest lists ",
-            tf.strings.as_string(expected),
-        ]
-    )
-    if skip_corrupt:
-        return tf.cond(complete, lambda: False, lambda: _warn_false(problem))
-    check = tf.debugging.Assert(complete, [problem])
-    with tf.control_dependencies([check]):
-        return tf.constant(False)
-
-
-def _warn_false(problem):
-    warn = tf.print(
-        "WARNING tfrecord-pipe:",
-        problem,
-        "; skipped the rest of it (skip_corrupt=True)",
-        output_stream=sys.stderr,
-    )
-    with tf.control_dependencies([warn]):
-        return tf.constant(False)
-
-
 def _parse_fn(config, source, image_fn=None):
     """Record to (image, label[, weight]): parse the two keys needed, decode, preprocess."""
-    spec = {key: schema.parse_spec()[key] for key in (schema.ENCODED, schema.LABEL)}
+    spec = records.parse_spec(schema.ENCODED, schema.LABEL)
     offset = source.label_offset
     num_classes = source.num_classes
 
@@ -668,7 +446,7 @@ def _checked_image(image, config):
     return tf.ensure_shape(image, expected)
 
 
-def _padded_batches(config, source, records, parse, batch, context) -> tf.data.Dataset:
+def _padded_batches(config, source, serialized, parse, batch, context) -> tf.data.Dataset:
     """Full batches that hold every example once, the last filled up with weight-0 examples.
 
     With known counts every pipeline yields the same number of batches (the most any
@@ -687,7 +465,7 @@ def _padded_batches(config, source, records, parse, batch, context) -> tf.data.D
 
     # The filler joins as records, before the map: map and batch then fuse, and each image is
     # copied into its batch by the thread that made it (a separate batch stage copied them all).
-    real = records.map(lambda record: (record, tf.constant(True)))
+    real = serialized.map(lambda record: (record, tf.constant(True)))
     filler = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(False))).repeat()
     examples = real.concatenate(filler).map(
         example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.is_deterministic
@@ -722,7 +500,10 @@ def eval_steps(
     """
     source = source or resolve_source(config)
     num_pipelines, _ = _pipeline_position(input_context)
-    counts = [pipeline_share(source, num_pipelines, i).num_examples for i in range(num_pipelines)]
+    counts = [
+        file_share.share(source.files, source.record_counts, num_pipelines, i).num_examples
+        for i in range(num_pipelines)
+    ]
     if any(count is None for count in counts):
         return None
     steps = max(math.ceil(count / batch) for count in counts)
@@ -736,17 +517,18 @@ def _to_hwcn(images, labels, *weights):
     return (tf.transpose(images, [1, 2, 3, 0]), labels, *weights)
 
 
-def _options(config) -> tf.data.Options:
+def data_options(config: ReaderConfig) -> tf.data.Options:
+    """The tf.data options of `config`'s pipelines (and of anything timed against them)."""
     options = tf.data.Options()
     options.deterministic = config.is_deterministic
     # The pipeline shards its own files per InputContext; tf.distribute must not shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     if not config.autotune:
-        # Deleting an autotuned iterator waited for the autotuner's thread to wake: 0.5-4 s, in
-        # about half of the evaluation passes timed (TensorFlow 2.21; the main thread idle in
-        # RootDataset::Iterator's destructor), and the autotuner cost ~90 us of CPU per
-        # training image on 2 cores. Without it, AUTOTUNE parallelism means initial_parallelism
-        # (capped by tf.data at its thread pool: one thread per core).
+        # Deleting an autotuned iterator waits for the autotuner's thread to wake (seconds, in
+        # about half of the evaluation passes timed; TensorFlow 2.21), and the autotuner costs
+        # CPU per image (benchmarks/RESULTS.md, "Reader: without the autotuner"). Without it,
+        # AUTOTUNE parallelism means initial_parallelism (capped by tf.data at its thread
+        # pool: one thread per core).
         # prefetch(AUTOTUNE) would then fall back to tf.data's legacy tuner, which doubles the
         # buffer whenever a full one drains to empty: every stall the accelerator catches up
         # from (a checkpoint, say) would grow it. `prefetch_size` fixes it instead.

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe import reader, validate
+from tfrecord_pipe.reading import reader, tpu_ready
 
 from dataset_factory import write_dataset
-from test_cli_datasets import tfrecord_pipe
+from helpers import run_cli
 
 SIZE = 24
 BATCH = 4
@@ -65,11 +65,13 @@ def served_config(dataset, address, **options):
 
 # uint8 24x24: whole batches travel; float32 1100x1100 (14.5 MB an image): one image at a time,
 # put back into batches of 4 on this side.
-@pytest.mark.parametrize("dtype, size", [("uint8", SIZE), ("float32", 1100)])
+@pytest.mark.parametrize(
+    "dtype, size", [("uint8", SIZE), pytest.param("float32", 1100, marks=pytest.mark.slow)]
+)
 def test_training_batches_come_from_the_workers_with_static_shapes(dataset, service, dtype, size):
     address, workers = service
     served = reader.build_dataset(served_config(dataset, address, dtype=dtype, image_size=size))
-    validate.check_tpu_ready(served, batch_size=BATCH)
+    tpu_ready.check(served, batch_size=BATCH)
     assert served.element_spec[0].shape == (BATCH, size, size, 3)
     iterator = iter(served)
     labels = [label for _ in range(4) for label in next(iterator)[1].numpy()]
@@ -78,7 +80,9 @@ def test_training_batches_come_from_the_workers_with_static_shapes(dataset, serv
     assert [worker._num_tasks() >= 1 for worker in workers] == [True, True]
 
 
-@pytest.mark.parametrize("dtype, size", [("uint8", SIZE), ("float32", 1100)])
+@pytest.mark.parametrize(
+    "dtype, size", [("uint8", SIZE), pytest.param("float32", 1100, marks=pytest.mark.slow)]
+)
 def test_transposed_batches_are_hwcn_whether_whole_or_in_parts(dataset, service, dtype, size):
     address, _ = service
     config = served_config(dataset, address, dtype=dtype, image_size=size, transpose_input=True)
@@ -141,11 +145,12 @@ def test_each_input_pipeline_is_served_from_its_own_files(tmp_path, service):
         assert seen == {index, index + 2}
 
 
+@pytest.mark.slow
 def test_bench_times_training_batches_from_the_service(dataset, service):
     # That the address reaches the reader shows in the next test: a wrong one is reported.
     address, _ = service
     sizes = ("--image_size", SIZE, "--batch_size", BATCH)
-    done = tfrecord_pipe(
+    done = run_cli(
         "bench", dataset, "--seconds", "1", *sizes, "--dtype", "uint8", "--data_service", address
     )
     assert done.returncode == 0, done.stderr
@@ -169,8 +174,9 @@ def test_an_unreachable_dispatcher_fails_at_once_saying_what_to_check(dataset, a
         reader.build_dataset(served_config(dataset, address))
 
 
+@pytest.mark.slow
 def test_bench_with_an_unreachable_dispatcher_exits_2(dataset):
     address = f"grpc://127.0.0.1:{_closed_port()}"
-    done = tfrecord_pipe("bench", dataset, "--data_service", address)
+    done = run_cli("bench", dataset, "--data_service", address)
     assert done.returncode == 2
     assert f"error: No tf.data service dispatcher at '{address}'" in done.stderr

@@ -29,8 +29,9 @@ UNKNOWN_LABEL = "unknown_label"
 NO_LABEL = "no_label"
 DUPLICATE = "duplicate"
 
-# 100 megapixels: far above any training image, far below what would exhaust a worker
-# (an RGB image of this size is 300 MB decoded).
+# The converter's cap. 100 megapixels: far above any training image, far below what would
+# exhaust a worker (an RGB image of this size is 300 MB decoded). Serving has its own, lower
+# cap per request (`reading.serving.DEFAULT_MAX_REQUEST_PIXELS`).
 DEFAULT_MAX_PIXELS = 100_000_000
 
 _ORIENTATION_TAG = 0x0112
@@ -169,7 +170,8 @@ def _decode(image: Image.Image, validate_only: bool) -> None:
 
     With `validate_only` (a JPEG that will be stored byte for byte, so its pixels are not
     needed) libjpeg decodes at 1/8 scale: every entropy-coded byte is still read, so the same
-    damage is found, at about 60% of the cost of a full decode (measured on 320 px photos).
+    damage is found, for much less than a full decode (benchmarks/RESULTS.md, "Checking
+    inputs").
     """
     if validate_only:
         width, height = image.size

@@ -1,8 +1,12 @@
-"""What a dataset holds, for a person: a summary with histograms, and a contact sheet.
+"""What a dataset holds, for a person: a summary with histograms, a contact sheet, and a close
+look at a few records.
 
 Used by `tfrecord-pipe inspect`. Counts come from the manifest; label and image-size
 histograms from reading records (a sample spread over all shards, or all of them); with
 `check_counts` every shard is read and its record count compared with the manifest's.
+
+Labels are shown one way everywhere: `daisy (0)`, the name and the 0-based index, when the
+label offset is known (the manifest's, or given); `daisy (stored 1)` when it is not.
 """
 
 from __future__ import annotations
@@ -12,17 +16,34 @@ import dataclasses
 import io
 import json
 import math
-import posixpath
 import statistics
 
 import tensorflow as tf
 from PIL import Image, ImageDraw, ImageOps
 
-from tfrecord_pipe import manifest as manifest_lib
-from tfrecord_pipe import schema, validate
+from tfrecord_pipe.core import manifest as manifest_lib
+from tfrecord_pipe.core import naming, paths, schema
+from tfrecord_pipe.reading import dataset as dataset_lib
+from tfrecord_pipe.reading import records
 
 DEFAULT_SAMPLE = 5000  # records read per split for the histograms
 _BAR = 30  # width of the longest histogram bar, in characters
+
+
+def label_text(stored: int, text: str, offset: int | None, names=None) -> str:
+    """A record's label for a person: `name (index)`, or `text (stored N)` without an offset."""
+    if offset is None:
+        return f"{text} (stored {stored})"
+    index = stored - offset
+    name = names[index] if names and 0 <= index < len(names) else text
+    return f"{name} ({index})"
+
+
+def _offset(found: dataset_lib.Dataset, given: int | None) -> int | None:
+    """The label offset when it is known, else None (shown as stored values)."""
+    if found.manifest is None and given is None:
+        return None
+    return dataset_lib.label_offset(found, given)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +60,7 @@ class Shard:
 @dataclasses.dataclass(frozen=True)
 class SplitSummary:
     """Attributes: name; shards; records read for the histograms (read_all: every record);
-    label text to count among them; image heights and widths among them."""
+    label (as `label_text` shows it) to count among them; image heights and widths."""
 
     name: str
     shards: tuple[Shard, ...]
@@ -76,74 +97,62 @@ class DatasetSummary:
         ]
 
 
-def summarize(path: str, sample: int | None = DEFAULT_SAMPLE, check_counts: bool = False):
+def summarize(
+    path: str,
+    sample: int | None = DEFAULT_SAMPLE,
+    check_counts: bool = False,
+    label_offset: int | None = None,
+) -> DatasetSummary:
     """Reads what `path` (a dataset folder or a file pattern) holds.
 
     Args:
       path: dataset folder (with manifest.json) or a pattern of TFRecord files.
       sample: records read per split for the histograms, spread over all shards; None: all.
       check_counts: read every shard fully and count its records.
+      label_offset: for a pattern without a manifest beside it; labels are shown as stored
+        values without it.
 
     Raises:
       ValueError: nothing to inspect at `path`; the message says what was expected.
     """
-    folder = path.rstrip("/") or path
-    files, compression, found = validate.shard_files(path)
-    if found is not None:
-        groups = {
-            name: [
-                (posixpath.join(folder, file), length)
-                for file, length in zip(info.files, info.shard_lengths)
-            ]
-            for name, info in found.splits.items()
-        }
-    else:
-        groups = collections.defaultdict(list)
-        for file in files:
-            groups[posixpath.basename(file).split("-")[0]].append((file, None))
-    offset = found.label_offset if found else 0
-    names = found.labels if found else None
+    found = dataset_lib.resolve(path)
+    offset = _offset(found, label_offset)
     splits = tuple(
-        _split_summary(name, shards, compression, sample, check_counts, offset, names)
-        for name, shards in groups.items()
+        _split_summary(split, found, sample, check_counts, offset)
+        for split in found.splits.values()
+        if split.files
     )
     rejected, examples = {}, ()
-    if found is not None:
-        rejected = dict(found.rejected_reasons)
-        examples = tuple(_rejected_lines(folder, limit=5))
-    return DatasetSummary(path, found, splits, rejected, examples)
+    if found.manifest is not None and not found.is_pattern:
+        rejected = dict(found.manifest.rejected_reasons)
+        examples = tuple(_rejected_lines(paths.folder(path), limit=5))
+    return DatasetSummary(path, found.manifest, splits, rejected, examples)
 
 
-def _split_summary(name, shards, compression, sample, check_counts, offset, label_names):
-    paths = [path for path, _ in shards]
-    sizes = [tf.io.gfile.stat(path).length for path in paths]
-    counted = [None] * len(paths)
+def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
+    files = list(split.files)
+    sizes = [tf.io.gfile.stat(path).length for path in files]
+    counted = [None] * len(files)
     if check_counts:
-        counted = [_count(path, compression) for path in paths]
-    spec = {key: schema.parse_spec()[key] for key in (schema.LABEL, schema.SYNSET, schema.HEIGHT, schema.WIDTH)}
-    records = (
-        tf.data.Dataset.from_tensor_slices(paths)
-        .interleave(
-            lambda p: tf.data.TFRecordDataset(p, compression_type=compression),
-            cycle_length=max(1, len(paths)),  # one record from each shard in turn: a spread sample
-        )
-    )
+        counted = [records.count(path, found.compression) for path in files]
+    spec = records.parse_spec(schema.LABEL, schema.SYNSET, schema.HEIGHT, schema.WIDTH)
+    serialized = _spread(files, found.compression)
     if sample is not None:
-        records = records.take(sample)
+        serialized = serialized.take(sample)
     labels, heights, widths, read = collections.Counter(), [], [], 0
-    for batch in records.batch(1024).map(lambda r: tf.io.parse_example(r, spec)):
+    for batch in serialized.batch(1024).map(lambda r: tf.io.parse_example(r, spec)):
         read += len(batch[schema.LABEL])
-        for label, text in zip(batch[schema.LABEL].numpy(), batch[schema.SYNSET].numpy()):
-            index = int(label) - offset
-            known = label_names is not None and 0 <= index < len(label_names)
-            labels[label_names[index] if known else text.decode("utf-8", "replace")] += 1
+        for stored, text in zip(batch[schema.LABEL].numpy(), batch[schema.SYNSET].numpy()):
+            text = text.decode("utf-8", "replace")
+            labels[label_text(int(stored), text, offset, found.labels)] += 1
         heights.extend(int(h) for h in batch[schema.HEIGHT].numpy())
         widths.extend(int(w) for w in batch[schema.WIDTH].numpy())
+    listed = split.record_counts or [None] * len(files)
     return SplitSummary(
-        name=name,
+        name=split.name,
         shards=tuple(
-            Shard(path, size, listed, count)
-            for (path, listed), size, count in zip(shards, sizes, counted)
+            Shard(path, size, count, checked)
+            for path, size, count, checked in zip(files, sizes, listed, counted)
         ),
         read=read,
         read_all=sample is None or read < sample,
@@ -153,13 +162,16 @@ def _split_summary(name, shards, compression, sample, check_counts, offset, labe
     )
 
 
-def _count(path: str, compression: str) -> int:
-    dataset = tf.data.TFRecordDataset(path, compression_type=compression)
-    return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+def _spread(files, compression) -> tf.data.Dataset:
+    """The records of `files`, one from each shard in turn: a sample spread over all of them."""
+    return tf.data.Dataset.from_tensor_slices(list(files)).interleave(
+        lambda path: tf.data.TFRecordDataset(path, compression_type=compression),
+        cycle_length=max(1, len(files)),
+    )
 
 
 def _rejected_lines(folder: str, limit: int):
-    pattern = posixpath.join(folder, manifest_lib.REJECTED_DIR, "*.jsonl")
+    pattern = paths.join(folder, naming.REJECTED_DIR, "*.jsonl")
     for path in sorted(tf.io.gfile.glob(pattern)):
         with tf.io.gfile.GFile(path) as lines:
             for line in lines:
@@ -250,7 +262,14 @@ def _size_buckets(sides) -> dict[str, int]:
     return {("<64" if low == 0 else f"{low}-{2 * low - 1}"): buckets[low] for low in sorted(buckets)}
 
 
-def contact_sheet(path: str, output: str, count: int = 24, columns: int = 6, thumb: int = 128):
+def contact_sheet(
+    path: str,
+    output: str,
+    count: int = 24,
+    columns: int = 6,
+    thumb: int = 128,
+    label_offset: int | None = None,
+) -> int:
     """Writes a PNG grid of `count` records (spread over the shards) with the label under each.
 
     Args:
@@ -259,23 +278,20 @@ def contact_sheet(path: str, output: str, count: int = 24, columns: int = 6, thu
       count: number of records shown.
       columns: thumbnails per row.
       thumb: thumbnail side, in pixels.
+      label_offset: for a pattern without a manifest (see `summarize`).
 
     Returns:
       The number of records drawn.
     """
-    files, compression, found = validate.shard_files(path)
-    offset, names = (found.label_offset, found.labels) if found else (0, None)
-    records = tf.data.Dataset.from_tensor_slices(list(files)).interleave(
-        lambda p: tf.data.TFRecordDataset(p, compression_type=compression),
-        cycle_length=len(files),
-    )
+    found = dataset_lib.resolve(path)
+    offset = _offset(found, label_offset)
     tiles = []
-    for serialized in records.take(count):
-        record = schema.decode_example(serialized.numpy(), label_offset=offset)
+    for serialized in _spread(found.files, found.compression).take(count):
+        record = schema.decode_example(serialized.numpy(), label_offset=offset or 0)
         image = Image.open(io.BytesIO(record.encoded)).convert("RGB")
         image = ImageOps.pad(image, (thumb, thumb), color=(32, 32, 32))
-        text = names[record.label_index] if names and 0 <= record.label_index < len(names) else record.label_text
-        tiles.append((image, f"{text} ({record.label_index})"))
+        stored = record.label_index + (offset or 0)
+        tiles.append((image, label_text(stored, record.label_text, offset, found.labels)))
     if not tiles:
         raise ValueError(f"No records to draw in {path}")
     caption = 18
@@ -292,3 +308,97 @@ def contact_sheet(path: str, output: str, count: int = 24, columns: int = 6, thu
     with tf.io.gfile.GFile(output, "wb") as f:
         f.write(buffer.getvalue())
     return len(tiles)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordReport:
+    """What the first few records of a dataset hold.
+
+    Attributes:
+      files: the shard files found.
+      records_read: how many records were looked at (from the first files).
+      keys: feature keys and their kinds, over the records read.
+      labels: label (as `label_text` shows it) to count, over the records read.
+      heights: smallest and largest image height.
+      widths: smallest and largest image width.
+      problems: records that do not parse, or whose image does not decode to its stated shape.
+    """
+
+    files: tuple[str, ...]
+    records_read: int
+    keys: dict[str, str]
+    labels: dict[str, int]
+    heights: tuple[int, int] | None
+    widths: tuple[int, int] | None
+    problems: tuple[str, ...]
+
+    def __str__(self):
+        lines = [f"{len(self.files)} files; read {self.records_read} records"]
+        lines += [f"  {key}: {kind}" for key, kind in sorted(self.keys.items())]
+        if self.labels:
+            lines.append(
+                "labels: " + ", ".join(f"{label} x{n}" for label, n in sorted(self.labels.items()))
+            )
+        if self.heights and self.widths:
+            lines.append(
+                f"image height {self.heights[0]}..{self.heights[1]}, "
+                f"width {self.widths[0]}..{self.widths[1]}"
+            )
+        lines += [f"PROBLEM {problem}" for problem in self.problems]
+        return "\n".join(lines)
+
+
+def sample_records(
+    path: str, num_records: int = 32, label_offset: int | None = None
+) -> RecordReport:
+    """Reads the first `num_records` records of a dataset folder or file pattern, closely.
+
+    Records are parsed with the record format (`schema.decode_example`) and their images
+    decoded with `tf.io.decode_jpeg`, as the reader will; anything that fails is a problem in
+    the report, not an exception.
+    """
+    found = dataset_lib.resolve(path)
+    offset = _offset(found, label_offset)
+    keys: dict[str, str] = {}
+    labels: collections.Counter = collections.Counter()
+    heights, widths, problems = [], [], []
+    read = 0
+    serialized = tf.data.TFRecordDataset(list(found.files), compression_type=found.compression)
+    try:
+        for element in serialized.take(num_records):
+            read += 1
+            raw = element.numpy()
+            try:
+                keys.update({key: kind for key, (kind, _) in schema.parse_features(raw).items()})
+            except ValueError:
+                pass  # decode_example says what is wrong with it
+            try:
+                record = schema.decode_example(raw, label_offset=offset or 0)
+            except ValueError as err:
+                problems.append(f"record {read}: {err}")
+                continue
+            stored = record.label_index + (offset or 0)
+            labels[label_text(stored, record.label_text, offset, found.labels)] += 1
+            try:
+                shape = tuple(tf.io.decode_jpeg(record.encoded, channels=3).shape)
+            except tf.errors.OpError as err:
+                problems.append(f"record {read} ({record.filename}): {err.message}")
+                continue
+            if shape != (record.height, record.width, 3):
+                problems.append(
+                    f"record {read} ({record.filename}): image decodes to {shape}, the record "
+                    f"says {record.height}x{record.width}x3"
+                )
+            heights.append(record.height)
+            widths.append(record.width)
+    except tf.errors.OpError as err:
+        problems.append(f"reading stopped after {read} records: {err.message}")
+    return RecordReport(
+        files=found.files,
+        records_read=read,
+        keys=keys,
+        labels=dict(labels),
+        heights=(min(heights), max(heights)) if heights else None,
+        widths=(min(widths), max(widths)) if widths else None,
+        problems=tuple(problems),
+    )

@@ -17,12 +17,14 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfrecord_pipe import preprocess
+from tfrecord_pipe.reading import preprocess
 
 INPUT_NAME = "image_bytes"
 SIGNATURE = "serving_default"
-# A 40-megapixel photo decodes to 120 MB; far larger images are attacks or mistakes.
-DEFAULT_MAX_PIXELS = 40_000_000
+# Per request image. A 40-megapixel photo decodes to 120 MB; far larger images are attacks or
+# mistakes. Lower than the converter's cap (`core.images.DEFAULT_MAX_PIXELS`): a server decodes
+# many requests at once.
+DEFAULT_MAX_REQUEST_PIXELS = 40_000_000
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -42,7 +44,7 @@ class ServingConfig:
     image_size: int = 224
     dtype: str = "float32"
     from_logits: bool = True
-    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_pixels: int = DEFAULT_MAX_REQUEST_PIXELS
 
     def __post_init__(self):
         problems = []
@@ -50,8 +52,8 @@ class ServingConfig:
             problems.append("labels is empty")
         if self.image_size < 1:
             problems.append(f"image_size must be >= 1, got {self.image_size}")
-        if self.dtype not in preprocess.DTYPES:
-            problems.append(f"dtype must be one of {preprocess.DTYPES}, got {self.dtype!r}")
+        if preprocess.dtype_problem(self.dtype):
+            problems.append(preprocess.dtype_problem(self.dtype))
         if self.max_pixels < 1:
             problems.append(f"max_pixels must be >= 1, got {self.max_pixels}")
         if problems:

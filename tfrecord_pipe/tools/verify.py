@@ -18,15 +18,16 @@ import hashlib
 import json
 import math
 import os
-import posixpath
 import tempfile
 from collections.abc import Iterator
 from concurrent import futures
 
 import tensorflow as tf
 
-from tfrecord_pipe import images, schema
-from tfrecord_pipe import manifest as manifest_lib
+from beam_jobs import sources
+from beam_jobs.config import ConvertConfig
+from tfrecord_pipe.core import images, naming, paths, schema
+from tfrecord_pipe.reading import dataset as dataset_lib
 
 ROWS_PER_BUCKET = 20_000  # rows joined in memory at once
 MAX_PROBLEMS_KEPT = 1000  # problems listed in full; beyond that only counted
@@ -104,8 +105,15 @@ def verify(source: str, dataset: str) -> VerifyReport:
 
     Raises:
       FileNotFoundError: `dataset` is not a finished dataset, or `source` lists nothing.
+      ValueError: the manifest does not record how the dataset was converted.
     """
-    found = manifest_lib.read(dataset)
+    found = dataset_lib.read_manifest(dataset)
+    if not found.conversion:
+        raise ValueError(
+            f"The manifest of {dataset} does not record how it was converted (it was written "
+            f"by tfrecord-pipe {found.tool_version or 'before 0.2'}), so verify cannot redo "
+            "the conversion. Convert the images again with this version to verify them."
+        )
     problems = _Problems()
     listed = sum(info.listed for info in found.splits.values())
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-") as work:
@@ -136,7 +144,7 @@ def _add_records(dataset, found, buckets, problems) -> int:
     with futures.ThreadPoolExecutor(_WORKERS) as pool:
         for split, info in sorted(found.splits.items()):
             for name, expected in zip(info.files, info.shard_lengths):
-                path = posixpath.join(dataset, name)
+                path = paths.join(dataset, name)
                 if not tf.io.gfile.exists(path):
                     problems.add(f"shard {name} is missing (the manifest lists {expected} records)")
                     continue
@@ -175,7 +183,7 @@ def _chunks(items, size: int = _CHUNK):
 
 def _record_row(serialized: bytes, found) -> dict:
     try:
-        record = schema.decode_example(serialized, found.label_offset)
+        record = schema.decode_example(serialized, label_offset=found.label_offset)
     except ValueError as err:
         return {"problem": f"does not parse: {err}"}
     try:
@@ -200,7 +208,7 @@ def _record_row(serialized: bytes, found) -> dict:
 
 def _add_rejected(dataset, buckets) -> int:
     count = 0
-    pattern = posixpath.join(dataset, manifest_lib.REJECTED_DIR, "*.jsonl")
+    pattern = paths.join(dataset, naming.REJECTED_DIR, "*.jsonl")
     for path in sorted(tf.io.gfile.glob(pattern)):
         with tf.io.gfile.GFile(path) as lines:
             for line in lines:
@@ -213,34 +221,19 @@ def _add_rejected(dataset, buckets) -> int:
 
 def _add_sources(source, dataset, found, buckets) -> dict[str, int]:
     """Lists the inputs as the converter did and records what each should have become."""
-    from beam_jobs import convert, sources
-
-    options = found.options
-    config = convert.resolve_layout(
-        convert.ConvertConfig(
-            source=source,
-            output=dataset,
-            layout=options.get("layout", "auto"),
-            validation_fraction=options.get("validation_fraction", 0.0),
-        )
-    )
-    policy = images.ImagePolicy(
-        max_side=options.get("max_side"),
-        jpeg_quality=options.get("jpeg_quality", 95),
-        max_pixels=options.get("max_pixels", images.DEFAULT_MAX_PIXELS),
-        allow_other_formats=not options.get("reject_other_formats", False),
-    )
+    recorded = ConvertConfig.from_record(found.conversion)
+    config = sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
     labels = set(found.labels)
     per_split = collections.Counter()
     with futures.ThreadPoolExecutor(_WORKERS) as pool:
-        for chunk in _chunks(_listed(config, sources)):
-            for listed, row in pool.map(lambda s: (s, _expected(s, labels, policy)), chunk):
+        for chunk in _chunks(_listed(config)):
+            for listed, row in pool.map(lambda s: (s, _expected(s, labels, config.policy)), chunk):
                 per_split[listed.split] += 1
                 buckets.add(listed.relpath, "source", row)
     return dict(per_split)
 
 
-def _listed(config, sources) -> Iterator:
+def _listed(config) -> Iterator:
     if config.layout == "csv":
         with tf.io.gfile.GFile(config.source) as lines:
             for line in lines:
@@ -254,7 +247,7 @@ def _listed(config, sources) -> Iterator:
     for folder, _, names in tf.io.gfile.walk(root):
         for name in sorted(names):
             yield sources.source_from_folder(
-                posixpath.join(folder, name), root, config.layout, config.validation_fraction
+                paths.join(folder, name), root, config.layout, config.validation_fraction
             )
 
 

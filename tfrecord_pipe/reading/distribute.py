@@ -13,11 +13,11 @@ import dataclasses
 import glob
 import logging
 import os
-import socket
 from collections.abc import Callable, Mapping, Sequence
-from urllib import parse
 
 import tensorflow as tf
+
+from tfrecord_pipe.core import network
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +114,9 @@ def _tpu_strategy(tpu: str) -> tf.distribute.TPUStrategy:
 
 def _check_reachable(tpu: str, master: str) -> None:
     """Fails fast: connecting to a dead gRPC address otherwise waits without end."""
-    address = parse.urlparse(master)
     try:
-        with socket.create_connection((address.hostname, address.port), CONNECT_TIMEOUT_S):
-            pass
-    except OSError as err:
+        network.check_reachable(master, CONNECT_TIMEOUT_S)
+    except (OSError, ValueError) as err:
         raise TpuUnavailableError(
             f"TPU {tpu!r} at {master} cannot be reached ({err}). Is it running, and is this "
             "machine in its network?"

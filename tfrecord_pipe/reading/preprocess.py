@@ -33,10 +33,15 @@ CROP_MAX_ATTEMPTS = 10
 DTYPES = ("float32", "bfloat16", "uint8")
 
 
+def dtype_problem(dtype: str) -> str | None:
+    """What is wrong with `dtype` as an output dtype, or None if it is one of DTYPES."""
+    return None if dtype in DTYPES else f"dtype must be one of {DTYPES}, got {dtype!r}"
+
+
 def check_dtype(dtype: str) -> None:
     """Raises ValueError unless `dtype` is one of DTYPES."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype_problem(dtype):
+        raise ValueError(dtype_problem(dtype))
 
 
 def train_image(
@@ -122,7 +127,7 @@ def normalize(images: tf.Tensor, dtype: tf.DType = tf.float32) -> tf.Tensor:
     """
     images = tf.cast(images, tf.float32)
     # A multiply-add with constants of the image's full shape: broadcasting a [3] vector over
-    # channels is 6x slower on CPU (Eigen's broadcast path; measured in the reader benchmark).
+    # channels takes Eigen's slow broadcast path on CPU (benchmarks/RESULTS.md, "Preprocessing").
     shape = images.shape
     if shape.is_fully_defined():
         scale = tf.constant(_full(shape, [1 / s for s in STDDEV_RGB]))
@@ -138,18 +143,18 @@ def _full(shape, per_channel):
     return np.broadcast_to(np.asarray(per_channel, np.float32), shape.as_list()).copy()
 
 
-# libjpeg can decode at 1/2, 1/4 or 1/8 scale in the DCT, skipping most of the work. Used when
-# the crop is at least that many times the output side, so the decoded crop still needs
-# shrinking (never enlarging) by the resize. Measured: a noisy 12-megapixel photo, 31 ms instead
-# of 54 ms for the evaluation crop (entropy decoding, which every scale pays, is the rest).
+# libjpeg can decode at 1/2, 1/4 or 1/8 scale in the DCT, skipping most of the work (entropy
+# decoding, which every scale pays, is the rest). Used when the crop is at least that many
+# times the output side, so the decoded crop still needs shrinking (never enlarging) by the
+# resize (benchmarks/RESULTS.md, "Preprocessing").
 _DCT_RATIOS = (1, 2, 4, 8)
 
 
 # libjpeg crops from a column that starts an MCU (16 pixels wide in 4:2:0 and 4:2:2 JPEGs, 8 in
 # 4:4:4 and grayscale); for any other left edge TensorFlow decodes each row into a scratch line
 # and copies it into place. Asking for the crop from the MCU boundary to its left and slicing
-# the extra columns off afterwards gives the same pixels ~2% faster (training and evaluation
-# pipelines, alternating runs).
+# the extra columns off afterwards gives the same pixels, faster (benchmarks/RESULTS.md,
+# "Preprocessing").
 _MCU_WIDTH = 16
 
 
@@ -177,9 +182,9 @@ def _decode_crop(encoded: tf.Tensor, window: tf.Tensor, image_size: int) -> tf.T
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
     """Bilinear resize of a decoded crop to the square output; float32 on the 0..255 scale.
 
-    The crop is cast to float32 first: TensorFlow's float resize kernel is about twice as fast
-    as its uint8 one (120 vs 230 us for a 300x270 crop on one core, the cast included), with
-    bit-identical results.
+    The crop is cast to float32 first: TensorFlow's float resize kernel is faster than its uint8
+    one, even with the cast, and gives bit-identical results (benchmarks/RESULTS.md,
+    "Preprocessing").
     """
     image = tf.cast(image, tf.float32)
     return tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BILINEAR)

@@ -65,9 +65,3 @@ def bucket_start_ranks(bucket_counts: dict[int, int]) -> dict[int, int]:
         starts[bucket] = rank
         rank += bucket_counts[bucket]
     return starts
-
-
-def shard_name(split: str, index: int, shards: int, compressed: bool) -> str:
-    """`train-00003-of-00016.tfrecord`, with `.gz` when GZIP-compressed."""
-    suffix = ".tfrecord.gz" if compressed else ".tfrecord"
-    return f"{split}-{index:05d}-of-{shards:05d}{suffix}"

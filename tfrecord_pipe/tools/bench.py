@@ -12,13 +12,14 @@ spends its time decoding, which only more host cores (or smaller images) can spe
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from collections.abc import Callable
 
 import tensorflow as tf
 
-from tfrecord_pipe import manifest, reader, schema
+from tfrecord_pipe.core import naming, progress, schema
+from tfrecord_pipe.reading import dataset as dataset_lib
+from tfrecord_pipe.reading import reader, records
 
 WARMUP_BATCHES = 3  # threads started, shuffle buffer filled, autotuning begun
 
@@ -36,16 +37,19 @@ class Measurement:
         return self.images / self.seconds if self.seconds else 0.0
 
 
-def ceiling_dataset(config: reader.ReaderConfig) -> tf.data.Dataset:
+def ceiling_dataset(
+    config: reader.ReaderConfig, source: reader.Source | None = None
+) -> tf.data.Dataset:
     """Parse + full decode of the records `config` reads, batched as scalars (nothing to copy)."""
-    spec = {schema.ENCODED: schema.parse_spec()[schema.ENCODED]}
+    spec = records.parse_spec(schema.ENCODED)
 
     def decode(record):
         encoded = tf.io.parse_single_example(record, spec)[schema.ENCODED]
         return tf.shape(tf.io.decode_jpeg(encoded, channels=3))[0]
 
-    records = reader.read_records(config)  # with the reader's options: no autotuner by default
-    decoded = records.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    # With the reader's options (no autotuner by default), timed the way the pipeline is.
+    serialized = reader.read_records(config, source=source)
+    decoded = serialized.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     return decoded.batch(config.batch_size).prefetch(reader.prefetch_size(config))
 
 
@@ -54,7 +58,7 @@ def measure(
     dataset: tf.data.Dataset,
     seconds: float,
     images_in: Callable[[tuple], int],
-    progress: bool = True,
+    show_progress: bool = True,
 ) -> Measurement:
     """Iterates `dataset` for `seconds` after a warm-up; restarts it when it ends (evaluation).
 
@@ -63,8 +67,9 @@ def measure(
       dataset: what to time.
       seconds: length of the timed part.
       images_in: images in one element (real ones only, for padded evaluation batches).
-      progress: draw a progress bar on stderr.
+      show_progress: show a progress line on stderr.
     """
+    line = progress.StatusLine() if show_progress else None
     iterator = iter(dataset)
     for _ in range(WARMUP_BATCHES):
         try:
@@ -79,22 +84,18 @@ def measure(
             iterator = iter(dataset)  # another full pass, its start-up included
             continue
         images += images_in(element)
-        if progress:
-            print(
-                f"\r  {name:8s} {progress_bar(elapsed / seconds)} {elapsed:5.1f}/{seconds:.0f} s "
-                f"{images / max(elapsed, 1e-9):7.0f} img/s",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
-    if progress:
-        print(file=sys.stderr)
+        if line:
+            line.update(_progress_text(name, elapsed, seconds, images))
+    if line:
+        line.finish(_progress_text(name, elapsed, seconds, images))
     return Measurement(name, images, elapsed)
 
 
-def progress_bar(fraction: float, width: int = 24) -> str:
-    filled = int(min(max(fraction, 0.0), 1.0) * width)
-    return "[" + "#" * filled + "." * (width - filled) + "]"
+def _progress_text(name: str, elapsed: float, seconds: float, images: int) -> str:
+    return (
+        f"  {name:8s} {progress.bar(elapsed / seconds)} {min(elapsed, seconds):5.1f}/"
+        f"{seconds:.0f} s {images / max(elapsed, 1e-9):7.0f} img/s"
+    )
 
 
 def batch_images(config: reader.ReaderConfig) -> Callable[[tuple], int]:
@@ -105,7 +106,7 @@ def batch_images(config: reader.ReaderConfig) -> Callable[[tuple], int]:
 
 
 def bench(
-    path: str, seconds: float = 10.0, progress: bool = True, **options
+    path: str, seconds: float = 10.0, show_progress: bool = True, **options
 ) -> list[Measurement]:
     """Ceiling, training and evaluation pipelines on the dataset at `path`, one after another.
 
@@ -115,38 +116,33 @@ def bench(
     Args:
       path: a dataset folder or a file pattern.
       seconds: timed run per pipeline.
-      progress: draw progress bars on stderr.
+      show_progress: show progress lines on stderr.
       **options: `reader.ReaderConfig` fields for both pipelines (image_size, batch_size
-        (default 128), dtype, ...); `data_service` applies to training only, as evaluation
-        always reads on this host.
+        (default 128), dtype, label_offset for a bare pattern, ...); `data_service` applies
+        to training only, as evaluation always reads on this host.
     """
-    found_splits = _splits(path)
-    train_split = "train" if "train" in found_splits else None
-    eval_split = "validation" if "validation" in found_splits else train_split
+    found = dataset_lib.resolve(path)  # once, for all three pipelines
+    train_split = eval_split = None
+    if not found.is_pattern:
+        train_split = naming.TRAIN if naming.TRAIN in found.splits else None
+        eval_split = naming.VALIDATION if naming.VALIDATION in found.splits else train_split
     base = {"batch_size": 128, **options, "data": path}
-    if not found_splits:  # a bare pattern: labels are not looked at here, only counted
-        base["label_offset"] = 0
     train = reader.ReaderConfig(split=train_split, is_training=True, **base)
     evaluation = reader.ReaderConfig(
         split=eval_split, is_training=False, **{**base, "data_service": None}
     )
+    train_source = reader.resolve_source(train, found)
+    eval_source = reader.resolve_source(evaluation, found)
     # All built before any is timed: a bad option fails at once, not after a timed run.
     pipelines = [
-        ("ceiling", ceiling_dataset(train), train),  # read_records: always on this host
-        ("train", reader.build_dataset(train), train),
-        ("eval", reader.build_dataset(evaluation), evaluation),
+        ("ceiling", ceiling_dataset(train, train_source), train),  # always on this host
+        ("train", reader.build_dataset(train, source=train_source), train),
+        ("eval", reader.build_dataset(evaluation, source=eval_source), evaluation),
     ]
     return [
-        measure(name, dataset, seconds, batch_images(config), progress)
+        measure(name, dataset, seconds, batch_images(config), show_progress)
         for name, dataset, config in pipelines
     ]
-
-
-def _splits(path: str) -> tuple[str, ...]:
-    try:
-        return tuple(manifest.read(path).splits)
-    except FileNotFoundError:
-        return ()
 
 
 def render(results: list[Measurement]) -> str:

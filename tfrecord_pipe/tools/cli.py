@@ -58,6 +58,11 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
         help="records read per split for the histograms (default 5000; 0 reads all)",
     )  # fmt: skip
     inspect.add_argument("--grid_count", type=int, default=24, help="records in the grid")
+    inspect.add_argument(
+        "--label_offset", type=int,
+        help="for a file pattern without a manifest beside it: what the labels were written "
+        "with (1 by tfrecord-pipe and the Cloud TPU scripts); unknown, labels show as stored",
+    )  # fmt: skip
     verify = commands.add_parser(
         "verify",
         help="prove nothing was lost or changed between the inputs and a dataset",
@@ -88,6 +93,11 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
         "on the accelerator; the least host work)",
     )
     bench.add_argument(
+        "--label_offset", type=int,
+        help="for a file pattern without a manifest beside it: what the labels were written "
+        "with (1 by tfrecord-pipe and the Cloud TPU scripts, 0 for 0-based labels)",
+    )  # fmt: skip
+    bench.add_argument(
         "--data_service",
         help="grpc://HOST:PORT of a tf.data service dispatcher: time training batches made by "
         "its workers (the ceiling and evaluation still run here)",
@@ -102,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_OK if argv else EXIT_BAD_INPUT
     if argv[0] == "convert":
-        from beam_jobs import convert
+        from beam_jobs import convert  # without TensorFlow: the job starts in a second
 
         return convert.main(argv[1:], prog="tfrecord-pipe convert")
     args = parser.parse_args(argv)
@@ -114,16 +124,23 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
+# Each command imports what it runs when it runs: TensorFlow takes seconds to load, and
+# `convert` does not need it at all.
+
+
 def _inspect(args) -> int:
-    from tfrecord_pipe import inspection
+    from tfrecord_pipe.tools import inspection
 
     _require_path(args.path)
     summary = inspection.summarize(
-        args.path, sample=args.sample or None, check_counts=args.check
-    )
+        args.path, sample=args.sample or None, check_counts=args.check,
+        label_offset=args.label_offset,
+    )  # fmt: skip
     print(inspection.render(summary))
     if args.grid:
-        drawn = inspection.contact_sheet(args.path, args.grid, count=args.grid_count)
+        drawn = inspection.contact_sheet(
+            args.path, args.grid, count=args.grid_count, label_offset=args.label_offset
+        )
         print(f"\ncontact sheet of {drawn} records: {args.grid}")
     return EXIT_PROBLEMS if summary.count_problems else EXIT_OK
 
@@ -143,7 +160,7 @@ def _require_path(path: str) -> None:
 
 
 def _verify(args) -> int:
-    from tfrecord_pipe import verify
+    from tfrecord_pipe.tools import verify
 
     _require_path(args.source)
     _require_path(args.dataset)
@@ -153,17 +170,18 @@ def _verify(args) -> int:
 
 
 def _bench(args) -> int:
-    from tfrecord_pipe import throughput
+    from tfrecord_pipe.tools import bench
 
     _require_path(args.path)
     if args.seconds <= 0 or args.batch_size < 1 or args.image_size < 1:
         raise ValueError("--seconds, --batch_size and --image_size must be positive")
-    results = throughput.bench(
+    results = bench.bench(
         args.path,
         args.seconds,
         image_size=args.image_size,
         batch_size=args.batch_size,
         dtype=args.dtype,
+        label_offset=args.label_offset,
         data_service=args.data_service,
     )
     served = f", training batches by the tf.data service at {args.data_service}"
@@ -172,7 +190,7 @@ def _bench(args) -> int:
         f"{args.seconds:g} s per pipeline, {os.cpu_count()} CPU cores"
         + (served if args.data_service else "")
     )
-    print(throughput.render(results))
+    print(bench.render(results))
     train = results[1].images_per_s / max(results[0].images_per_s, 1e-9)
     print(
         f"training runs at {train:.2f}x the decode ceiling; it keeps an accelerator busy if "

@@ -1,23 +1,16 @@
 """manifest.json and labels.txt: what a dataset folder holds, written last by the converter.
 
-The converter writes them; the reader, `inspect` and `verify` read them. A folder with a
-manifest is a complete dataset: the job writes it only after every shard is in place.
-Paths may be local or anything tf.io.gfile understands (gs://). TensorFlow is imported only
-when a file is read or written here: the conversion job writes the same files through Beam's
-filesystems (`files_of`, `parse_labels`), and never loads it.
+A folder with a manifest is a complete dataset: the job writes it only after every shard is
+in place. This module is the files' content; the converter writes them through Beam's
+filesystems (`files_of`), readers read them with TensorFlow's (`reading.dataset`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import posixpath
 
-from tfrecord_pipe import schema
-
-MANIFEST_NAME = "manifest.json"
-LABELS_NAME = "labels.txt"
-REJECTED_DIR = "rejected"
+from tfrecord_pipe.core import naming, schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +55,8 @@ class Manifest:
       compression: "" or "GZIP", as tf.data.TFRecordDataset takes it.
       splits: split name to SplitInfo.
       rejected_reasons: reason code to count, over all splits.
-      options: the job's options, for the record.
+      conversion: the conversion's configuration (`beam_jobs.config.ConvertConfig.to_record`),
+        so that `verify` can redo it; empty in manifests written before it was recorded.
       tool_version: tfrecord-pipe version that wrote the dataset.
       format_version: the record format's version (schema.FORMAT_VERSION).
     """
@@ -72,7 +66,7 @@ class Manifest:
     compression: str
     splits: dict[str, SplitInfo]
     rejected_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
-    options: dict = dataclasses.field(default_factory=dict)
+    conversion: dict = dataclasses.field(default_factory=dict)
     tool_version: str = ""
     format_version: int = schema.FORMAT_VERSION
 
@@ -86,6 +80,7 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
         data = json.loads(text)
+        data.pop("options", None)  # before 0.2: the command-line flags, not the configuration
         data["labels"] = tuple(data["labels"])
         data["splits"] = {
             name: SplitInfo(
@@ -96,43 +91,11 @@ class Manifest:
         return cls(**data)
 
 
-def compression_of(files) -> str:
-    """"GZIP" when every file name ends in .gz (as the converter names compressed shards), else ""."""
-    return "GZIP" if files and all(str(path).endswith(".gz") for path in files) else ""
-
-
 def files_of(manifest: Manifest) -> list[tuple[str, str]]:
     """(name, text) of the files that describe a dataset, in writing order: manifest.json last,
     as its presence means the dataset is complete."""
     labels = "".join(label + "\n" for label in manifest.labels)
-    return [(LABELS_NAME, labels), (MANIFEST_NAME, manifest.to_json())]
-
-
-def write(folder: str, manifest: Manifest) -> None:
-    """Writes labels.txt, then manifest.json into `folder`."""
-    import tensorflow as tf
-
-    for name, text in files_of(manifest):
-        with tf.io.gfile.GFile(posixpath.join(folder, name), "w") as f:
-            f.write(text)
-
-
-def read(folder: str) -> Manifest:
-    """The manifest of a dataset folder.
-
-    Raises:
-      FileNotFoundError: the folder has no manifest.json (not a dataset, or an unfinished one).
-    """
-    import tensorflow as tf
-
-    path = posixpath.join(folder, MANIFEST_NAME)
-    if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(
-            f"{path} not found: {folder} is not a finished tfrecord-pipe dataset "
-            "(the converter writes manifest.json last)."
-        )
-    with tf.io.gfile.GFile(path) as f:
-        return Manifest.from_json(f.read())
+    return [(naming.LABELS_NAME, labels), (naming.MANIFEST_NAME, manifest.to_json())]
 
 
 def parse_labels(text: str, path: str) -> tuple[str, ...]:

@@ -1,11 +1,10 @@
 """Balanced, deterministic shards: count records per key bucket, rank them, write each shard.
 
-The pure arithmetic lives in sharding.py; these transforms only wire it into Beam.
+The pure arithmetic lives in shard_plan.py; these transforms only wire it into Beam.
 """
 
 from __future__ import annotations
 
-import posixpath
 from concurrent import futures
 from typing import Any
 
@@ -14,10 +13,10 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import load, malloc, sharding
+from beam_jobs import load, malloc, shard_plan
 from beam_jobs.config import ConvertConfig
 from beam_jobs.record_writer import RecordWriter
-from tfrecord_pipe import images
+from tfrecord_pipe.core import images, naming, paths
 
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
 READ_AHEAD = 64  # records read ahead of the writer, bounding memory to ~64 images
@@ -37,7 +36,7 @@ class WriteShard(beam.DoFn):
         # Sources are read again here, in key order. Remote ones in parallel, or a shard of
         # 10,000 images on GCS would wait for 10,000 requests one after another; local ones
         # in this thread: a local read takes microseconds, and threads fighting over the GIL
-        # made writing a 4000-image shard 1.8x slower (0.59 s in one thread, 1.05 s in 16).
+        # made writing a shard slower (benchmarks/RESULTS.md, "Writing shards").
         self._pool = futures.ThreadPoolExecutor(load.REMOTE_READERS)
         self._shards = Metrics.counter(NAMESPACE, "shards_written")
         self._records = Metrics.counter(NAMESPACE, "records_written")
@@ -51,12 +50,12 @@ class WriteShard(beam.DoFn):
     def process(self, element, plans):
         (split, index), checked = element
         shards = plans[split]["shards"]
-        name = sharding.shard_name(split, index, shards, self._compress)
-        path = posixpath.join(self._temp_dir, name)
+        name = naming.shard_name(split, index, shards, self._compress)
+        path = paths.join(self._temp_dir, name)
         count = 0
         with RecordWriter(path, self._compress) as writer:
             entries = sorted(checked, key=lambda c: c.key)
-            if any("://" in entry.path for entry in entries):
+            if any(paths.is_remote(entry.path) for entry in entries):
                 reads = load.in_order(self._pool, self._read, entries, READ_AHEAD)
                 records = (future.result() for future in reads)
             else:
@@ -108,8 +107,8 @@ def _plan(totals, num_shards, shard_bytes):
     return {
         "examples": examples,
         "bytes": size,
-        "shards": sharding.num_shards(examples, size, num_shards, shard_bytes),
-        "starts": sharding.bucket_start_ranks(counts),
+        "shards": shard_plan.num_shards(examples, size, num_shards, shard_bytes),
+        "starts": shard_plan.bucket_start_ranks(counts),
     }
 
 
@@ -143,7 +142,7 @@ _ENTRIES = "entries"
 def _bucket_rows(split_and_checked):
     """(split, (bucket, size)) for the plan, and ((split, bucket), Checked) to _ENTRIES."""
     split, checked = split_and_checked
-    bucket = sharding.bucket_of(checked.key)
+    bucket = shard_plan.bucket_of(checked.key)
     yield split, (bucket, checked.size)
     yield beam.pvalue.TaggedOutput(_ENTRIES, ((split, bucket), checked))
 
@@ -158,7 +157,7 @@ def _in_shards(bucket_entries, plans):
     plan = plans[split]
     rank = plan["starts"][bucket]
     for checked in sorted(entries, key=lambda c: c.key):
-        yield (split, sharding.shard_of_rank(rank, plan["examples"], plan["shards"])), checked
+        yield (split, shard_plan.shard_of_rank(rank, plan["examples"], plan["shards"])), checked
         rank += 1
 
 

@@ -1,0 +1,177 @@
+"""The conversion pipeline: list → load and check → plan and write shards, plus what
+finalising needs (the summary) and the rejected inputs.
+
+Every output goes to a temporary folder inside the output folder; `finalise` moves it into
+place once the pipeline has finished.
+"""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+
+from beam_jobs import storage
+from beam_jobs.config import ConvertConfig
+from beam_jobs.load import BATCH, LoadImages
+from beam_jobs.sources import DropDuplicatePaths, ListSources
+from beam_jobs.write_shards import WriteShards
+from tfrecord_pipe.core import naming, paths
+
+SUMMARY_NAME = "_summary.json"  # in the temp folder: shards, counts and labels, for finalising
+
+
+class CollectLabels(beam.PTransform):
+    """The label list: from the labels file when given, else the sorted distinct labels seen.
+
+    At most one element, a tuple; none when no input has a label.
+    """
+
+    def __init__(self, fixed_labels: tuple[str, ...] | None):
+        super().__init__()
+        self._fixed = fixed_labels
+
+    def expand(self, sources):
+        if self._fixed is not None:
+            return sources.pipeline | "FixedLabels" >> beam.Create([self._fixed])
+        return (
+            sources
+            | "Labels" >> beam.FlatMap(lambda s: [s.label] if s.label is not None else [])
+            | "SortedSet" >> beam.CombineGlobally(SortedSet()).without_defaults()
+        )
+
+
+class SortedSet(beam.CombineFn):
+    """The distinct values as a sorted tuple (each worker sends its set, not every value)."""
+
+    def create_accumulator(self):
+        return set()
+
+    def add_input(self, accumulator, value):
+        accumulator.add(value)
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        return set().union(*accumulators)
+
+    def extract_output(self, accumulator):
+        return tuple(sorted(accumulator))
+
+
+class WriteRejected(beam.PTransform):
+    """One `rejected/rejected-<split>.jsonl` per split with rejections, lines sorted by path.
+
+    Sorted, so that re-runs write the same files. Rejections are few next to the inputs;
+    one worker per split writes them (Beam's text sink would cost four more stages here).
+    """
+
+    def __init__(self, folder: str):
+        """`folder`: the dataset folder the files go into (rejected/... below it)."""
+        super().__init__()
+        self._folder = folder
+
+    def expand(self, rejected):
+        folder = self._folder
+        return (
+            rejected
+            | "BySplit" >> beam.Map(
+                lambda row: (row["split"], (row["path"], json.dumps(row, sort_keys=True)))
+            )
+            | "PerSplit" >> beam.GroupByKey()
+            | "WriteJsonl" >> beam.MapTuple(
+                lambda split, rows: _write_lines(
+                    paths.join(folder, naming.rejected_name(split)),
+                    [line for _, line in sorted(rows)],
+                )
+            )
+        )
+
+
+def _write_lines(path: str, lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in lines)
+    storage.write_bytes(path, text.encode("utf-8"), mime_type="application/x-ndjson")
+
+
+class WriteSummary(beam.PTransform):
+    """Writes the job's small results (shard infos, counts, the label list) as one JSON file.
+
+    A few hundred rows at most, so one worker writes them; one file instead of three text
+    sinks also spares a dozen pipeline stages, each with a fixed start-up cost. The rows are
+    gathered under one key rather than with `ToList`, whose empty-input branch costs two more
+    stages: there is always a row (every job lists at least one input).
+    """
+
+    def __init__(self, path: str):
+        super().__init__()
+        self._path = path
+
+    def expand(self, parts):
+        shards, counts, labels = parts
+        path = self._path
+        return (
+            (
+                shards | "TagShard" >> beam.Map(lambda row: ("shards", row)),
+                counts | "TagCount" >> beam.Map(lambda row: ("counts", row)),
+                labels | "TagLabels" >> beam.Map(lambda row: ("labels", list(row))),
+            )
+            | "Rows" >> beam.Flatten()
+            | "OneKey" >> beam.Map(lambda row: (None, row))
+            | "AllRows" >> beam.GroupByKey()
+            | "WriteJson" >> beam.MapTuple(lambda _, rows: _write_summary(path, rows))
+        )
+
+
+def _write_summary(path: str, rows) -> None:
+    summary = {"shards": [], "counts": [], "labels": []}
+    for kind, row in rows:
+        summary[kind].append(row)
+    summary["shards"].sort(key=lambda s: (s["split"], s["index"]))
+    summary["counts"].sort(key=lambda c: (c["split"], c["what"]))
+    text = json.dumps(summary, sort_keys=True)
+    storage.write_bytes(path, text.encode("utf-8"), mime_type="application/json")
+
+
+def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str,
+                   fixed_labels: tuple[str, ...] | None, progress_dir: str | None = None,
+                   load_threads: int = 1) -> None:
+    """Adds the conversion's steps to `pipeline`; outputs land in `temp_dir` for finalising.
+
+    `progress_dir` and `load_threads` are for local runs: where LoadImages reports its counts
+    for the progress line, and how many threads each LoadImages instance checks inputs on.
+    """
+    listed = pipeline | "List" >> ListSources(config)
+    duplicates = ()
+    if config.layout == "csv":
+        # Grouping by path also spreads the lines over workers. Labels come from the lines
+        # kept: a label only a dropped duplicate gives is no label of the dataset.
+        deduplicated = listed | "DropDuplicatePaths" >> DropDuplicatePaths()
+        sources, duplicates = deduplicated.sources, (deduplicated[DropDuplicatePaths.REJECTED],)
+        labels = sources | "CollectLabels" >> CollectLabels(fixed_labels)
+    else:
+        # Folder listings cannot name a file twice. Labels are collected in the listing's
+        # own step, so no step reads the whole spread listing just for them.
+        labels = listed | "CollectLabels" >> CollectLabels(fixed_labels)
+        sources = listed | "Spread" >> beam.Reshuffle()
+    loaded = (
+        sources
+        | "Batch" >> beam.BatchElements(min_batch_size=BATCH, max_batch_size=BATCH)
+        | "LoadImages" >> beam.ParDo(
+            LoadImages(config.policy, config.label_offset, progress_dir, load_threads),
+            labels=beam.pvalue.AsSingleton(labels, default_value=()),
+        ).with_outputs(LoadImages.REJECTED, main="records")
+    )
+    shards = loaded.records | "WriteShards" >> WriteShards(config, temp_dir)
+    rejected = (*duplicates, loaded[LoadImages.REJECTED]) | "AllRejected" >> beam.Flatten()
+
+    counts = (
+        (
+            listed | "ListedPerSplit" >> beam.Map(lambda s: ((s.split, "listed"), 1)),
+            rejected
+            | "RejectedPerReason" >> beam.Map(lambda r: ((r["split"], "rejected:" + r["reason"]), 1)),
+        )
+        | "AllCounts" >> beam.Flatten()
+        | "SumCounts" >> beam.CombinePerKey(sum)
+        | "CountRows" >> beam.MapTuple(lambda key, n: {"split": key[0], "what": key[1], "n": n})
+    )
+    _ = (shards, counts, labels) | "Summary" >> WriteSummary(paths.join(temp_dir, SUMMARY_NAME))
+    _ = rejected | "WriteRejected" >> WriteRejected(temp_dir)

@@ -1,0 +1,99 @@
+"""What many tests share: the odd-image files, images made on the spot, label colours, and
+running the `tfrecord-pipe` command."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+from PIL import Image
+
+# Real odd image files from Pillow's and libjpeg-turbo's test suites (licences beside them).
+ODD_IMAGES = pathlib.Path(__file__).resolve().parent / "data" / "odd-images"
+
+# One colour per label, far apart, so that a centre crop still shows which label it is.
+COLOURS = {
+    "red": (220, 30, 30),
+    "green": (30, 200, 30),
+    "blue": (30, 30, 220),
+    "yellow": (220, 220, 40),
+    "magenta": (200, 40, 200),
+}
+RGB = ("red", "green", "blue")
+
+# Beam flags for one in-process worker: the local runner the job uses by default, without
+# starting worker processes.
+IN_PROCESS = ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
+
+COMMAND = str(pathlib.Path(sys.executable).parent / "tfrecord-pipe")
+
+
+def encode(image: Image.Image | np.ndarray, fmt: str = "JPEG", **options) -> bytes:
+    """`image` (or an array of pixels) as the bytes of an image file of format `fmt`."""
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def jpeg_bytes(width: int = 8, height: int = 8, colour=(200, 30, 30), quality: int = 90) -> bytes:
+    """A baseline RGB JPEG of one colour."""
+    return encode(Image.new("RGB", (width, height), colour), quality=quality)
+
+
+def png_bytes(width: int, height: int, colour) -> bytes:
+    """An RGB PNG of one colour."""
+    return encode(Image.new("RGB", (width, height), colour), "PNG")
+
+
+def write_image_folder(root: pathlib.Path, per_label: int, labels=RGB, odd=()) -> pathlib.Path:
+    """`root/<label>/000.jpg ...`: `per_label` small JPEGs of each label's colour, of growing
+    widths, plus copies of the `odd` files (tests/data/odd-images) under the first label."""
+    for label in labels:
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for i in range(per_label):
+            (root / label / f"{i:03d}.jpg").write_bytes(jpeg_bytes(8 + i, 8, COLOURS[label]))
+    for name in odd:
+        (root / labels[0] / name).write_bytes((ODD_IMAGES / name).read_bytes())
+    return root
+
+
+@dataclasses.dataclass(frozen=True)
+class Ran:
+    """What a command did: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def errors(self) -> list[str]:
+        """The `error:` lines on stderr."""
+        return [line for line in self.stderr.splitlines() if line.startswith("error:")]
+
+
+def run_cli(*args) -> Ran:
+    """`tfrecord-pipe ARGS...` in this process: what the command does, without paying for a
+    new process and TensorFlow's start-up each time."""
+    from tfrecord_pipe.tools import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([str(arg) for arg in args])
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def run_command(*args, env=None, timeout: float = 300) -> Ran:
+    """The installed `tfrecord-pipe` command in a new process, as a user runs it."""
+    done = subprocess.run(
+        [COMMAND, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+        env=dict(os.environ, **(env or {})),
+    )  # fmt: skip
+    return Ran(done.returncode, done.stdout, done.stderr)

@@ -1,0 +1,59 @@
+"""`tfrecord-pipe bench`: the reader's pipelines timed next to the decode ceiling."""
+
+import pytest
+import tensorflow as tf
+
+from dataset_factory import write_dataset
+from helpers import run_cli, run_command
+
+
+@pytest.mark.slow
+def test_bench_prints_train_and_eval_next_to_the_ceiling(converted):
+    _, out = converted
+    sizes = ("--image_size", "32", "--batch_size", "4")
+    done = run_cli("bench", out, "--seconds", "1", *sizes, "--dtype", "uint8")
+    assert done.returncode == 0, done.stderr
+    assert "32x32 uint8, batch 4" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["ceiling", "train", "eval"]
+    assert "1.00x" in rows[1]
+    assert "training runs at" in done.stdout
+
+
+@pytest.mark.slow
+def test_bench_progress_in_a_log_is_plain_lines(converted):
+    # stderr is a pipe here, as in a log file: no carriage returns, one last line per pipeline.
+    _, out = converted
+    done = run_command("bench", out, "--seconds", "1", "--image_size", "16", "--batch_size", "2")
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stderr
+    finals = [line for line in done.stderr.splitlines() if "img/s" in line]
+    assert [line.split()[0] for line in finals[-3:]] == ["ceiling", "train", "eval"]
+    assert all("[########################]" in line for line in finals[-3:])
+
+
+def test_bench_with_an_unknown_dtype_exits_2_naming_the_choices(converted):
+    _, out = converted
+    done = run_cli("bench", out, "--dtype", "float16")
+    assert done.returncode == 2
+    assert "dtype must be one of ('float32', 'bfloat16', 'uint8'), got 'float16'" in done.stderr
+
+
+def test_bench_on_a_pattern_that_matches_nothing_exits_2(tmp_path):
+    done = run_cli("bench", f"{tmp_path}/train-*", "--seconds", "1")
+    assert done.returncode == 2
+    assert "matched no files" in done.stderr
+
+
+@pytest.mark.slow
+def test_bench_on_a_bare_pattern_needs_the_label_offset(tmp_path):
+    write_dataset(str(tmp_path), {"train": [[0, 1, 2, 0]]})
+    tf.io.gfile.remove(f"{tmp_path}/manifest.json")
+    pattern = f"{tmp_path}/train-*"
+    unknown = run_cli("bench", pattern, "--seconds", "0.2", "--batch_size", "2")
+    assert unknown.returncode == 2 and "--label_offset" in unknown.errors[0]
+    given = run_cli(
+        "bench", pattern, "--seconds", "0.2", "--batch_size", "2", "--image_size", "16",
+        "--label_offset", "1",
+    )  # fmt: skip
+    assert given.returncode == 0, given.stderr

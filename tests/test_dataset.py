@@ -1,0 +1,96 @@
+"""dataset.py: what a dataset folder or a file pattern holds, worked out once for every tool."""
+
+import pytest
+import tensorflow as tf
+
+from tfrecord_pipe.core import manifest
+from tfrecord_pipe.reading import dataset
+
+from dataset_factory import write_dataset
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """train: 2 shards (3 + 2 records); validation: 1 shard (2 records); GZIP."""
+    path = str(tmp_path_factory.mktemp("dataset") / "ds")
+    write_dataset(path, {"train": [[0, 1, 2], [1, 0]], "validation": [[2, 2]]}, compression="GZIP")
+    return path
+
+
+def test_a_folder_is_its_manifests_splits_files_and_counts(folder):
+    found = dataset.resolve(folder + "/")
+    assert not found.is_pattern
+    assert list(found.splits) == ["train", "validation"]
+    train = found.splits["train"]
+    assert train.files == (
+        f"{folder}/train-00000-of-00002.tfrecord.gz", f"{folder}/train-00001-of-00002.tfrecord.gz"
+    )
+    assert train.record_counts == (3, 2) and train.num_examples == 5
+    assert found.compression == "GZIP" and found.labels == ("red", "green", "blue")
+    assert found.manifest.label_offset == 1
+    assert len(found.files) == 3 and found.record_counts == (3, 2, 2)
+
+
+def test_a_pattern_groups_its_files_by_split_and_takes_counts_from_the_manifest_beside(folder):
+    found = dataset.resolve(f"{folder}/*.tfrecord.gz")
+    assert found.is_pattern
+    assert {name: split.record_counts for name, split in found.splits.items()} == {
+        "train": (3, 2), "validation": (2,)
+    }
+    assert found.everything().num_examples == 7
+    with pytest.raises(ValueError, match="drop split or pass the dataset folder"):
+        found.split("train")
+
+
+def test_a_pattern_of_files_from_several_folders_has_no_counts(tmp_path):
+    for name in ("a", "b"):
+        write_dataset(str(tmp_path / name), {"train": [[0, 1]]})
+    found = dataset.resolve(f"{tmp_path}/*/train-*")
+    assert len(found.files) == 2 and found.record_counts is None and found.manifest is None
+    assert found.compression == ""
+
+
+def test_files_named_otherwise_are_one_group(tmp_path):
+    write_dataset(str(tmp_path), {"train": [[0]]})
+    (tmp_path / "train-00000-of-00001.tfrecord").rename(tmp_path / "mine.tfrecord")
+    assert list(dataset.resolve(f"{tmp_path}/*.tfrecord").splits) == ["files"]
+
+
+def test_the_label_offset_is_the_manifests_or_given_never_guessed(folder, tmp_path):
+    with_manifest = dataset.resolve(folder)
+    assert dataset.label_offset(with_manifest, None) == 1
+    assert dataset.label_offset(with_manifest, 1) == 1
+    with pytest.raises(ValueError, match="says its labels were written with offset 1"):
+        dataset.label_offset(with_manifest, 0)
+    write_dataset(str(tmp_path), {"train": [[0]]}, label_offset=0)
+    tf.io.gfile.remove(f"{tmp_path}/manifest.json")
+    bare = dataset.resolve(f"{tmp_path}/train-*")
+    assert dataset.label_offset(bare, 0) == 0
+    with pytest.raises(ValueError, match="label offset is unknown. Pass label_offset"):
+        dataset.label_offset(bare, None)
+
+
+def test_label_names_are_the_manifests(folder, tmp_path):
+    assert dataset.label_names(folder) == ("red", "green", "blue")
+    write_dataset(str(tmp_path), {"train": [[0]]})
+    tf.io.gfile.remove(f"{tmp_path}/manifest.json")
+    with pytest.raises(ValueError, match="label names are unknown"):
+        dataset.label_names(f"{tmp_path}/train-*")
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [(lambda tmp: str(tmp), "not a finished tfrecord-pipe dataset"),
+     (lambda tmp: f"{tmp}/train-*", "matched no files")],
+)  # fmt: skip
+def test_what_is_not_a_dataset_says_what_to_pass(tmp_path, make, message):
+    with pytest.raises(ValueError, match=message):
+        dataset.resolve(make(tmp_path))
+
+
+def test_manifests_written_before_the_configuration_was_recorded_still_read(folder, tmp_path):
+    text = (tmp_path / "m.json")
+    found = dataset.read_manifest(folder)
+    legacy = found.to_json().replace('"conversion": {}', '"options": {"jpeg_quality": 95}')
+    text.write_text(legacy)
+    assert manifest.Manifest.from_json(text.read_text()) == found

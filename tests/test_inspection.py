@@ -1,0 +1,117 @@
+"""`tfrecord-pipe inspect` and inspection.py: what a dataset holds, for a person to look at."""
+
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from tfrecord_pipe.core import manifest, schema
+from tfrecord_pipe.reading import dataset
+from tfrecord_pipe.tools import inspection
+
+from dataset_factory import write_dataset
+from helpers import jpeg_bytes, run_cli
+
+
+def test_inspect_shows_splits_labels_sizes_and_rejections(converted):
+    _, out = converted
+    done = run_cli("inspect", out, "--check")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "3 labels, label_offset 1" in text
+    assert "train:" in text and "validation:" in text and "in 2 shards" in text
+    assert "counts checked against the shards: OK" in text
+    assert "blue (0)" in text and "red (2)" in text and "█" in text  # name (0-based index)
+    assert "image height 8..8" in text
+    assert "rejected: 1 (truncated 1)" in text and "truncated_jpeg.jpg" in text
+
+
+def test_inspect_grid_draws_every_sample_with_its_label(converted, tmp_path):
+    _, out = converted
+    grid = tmp_path / "grid.png"
+    done = run_cli("inspect", out, "--grid", grid, "--grid_count", "8")
+    assert done.returncode == 0, done.stderr
+    assert "contact sheet of 8 records" in done.stdout
+    sheet = Image.open(grid)
+    assert sheet.size == (6 * 132 + 4, 2 * (128 + 18 + 4) + 4)  # 8 tiles: two rows of six
+
+
+def test_inspect_check_catches_a_manifest_that_disagrees_with_a_shard(converted_copy):
+    _, out = converted_copy
+    found = dataset.read_manifest(str(out))
+    info = found.splits["train"]
+    lengths = (info.shard_lengths[0] + 1,) + info.shard_lengths[1:]
+    splits = dict(found.splits)
+    splits["train"] = manifest.SplitInfo(
+        info.num_examples + 1, lengths, info.num_bytes, info.listed + 1, info.rejected, info.files
+    )
+    dataset.write_manifest(str(out), manifest.Manifest(**{**found.__dict__, "splits": splits}))
+    done = run_cli("inspect", out, "--check")
+    assert done.returncode == 1
+    assert "PROBLEM" in done.stdout and "the shard holds" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "make_path, message",
+    [
+        (lambda tmp: tmp / "missing", "does not exist"),
+        (lambda tmp: tmp, "not a finished tfrecord-pipe dataset"),  # a folder without manifest
+        (lambda tmp: f"{tmp}/train-*", "matched no files"),
+    ],
+)
+def test_inspect_bad_input_is_one_clear_line_and_exit_2(tmp_path, make_path, message):
+    done = run_cli("inspect", make_path(tmp_path))
+    assert done.returncode == 2
+    assert len(done.errors) == 1 and message in done.errors[0]
+
+
+def test_inspect_a_bare_pattern_counts_from_the_shards(converted):
+    _, out = converted
+    done = run_cli("inspect", f"{out}/train-*")
+    assert done.returncode == 0, done.stderr
+    train = dataset.read_manifest(str(out)).splits["train"].num_examples
+    assert f"train: {train} records in 2 shards" in done.stdout
+
+
+def test_without_a_label_offset_labels_show_as_stored_values(tmp_path):
+    write_dataset(str(tmp_path), {"train": [[0, 1, 1]]}, label_offset=1)
+    tf.io.gfile.remove(f"{tmp_path}/manifest.json")
+    unknown = run_cli("inspect", f"{tmp_path}/train-*")
+    assert "no manifest.json" in unknown.stdout
+    assert "green (stored 2)" in unknown.stdout and "(1)" not in unknown.stdout
+    given = run_cli("inspect", f"{tmp_path}/train-*", "--label_offset", "1")
+    assert "green (1)" in given.stdout and "red (0)" in given.stdout
+
+
+def test_sample_records_reports_keys_labels_and_sizes(tmp_path):
+    write_dataset(str(tmp_path), {"train": [[0, 1], [2]], "validation": [[1]]}, size=(40, 30))
+    report = inspection.sample_records(str(tmp_path))
+    assert report.records_read == 4 and len(report.files) == 3
+    assert report.keys == schema.FEATURES
+    assert report.labels == {"red (0)": 1, "green (1)": 2, "blue (2)": 1}
+    assert report.heights == (30, 30) and report.widths == (40, 40)
+    assert report.problems == ()
+    assert "labels: blue (2) x1, green (1) x2, red (0) x1" in str(report)
+
+
+def test_sample_records_flags_a_record_whose_image_is_not_its_stated_size(tmp_path):
+    path = str(tmp_path / "odd.tfrecord")
+    record = schema.ImageRecord(
+        encoded=jpeg_bytes(20, 10, (1, 2, 3)), height=11, width=20, label_index=0,
+        label_text="x", filename="x/1.jpg", sha256="0" * 64,
+    )  # fmt: skip
+    with tf.io.TFRecordWriter(path) as writer:
+        writer.write(schema.serialize(record, label_offset=1))
+        writer.write(b"not an example")
+    report = inspection.sample_records(path, label_offset=1)
+    assert report.records_read == 2
+    assert any("decodes to (10, 20, 3), the record says 11x20x3" in p for p in report.problems)
+    assert any("record 2: Not a tf.train.Example" in problem for problem in report.problems)
+
+
+def test_sample_records_reports_a_truncated_shard_instead_of_raising(tmp_path):
+    write_dataset(str(tmp_path), {"train": [[0, 1, 2]]})
+    shard = tmp_path / "train-00000-of-00001.tfrecord"
+    shard.write_bytes(shard.read_bytes()[:-50])
+    report = inspection.sample_records(str(tmp_path))
+    assert report.records_read == 2
+    assert any("reading stopped after 2 records" in problem for problem in report.problems)

@@ -1,0 +1,114 @@
+"""The layers stay layered: each module imports only from its own layer and those below.
+
+    tfrecord_pipe/core      no TensorFlow, no Beam        imports: core
+    tfrecord_pipe/reading   TensorFlow, no Beam           imports: core, reading
+    beam_jobs               Beam, no TensorFlow           imports: core, beam_jobs
+    tfrecord_pipe/tools     the command                   imports: anything
+
+Read from the source (every import, including those inside functions), so a dependency
+cannot hide in a function body.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+import tfrecord_pipe
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ALLOWED = {
+    "core": {"core"},
+    "reading": {"core", "reading"},
+    "beam_jobs": {"core", "beam_jobs"},
+    "tools": {"core", "reading", "beam_jobs", "tools"},
+}
+FORBIDDEN = {
+    "core": {"tensorflow", "keras", "jax", "apache_beam"},
+    "reading": {"apache_beam"},
+    "beam_jobs": {"tensorflow", "keras", "jax"},
+    "tools": set(),
+}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of one of our modules, by its dotted name; None for the package itself."""
+    module = tfrecord_pipe._PUBLIC.get(module.removeprefix("tfrecord_pipe."), module)
+    parts = module.split(".")
+    if parts[0] == "beam_jobs":
+        return "beam_jobs"
+    if parts[0] == "tfrecord_pipe":
+        return parts[1] if len(parts) > 1 else None
+    raise ValueError(module)
+
+
+def sources():
+    """(dotted module name, path) of every module of ours."""
+    for package in ("tfrecord_pipe", "beam_jobs"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            yield module.removesuffix(".__init__"), path
+
+
+def imported(path: pathlib.Path) -> set[str]:
+    """Every module `path` imports; `from a import b` counts as a.b when that is one of ours."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            ours = node.module.split(".")[0] in ("tfrecord_pipe", "beam_jobs")
+            if ours:
+                names |= {f"{node.module}.{alias.name}" for alias in node.names}
+            else:
+                names.add(node.module)
+    return names
+
+
+def test_every_module_is_in_a_layer():
+    for module, _ in sources():
+        if module != "tfrecord_pipe":
+            assert layer_of(module) in ALLOWED, f"{module} is in no layer"
+
+
+@pytest.mark.parametrize("module, path", list(sources()), ids=lambda x: str(x).split("/")[-1])
+def test_imports_go_only_down_the_layers(module, path):
+    layer = layer_of(module)
+    if layer is None:  # tfrecord_pipe/__init__.py: the version, and lazy names of public modules
+        assert not [name for name in imported(path) if name.startswith(("tfrecord_pipe", "beam"))]
+        return
+    wrong = []
+    for name in sorted(imported(path)):
+        top = name.split(".")[0]
+        if top in ("tfrecord_pipe", "beam_jobs"):
+            target = layer_of(name.removesuffix(".__version__"))
+            if target is not None and target not in ALLOWED[layer]:
+                wrong.append(f"{name} (layer {target})")
+        elif top in FORBIDDEN[layer]:
+            wrong.append(name)
+    assert not wrong, f"{module} ({layer}) imports {wrong}"
+
+
+def test_the_check_sees_an_import_hidden_in_a_function(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from tfrecord_pipe.reading import reader\n    import tensorflow")
+    assert {"tfrecord_pipe.reading.reader", "tensorflow"} <= imported(path)
+
+
+@pytest.mark.slow
+def test_neither_the_core_nor_the_job_loads_tensorflow_and_public_modules_load_when_used():
+    # Dataflow workers (and local worker processes) start faster and use less memory without
+    # TensorFlow, and `tfrecord-pipe convert` starts in a second instead of four.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tfrecord_pipe, tfrecord_pipe.core.schema, tfrecord_pipe.core.manifest;"
+        "import beam_jobs.convert, beam_jobs.pipeline, beam_jobs.finalise;"
+        "print('tensorflow' in sys.modules);"
+        "from tfrecord_pipe import reader, schema; print(reader.__name__, schema.__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [
+        "False", "tfrecord_pipe.reading.reader", "tfrecord_pipe.core.schema"
+    ]

@@ -1,0 +1,54 @@
+"""tpu_ready.py: static, batched, TPU-typed elements pass; everything else is listed."""
+
+import pytest
+import tensorflow as tf
+
+from tfrecord_pipe.reading import reader, tpu_ready
+
+from dataset_factory import write_dataset
+
+
+def spec(*shapes_and_dtypes):
+    return tuple(tf.TensorSpec(shape, dtype) for shape, dtype in shapes_and_dtypes)
+
+
+def test_the_readers_output_passes_in_both_layouts(tmp_path):
+    write_dataset(str(tmp_path), {"train": [[0, 1, 2]]})
+    for transpose, layout in ((False, "NHWC"), (True, "HWCN")):
+        ds = reader.make_input_fn(
+            str(tmp_path), is_training=True, batch_size=2, image_size=16, transpose_input=transpose
+        )()
+        tpu_ready.check(ds, 2, layout)
+
+
+def test_every_problem_is_listed_at_once():
+    bad = {
+        "image": tf.TensorSpec((None, 8, 8, 3), tf.float32),
+        "label": tf.TensorSpec((4,), tf.int64),
+        "name": tf.TensorSpec((4,), tf.string),
+        "size": tf.TensorSpec((3, 2), tf.int32),
+    }
+    with pytest.raises(tpu_ready.NotTpuReadyError) as caught:
+        tpu_ready.check(bad, 4)
+    message = str(caught.value)
+    assert "element['image']: shape (None, 8, 8, 3) has dynamic dimensions" in message
+    assert "element['label']: dtype int64 is not TPU-ready (cast to int32)" in message
+    assert "element['name']: dtype string is not TPU-ready" in message
+    assert "element['size']: first (batch) dimension is 3, expected 4" in message
+
+
+def test_an_unbatched_dataset_is_not_ready():
+    ds = tf.data.Dataset.from_tensors((tf.zeros([8, 8, 3]), tf.constant(1, tf.int32)))
+    with pytest.raises(tpu_ready.NotTpuReadyError, match="scalar has no batch dimension"):
+        tpu_ready.check(ds, 1)
+    with pytest.raises(tpu_ready.NotTpuReadyError, match="dynamic dimensions"):
+        tpu_ready.check(ds.repeat().batch(4), 4)
+
+
+def test_hwcn_images_have_the_batch_last():
+    transposed = spec(((8, 8, 3, 4), tf.bfloat16), ((4,), tf.int32))
+    tpu_ready.check(transposed, 4, "HWCN")
+    with pytest.raises(
+        tpu_ready.NotTpuReadyError, match=r"element\[0\]: first \(batch\) dimension is 8"
+    ):
+        tpu_ready.check(transposed, 4, "NHWC")

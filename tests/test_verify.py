@@ -1,0 +1,144 @@
+"""`tfrecord-pipe verify SRC OUT`: proves nothing was lost or changed, and finds what was."""
+
+import pathlib
+import shutil
+
+import pytest
+import tensorflow as tf
+
+from beam_jobs import convert
+from tfrecord_pipe.core import schema
+from tfrecord_pipe.reading import dataset
+
+from helpers import COLOURS, IN_PROCESS, jpeg_bytes, run_cli
+
+
+def test_verify_passes_on_an_untouched_conversion(converted):
+    src, out = converted
+    done = run_cli("verify", src, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "16 sources listed; 15 records in the shards; 1 rejected" in done.stdout
+    assert done.stdout.strip().endswith("OK")
+
+
+def rewrite_shard(path: pathlib.Path, change) -> None:
+    """Rewrites a shard with `change(list of serialized records)` applied (valid CRCs)."""
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in change(records):
+            writer.write(record)
+
+
+def first_shard(out: pathlib.Path) -> pathlib.Path:
+    return out / dataset.read_manifest(str(out)).splits["train"].files[0]
+
+
+def test_verify_catches_a_deleted_shard(converted_copy):
+    src, out = converted_copy
+    first_shard(out).unlink()
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    assert "is missing (the manifest lists" in done.stdout
+    assert "in no shard and not in rejected/ (lost)" in done.stdout
+
+
+def test_verify_catches_a_duplicated_record(converted_copy):
+    src, out = converted_copy
+    rewrite_shard(first_shard(out), lambda records: records + records[:1])
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    assert "written 2 times" in done.stdout
+
+
+def test_verify_catches_a_modified_record(converted_copy):
+    src, out = converted_copy
+
+    def repaint(records):
+        record = schema.decode_example(records[0], label_offset=1)
+        changed = schema.ImageRecord(
+            **{**record.__dict__, "encoded": jpeg_bytes(record.width, record.height, (1, 2, 3))}
+        )
+        return [schema.serialize(changed, label_offset=1)] + records[1:]
+
+    rewrite_shard(first_shard(out), repaint)
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    assert "(modified record)" in done.stdout
+
+
+def test_verify_catches_a_source_in_neither_shards_nor_rejected(converted_copy):
+    src, out = converted_copy
+    (src / "green" / "999.jpg").write_bytes(jpeg_bytes(9, 9, (0, 250, 0)))  # never converted
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    assert "green/999.jpg: listed but in no shard and not in rejected/ (lost)" in done.stdout
+
+
+def test_verify_redoes_the_conversion_with_its_recorded_configuration(tmp_path):
+    # Images above --max_side are stored downscaled: verify must redo that from the manifest,
+    # not from today's defaults, or every record would look modified.
+    src = tmp_path / "src"
+    (src / "red").mkdir(parents=True)
+    (src / "red" / "big.jpg").write_bytes(jpeg_bytes(64, 48, COLOURS["red"]))
+    out = tmp_path / "out"
+    convert.run([str(src), str(out), "--max_side", "32", "--jpeg_quality", "70", *IN_PROCESS])
+    recorded = dataset.read_manifest(str(out)).conversion
+    assert recorded["policy"]["max_side"] == 32 and recorded["policy"]["jpeg_quality"] == 70
+    done = run_cli("verify", src, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_verify_a_folder_that_is_not_a_dataset_exits_2(converted):
+    src, _ = converted
+    done = run_cli("verify", src, src)
+    assert done.returncode == 2
+    assert "not a finished tfrecord-pipe dataset" in done.stderr
+
+
+def test_verify_a_dataset_that_does_not_record_its_conversion_exits_2(converted_copy):
+    src, out = converted_copy
+    manifest_path = out / "manifest.json"
+    text = manifest_path.read_text()
+    manifest_path.write_text(text.replace('"conversion": {', '"options": {'))
+    done = run_cli("verify", src, out)
+    assert done.returncode == 2
+    assert "does not record how it was converted" in done.errors[0]
+
+
+def test_verify_a_csv_conversion_with_a_duplicate_line_and_a_missing_file(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    lines = ["path,label,split"]
+    for i, label in enumerate(("blue", "green", "red")):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(jpeg_bytes(9, 9, COLOURS[label]))
+        lines.append(f"imgs/{i}.jpg,{label},train")
+    lines += ["imgs/0.jpg,green,validation", "imgs/missing.jpg,red,train"]
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    convert.run([str(tmp_path / "list.csv"), str(tmp_path / "out"), *IN_PROCESS])
+    done = run_cli("verify", tmp_path / "list.csv", tmp_path / "out")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "5 sources listed; 3 records in the shards; 2 rejected" in done.stdout
+
+
+@pytest.mark.slow
+def test_inspect_and_verify_on_gcs(converted, gcs):
+    src, out = converted
+    for local, remote in ((src, gcs.url("cli", "src")), (out, gcs.url("cli", "out"))):
+        for path in local.rglob("*"):
+            if path.is_file():
+                tf.io.gfile.makedirs(f"{remote}/{path.parent.relative_to(local)}")
+                tf.io.gfile.copy(str(path), f"{remote}/{path.relative_to(local)}", overwrite=True)
+    inspected = run_cli("inspect", gcs.url("cli", "out"))
+    assert inspected.returncode == 0, inspected.stderr
+    assert "rejected: 1 (truncated 1)" in inspected.stdout
+    verified = run_cli("verify", gcs.url("cli", "src"), gcs.url("cli", "out"))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert verified.stdout.strip().endswith("OK")
+    missing = run_cli("inspect", "gs://no-such-bucket/data")
+    assert missing.returncode == 2 and missing.errors
+
+
+def test_copying_a_dataset_elsewhere_keeps_it_verifiable(converted, tmp_path):
+    src, out = converted
+    shutil.copytree(out, tmp_path / "moved")
+    done = run_cli("verify", src, tmp_path / "moved")
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,64 @@
+"""The names of a dataset folder's files and splits: the one place that knows them.
+
+    OUT/train-00000-of-00016.tfrecord      shards of split "train" (".tfrecord.gz": GZIP)
+    OUT/validation-00000-of-00002.tfrecord
+    OUT/rejected/rejected-train.jsonl      every input of the split that was not used, and why
+    OUT/labels.txt, OUT/manifest.json      written last: a manifest means a complete dataset
+
+The converter names files with these functions; the reader, `inspect`, `verify` and `bench`
+parse names with them.
+"""
+
+from __future__ import annotations
+
+import re
+
+MANIFEST_NAME = "manifest.json"
+LABELS_NAME = "labels.txt"
+REJECTED_DIR = "rejected"
+
+TRAIN, VALIDATION, TEST = "train", "validation", "test"
+SPLIT_ORDER = (TRAIN, VALIDATION, TEST)  # others after these, by name
+
+GZIP = "GZIP"
+COMPRESSIONS = ("", GZIP)  # as tf.data.TFRecordDataset's compression_type takes them
+
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_SHARD_NAME = re.compile(r"(?P<split>[A-Za-z0-9_-]+)-\d{5,}-of-\d{5,}\.tfrecord(\.gz)?")
+
+
+def shard_name(split: str, index: int, shards: int, compressed: bool) -> str:
+    """`train-00003-of-00016.tfrecord`, with `.gz` when GZIP-compressed."""
+    suffix = ".tfrecord.gz" if compressed else ".tfrecord"
+    return f"{split}-{index:05d}-of-{shards:05d}{suffix}"
+
+
+def split_of(name: str) -> str | None:
+    """The split a shard file's name (or path) gives; None for a name not made by `shard_name`."""
+    found = _SHARD_NAME.fullmatch(name.rsplit("/", 1)[-1])
+    return found.group("split") if found else None
+
+
+def rejected_name(split: str) -> str:
+    """The rejected-inputs file of a split, relative to the dataset folder."""
+    return f"{REJECTED_DIR}/rejected-{split}.jsonl"
+
+
+def compression_of(files) -> str:
+    """GZIP when every file name ends in .gz (as compressed shards are named), else ""."""
+    return GZIP if files and all(str(path).endswith(".gz") for path in files) else ""
+
+
+def split_name_problem(split: str) -> str | None:
+    """Why `split` cannot be a split's name (it becomes part of file names), or None."""
+    if _SPLIT_NAME.fullmatch(split):
+        return None
+    return (
+        f"{split!r} is not a usable split name: it becomes part of file names, so use letters, "
+        "digits, '_' and '-' only (e.g. train, validation)"
+    )
+
+
+def split_order(name: str) -> tuple[int, str]:
+    """Sort key: train, validation, test, then other splits by name."""
+    return (SPLIT_ORDER.index(name) if name in SPLIT_ORDER else len(SPLIT_ORDER), name)

@@ -1,0 +1,47 @@
+"""Paths, local or remote (gs://, s3://, any scheme Beam's and TensorFlow's filesystems take):
+the rules in one place, as plain string functions.
+
+A remote path is one with a scheme, as Beam's `FileSystems.get_scheme` decides. Object stores
+have no folders to create, so the only I/O here is making a local folder.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+
+_SCHEME = re.compile(r"^[a-zA-Z][-+.a-zA-Z0-9]*://")  # the pattern Beam's FileSystems uses
+
+
+def is_remote(path: str) -> bool:
+    """Whether `path` names a filesystem by scheme (gs://bucket/x) rather than local disk."""
+    return bool(_SCHEME.match(path))
+
+
+def folder(path: str) -> str:
+    """`path` without trailing slashes; a root ("/", "gs://") keeps its own."""
+    stripped = path.rstrip("/")
+    scheme = _SCHEME.match(path)
+    if scheme and len(stripped) < len(scheme.group(0)):
+        return scheme.group(0)
+    return stripped or path[:1]
+
+
+def join(base: str, *names: str) -> str:
+    """`base/name/...`, with one slash between parts whatever `base` ends with."""
+    return posixpath.join(folder(base), *names)
+
+
+def is_inside(path: str, parent: str) -> bool:
+    """Whether `path` is `parent` or below it (local paths resolved, symlinks followed)."""
+    if not is_remote(path) and not is_remote(parent):
+        path, parent = os.path.realpath(path), os.path.realpath(parent)
+    path, parent = folder(path), folder(parent)
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def make_local_folder(path: str) -> None:
+    """Creates the local folder `path` (and its parents); remote paths need none."""
+    if not is_remote(path):
+        os.makedirs(path, exist_ok=True)

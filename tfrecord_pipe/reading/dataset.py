@@ -1,0 +1,230 @@
+"""What a dataset path means, worked out once: its splits, shard files, counts, compression,
+labels and label offset.
+
+A path is either a dataset folder (it has manifest.json: a finished conversion) or a pattern
+of TFRecord files (`gs://b/d/train-*`). The reader, `inspect`, `verify` and `bench` all
+start from `resolve(path)`; files are read with TensorFlow's filesystems (local, gs://).
+
+The label offset, one policy: it is the manifest's; without a manifest it must be given, and
+nothing guesses it (`label_offset`). Tools that show labels without knowing it show the
+stored value, marked as such.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+
+import tensorflow as tf
+
+from tfrecord_pipe.core import manifest as manifest_lib
+from tfrecord_pipe.core import naming, paths
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """Shard files read together.
+
+    Attributes:
+      name: the split's name; for a pattern's files, the name their file names give.
+      files: full paths, in shard order.
+      record_counts: records per file, from the manifest; None when unknown.
+    """
+
+    name: str
+    files: tuple[str, ...]
+    record_counts: tuple[int, ...] | None
+
+    @property
+    def num_examples(self) -> int | None:
+        return None if self.record_counts is None else sum(self.record_counts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A dataset folder or a file pattern, resolved.
+
+    Attributes:
+      path: as given.
+      is_pattern: a file pattern (its files are what is read), not a dataset folder.
+      splits: split name to Split. A folder: the manifest's splits, in its order. A pattern:
+        the files it matches, grouped by the split their names give.
+      compression: "" or "GZIP".
+      manifest: the folder's manifest, or the one beside a pattern's files; None if neither.
+    """
+
+    path: str
+    is_pattern: bool
+    splits: dict[str, Split]
+    compression: str
+    manifest: manifest_lib.Manifest | None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every shard file, split after split."""
+        return tuple(path for split in self.splits.values() for path in split.files)
+
+    @property
+    def record_counts(self) -> tuple[int, ...] | None:
+        """Records per file of `files`; None unless every count is known."""
+        counts = [split.record_counts for split in self.splits.values()]
+        return None if None in counts else tuple(n for split in counts for n in split)
+
+    @property
+    def labels(self) -> tuple[str, ...] | None:
+        """Label texts in index order, from the manifest."""
+        return self.manifest.labels if self.manifest else None
+
+    def split(self, name: str) -> Split:
+        """The split `name` of a dataset folder.
+
+        Raises:
+          ValueError: a pattern (its files are read whatever their split), or no such split.
+        """
+        if self.is_pattern:
+            raise ValueError(
+                f"split={name!r} selects a split of a dataset folder, but {self.path} is a file "
+                "pattern; drop split or pass the dataset folder."
+            )
+        if name not in self.splits:
+            raise ValueError(f"{self.path} has no split {name!r}; it has {sorted(self.splits)}.")
+        return self.splits[name]
+
+    def everything(self) -> Split:
+        """All files as one Split (what a pattern reads)."""
+        return Split(self.path, self.files, self.record_counts)
+
+
+def resolve(path: str) -> Dataset:
+    """Finds what `path` holds.
+
+    Raises:
+      ValueError: a folder without a manifest, or a pattern that matches nothing; the message
+        says what to pass instead.
+      FileNotFoundError: a bucket that cannot be reached.
+    """
+    folder = paths.folder(path)
+    try:
+        is_dataset = tf.io.gfile.exists(paths.join(folder, naming.MANIFEST_NAME))
+    except tf.errors.OpError as err:  # a bucket that does not exist, or is not ours to read
+        raise FileNotFoundError(f"Cannot reach {path}: {err.message}") from err
+    if is_dataset:
+        found = read_manifest(folder)
+        splits = {
+            name: Split(
+                name, tuple(paths.join(folder, file) for file in info.files), info.shard_lengths
+            )
+            for name, info in found.splits.items()
+        }
+        return Dataset(path, False, splits, found.compression, found)
+    if tf.io.gfile.isdir(folder):
+        raise ValueError(
+            f"{path} is a folder without {naming.MANIFEST_NAME}: not a finished tfrecord-pipe "
+            "dataset (the converter writes it last). To read its shards anyway, pass a file "
+            f"pattern such as {paths.join(folder, 'train-*')}, and the label offset."
+        )
+    files = tuple(sorted(tf.io.gfile.glob(path)))
+    if not files:
+        raise ValueError(
+            f"{path} matched no files. Pass a dataset folder (with {naming.MANIFEST_NAME}) or a "
+            "pattern of TFRecord files such as gs://bucket/dataset/train-*."
+        )
+    beside = _manifest_beside(files)
+    counts = _counts_in(beside, files)
+    grouped: dict[str, list[int]] = {}
+    for index, file in enumerate(files):
+        grouped.setdefault(naming.split_of(file) or "files", []).append(index)
+    splits = {
+        name: Split(
+            name,
+            tuple(files[i] for i in indices),
+            None if counts is None else tuple(counts[i] for i in indices),
+        )
+        for name, indices in sorted(grouped.items(), key=lambda item: naming.split_order(item[0]))
+    }
+    compression = beside.compression if beside else naming.compression_of(files)
+    return Dataset(path, True, splits, compression, beside)
+
+
+def _manifest_beside(files) -> manifest_lib.Manifest | None:
+    """The manifest of the one folder holding all of `files`, if it has one."""
+    folders = {posixpath.dirname(file) for file in files}
+    if len(folders) != 1:
+        return None
+    folder = folders.pop()
+    if not tf.io.gfile.exists(paths.join(folder, naming.MANIFEST_NAME)):
+        return None
+    return read_manifest(folder)
+
+
+def _counts_in(found, files) -> tuple[int, ...] | None:
+    """The manifest's record counts of `files`, if it lists every one."""
+    if found is None:
+        return None
+    lengths = {
+        name: length
+        for info in found.splits.values()
+        for name, length in zip(info.files, info.shard_lengths)
+    }
+    names = [posixpath.basename(file) for file in files]
+    if not all(name in lengths for name in names):
+        return None
+    return tuple(lengths[name] for name in names)
+
+
+def label_offset(found: Dataset, given: int | None) -> int:
+    """The label offset to read `found` with: THE policy, see the module docstring.
+
+    Raises:
+      ValueError: `given` disagrees with the manifest, or there is no manifest and no `given`.
+    """
+    if found.manifest is not None:
+        if given is not None and given != found.manifest.label_offset:
+            raise ValueError(
+                f"label_offset={given} was passed, but the manifest of {found.path} says its "
+                f"labels were written with offset {found.manifest.label_offset}. Leave "
+                "label_offset unset to use the manifest's."
+            )
+        return found.manifest.label_offset
+    if given is None:
+        raise ValueError(
+            f"{found.path} has no manifest.json beside it, so the label offset is unknown. "
+            "Pass label_offset (--label_offset on the command line): 1 for data written by "
+            "tfrecord-pipe or the Cloud TPU scripts (labels start at 1), 0 for 0-based labels."
+        )
+    return given
+
+
+def label_names(path: str) -> tuple[str, ...]:
+    """The label texts of a dataset, in index order: what Keras calls `class_names`.
+
+    Raises:
+      ValueError: `path` has no manifest (a bare pattern), so the names are not known.
+    """
+    found = resolve(path)
+    if found.labels is None:
+        raise ValueError(f"{path} has no manifest.json beside it: its label names are unknown.")
+    return found.labels
+
+
+def read_manifest(folder: str) -> manifest_lib.Manifest:
+    """The manifest of a dataset folder.
+
+    Raises:
+      FileNotFoundError: the folder has no manifest.json (not a dataset, or an unfinished one).
+    """
+    path = paths.join(folder, naming.MANIFEST_NAME)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(
+            f"{path} not found: {folder} is not a finished tfrecord-pipe dataset "
+            f"(the converter writes {naming.MANIFEST_NAME} last)."
+        )
+    with tf.io.gfile.GFile(path) as f:
+        return manifest_lib.Manifest.from_json(f.read())
+
+
+def write_manifest(folder: str, manifest: manifest_lib.Manifest) -> None:
+    """Writes labels.txt, then manifest.json into `folder` (for datasets written by hand)."""
+    for name, text in manifest_lib.files_of(manifest):
+        with tf.io.gfile.GFile(paths.join(folder, name), "w") as f:
+            f.write(text)

@@ -1,0 +1,108 @@
+"""Records of the format in tf.data: the parse spec, and shard files read with their record
+counts checked.
+
+TensorFlow's own error for a bad shard ("truncated record at 5085") does not say which file.
+`shard_reader` reads each file with errors caught, counts its records, and at its end compares the
+count with the manifest's: short means corrupt or truncated, and the error (or the warning,
+with skip_corrupt) names the file.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import tensorflow as tf
+
+from tfrecord_pipe.core import schema
+
+_DTYPES = {schema.BYTES: tf.string, schema.INT64: tf.int64}
+
+
+def parse_spec(*keys: str) -> dict[str, tf.io.FixedLenFeature]:
+    """The spec for `tf.io.parse_example` of `keys` (default: every key of the format).
+
+    Every key is required: a record missing one is not ours and should fail loudly.
+    """
+    return {
+        key: tf.io.FixedLenFeature([], _DTYPES[schema.FEATURES[key]])
+        for key in keys or schema.FEATURES
+    }
+
+
+def shard_reader(compression: str, buffer_size: int, skip_corrupt: bool, counted: bool):
+    """A function from (file name, expected record count) to that file's records, for an
+    interleave over shard files.
+
+    Args:
+      compression: "" or "GZIP".
+      buffer_size: read buffer per file, in bytes.
+      skip_corrupt: a corrupt or short file ends with a warning instead of an error.
+      counted: the expected counts are known (from a manifest) and checked; without them a
+        read error ends the file (skip_corrupt) or stops the pipeline with TensorFlow's error.
+    """
+
+    def read(filename: tf.Tensor, expected: tf.Tensor) -> tf.data.Dataset:
+        records = tf.data.TFRecordDataset(
+            filename, compression_type=compression, buffer_size=buffer_size
+        )
+        if counted:
+            return _checked(records, filename, expected, skip_corrupt)
+        return records.ignore_errors(log_warning=True) if skip_corrupt else records
+
+    return read
+
+
+def _checked(records, filename, expected, skip_corrupt):
+    """`records` with read errors caught and the count checked when the file ends."""
+    end = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True)))
+    tagged = records.ignore_errors().map(lambda r: (r, tf.constant(False))).concatenate(end)
+
+    def count(seen, element):
+        record, is_end = element
+        seen = seen + tf.cast(tf.logical_not(is_end), tf.int64)
+        return seen, (record, is_end, seen)
+
+    def keep(record, is_end, seen):
+        return tf.cond(
+            is_end, lambda: _file_end(filename, seen, expected, skip_corrupt), lambda: True
+        )
+
+    counted = tagged.scan(tf.constant(0, tf.int64), count)
+    return counted.filter(keep).map(lambda record, is_end, seen: record)
+
+
+def _file_end(filename, seen, expected, skip_corrupt):
+    """At a file's end: False (the end marker is dropped), after an error or a warning if short."""
+    complete = tf.equal(seen, expected)
+    problem = tf.strings.join(
+        [
+            "Corrupt or truncated TFRecord file ",
+            filename,
+            ": read ",
+            tf.strings.as_string(seen),
+            " records, the manifest lists ",
+            tf.strings.as_string(expected),
+        ]
+    )
+    if skip_corrupt:
+        return tf.cond(complete, lambda: False, lambda: _warn_false(problem))
+    check = tf.debugging.Assert(complete, [problem])
+    with tf.control_dependencies([check]):
+        return tf.constant(False)
+
+
+def _warn_false(problem):
+    warn = tf.print(
+        "WARNING tfrecord-pipe:",
+        problem,
+        "; skipped the rest of it (skip_corrupt=True)",
+        output_stream=sys.stderr,
+    )
+    with tf.control_dependencies([warn]):
+        return tf.constant(False)
+
+
+def count(path: str, compression: str) -> int:
+    """The records in one file, read to its end (errors raise tf.errors.OpError)."""
+    dataset = tf.data.TFRecordDataset(path, compression_type=compression)
+    return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
