@@ -7,7 +7,6 @@ reads it back (`from_record`) to redo the conversion's decisions.
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 
 from beam_jobs import shard_plan
 from tfrecord_pipe.core import images, paths, schema
@@ -65,7 +64,7 @@ class ConvertConfig:
     def source_root(self) -> str:
         """The folder relative paths are taken from (the CSV's folder for CSV input)."""
         if self.layout == "csv":
-            return posixpath.dirname(self.source)
+            return paths.parent(self.source)
         return paths.folder(self.source)
 
     def to_record(self) -> dict:
@@ -74,7 +73,20 @@ class ConvertConfig:
 
     @classmethod
     def from_record(cls, record: dict) -> ConvertConfig:
-        """The configuration a manifest recorded (`to_record`)."""
+        """The configuration a manifest recorded (`to_record`).
+
+        Raises:
+          ValueError: the record lacks fields, or has fields this version does not know.
+        """
         fields = dict(record)
-        policy = images.ImagePolicy(**fields.pop("policy"))
-        return cls(**fields, policy=policy)
+        policy = fields.pop("policy", None)
+        names = {field.name for field in dataclasses.fields(cls)} - {"policy"}
+        policy_names = {field.name for field in dataclasses.fields(images.ImagePolicy)}
+        missing = sorted({"source", "output"} - set(fields)) + ([] if policy else ["policy"])
+        unknown = sorted(set(fields) - names) + sorted(set(policy or {}) - policy_names)
+        if missing or unknown:
+            raise ValueError(
+                f"Not a recorded conversion configuration: missing {missing}, unknown {unknown} "
+                "(written by another version of tfrecord-pipe?)"
+            )
+        return cls(**fields, policy=images.ImagePolicy(**policy))

@@ -43,7 +43,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 import tfrecord_pipe
-from beam_jobs import finalise, packaging, pipeline, progress, sources
+from beam_jobs import finalise, packaging, pipeline, sources, worker_progress
 from beam_jobs.config import LAYOUTS, ConvertConfig
 from tfrecord_pipe.core import images, manifest, paths
 
@@ -101,6 +101,21 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
     )  # fmt: skip
 
 
+def recorded_config(record: dict) -> ConvertConfig:
+    """The configuration a manifest recorded: ConvertConfig.to_record's, or the command-line
+    flags that manifests of tfrecord-pipe 0.1 held ({"flags": ...}).
+
+    Raises:
+      ValueError: the record is not one of these.
+    """
+    if "flags" not in record:
+        return ConvertConfig.from_record(record)
+    flags = record["flags"]
+    defaults = vars(make_parser().parse_args([flags.get("source", ""), flags.get("output", "")]))
+    known = {name: value for name, value in flags.items() if name in defaults}
+    return config_from_args(argparse.Namespace(**{**defaults, **known}))
+
+
 def pipeline_options(beam_args: list[str], save_main_session: bool) -> PipelineOptions:
     """Beam options; locally, the FnApiRunner (one in-process worker unless the user chose)."""
     options = PipelineOptions(beam_args)
@@ -149,7 +164,7 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
     LOG.info("Converting %s (%s layout) into %s", config.source, config.layout, config.output)
     local = options.view_as(StandardOptions).runner == LOCAL_RUNNER
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
-        shown = progress.ProgressLine(progress_dir) if local else contextlib.nullcontext()
+        shown = worker_progress.ProgressLine(progress_dir) if local else contextlib.nullcontext()
         with shown, beam.Pipeline(options=options) as job:
             pipeline.build_pipeline(
                 job, config, temp_dir, fixed_labels,

@@ -72,7 +72,7 @@ def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Man
         for file in info.files
     ]
     for path in storage.matching(paths.join(temp_dir, naming.REJECTED_DIR, "*")):
-        name = path.rsplit("/", 1)[-1]
+        name = paths.basename(path)
         moves.append((path, paths.join(out, naming.REJECTED_DIR, name)))
     if moves:
         paths.make_local_folder(paths.join(out, naming.REJECTED_DIR))

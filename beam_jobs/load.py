@@ -30,7 +30,7 @@ import google_crc32c
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import malloc, progress, shard_plan, storage
+from beam_jobs import malloc, shard_plan, storage, worker_progress
 from beam_jobs.sources import SourceFile, rejection
 from tfrecord_pipe.core import images, paths, schema
 
@@ -73,8 +73,8 @@ class Checked:
 
 
 # Bytes a serialized record takes beyond its image and strings: feature keys, the fixed
-# values and protobuf framing (measured: about 260 bytes besides the 64-digit hash). Only shard
-# sizing uses the estimate.
+# values and protobuf framing (about 260 bytes besides the 64-digit hash, counted on records
+# `schema.serialize` wrote). Only shard sizing uses the estimate.
 _RECORD_OVERHEAD = 260
 
 
@@ -215,12 +215,12 @@ class LoadImages(beam.DoFn):
 
     def _report_progress(self, force: bool = False):
         now = time.monotonic()
-        every = PROGRESS_EVERY_S if self._progress_dir is None else progress.POLL_S
+        every = PROGRESS_EVERY_S if self._progress_dir is None else worker_progress.POLL_S
         if not force and now - self._last_report < every:
             return
         self._last_report = now
         if self._progress_dir is not None:
-            progress.report(self._progress_dir, self._worker, self._seen, self._seen_rejected)
+            worker_progress.report(self._progress_dir, self._worker, self._seen, self._seen_rejected)
         elif not force:
             LOG.info("worker %d: %d inputs loaded, %d rejected", os.getpid(), self._seen,
                      self._seen_rejected)  # fmt: skip

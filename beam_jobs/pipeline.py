@@ -66,7 +66,7 @@ class WriteRejected(beam.PTransform):
     """
 
     def __init__(self, folder: str):
-        """`folder`: the dataset folder the files go into (rejected/... below it)."""
+        """`folder`: where the files go (rejected/... below it): the job's temporary folder."""
         super().__init__()
         self._folder = folder
 

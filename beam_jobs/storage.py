@@ -18,11 +18,8 @@ def exists(pattern: str) -> bool:
 
 
 def matching(pattern: str) -> list[str]:
-    """The paths that match `pattern`; none when nothing does."""
-    try:
-        return [meta.path for meta in FileSystems.match([pattern])[0].metadata_list]
-    except Exception:  # as in exists()
-        return []
+    """The paths that match `pattern`; none when nothing does. A failed listing raises."""
+    return [meta.path for meta in FileSystems.match([pattern])[0].metadata_list]
 
 
 def delete_matching(pattern: str) -> None:

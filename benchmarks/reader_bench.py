@@ -52,11 +52,11 @@ def write_shards(
 
     from benchmarks import photos
     from tfrecord_pipe import dataset, manifest, schema
-    from tfrecord_pipe.core import progress
+    from tfrecord_pipe.core import naming, progress
 
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    names = [f"train-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
+    names = [naming.shard_name("train", i, num_shards, False) for i in range(num_shards)]
     lengths = [len(range(i, count, num_shards)) for i in range(num_shards)]
     writers = [tf.io.TFRecordWriter(str(folder / name)) for name in names]
     line = progress.StatusLine()

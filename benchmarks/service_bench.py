@@ -26,8 +26,6 @@ import sys
 import tempfile
 import time
 
-DTYPES = ("float32", "bfloat16", "uint8")
-
 _SERVER = """
 import sys
 import tensorflow as tf
@@ -68,7 +66,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from benchmarks import reader_bench
-    from tfrecord_pipe import reader
+    from tfrecord_pipe import preprocess, reader
     from tfrecord_pipe.core import progress
 
     data, created = args.data, None
@@ -78,7 +76,8 @@ def main(argv=None):
     server = subprocess.Popen(
         [sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    results = {(dtype, where): [] for dtype in DTYPES for where in ("local", "service")}
+    dtypes = preprocess.DTYPES
+    results = {(dtype, where): [] for dtype in dtypes for where in ("local", "service")}
     total, done, line = args.repeats * len(results), 0, progress.StatusLine(log_every_s=0)
     try:
         address = server.stdout.readline().strip()

@@ -1,5 +1,7 @@
 """dataset.py: what a dataset folder or a file pattern holds, worked out once for every tool."""
 
+import dataclasses
+
 import pytest
 import tensorflow as tf
 
@@ -88,9 +90,9 @@ def test_what_is_not_a_dataset_says_what_to_pass(tmp_path, make, message):
         dataset.resolve(make(tmp_path))
 
 
-def test_manifests_written_before_the_configuration_was_recorded_still_read(folder, tmp_path):
-    text = (tmp_path / "m.json")
+def test_manifests_of_version_0_1_read_with_their_flags_as_the_conversion(folder):
     found = dataset.read_manifest(folder)
-    legacy = found.to_json().replace('"conversion": {}', '"options": {"jpeg_quality": 95}')
-    text.write_text(legacy)
-    assert manifest.Manifest.from_json(text.read_text()) == found
+    legacy = found.to_json().replace('"conversion": {}', '"options": {"jpeg_quality": 90}')
+    read = manifest.Manifest.from_json(legacy)
+    assert read.conversion == {"flags": {"jpeg_quality": 90}}
+    assert dataclasses.replace(read, conversion={}) == found

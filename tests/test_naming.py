@@ -11,10 +11,11 @@ def test_shard_names_follow_the_design_and_read_back():
     assert name == "validation-00000-of-00002.tfrecord.gz"
     assert naming.split_of(f"gs://bucket/data/{name}") == "validation"
     assert naming.split_of("my-split-00000-of-00001.tfrecord") == "my-split"
+    assert naming.split_of("gs://b/imagenet/train-00012-of-01024") == "train"  # Cloud TPU
 
 
 @pytest.mark.parametrize(
-    "name", ["train.tfrecord", "train-0-of-1.tfrecord", "notes.txt", "train-00000-of-00001"]
+    "name", ["train.tfrecord", "train-0-of-1.tfrecord", "notes.txt", "train-00000-of-00001.txt"]
 )
 def test_names_the_converter_does_not_make_have_no_split(name):
     assert naming.split_of(name) is None

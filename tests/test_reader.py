@@ -136,7 +136,7 @@ def test_keras_evaluate_on_padded_batches_scores_exactly_the_records(dataset):
 @pytest.mark.parametrize("is_training", [True, False])
 def test_runs_one_call_per_core_without_the_autotuner_unless_asked(dataset, is_training):
     # Deleting an autotuned iterator could wait seconds for the autotuner's thread, and on 2
-    # cores it cost ~6% of training throughput (reader._options): off unless autotune=True.
+    # cores it cost training throughput (reader.data_options): off unless autotune=True.
     def options(**autotune):
         input_fn = reader.make_input_fn(
             dataset, is_training=is_training, image_size=SIZE, batch_size=4, **autotune

@@ -110,8 +110,13 @@ def test_decode_refuses_what_the_reader_would_refuse_naming_the_key(replaced, me
         schema.decode_example(serialized, label_offset=1)
 
 
+# A float list whose value is a varint of 2**62: read as a length, it would ask for exabytes.
+HUGE_FLOAT = b"\x0a\x13\x0a\x11\x0a\x01k\x12\x0c\x12\x0a\x08" + bytes([0x80] * 8) + b"\x40"
+
+
 @pytest.mark.parametrize(
-    "data", [b"\xff\xff\xff garbage", b"not an example", b"\x0a\x05ab", b"\x0a\xff"]
+    "data",
+    [b"\xff\xff\xff garbage", b"not an example", b"\x0a\x05ab", b"\x0a\xff", HUGE_FLOAT],
 )
 def test_decode_refuses_bytes_that_are_not_an_example(data):
     with pytest.raises(ValueError, match="Not a tf.train.Example"):

@@ -1,5 +1,7 @@
 """`tfrecord-pipe verify SRC OUT`: proves nothing was lost or changed, and finds what was."""
 
+import dataclasses
+import json
 import pathlib
 import shutil
 
@@ -97,12 +99,27 @@ def test_verify_a_folder_that_is_not_a_dataset_exits_2(converted):
 
 def test_verify_a_dataset_that_does_not_record_its_conversion_exits_2(converted_copy):
     src, out = converted_copy
-    manifest_path = out / "manifest.json"
-    text = manifest_path.read_text()
-    manifest_path.write_text(text.replace('"conversion": {', '"options": {'))
+    found = dataset.read_manifest(str(out))
+    dataset.write_manifest(str(out), dataclasses.replace(found, conversion={}))
     done = run_cli("verify", src, out)
     assert done.returncode == 2
     assert "does not record how it was converted" in done.errors[0]
+
+
+def test_verify_reads_the_flags_that_manifests_of_version_0_1_recorded(converted_copy):
+    src, out = converted_copy
+    manifest_path = out / "manifest.json"
+    written = json.loads(manifest_path.read_text())
+    del written["conversion"]
+    written["options"] = {  # what 0.1 wrote: the command line's arguments
+        "source": str(src), "output": str(out), "layout": "auto", "validation_fraction": 0.3,
+        "labels_file": None, "label_offset": 1, "num_shards": 2, "shard_mb": 128.0,
+        "max_side": None, "max_pixels": 100000000, "jpeg_quality": 95,
+        "reject_other_formats": False, "compress": False, "overwrite": False,
+    }  # fmt: skip
+    manifest_path.write_text(json.dumps(written))
+    done = run_cli("verify", src, out)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_verify_a_csv_conversion_with_a_duplicate_line_and_a_missing_file(tmp_path):

@@ -1,6 +1,7 @@
 """tfrecord-pipe: image folders to TFRecord shards (`beam_jobs`), and TPU-ready input pipelines.
 
-Three layers, each a folder; a layer imports only the ones below it (tests/test_layers.py):
+Layers in folders; a layer imports only the ones below it (tests/test_layers.py), and the
+conversion job (`beam_jobs`) sits beside `reading/`, on the core alone:
 
   core/     no TensorFlow, no Beam: the record format, the dataset's files and manifest,
             image normalisation, paths, progress lines. The conversion job's workers use it.

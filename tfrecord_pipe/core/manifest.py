@@ -56,7 +56,8 @@ class Manifest:
       splits: split name to SplitInfo.
       rejected_reasons: reason code to count, over all splits.
       conversion: the conversion's configuration (`beam_jobs.config.ConvertConfig.to_record`),
-        so that `verify` can redo it; empty in manifests written before it was recorded.
+        so that `verify` can redo it. Manifests of tfrecord-pipe 0.1 recorded the command-line
+        flags instead; they are read as {"flags": ...}.
       tool_version: tfrecord-pipe version that wrote the dataset.
       format_version: the record format's version (schema.FORMAT_VERSION).
     """
@@ -80,7 +81,8 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
         data = json.loads(text)
-        data.pop("options", None)  # before 0.2: the command-line flags, not the configuration
+        if "options" in data:  # 0.1: the command-line flags, not the configuration
+            data["conversion"] = {"flags": data.pop("options")}
         data["labels"] = tuple(data["labels"])
         data["splits"] = {
             name: SplitInfo(

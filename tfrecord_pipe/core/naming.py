@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from tfrecord_pipe.core import paths
+
 MANIFEST_NAME = "manifest.json"
 LABELS_NAME = "labels.txt"
 REJECTED_DIR = "rejected"
@@ -24,7 +26,8 @@ GZIP = "GZIP"
 COMPRESSIONS = ("", GZIP)  # as tf.data.TFRecordDataset's compression_type takes them
 
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]+")
-_SHARD_NAME = re.compile(r"(?P<split>[A-Za-z0-9_-]+)-\d{5,}-of-\d{5,}\.tfrecord(\.gz)?")
+# Our names, and the Cloud TPU scripts' (train-00000-of-01024, without a suffix).
+_SHARD_NAME = re.compile(r"(?P<split>[A-Za-z0-9_-]+)-\d{5,}-of-\d{5,}(\.tfrecord)?(\.gz)?")
 
 
 def shard_name(split: str, index: int, shards: int, compressed: bool) -> str:
@@ -35,7 +38,7 @@ def shard_name(split: str, index: int, shards: int, compressed: bool) -> str:
 
 def split_of(name: str) -> str | None:
     """The split a shard file's name (or path) gives; None for a name not made by `shard_name`."""
-    found = _SHARD_NAME.fullmatch(name.rsplit("/", 1)[-1])
+    found = _SHARD_NAME.fullmatch(paths.basename(name))
     return found.group("split") if found else None
 
 

@@ -33,6 +33,16 @@ def join(base: str, *names: str) -> str:
     return posixpath.join(folder(base), *names)
 
 
+def parent(path: str) -> str:
+    """The folder holding `path` ("" for a bare name in the working folder)."""
+    return posixpath.dirname(folder(path))
+
+
+def basename(path: str) -> str:
+    """The last part of `path`: a file's or folder's own name."""
+    return posixpath.basename(folder(path))
+
+
 def is_inside(path: str, parent: str) -> bool:
     """Whether `path` is `parent` or below it (local paths resolved, symlinks followed)."""
     if not is_remote(path) and not is_remote(parent):

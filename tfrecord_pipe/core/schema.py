@@ -172,7 +172,6 @@ _CONSTANT_ENTRIES = {
 }
 
 
-
 # Reading: the wire format back into values, for tools that look at records one at a time
 # (verify, inspect, tests); training parses in the tf.data graph instead.
 
@@ -232,12 +231,11 @@ def _list_values(kind: str, data: memoryview) -> list:
             _expect_length(wire, "a bytes_list value")
             values.append(bytes(value))
         elif kind == FLOATS:
-            raw = bytes(value)
-            if wire == _LENGTH and len(raw) % 4 == 0:  # packed
-                values.extend(struct.unpack(f"<{len(raw) // 4}f", raw))
+            if wire == _LENGTH and len(value) % 4 == 0:  # packed
+                values.extend(struct.unpack(f"<{len(value) // 4}f", value))
             elif wire == _FIXED32:
-                values.append(struct.unpack("<f", raw)[0])
-            else:
+                values.append(struct.unpack("<f", value)[0])
+            else:  # (a varint here is an int: never make bytes of it)
                 raise ValueError("a float_list value is neither packed nor a fixed32")
         elif wire == _LENGTH:  # packed int64 values
             position = 0

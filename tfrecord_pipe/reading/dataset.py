@@ -13,7 +13,6 @@ stored value, marked as such.
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 
 import tensorflow as tf
 
@@ -91,8 +90,14 @@ class Dataset:
         return self.splits[name]
 
     def everything(self) -> Split:
-        """All files as one Split (what a pattern reads)."""
-        return Split(self.path, self.files, self.record_counts)
+        """All files as one Split, in path order (what a pattern reads)."""
+        counts = self.record_counts
+        order = sorted(range(len(self.files)), key=lambda i: self.files[i])
+        return Split(
+            self.path,
+            tuple(self.files[i] for i in order),
+            None if counts is None else tuple(counts[i] for i in order),
+        )
 
 
 def resolve(path: str) -> Dataset:
@@ -148,7 +153,7 @@ def resolve(path: str) -> Dataset:
 
 def _manifest_beside(files) -> manifest_lib.Manifest | None:
     """The manifest of the one folder holding all of `files`, if it has one."""
-    folders = {posixpath.dirname(file) for file in files}
+    folders = {paths.parent(file) for file in files}
     if len(folders) != 1:
         return None
     folder = folders.pop()
@@ -166,7 +171,7 @@ def _counts_in(found, files) -> tuple[int, ...] | None:
         for info in found.splits.values()
         for name, length in zip(info.files, info.shard_lengths)
     }
-    names = [posixpath.basename(file) for file in files]
+    names = [paths.basename(file) for file in files]
     if not all(name in lengths for name in names):
         return None
     return tuple(lengths[name] for name in names)

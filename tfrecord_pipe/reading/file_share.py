@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfrecord_pipe.reading import dataset
+
 
 @dataclasses.dataclass(frozen=True)
 class PipelineShare:
@@ -39,13 +41,9 @@ class PipelineShare:
         return sum(len(range(index, count, num)) for count in self.record_counts)
 
 
-def share(
-    files: tuple[str, ...],
-    record_counts: tuple[int, ...] | None,
-    num_pipelines: int = 1,
-    index: int = 0,
-) -> PipelineShare:
-    """What input pipeline `index` of `num_pipelines` reads of `files`."""
+def share(split: dataset.Split, num_pipelines: int = 1, index: int = 0) -> PipelineShare:
+    """What input pipeline `index` of `num_pipelines` reads of `split`'s files."""
+    files, record_counts = split.files, split.record_counts
     if not 0 <= index < num_pipelines:
         raise ValueError(f"input pipeline {index} does not exist among {num_pipelines}")
     if len(files) >= num_pipelines:

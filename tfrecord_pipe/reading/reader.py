@@ -36,7 +36,7 @@ from tfrecord_pipe.reading import file_share, preprocess, records, service
 log = logging.getLogger(__name__)
 
 # Records held for shuffling. Model Garden's ImageNet configs use 10k; memory is the records'
-# serialized size times this (about 1 GB for ImageNet-sized JPEGs, see the reader benchmark).
+# serialized size times this.
 DEFAULT_SHUFFLE_BUFFER = 10_000
 # Shards read at once per pipeline. More hides per-file latency on GCS; each costs a buffer.
 DEFAULT_CYCLE_LENGTH = 16
@@ -194,22 +194,16 @@ class Source:
     """What one config reads, worked out once on the host.
 
     Attributes:
-      files: shard paths, in dataset order.
-      record_counts: records per file (from the manifest), or None when unknown.
+      split: the files, and their record counts when the manifest gives them.
       compression: "" or "GZIP".
       label_offset: subtracted from stored labels.
       num_classes: label count, or None when unknown.
     """
 
-    files: tuple[str, ...]
-    record_counts: tuple[int, ...] | None
+    split: dataset_lib.Split
     compression: str
     label_offset: int
     num_classes: int | None
-
-    @property
-    def num_examples(self) -> int | None:
-        return None if self.record_counts is None else sum(self.record_counts)
 
 
 def resolve_source(config: ReaderConfig, found: dataset_lib.Dataset | None = None) -> Source:
@@ -238,8 +232,7 @@ def resolve_source(config: ReaderConfig, found: dataset_lib.Dataset | None = Non
             )
     labels = found.labels
     return Source(
-        files=chosen.files,
-        record_counts=chosen.record_counts,
+        split=chosen,
         compression=config.compression if config.compression is not None else found.compression,
         label_offset=dataset_lib.label_offset(found, config.label_offset),
         num_classes=config.num_classes or (len(labels) if labels else None),
@@ -261,9 +254,7 @@ def read_records(
     `source`: `resolve_source(config)`, when the caller has it already.
     """
     source = source or resolve_source(config)
-    share = file_share.share(
-        source.files, source.record_counts, *_pipeline_position(input_context)
-    )
+    share = file_share.share(source.split, *_pipeline_position(input_context))
     return _records(config, source, share).with_options(data_options(config))
 
 
@@ -299,12 +290,12 @@ def build_dataset(
     source = source or resolve_source(config)
     num_pipelines, index = _pipeline_position(input_context)
     batch = _pipeline_batch_size(config, input_context, batch_size)
-    share = file_share.share(source.files, source.record_counts, num_pipelines, index)
+    share = file_share.share(source.split, num_pipelines, index)
     if share.record_shard is not None:
         log.warning(
             "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d "
             "of the records. Write at least %d shards (--num_shards) to read each once.",
-            len(source.files), num_pipelines, num_pipelines, num_pipelines,
+            len(source.split.files), num_pipelines, num_pipelines, num_pipelines,
         )  # fmt: skip
 
     serialized = _records(config, source, share)
@@ -385,7 +376,7 @@ def _file_reader(config, source, record_shard):
         source.compression,
         config.read_buffer_bytes,
         config.skip_corrupt,
-        counted=source.record_counts is not None,
+        counted=source.split.record_counts is not None,
     )
 
     def read(filename, expected):
@@ -501,7 +492,7 @@ def eval_steps(
     source = source or resolve_source(config)
     num_pipelines, _ = _pipeline_position(input_context)
     counts = [
-        file_share.share(source.files, source.record_counts, num_pipelines, i).num_examples
+        file_share.share(source.split, num_pipelines, i).num_examples
         for i in range(num_pipelines)
     ]
     if any(count is None for count in counts):

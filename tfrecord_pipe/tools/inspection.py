@@ -78,10 +78,13 @@ class SplitSummary:
 
 @dataclasses.dataclass(frozen=True)
 class DatasetSummary:
-    """Attributes: path; the manifest (None for a bare file pattern); split summaries;
-    rejected reason to count; a few rejected lines as written by the converter."""
+    """Attributes: path; is_pattern (a file pattern, not a dataset folder); the manifest (the
+    folder's, or the one beside a pattern's files; None without one); split summaries;
+    rejected reason to count and a few rejected lines as written by the converter (a folder's
+    only: a pattern may select some of its files)."""
 
     path: str
+    is_pattern: bool
     manifest: manifest_lib.Manifest | None
     splits: tuple[SplitSummary, ...]
     rejected: dict[str, int]
@@ -120,17 +123,18 @@ def summarize(
     splits = tuple(
         _split_summary(split, found, sample, check_counts, offset)
         for split in found.splits.values()
-        if split.files
     )
     rejected, examples = {}, ()
-    if found.manifest is not None and not found.is_pattern:
+    if not found.is_pattern:
         rejected = dict(found.manifest.rejected_reasons)
         examples = tuple(_rejected_lines(paths.folder(path), limit=5))
-    return DatasetSummary(path, found.manifest, splits, rejected, examples)
+    return DatasetSummary(path, found.is_pattern, found.manifest, splits, rejected, examples)
 
 
 def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
     files = list(split.files)
+    if not files:  # every input of the split was rejected
+        return SplitSummary(split.name, (), 0, True, {}, (), ())
     sizes = [tf.io.gfile.stat(path).length for path in files]
     counted = [None] * len(files)
     if check_counts:
@@ -171,7 +175,7 @@ def _spread(files, compression) -> tf.data.Dataset:
 
 
 def _rejected_lines(folder: str, limit: int):
-    pattern = paths.join(folder, naming.REJECTED_DIR, "*.jsonl")
+    pattern = paths.join(folder, naming.rejected_name("*"))
     for path in sorted(tf.io.gfile.glob(pattern)):
         with tf.io.gfile.GFile(path) as lines:
             for line in lines:
@@ -195,12 +199,15 @@ def render(summary: DatasetSummary) -> str:
     else:
         lines.append("  no manifest.json: a bare file pattern (counts read from the shards)")
     for split in summary.splits:
+        lines.append("")
+        if not split.shards:
+            lines.append(f"{split.name}: 0 records (every input of it was rejected)")
+            continue
         total_bytes = sum(shard.num_bytes for shard in split.shards)
         sizes = [shard.num_bytes for shard in split.shards]
         listed = split.listed
         if listed is None and split.read_all:
             listed = split.read  # no manifest, but every record was read
-        lines.append("")
         lines.append(
             f"{split.name}: {listed if listed is not None else f'at least {split.read}'} records in "
             f"{len(split.shards)} shards, {_mb(total_bytes)} "
@@ -223,7 +230,7 @@ def render(summary: DatasetSummary) -> str:
             longest = [max(h, w) for h, w in zip(split.heights, split.widths)]
             lines.append("  longer side:")
             lines += _histogram(_size_buckets(longest), sort_by_count=False)
-    if found:
+    if not summary.is_pattern:
         lines.append("")
         if summary.rejected:
             reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(summary.rejected.items()))
@@ -287,11 +294,11 @@ def contact_sheet(
     offset = _offset(found, label_offset)
     tiles = []
     for serialized in _spread(found.files, found.compression).take(count):
-        record = schema.decode_example(serialized.numpy(), label_offset=offset or 0)
+        record = schema.decode_example(serialized.numpy(), label_offset=0)  # stored labels
         image = Image.open(io.BytesIO(record.encoded)).convert("RGB")
         image = ImageOps.pad(image, (thumb, thumb), color=(32, 32, 32))
-        stored = record.label_index + (offset or 0)
-        tiles.append((image, label_text(stored, record.label_text, offset, found.labels)))
+        text = label_text(record.label_index, record.label_text, offset, found.labels)
+        tiles.append((image, text))
     if not tiles:
         raise ValueError(f"No records to draw in {path}")
     caption = 18
@@ -373,12 +380,11 @@ def sample_records(
             except ValueError:
                 pass  # decode_example says what is wrong with it
             try:
-                record = schema.decode_example(raw, label_offset=offset or 0)
+                record = schema.decode_example(raw, label_offset=0)  # stored labels
             except ValueError as err:
                 problems.append(f"record {read}: {err}")
                 continue
-            stored = record.label_index + (offset or 0)
-            labels[label_text(stored, record.label_text, offset, found.labels)] += 1
+            labels[label_text(record.label_index, record.label_text, offset, found.labels)] += 1
             try:
                 shape = tuple(tf.io.decode_jpeg(record.encoded, channels=3).shape)
             except tf.errors.OpError as err:

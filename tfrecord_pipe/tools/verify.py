@@ -24,8 +24,7 @@ from concurrent import futures
 
 import tensorflow as tf
 
-from beam_jobs import sources
-from beam_jobs.config import ConvertConfig
+from beam_jobs import convert, sources
 from tfrecord_pipe.core import images, naming, paths, schema
 from tfrecord_pipe.reading import dataset as dataset_lib
 
@@ -110,9 +109,8 @@ def verify(source: str, dataset: str) -> VerifyReport:
     found = dataset_lib.read_manifest(dataset)
     if not found.conversion:
         raise ValueError(
-            f"The manifest of {dataset} does not record how it was converted (it was written "
-            f"by tfrecord-pipe {found.tool_version or 'before 0.2'}), so verify cannot redo "
-            "the conversion. Convert the images again with this version to verify them."
+            f"The manifest of {dataset} does not record how it was converted, so verify cannot "
+            "redo the conversion. Convert the images again with this version to verify them."
         )
     problems = _Problems()
     listed = sum(info.listed for info in found.splits.values())
@@ -208,7 +206,7 @@ def _record_row(serialized: bytes, found) -> dict:
 
 def _add_rejected(dataset, buckets) -> int:
     count = 0
-    pattern = paths.join(dataset, naming.REJECTED_DIR, "*.jsonl")
+    pattern = paths.join(dataset, naming.rejected_name("*"))
     for path in sorted(tf.io.gfile.glob(pattern)):
         with tf.io.gfile.GFile(path) as lines:
             for line in lines:
@@ -221,7 +219,7 @@ def _add_rejected(dataset, buckets) -> int:
 
 def _add_sources(source, dataset, found, buckets) -> dict[str, int]:
     """Lists the inputs as the converter did and records what each should have become."""
-    recorded = ConvertConfig.from_record(found.conversion)
+    recorded = convert.recorded_config(found.conversion)
     config = sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
     labels = set(found.labels)
     per_split = collections.Counter()
@@ -255,7 +253,7 @@ def _expected(listed, labels, policy) -> dict:
     """What the converter should have made of one source: a record's hashes, or a rejection."""
     row = {"path": listed.path, "split": listed.split, "label": listed.label}
     if listed.label is None or listed.label not in labels:
-        return dict(row, rejected="no label" if listed.label is None else "unknown label")
+        return dict(row, rejected=images.NO_LABEL if listed.label is None else images.UNKNOWN_LABEL)
     try:
         with tf.io.gfile.GFile(listed.path, "rb") as f:
             data = f.read()
