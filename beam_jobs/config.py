@@ -12,6 +12,7 @@ from beam_jobs import shard_plan
 from tfrecord_pipe.core import images, paths, schema
 
 LAYOUTS = ("auto", "labels", "splits", "csv")
+CSV_HEADERS = ("auto", "yes", "no")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +23,8 @@ class ConvertConfig:
       source: input folder, or a CSV file of `path,label[,split]` lines. Local or gs://.
       output: dataset folder to write. Local or gs://.
       layout: "auto", "labels" (SRC/label/...), "splits" (SRC/split/label/...) or "csv".
+      csv_header: whether a CSV's first line is a header: "yes", "no", or "auto" (the rule in
+        `sources.py`).
       validation_fraction: share of inputs put in the validation split when the input does not
         say; chosen by a stable hash of the relative path, so adding images never moves others.
       labels_file: fixes the label order (one per line); default: sorted label names.
@@ -36,6 +39,7 @@ class ConvertConfig:
     source: str
     output: str
     layout: str = "auto"
+    csv_header: str = "auto"
     validation_fraction: float = 0.0
     labels_file: str | None = None
     label_offset: int = schema.DEFAULT_LABEL_OFFSET
@@ -49,6 +53,8 @@ class ConvertConfig:
         problems = []
         if self.layout not in LAYOUTS:
             problems.append(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.csv_header not in CSV_HEADERS:
+            problems.append(f"csv_header must be one of {CSV_HEADERS}, got {self.csv_header!r}")
         if not 0.0 <= self.validation_fraction < 1.0:
             problems.append(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
         if self.label_offset < 0:

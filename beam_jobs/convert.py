@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
+import functools
 import logging
 import os
 import sys
@@ -43,8 +45,8 @@ from apache_beam.options.pipeline_options import (
 )
 
 import tfrecord_pipe
-from beam_jobs import finalise, packaging, pipeline, sources, worker_progress
-from beam_jobs.config import LAYOUTS, ConvertConfig
+from beam_jobs import claim, finalise, packaging, pipeline, sources, worker_progress
+from beam_jobs.config import CSV_HEADERS, LAYOUTS, ConvertConfig
 from tfrecord_pipe.core import images, manifest, paths
 
 LOG = logging.getLogger("beam_jobs.convert")
@@ -59,12 +61,16 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
         prog=prog,
         description="Convert image folders or CSV lists into sharded TFRecords. "
         "Flags not listed here go to Beam (--runner, --project, --region, ...).",
+        allow_abbrev=False,  # --num_shard is a typo to report, not --num_shards
     )
     add = parser.add_argument
     add("source", help="image folder, folder of split folders, or CSV (local or gs://)")
     add("output", help="dataset folder to write (local or gs://)")
     add("--layout", default=ConvertConfig.layout, choices=LAYOUTS,
         help="how SRC is organised (default: detect)")
+    add("--csv_header", default=ConvertConfig.csv_header, choices=CSV_HEADERS,
+        help="whether the CSV's first line is a header (default auto: when its path cell is a "
+        "plain name, no '/' or '.', that names no existing file)")
     add("--validation_fraction", type=float, default=ConvertConfig.validation_fraction,
         help="share of inputs for validation when SRC does not split (default 0)")
     add("--labels_file", help="label order, one per line (default: sorted names)")
@@ -80,6 +86,8 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
         help="reject images with more pixels (decompression-bomb guard; default %(default)d)")
     add("--jpeg_quality", type=int, default=_POLICY.jpeg_quality,
         help="quality of re-encoded JPEGs (default %(default)d)")
+    add("--max_file_mb", type=float, default=_POLICY.max_file_bytes / (1 << 20),
+        help="reject input files larger than this, without reading them (default %(default)g)")
     add("--reject_other_formats", action="store_true",
         help="reject PNG/GIF/WebP/BMP/TIFF instead of re-encoding them")
     add("--compress", action="store_true", help="write GZIP-compressed shards")
@@ -89,7 +97,7 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:
     return ConvertConfig(
-        source=args.source, output=args.output, layout=args.layout,
+        source=args.source, output=args.output, layout=args.layout, csv_header=args.csv_header,
         validation_fraction=args.validation_fraction, labels_file=args.labels_file,
         label_offset=args.label_offset, num_shards=args.num_shards,
         shard_bytes=int(args.shard_mb * (1 << 20)), compress=args.compress,
@@ -97,6 +105,7 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         policy=images.ImagePolicy(
             max_side=args.max_side, jpeg_quality=args.jpeg_quality, max_pixels=args.max_pixels,
             allow_other_formats=not args.reject_other_formats,
+            max_file_bytes=int(args.max_file_mb * (1 << 20)),
         ),
     )  # fmt: skip
 
@@ -114,6 +123,43 @@ def recorded_config(record: dict) -> ConvertConfig:
     defaults = vars(make_parser().parse_args([flags.get("source", ""), flags.get("output", "")]))
     known = {name: value for name, value in flags.items() if name in defaults}
     return config_from_args(argparse.Namespace(**{**defaults, **known}))
+
+
+def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser) -> None:
+    """Raises ValueError for a flag that is neither ours nor Beam's, naming the closest.
+
+    Beam itself only logs a warning and drops it: `--validaton_fraction 0.2` would write a
+    dataset without the validation split.
+    """
+    ours = [flag for action in parser._actions for flag in action.option_strings]
+    known = set(ours) | _beam_flags()
+    for arg in beam_args:
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("-") and flag not in known:
+            names = sorted(name.lstrip("-") for name in known)
+            close = difflib.get_close_matches(flag.lstrip("-"), names, n=1, cutoff=0.75)
+            hint = f" Did you mean --{close[0]}?" if close else ""
+            raise ValueError(
+                f"Unknown flag {flag}: it is neither the converter's nor Beam's.{hint} "
+                "(--help lists the converter's flags.)"
+            )
+
+
+@functools.cache
+def _beam_flags() -> frozenset[str]:
+    """Every flag of Beam's pipeline options (the runners' and Dataflow's included)."""
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    flags = set()
+    for options in set(subclasses(PipelineOptions)):
+        parser = argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
+        options._add_argparse_args(parser)
+        flags.update(flag for action in parser._actions for flag in action.option_strings)
+    return frozenset(flags)
 
 
 def pipeline_options(beam_args: list[str], save_main_session: bool) -> PipelineOptions:
@@ -153,15 +199,44 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
     Raises:
       ValueError, FileNotFoundError, FileExistsError: bad options, caught before the job starts.
     """
-    args, beam_args = make_parser(prog).parse_known_args(argv)
+    parser = make_parser(prog)
+    args, beam_args = parser.parse_known_args(argv)
+    check_beam_flags(beam_args, parser)
     config = sources.resolve_layout(config_from_args(args))
     finalise.check_output(config)
     fixed_labels = _read_labels(config.labels_file) if config.labels_file else None
     options = pipeline_options(beam_args, save_main_session)
-
-    temp_dir = paths.join(config.output, f".tmp-{uuid.uuid4().hex[:12]}")
+    template = options.view_as(GoogleCloudOptions).template_location
+    temp_dir = paths.join(config.output, f"{finalise.TEMP_PREFIX}{uuid.uuid4().hex[:12]}")
     started = time.monotonic()
-    LOG.info("Converting %s (%s layout) into %s", config.source, config.layout, config.output)
+    # A template writes nothing into the output now: no claim to hold.
+    with contextlib.nullcontext() if template else claim.Claim(config.output) as held:
+        if held is not None:
+            _clear_under_claim(config, held)
+        LOG.info("Converting %s (%s layout) into %s", config.source, config.layout, config.output)
+        _run_pipeline(config, options, temp_dir, fixed_labels)
+        if template:  # nothing ran: the template runs later, and finalising is the caller's part
+            print(f"Dataflow template written to {template}; nothing was converted yet.", flush=True)
+            return None
+        result = finalise.finalise(config, temp_dir, tfrecord_pipe.__version__)
+    print(finalise.summary_line(result, config.output, time.monotonic() - started), flush=True)
+    return result
+
+
+def _clear_under_claim(config: ConvertConfig, held: claim.Claim) -> None:
+    """Under the output's claim: checks it again, and removes what killed runs left."""
+    if held.taken_over is not None:
+        LOG.warning("Took over the claim on %s of %s, which had stopped renewing it.",
+                    config.output, held.taken_over)  # fmt: skip
+    finalise.check_output(config)  # what is there now, that no other run can change
+    removed = finalise.clear_leftovers(config.output)
+    if removed:
+        LOG.warning("Removed %d temporary folder(s) left by runs that did not finish: %s",
+                    len(removed), ", ".join(removed))  # fmt: skip
+
+
+def _run_pipeline(config, options, temp_dir, fixed_labels) -> None:
+    """Runs the conversion's pipeline; locally, with a progress line summed over workers."""
     local = options.view_as(StandardOptions).runner == LOCAL_RUNNER
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
         shown = worker_progress.ProgressLine(progress_dir) if local else contextlib.nullcontext()
@@ -170,13 +245,6 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
                 job, config, temp_dir, fixed_labels,
                 progress_dir if local else None, local_load_threads(options) if local else 1,
             )  # fmt: skip
-    template = options.view_as(GoogleCloudOptions).template_location
-    if template:  # nothing ran: the template runs later, and finalising is the caller's part
-        print(f"Dataflow template written to {template}; nothing was converted yet.", flush=True)
-        return None
-    result = finalise.finalise(config, temp_dir, tfrecord_pipe.__version__)
-    print(finalise.summary_line(result, config.output, time.monotonic() - started), flush=True)
-    return result
 
 
 def _read_labels(path: str) -> tuple[str, ...]:

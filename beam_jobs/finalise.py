@@ -1,14 +1,15 @@
-"""The output folder: checked before the job, finished after it.
+"""The output folder: checked and cleared before the job, finished after it.
 
-`check_output` refuses an output folder that would cause trouble; `finalise` moves what the
-pipeline wrote into a temporary folder into place, and writes labels.txt and manifest.json
-last (a manifest means a complete dataset).
+`check_output` refuses an output folder that would cause trouble; `clear_leftovers` removes
+what runs that were killed left; `finalise` moves what the pipeline wrote into a temporary
+folder into place, and writes labels.txt and manifest.json last (a manifest means a complete
+dataset). All of it runs under the output folder's claim (`claim.py`): no other conversion
+writes there meanwhile.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -16,13 +17,20 @@ from beam_jobs import pipeline, storage
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe.core import manifest, naming, paths
 
+TEMP_PREFIX = ".tmp-"  # OUT/.tmp-<run>: where a run writes before finalising
 
-def check_output(config: ConvertConfig) -> None:
-    """Refuses an output folder inside the input folder, or one that already holds a dataset
-    (unless overwrite was asked for).
+
+class NothingWrittenError(ValueError):
+    """Every input was rejected: there is no dataset to finalise."""
+
+
+def check_output(config: ConvertConfig) -> manifest.Manifest | None:
+    """Refuses an output that is a file, lies inside the input folder, or already holds a
+    dataset (unless overwrite was asked for); returns the dataset's manifest, if one is there.
 
     Raises:
-      ValueError: the output is inside the input folder.
+      ValueError: the output is a file or inside the input folder, or its manifest.json is
+        not a valid manifest (so the old dataset's files are unknown).
       FileExistsError: the output holds a dataset and `config.overwrite` is off.
     """
     out = paths.folder(config.output)
@@ -32,25 +40,60 @@ def check_output(config: ConvertConfig) -> None:
             "input, so a later run would take this dataset's shards and manifest for images "
             f"(and the folder name for a label). Write the dataset outside {config.source_root}."
         )
-    existing = [
-        pattern for pattern in (
-            paths.join(out, naming.MANIFEST_NAME),
-            paths.join(out, "*.tfrecord*"),
-            paths.join(out, naming.REJECTED_DIR, "*"),
-        ) if storage.exists(pattern)
-    ]  # fmt: skip
-    if existing and not config.overwrite:
+    try:
+        folders, files = storage.children(out)
+    except NotADirectoryError as err:
+        raise ValueError(f"{err}: the output must be a folder (a new one, or a dataset's).")
+    old = read_manifest(out) if naming.MANIFEST_NAME in files else None
+    found = sorted(name for name in files if naming.split_of(name) or name == naming.MANIFEST_NAME)
+    if naming.REJECTED_DIR in folders:
+        found.append(naming.REJECTED_DIR + "/")
+    if found and not config.overwrite:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
         raise FileExistsError(
-            f"{out} already holds a dataset (found {', '.join(existing)}). "
+            f"{out} already holds a dataset (found {shown}). "
             "Choose an empty folder, or pass --overwrite to replace it."
         )
+    return old
+
+
+def read_manifest(folder: str) -> manifest.Manifest:
+    """The manifest of a dataset folder, read through Beam's filesystems.
+
+    Raises:
+      ValueError: it is not a valid manifest; the message names the file.
+    """
+    path = paths.join(folder, naming.MANIFEST_NAME)
+    try:
+        return manifest.Manifest.from_json(storage.read_text(path))
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{path} is not a valid manifest ({type(err).__name__}: {err}), so the files of the "
+            "dataset in that folder are unknown. Write elsewhere, or remove that dataset first."
+        ) from err
+
+
+def clear_leftovers(out: str) -> list[str]:
+    """Removes the temporary folders of runs that did not finish; returns them, to say so.
+
+    Only under the output's claim: then no run that is still going owns one of them.
+    """
+    try:
+        folders, _ = storage.children(paths.folder(out))
+    except NotADirectoryError:
+        return []
+    leftovers = sorted(paths.join(out, name) for name in folders if name.startswith(TEMP_PREFIX))
+    for folder in leftovers:
+        storage.delete_folder(folder)
+    return leftovers
 
 
 def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Manifest:
     """Moves the job's outputs from `temp_dir` into the output folder; manifest.json last.
 
-    Old datasets (with overwrite) lose their manifest first, so at no moment does a manifest
-    describe a mix of old and new shards.
+    With overwrite, the old dataset loses its manifest first, so at no moment does a manifest
+    describe a mix of old and new shards; then exactly the old manifest's files that the new
+    dataset does not replace are deleted, and nothing else.
 
     Args:
       config: the conversion's configuration (recorded in the manifest).
@@ -59,30 +102,59 @@ def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Man
 
     Returns:
       The manifest written.
+
+    Raises:
+      NothingWrittenError: every input was rejected. Nothing is finalised: an old dataset
+        stays as it was, and the rejections stay in `temp_dir` for the user to read.
     """
     out = paths.folder(config.output)
     result = _manifest(config, _read_summary(temp_dir), version)
-    if config.overwrite:
-        storage.delete_matching(paths.join(out, naming.MANIFEST_NAME))
-        storage.delete_matching(paths.join(out, "*.tfrecord*"))
-        storage.delete_matching(paths.join(out, naming.REJECTED_DIR, "*"))
+    if not any(info.num_examples for info in result.splits.values()):
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(result.rejected_reasons.items()))
+        raise NothingWrittenError(
+            f"No record was written: all {result.num_rejected} inputs were rejected "
+            f"({reasons}). The reasons are in {paths.join(temp_dir, naming.REJECTED_DIR)} (the "
+            f"next conversion into {out} removes it)."
+        )
+    old = check_output(config)  # under the claim: what is there now
+    manifest_path = paths.join(out, naming.MANIFEST_NAME)
+    if old is not None:
+        storage.delete([manifest_path])  # first: no manifest ever describes a mix
     moves = [
         (paths.join(temp_dir, file), paths.join(out, file))
         for info in result.splits.values()
         for file in info.files
     ]
-    for path in storage.matching(paths.join(temp_dir, naming.REJECTED_DIR, "*")):
-        name = paths.basename(path)
-        moves.append((path, paths.join(out, naming.REJECTED_DIR, name)))
-    if moves:
-        paths.make_local_folder(paths.join(out, naming.REJECTED_DIR))
-        FileSystems.rename([source for source, _ in moves], [target for _, target in moves])
+    moves += [
+        (paths.join(temp_dir, name), paths.join(out, name)) for name in _rejected_files(result)
+    ]
+    paths.make_local_folder(paths.join(out, naming.REJECTED_DIR))
+    FileSystems.rename([source for source, _ in moves], [target for _, target in moves])
+    if old is not None:
+        replaced = {target for _, target in moves}
+        stale = [
+            paths.join(out, name)
+            for name in (*_shard_files(old), *_rejected_files(old))
+            if paths.join(out, name) not in replaced
+        ]
+        _delete_existing(stale)
     for name, text in manifest.files_of(result):  # manifest.json last
         storage.write_bytes(paths.join(out, name), text.encode("utf-8"), mime_type="text/plain")
-    storage.delete_matching(paths.join(temp_dir, "**"))
-    if not paths.is_remote(temp_dir):
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    storage.delete_folder(temp_dir)
     return result
+
+
+def _shard_files(found: manifest.Manifest) -> list[str]:
+    return [file for info in found.splits.values() for file in info.files]
+
+
+def _rejected_files(found: manifest.Manifest) -> list[str]:
+    """The rejected-inputs files of a dataset: one per split with rejections."""
+    return [naming.rejected_name(split) for split, info in found.splits.items() if info.rejected]
+
+
+def _delete_existing(files: list[str]) -> None:
+    storage.delete([path for path in files if FileSystems.exists(path)])
 
 
 def _read_summary(temp_dir: str) -> dict:

@@ -107,7 +107,7 @@ def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int)
     Raises:
       SourceChangedError: the file changed since it was checked; rerun the job.
     """
-    data = storage.read_bytes(checked.path)
+    data = storage.read_input(checked.path, policy.max_file_bytes)
     if google_crc32c.value(data) != checked.crc32c:
         raise SourceChangedError(
             f"{checked.path} changed while the job ran (its checksum differs from when it "
@@ -211,7 +211,7 @@ class LoadImages(beam.DoFn):
             return None, len(data), (err.reason, err.detail)
         except Exception as err:  # one odd file must not fail a job of millions; it is recorded
             LOG.exception("Unexpected error on %s", source.path)
-            return None, len(data), ("unexpected_error", f"{type(err).__name__}: {err}")
+            return None, len(data), (images.UNEXPECTED, f"{type(err).__name__}: {err}")
 
     def _report_progress(self, force: bool = False):
         now = time.monotonic()
@@ -229,6 +229,8 @@ class LoadImages(beam.DoFn):
         self._report_progress(force=True)  # the launcher's final line counts every input
 
     def _read(self, source: SourceFile) -> bytes:
+        if source.problem is not None:
+            raise images.Rejected(*source.problem)
         if source.label is None:
             raise images.Rejected(images.NO_LABEL, "the input gives no label for this file")
         if source.label not in self._label_index:
@@ -236,7 +238,9 @@ class LoadImages(beam.DoFn):
                 images.UNKNOWN_LABEL, f"label {source.label!r} is not in the labels file"
             )
         try:
-            return storage.read_bytes(source.path)
+            return storage.read_input(source.path, self._policy.max_file_bytes)
+        except images.Rejected:
+            raise
         except Exception as err:  # Beam wraps every filesystem's errors differently
             raise images.Rejected(images.UNREADABLE, f"cannot read: {err}") from err
 

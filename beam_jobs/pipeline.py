@@ -22,7 +22,8 @@ SUMMARY_NAME = "_summary.json"  # in the temp folder: shards, counts and labels,
 
 
 class CollectLabels(beam.PTransform):
-    """The label list: from the labels file when given, else the sorted distinct labels seen.
+    """The label list: from the labels file when given, else the sorted distinct labels of the
+    inputs listed without a problem (a broken link in a folder of its own is no class).
 
     At most one element, a tuple; none when no input has a label.
     """
@@ -36,7 +37,9 @@ class CollectLabels(beam.PTransform):
             return sources.pipeline | "FixedLabels" >> beam.Create([self._fixed])
         return (
             sources
-            | "Labels" >> beam.FlatMap(lambda s: [s.label] if s.label is not None else [])
+            | "Labels" >> beam.FlatMap(
+                lambda s: [s.label] if s.label is not None and s.problem is None else []
+            )
             | "SortedSet" >> beam.CombineGlobally(SortedSet()).without_defaults()
         )
 

@@ -1,7 +1,20 @@
-"""Listing the inputs: folders (labels from sub-folders), split folders, or CSV lists.
+"""The inputs: folders (labels from sub-folders), split folders, or CSV lists.
 
-Listing uses Beam's file matching and text reading, so no list of every path is ever built on
-the launching machine or embedded in the job graph.
+`list_sources` gives every input the conversion job reads, in plain Python: `verify` lists
+with it, and the job's `ListSources` runs the same functions inside the pipeline (so no list
+of every path is ever built on the launching machine or embedded in the job graph). Every
+input listed comes out: one that cannot be used carries its problem, and the job rejects it
+with that reason.
+
+Rules a user can rely on (README, "What we guarantee"):
+- Layout: `auto` takes a folder as split folders only when every folder in it is named
+  train, validation or test (and no file lies beside them); as label folders when none is;
+  anything in between is refused with what to pass.
+- CSV: the first line, and only it, may be a header (`--csv_header`, default auto: it is one
+  when its path cell is a plain name, no "/" or ".", that names no existing file). A UTF-8 BOM
+  is ignored. Paths are normalised (`./a.jpg`, `x/../a.jpg`, `imgs//a.jpg` and the absolute
+  path are one file, local symlinks resolved); a file listed twice is kept once, the other
+  lines rejected as duplicates.
 """
 
 from __future__ import annotations
@@ -9,15 +22,18 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
+import io
+import os
 import posixpath
+import re
+from collections.abc import Iterator
 
 import apache_beam as beam
-from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import storage
+from beam_jobs import listing, storage
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe.core import images, naming, paths
 
@@ -27,39 +43,73 @@ class SourceFile:
     """One listed input.
 
     Attributes:
-      path: where to read it (local path or URL).
+      path: where to read it (local path or URL), normalised.
       relpath: its path relative to the input root: the record's filename and sort key.
       label: the label text, or None when the input gave none.
       split: the split it belongs to.
+      problem: (reason code, detail) when listing found it cannot be an input; None if fine.
     """
 
     path: str
     relpath: str
     label: str | None
     split: str
+    problem: tuple[str, str] | None = None
 
 
 def resolve_layout(config: ConvertConfig) -> ConvertConfig:
-    """Checks that the source exists, and fills in layout="auto" by looking at it.
+    """Checks that the source exists; fills in layout="auto" and csv_header="auto".
 
     Raises:
       FileNotFoundError: no such CSV file, or no file under the folder; says what is expected.
+      ValueError: a folder whose layout is ambiguous; says what to pass.
     """
     is_csv = config.layout == "auto" and config.source.lower().endswith(".csv")
     if config.layout == "csv" or is_csv:
         if not FileSystems.exists(config.source):
             raise FileNotFoundError(f"CSV list {config.source} does not exist.")
-        return dataclasses.replace(config, layout="csv")
+        header = config.csv_header
+        if header == "auto":
+            header = "yes" if _first_line_is_a_header(config.source) else "no"
+        return dataclasses.replace(config, layout="csv", csv_header=header)
     root = config.source_root
-    if not storage.exists(root + "/**"):
+    try:
+        folders, files = storage.children(root)
+    except NotADirectoryError as err:
+        raise ValueError(f"{err}: give a folder of images, or a CSV list (*.csv).") from err
+    has_files = bool(files)
+    if not folders and not has_files:
         raise FileNotFoundError(
             f"No files found under {root}. Give a folder whose sub-folders are labels "
             "(SRC/daisy/1.jpg), a folder of split folders (SRC/train/daisy/1.jpg), or a CSV file."
         )
     if config.layout != "auto":
         return config
-    has_splits = storage.exists(paths.join(root, naming.TRAIN, "**"))
-    return dataclasses.replace(config, layout="splits" if has_splits else "labels")
+    splits = sorted(folders & set(naming.SPLIT_ORDER))
+    if not splits:
+        return dataclasses.replace(config, layout="labels")
+    if folders <= set(naming.SPLIT_ORDER) and not has_files:
+        return dataclasses.replace(config, layout="splits")
+    others = sorted(folders - set(naming.SPLIT_ORDER))[:5] + (["files"] if has_files else [])
+    raise ValueError(
+        f"{root} holds folders named like splits ({', '.join(splits)}) beside other things "
+        f"({', '.join(others)}): is {splits[0]!r} a label or a split? Pass --layout labels "
+        "(every folder is a label) or --layout splits (SRC/<split>/<label>/...)."
+    )
+
+
+def list_sources(config: ConvertConfig) -> Iterator[SourceFile]:
+    """Every input of a resolved config (layout and csv_header decided), in plain Python."""
+    if config.layout == "csv":
+        with FileSystems.open(config.source) as f:
+            lines = io.TextIOWrapper(f, encoding="utf-8-sig", newline="")  # a BOM is no text
+            if config.csv_header == "yes":
+                next(lines, None)
+            for line in lines:
+                yield from sources_of_csv_line(line.rstrip("\r\n"), config)
+        return
+    for entry in listing.walk(config.source_root):
+        yield source_of_entry(entry, config)
 
 
 def split_by_hash(relpath: str, validation_fraction: float) -> str:
@@ -70,41 +120,94 @@ def split_by_hash(relpath: str, validation_fraction: float) -> str:
     return naming.VALIDATION if value < validation_fraction else naming.TRAIN
 
 
-def source_from_folder(
-    path: str, root: str, layout: str, validation_fraction: float
-) -> SourceFile:
-    """Label (and split) of a listed file, from the folders between `root` and it."""
-    relpath = path[len(root):].lstrip("/")
-    parts = relpath.split("/")
-    if layout == "splits":
+def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
+    """Label (and split) of a listed file, from the folders between the root and it.
+
+    Raises:
+      ValueError: with split folders, a file outside them or a split folder's name that
+        cannot name shard files (the job stops at listing, before loading anything).
+    """
+    parts = entry.relpath.split("/")
+    if config.layout == "splits":
+        root = config.source_root
         if len(parts) < 2:
             raise ValueError(
-                f"{path} is not inside a split folder, but {root} holds split folders "
+                f"{entry.path} is not inside a split folder, but {root} holds split folders "
                 f"({root}/train/<label>/...): move it into one, or out of {root}."
             )
         split = parts[0]
         _check_split_name(split, f"{root}: split folder", "rename the folder")
         label = parts[1] if len(parts) >= 3 else None
-        return SourceFile(path, relpath, label, split)
-    label = parts[0] if len(parts) >= 2 else None
-    return SourceFile(path, relpath, label, split_by_hash(relpath, validation_fraction))
-
-
-def source_from_csv_line(line: str, csv_path: str, validation_fraction: float) -> SourceFile | None:
-    """A CSV line `path,label[,split]`, or None for a header or blank line."""
-    row = next(csv.reader([line]), [])
-    row = [cell.strip() for cell in row]
-    if not row or not row[0] or row[0].lower() in ("path", "filename", "image"):
-        return None
-    path = row[0]
-    label = row[1] if len(row) > 1 and row[1] else None
-    if paths.is_remote(path) or path.startswith("/"):
-        full, relpath = path, path.split("://", 1)[-1].lstrip("/")
     else:
-        full, relpath = posixpath.join(posixpath.dirname(csv_path), path), path
-    split = row[2] if len(row) > 2 and row[2] else split_by_hash(relpath, validation_fraction)
-    _check_split_name(split, f"{csv_path}: line {line!r}: split", "change it")
-    return SourceFile(full, relpath, label, split)
+        label = parts[0] if len(parts) >= 2 else None
+        split = split_by_hash(entry.relpath, config.validation_fraction)
+    return SourceFile(entry.path, entry.relpath, label, split, entry.problem)
+
+
+_PLAIN_NAME = re.compile(r"[\w -]+")
+
+
+def _first_line_is_a_header(csv_path: str) -> bool:
+    """The auto rule: a header's path cell is a plain name that names no existing file."""
+    with FileSystems.open(csv_path) as f:
+        first = io.TextIOWrapper(f, encoding="utf-8-sig", newline="").readline()
+    cells = _cells(first)
+    if not cells or not cells[0] or not _PLAIN_NAME.fullmatch(cells[0]):
+        return False
+    return not FileSystems.exists(_resolved(cells[0], csv_path)[0])
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in next(csv.reader([line.lstrip("\ufeff")]), [])]
+
+
+def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
+    """The input of a data line `path,label[,split]`; none for a blank line.
+
+    A line without a path comes out with its problem, so that it is rejected, not dropped.
+
+    Raises:
+      ValueError: a split that cannot name shard files (the job stops at listing).
+    """
+    cells = _cells(line)
+    if not any(cells):
+        return []
+    path, relpath = _resolved(cells[0], config.source) if cells[0] else ("", line)
+    label = cells[1] if len(cells) > 1 and cells[1] else None
+    split = cells[2] if len(cells) > 2 and cells[2] else None
+    if split is None:
+        split = split_by_hash(relpath, config.validation_fraction)
+    _check_split_name(split, f"{config.source}: line {line!r}: split", "change it")
+    problem = None if cells[0] else (images.UNREADABLE, f"the line has no path: {line!r}")
+    return [SourceFile(path, relpath, label, split, problem)]
+
+
+def _resolved(path: str, csv_path: str) -> tuple[str, str]:
+    """(full path, path relative to the CSV's folder) of a CSV cell, normalised: `./a.jpg`,
+    `x/../a.jpg`, `imgs//..//a.jpg` and the absolute path are one `a.jpg`. A path outside the
+    CSV's folder keeps its whole path, without the scheme, as its relative path."""
+    base = posixpath.dirname(csv_path)
+    if not paths.is_remote(path) and not path.startswith("/"):
+        path = posixpath.join(base, path) if base else path
+    full, folder = _normalised(path), _normalised(base)
+    if full.startswith(folder.rstrip("/") + "/"):
+        return full, full[len(folder.rstrip("/")) + 1 :]
+    return full, full.split("://", 1)[-1].lstrip("/")
+
+
+def _normalised(path: str) -> str:
+    """One spelling of a path: without ".", ".." and doubled slashes; local paths absolute."""
+    if paths.is_remote(path):
+        scheme, rest = path.split("://", 1)
+        return f"{scheme}://{posixpath.normpath(rest)}"
+    return os.path.abspath(path)
+
+
+def identity(source: SourceFile) -> str:
+    """What makes two listings the same file: the real path of a local file, else the path."""
+    if paths.is_remote(source.path) or not source.path:
+        return source.path or source.relpath
+    return os.path.realpath(source.path)
 
 
 def _check_split_name(split: str, where: str, fix: str) -> None:
@@ -115,10 +218,11 @@ def _check_split_name(split: str, where: str, fix: str) -> None:
 
 
 class ListSources(beam.PTransform):
-    """Lists the inputs as SourceFiles with Beam's file matching (scales to millions of files).
+    """The inputs of a resolved config, listed on a worker by `list_sources`, the function
+    `verify` lists with: a folder walked (`listing.walk`), or a CSV's lines read in order.
 
-    A folder listing comes out of one step that runners cannot split: spread it (`Spread`)
-    before any per-image work, or one worker thread would load every image (on Dataflow too).
+    The listing comes out of one step that runners cannot split: spread it (`Spread`) before
+    any per-image work, or one worker thread would load every image (on Dataflow too).
     """
 
     def __init__(self, config: ConvertConfig):
@@ -127,27 +231,10 @@ class ListSources(beam.PTransform):
 
     def expand(self, pbegin):
         config = self._config
-        if config.layout == "csv":
-            return (
-                pbegin
-                | "ReadCsv" >> beam.io.ReadFromTextWithFilename(config.source)
-                | "ParseCsv" >> beam.FlatMap(
-                    lambda kv: filter(None, [
-                        source_from_csv_line(kv[1], config.source, config.validation_fraction)
-                    ])
-                )
-            )
-        root = config.source_root
         return (
             pbegin
-            | "MatchFiles" >> fileio.MatchFiles(root + "/**")
-            # Folder markers (empty objects named "images/daisy/", which the Cloud console
-            # creates for "Create folder") match too; they are folders, not inputs.
-            | "FromFolders" >> beam.FlatMap(
-                lambda meta: [] if meta.path.endswith("/") else [
-                    source_from_folder(meta.path, root, config.layout, config.validation_fraction)
-                ]
-            )
+            | "Start" >> beam.Create([config.source])
+            | "Walk" >> beam.FlatMap(lambda _: list_sources(config))
         )
 
 
@@ -162,34 +249,39 @@ def rejection(source: SourceFile, reason: str, detail: str) -> dict:
     }
 
 
-def keep_one_per_path(path_and_sources):
-    """Yields the one listing of a path that is kept, and rejections for the others.
+def one_per_file(listings: list[SourceFile]) -> tuple[SourceFile, list[SourceFile]]:
+    """The listing of a file that is kept, and the others, each with its DUPLICATE problem.
 
-    Which one is kept must not depend on the order Beam delivers them in: the smallest by
+    Which one is kept must not depend on the order the listings come in: the smallest by
     (split, label, relpath) is kept, so re-runs write the same records.
     """
-    path, sources = path_and_sources
-    ordered = sorted(sources, key=lambda s: (s.split, s.label or "", s.relpath))
+    ordered = sorted(listings, key=lambda s: (s.split, s.label or "", s.relpath))
     kept = ordered[0]
+    detail = (
+        f"the same file as {kept.relpath} is listed {len(ordered)} times; kept the listing "
+        f"{kept.relpath!r} with label {kept.label!r} in split {kept.split!r}. Remove the extra "
+        "lines."
+    )
+    return kept, [dataclasses.replace(s, problem=(images.DUPLICATE, detail)) for s in ordered[1:]]
+
+
+def _keep_one_per_file(identity_and_sources):
+    """The kept listing, and the others as rejections (DropDuplicatePaths.REJECTED)."""
+    kept, duplicates = one_per_file(list(identity_and_sources[1]))
     yield kept
-    for other in ordered[1:]:
+    for duplicate in duplicates:
         Metrics.counter(beam_jobs.METRICS_NAMESPACE, "inputs_duplicate").inc()
         yield beam.pvalue.TaggedOutput(
-            DropDuplicatePaths.REJECTED,
-            rejection(
-                other,
-                images.DUPLICATE,
-                f"{path} is listed {len(ordered)} times; kept the listing with label "
-                f"{kept.label!r} in split {kept.split!r}. Remove the extra lines.",
-            ),
+            DropDuplicatePaths.REJECTED, rejection(duplicate, *duplicate.problem)
         )
 
 
 class DropDuplicatePaths(beam.PTransform):
-    """Keeps one listing per path; the others go to the REJECTED output (reason "duplicate").
+    """Keeps one listing per file; the others go to the REJECTED output (reason "duplicate").
 
-    CSV lists can name a file twice, sometimes with two labels or in two splits. Writing it
-    twice would count it twice and could put the same image in train and validation.
+    CSV lists can name a file twice, sometimes with two labels or in two splits, or under two
+    spellings of its path. Writing it twice would count it twice and could put the same image
+    in train and validation.
     """
 
     REJECTED = "rejected"
@@ -197,9 +289,9 @@ class DropDuplicatePaths(beam.PTransform):
     def expand(self, sources):
         return (
             sources
-            | "KeyByPath" >> beam.Map(lambda source: (source.path, source))
-            | "GroupByPath" >> beam.GroupByKey()
-            | "KeepOne" >> beam.FlatMap(keep_one_per_path).with_outputs(
+            | "KeyByFile" >> beam.Map(lambda source: (identity(source), source))
+            | "GroupByFile" >> beam.GroupByKey()
+            | "KeepOne" >> beam.FlatMap(_keep_one_per_file).with_outputs(
                 self.REJECTED, main="sources"
             )
         )

@@ -3,42 +3,121 @@ disk, gs://, ...) without TensorFlow: the few operations the job needs, each wri
 
 from __future__ import annotations
 
+import functools
+import os
+import shutil
+import stat
+
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from tfrecord_pipe.core import paths
+from beam_jobs import listing
+from tfrecord_pipe.core import images, paths
 
 
-def exists(pattern: str) -> bool:
-    """Whether anything matches `pattern` (a path or a glob)."""
-    try:
-        return bool(FileSystems.match([pattern], limits=[1])[0].metadata_list)
-    except Exception:  # a pattern that matches nothing raises on some filesystems
-        return False
+def size(path: str) -> int:
+    """Bytes of the file at `path` (taken literally: no pattern)."""
+    return FileSystems.get_filesystem(path).metadata(path).size_in_bytes
 
 
-def matching(pattern: str) -> list[str]:
-    """The paths that match `pattern`; none when nothing does. A failed listing raises."""
-    return [meta.path for meta in FileSystems.match([pattern])[0].metadata_list]
+def children(root: str) -> tuple[set[str], set[str]]:
+    """(names of the folders, names of the files) directly in the folder `root`; none if it
+    does not exist.
 
+    Locally symlinks are followed. On gs:// the bucket is listed one level deep (a folder of a
+    million images costs one request, not a listing of every object).
 
-def delete_matching(pattern: str) -> None:
-    paths_found = matching(pattern)
-    if paths_found:
-        FileSystems.delete(paths_found)
-
-
-def read_bytes(path: str) -> bytes:
-    """A file's bytes, as stored (never decompressed because of its name).
-
-    Local files are read with open(): Beam's FileSystems costs more per file, and the job
-    reads every input twice (benchmarks/RESULTS.md, "Reading inputs").
+    Raises:
+      NotADirectoryError: `root` is a file, not a folder.
     """
-    if not paths.is_remote(path):
-        with open(path, "rb") as f:
-            return f.read()
+    if not paths.is_remote(root):
+        if os.path.exists(root) and not os.path.isdir(root):
+            raise NotADirectoryError(f"{root} is a file, not a folder")
+        if not os.path.isdir(root):
+            return set(), set()
+        folders, files = set(), set()
+        for child in os.scandir(root):
+            (folders if child.is_dir() else files).add(child.name)
+        return folders, files
+    if root.startswith("gs://"):
+        bucket, _, prefix = root[len("gs://") :].partition("/")
+        prefix = f"{prefix}/" if prefix else ""
+        blobs = gcs_client().list_blobs(bucket, prefix=prefix, delimiter="/")
+        files = {blob.name[len(prefix) :] for blob in blobs if blob.name != prefix}
+        return {name[len(prefix) :].rstrip("/") for name in blobs.prefixes}, files
+    # Other filesystems: a whole listing; Beam's filesystems have no cheaper way.
+    parts = [entry.relpath.split("/") for entry in listing.walk(root)]
+    return {p[0] for p in parts if len(p) > 1}, {p[0] for p in parts if len(p) == 1}
+
+
+@functools.cache
+def gcs_client():
+    from google.cloud import storage as gcs  # only where gs:// is used
+
+    return gcs.Client()
+
+
+def delete(files: list[str]) -> None:
+    """Deletes these files, taken literally (Beam's delete takes them as patterns, locally
+    and on gs://, so a name with "[" in it was not found)."""
+    for path in files:
+        if not paths.is_remote(path):
+            os.remove(path)
+        elif path.startswith("gs://"):
+            bucket, _, name = path[len("gs://") :].partition("/")
+            gcs_client().bucket(bucket).blob(name).delete()
+        else:
+            FileSystems.delete([path])
+
+
+def delete_folder(folder: str) -> None:
+    """Deletes `folder` and everything in it (on gs://, every object below it)."""
+    if paths.is_remote(folder):
+        delete([meta.path for meta in listing.matching_below(folder)])
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_text(path: str) -> str:
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read()
+        return f.read().decode("utf-8")
+
+
+def read_input(path: str, max_bytes: int) -> bytes:
+    """An input file's bytes, as stored (never decompressed because of its name).
+
+    Only a regular file of at most `max_bytes` is read: anything else (a FIFO would block the
+    job, /dev/zero never ends) is refused without reading it, with its reason. Local files
+    are read with open(): Beam's FileSystems costs more per file, and the job reads every
+    input twice (benchmarks/RESULTS.md, "Reading inputs").
+
+    Raises:
+      images.Rejected: not a regular file, or larger than `max_bytes`.
+      OSError, or Beam's own errors: the file cannot be read.
+    """
+    if paths.is_remote(path):
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            data = f.read(max_bytes + 1)
+    else:
+        # O_NONBLOCK: opening a FIFO that nobody writes to returns at once instead of waiting.
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise images.Rejected(images.NOT_A_FILE, "not a regular file: not read")
+            if info.st_size > max_bytes:
+                raise images.Rejected(images.FILE_TOO_LARGE, _too_large(info.st_size, max_bytes))
+            data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:  # a remote file, or one that grew since fstat
+        raise images.Rejected(images.FILE_TOO_LARGE, _too_large(None, max_bytes))
+    return data
+
+
+def _too_large(size: int | None, max_bytes: int) -> str:
+    found = f"{size} bytes" if size is not None else f"more than {max_bytes} bytes"
+    return (
+        f"{found}, over the cap of {max_bytes} (ImagePolicy.max_file_bytes, --max_file_mb); "
+        "not read whole"
+    )
 
 
 def write_bytes(path: str, data: bytes, mime_type: str = "application/octet-stream") -> None:

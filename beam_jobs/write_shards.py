@@ -9,11 +9,10 @@ from concurrent import futures
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import load, malloc, shard_plan
+from beam_jobs import load, malloc, shard_plan, storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.record_writer import RecordWriter
 from tfrecord_pipe.core import images, naming, paths
@@ -65,7 +64,7 @@ class WriteShard(beam.DoFn):
                 count += 1
         self._shards.inc()
         self._records.inc(count)
-        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        size = storage.size(path)
         yield {"split": split, "index": index, "shards": shards, "count": count,
                "bytes": size, "file": name}
 

@@ -54,12 +54,15 @@ def png_bytes(width: int, height: int, colour) -> bytes:
 
 
 def write_image_folder(root: pathlib.Path, per_label: int, labels=RGB, odd=()) -> pathlib.Path:
-    """`root/<label>/000.jpg ...`: `per_label` small JPEGs of each label's colour, of growing
-    widths, plus copies of the `odd` files (tests/data/odd-images) under the first label."""
-    for label in labels:
+    """`root/<label>/000.jpg ...`: `per_label` small JPEGs of each label's colour (COLOURS, or
+    one by its position), of growing widths, plus copies of the `odd` files
+    (tests/data/odd-images) under the first label."""
+    palette = list(COLOURS.values())
+    for number, label in enumerate(labels):
+        colour = COLOURS.get(label, palette[number % len(palette)])
         (root / label).mkdir(parents=True, exist_ok=True)
         for i in range(per_label):
-            (root / label / f"{i:03d}.jpg").write_bytes(jpeg_bytes(8 + i, 8, COLOURS[label]))
+            (root / label / f"{i:03d}.jpg").write_bytes(jpeg_bytes(8 + i, 8, colour))
     for name in odd:
         (root / labels[0] / name).write_bytes((ODD_IMAGES / name).read_bytes())
     return root
@@ -96,4 +99,16 @@ def run_command(*args, env=None, timeout: float = 300) -> Ran:
         [COMMAND, *map(str, args)], capture_output=True, text=True, timeout=timeout,
         env=dict(os.environ, **(env or {})),
     )  # fmt: skip
+    return Ran(done.returncode, done.stdout, done.stderr)
+
+
+def run_python(code: str, timeout: float = 120) -> Ran:
+    """`code` in a new Python process: for what could hang, which a test must not do itself."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as err:
+        raise AssertionError(f"still running after {timeout} s (it hangs): {code}") from err
     return Ran(done.returncode, done.stdout, done.stderr)

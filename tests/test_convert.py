@@ -161,7 +161,7 @@ def test_a_path_listed_twice_is_written_once_and_the_extra_line_rejected(tmp_pat
     assert result.labels == ("blue", "red")  # "green" came only from the dropped line
     (line,) = [json.loads(text) for f in out.glob("rejected/*.jsonl") for text in f.open()]
     assert line["reason"] == "duplicate" and line["split"] == "validation"
-    assert "listed 2 times; kept the listing with label 'blue' in split 'train'" in line["error"]
+    assert "listed 2 times; kept the listing 'images/blue/000.jpg' with label 'blue' in" in line["error"]
 
 
 def test_a_csv_split_that_cannot_be_a_file_name_stops_the_job_with_what_to_do(tmp_path):
@@ -182,18 +182,20 @@ def test_split_folders_are_detected(tmp_path):
     assert result.labels == tuple(sorted(RGB))
 
 
-@pytest.mark.parametrize("stray, message", [
-    ("train old/red/1.jpg", "split folder 'train old' is not a usable split name"),
-    ("notes.jpg", "is not inside a split folder"),
+@pytest.mark.parametrize("stray, layout, message", [
+    ("train old/red/1.jpg", "splits", "split folder 'train old' is not a usable split name"),
+    ("notes.jpg", "splits", "is not inside a split folder"),
+    ("cats/1.jpg", "auto", r"folders named like splits \(train\) beside other things \(cats\)"),
+    ("notes.jpg", "auto", r"beside other things \(files\).*--layout labels"),
 ])
 def test_split_folders_that_cannot_name_shards_stop_the_job_with_what_to_do(
-    tmp_path, stray, message
+    tmp_path, stray, layout, message
 ):
     make_folder(tmp_path / "src" / "train", per_label=2, odd=())
     (tmp_path / "src" / stray).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / "src" / stray).write_bytes(jpeg_bytes())
     with pytest.raises(ValueError, match=message):
-        run(tmp_path / "src", tmp_path / "out")
+        run(tmp_path / "src", tmp_path / "out", "--layout", layout)
     assert not list((tmp_path / "out").glob("*.tfrecord"))
 
 

@@ -46,7 +46,7 @@ def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_pa
     pipeline = beam_runner_api_pb2.Pipeline()
     pipeline.ParseFromString(blobs["pipeline.pb"].download_as_bytes())
     labels = {t.unique_name for t in pipeline.components.transforms.values()}
-    for step in ("List/MatchFiles", "LoadImages", "WriteShards/PlanShards",
+    for step in ("List/Walk", "LoadImages", "WriteShards/PlanShards",
                  "WriteShards/WriteShard", "WriteRejected"):
         assert any(label == step or label.startswith(step + "/") for label in labels), step
 

@@ -173,3 +173,13 @@ def test_jpeg_precision_reads_the_frame_header():
     assert images.jpeg_precision(jpeg_bytes()) == 8
     assert images.jpeg_precision(odd("monkey12.jpg")) == 12
     assert images.jpeg_precision(b"\x89PNG") is None
+
+
+@pytest.mark.parametrize("orientation", [0, 9, 65535])
+def test_an_invalid_exif_orientation_is_upright_and_stored_as_it_is(orientation):
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    source = encode(Image.new("RGB", (16, 8), (10, 200, 30)), exif=exif.tobytes())
+    stored = images.normalise(source)
+    assert not any("orientation" in change for change in stored.changes)
+    assert stored.encoded == source and (stored.width, stored.height) == (16, 8)

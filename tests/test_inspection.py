@@ -115,3 +115,27 @@ def test_sample_records_reports_a_truncated_shard_instead_of_raising(tmp_path):
     report = inspection.sample_records(str(tmp_path))
     assert report.records_read == 2
     assert any("reading stopped after 2 records" in problem for problem in report.problems)
+
+
+def damage(shard, how: str) -> None:
+    data = bytearray(shard.read_bytes())
+    if how == "truncated":
+        shard.write_bytes(bytes(data[:-100]))
+    elif how == "bit-flipped":
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    else:
+        shard.unlink()
+
+
+@pytest.mark.parametrize("how", ["truncated", "bit-flipped", "missing"])
+def test_inspect_check_names_a_damaged_shard_without_a_traceback(converted_copy, how):
+    # It used to end in a raw TensorFlow traceback that named no file.
+    _, out = converted_copy
+    shard = out / dataset.read_manifest(str(out)).splits["train"].files[0]
+    damage(shard, how)
+    done = run_cli("inspect", out, "--check")
+    assert done.returncode == 1, done.stderr
+    problems = [line for line in done.stdout.splitlines() if line.startswith("PROBLEM")]
+    assert any(shard.name in line for line in problems), problems
+    assert "Traceback" not in done.stdout + done.stderr and "function_node" not in done.stdout

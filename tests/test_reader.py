@@ -11,6 +11,7 @@ import tensorflow as tf
 from tfrecord_pipe.reading import reader, tpu_ready
 
 from dataset_factory import write_dataset
+from helpers import run_python
 
 SIZE = 24
 FIVE = ("a", "b", "c", "d", "e")
@@ -47,7 +48,9 @@ def real_labels(elements):
     return [int(label) for _, labels, weights in elements for label, w in zip(labels, weights) if w]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
+@pytest.mark.parametrize(
+    "dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow), "uint8"]
+)
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("is_training", [True, False])
 def test_every_mode_has_static_tpu_ready_shapes(dataset, is_training, transpose, dtype):
@@ -340,3 +343,56 @@ def test_padded_evaluation_gives_each_replica_of_a_pipeline_the_same_batches(dat
     elements = batches(input_fn(tf.distribute.InputContext(1, 0, num_replicas_in_sync=2)))
     assert len(elements) == 4
     assert sorted(real_labels(elements)) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+
+
+def test_a_missing_shard_fails_at_once_naming_it_or_is_skipped_when_asked(tmp_path):
+    # The reader used to spin forever, with no message.
+    folder = tmp_path / "ds"
+    write_dataset(str(folder), {"validation": [[0, 0], [1, 1, 1]]})
+    (folder / "validation-00001-of-00002.tfrecord").unlink()
+    options = dict(is_training=False, image_size=SIZE, batch_size=2)
+    with pytest.raises(ValueError, match=r"missing: .*validation-00001-of-00002\.tfrecord"):
+        reader.make_input_fn(str(folder), **options)()
+    skipped = reader.make_input_fn(str(folder), skip_corrupt=True, **options)()
+    assert real_labels(batches(skipped)) == [0, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("skip_corrupt", [False, True])
+def test_a_shard_that_disappears_while_training_stops_or_is_skipped_never_hangs(
+    tmp_path, skip_corrupt
+):
+    folder = tmp_path / "ds"
+    write_dataset(str(folder), {"train": [[0, 0], [1, 1]]})
+    code = f"""
+import os
+from tfrecord_pipe import reader
+ds = reader.make_input_fn({str(folder)!r}, is_training=True, image_size=8, batch_size=2,
+                          skip_corrupt={skip_corrupt}, shuffle_buffer=1)()
+os.remove({str(folder / "train-00001-of-00002.tfrecord")!r})
+labels = [int(label) for _, labels in ds.take(4) for label in labels]
+print("LABELS", labels)
+"""
+    done = run_python(code, timeout=120)
+    if skip_corrupt:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "LABELS [0, 0, 0, 0, 0, 0, 0, 0]" in done.stdout
+        assert "train-00001-of-00002.tfrecord is missing; skipped it" in done.stderr
+    else:
+        assert done.returncode != 0
+        assert "TFRecord file" in done.stderr and "train-00001-of-00002.tfrecord is missing" in done.stderr
+
+
+def test_an_invalid_manifest_is_named(tmp_path):
+    write_dataset(str(tmp_path), {"train": [[0]]})
+    (tmp_path / "manifest.json").write_text('{"labels": ["a"]}')
+    with pytest.raises(ValueError, match=r"manifest.json is not a valid tfrecord-pipe manifest"):
+        reader.make_input_fn(str(tmp_path), is_training=True, batch_size=1)()
+
+
+def test_a_folder_with_brackets_in_its_name_is_read_as_named(tmp_path):
+    write_dataset(str(tmp_path / "set[1]"), {"validation": [[0, 0]]})
+    write_dataset(str(tmp_path / "set1"), {"validation": [[2, 2, 2]]})  # set[1] as a pattern
+    for data in (str(tmp_path / "set[1]"), f"{tmp_path}/set[1]/validation-*"):
+        ds = reader.make_input_fn(data, is_training=False, image_size=SIZE, batch_size=2)()
+        assert real_labels(batches(ds)) == [0, 0], data

@@ -136,6 +136,50 @@ def test_verify_a_csv_conversion_with_a_duplicate_line_and_a_missing_file(tmp_pa
     assert "5 sources listed; 3 records in the shards; 2 rejected" in done.stdout
 
 
+def test_verify_catches_records_that_changed_split(converted_copy):
+    # A train record and a validation record swapped places, counts untouched: it used to
+    # say OK.
+    src, out = converted_copy
+    splits = dataset.read_manifest(str(out)).splits
+    train, validation = (out / splits[name].files[0] for name in ("train", "validation"))
+    train_records = [r.numpy() for r in tf.data.TFRecordDataset(str(train))]
+    validation_records = [r.numpy() for r in tf.data.TFRecordDataset(str(validation))]
+    rewrite_shard(train, lambda records: validation_records[:1] + records[1:])
+    rewrite_shard(validation, lambda records: train_records[:1] + records[1:])
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    assert "in split validation, but listed in train" in done.stdout
+    assert "in split train, but listed in validation" in done.stdout
+
+
+def test_verify_catches_a_good_source_moved_into_rejected(converted_copy):
+    # The record removed, a rejection line written, every count kept consistent: it used to
+    # say OK.
+    src, out = converted_copy
+    found = dataset.read_manifest(str(out))
+    shard = out / found.splits["train"].files[0]
+    record = schema.decode_example(
+        next(iter(tf.data.TFRecordDataset(str(shard)))).numpy(), label_offset=1
+    )
+    rewrite_shard(shard, lambda records: records[1:])
+    info = found.splits["train"]
+    splits = dict(found.splits)
+    splits["train"] = dataclasses.replace(
+        info, num_examples=info.num_examples - 1, rejected=info.rejected + 1,
+        shard_lengths=(info.shard_lengths[0] - 1, *info.shard_lengths[1:]),
+    )  # fmt: skip
+    dataset.write_manifest(str(out), dataclasses.replace(found, splits=splits))
+    line = {"path": str(src / record.filename), "relpath": record.filename, "split": "train",
+            "reason": "truncated", "error": "made up"}  # fmt: skip
+    with open(out / "rejected" / "rejected-train.jsonl", "a") as lines:
+        lines.write(json.dumps(line) + "\n")
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    assert f"{record.filename}: in rejected/ (truncated), but the converter would store it now" in (
+        done.stdout
+    )
+
+
 @pytest.mark.slow
 def test_inspect_and_verify_on_gcs(converted, gcs):
     src, out = converted

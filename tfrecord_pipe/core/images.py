@@ -25,6 +25,9 @@ UNSUPPORTED_JPEG = "unsupported_jpeg"
 TOO_MANY_PIXELS = "too_many_pixels"
 NOT_ALLOWED_FORMAT = "format_not_allowed"
 UNREADABLE = "unreadable"
+NOT_A_FILE = "not_a_regular_file"
+FILE_TOO_LARGE = "file_too_large"
+UNEXPECTED = "unexpected_error"  # a bug of ours or a library's: recorded, never fatal
 UNKNOWN_LABEL = "unknown_label"
 NO_LABEL = "no_label"
 DUPLICATE = "duplicate"
@@ -33,6 +36,10 @@ DUPLICATE = "duplicate"
 # exhaust a worker (an RGB image of this size is 300 MB decoded). Serving has its own, lower
 # cap per request (`reading.serving.DEFAULT_MAX_REQUEST_PIXELS`).
 DEFAULT_MAX_PIXELS = 100_000_000
+# Larger input files are rejected without being read. Far above any JPEG or PNG within the
+# pixel cap that a training set holds; small enough that the dozens of files a worker holds at
+# once fit in its memory, and that /dev/zero listed in a CSV cannot fill it.
+DEFAULT_MAX_FILE_BYTES = 128 << 20  # 128 MiB
 
 _ORIENTATION_TAG = 0x0112
 
@@ -64,12 +71,14 @@ class ImagePolicy:
         decompression bomb cannot exhaust a worker's memory.
       allow_other_formats: re-encode PNG/GIF/WebP/BMP/TIFF inputs as JPEG (True) or reject
         them (False).
+      max_file_bytes: input files larger than this are rejected without being read.
     """
 
     max_side: int | None = None
     jpeg_quality: int = 95
     max_pixels: int = DEFAULT_MAX_PIXELS
     allow_other_formats: bool = True
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     def __post_init__(self):
         problems = []
@@ -79,6 +88,8 @@ class ImagePolicy:
             problems.append(f"jpeg_quality must be in 1..100, got {self.jpeg_quality}")
         if self.max_pixels < 1:
             problems.append(f"max_pixels must be >= 1, got {self.max_pixels}")
+        if self.max_file_bytes < 1:
+            problems.append(f"max_file_bytes must be >= 1, got {self.max_file_bytes}")
         if problems:
             raise ValueError("Invalid ImagePolicy: " + "; ".join(problems))
 
@@ -188,10 +199,13 @@ def _undecodable(kind: str, err: Exception) -> Rejected:
 
 
 def _orientation(image: Image.Image) -> int:
+    """The EXIF orientation, 1 (upright) to 8; 1 for a missing, malformed or invalid one
+    (0, 9, 65535 occur: no viewer rotates those, and neither does Pillow's exif_transpose)."""
     try:
-        return int(image.getexif().get(_ORIENTATION_TAG, 1))
+        value = int(image.getexif().get(_ORIENTATION_TAG, 1))
     except Exception:  # malformed EXIF is common; such a file is treated as upright
         return 1
+    return value if 1 <= value <= 8 else 1
 
 
 def _to_rgb(image: Image.Image) -> tuple[Image.Image, str | None]:

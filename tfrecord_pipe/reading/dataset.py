@@ -13,6 +13,8 @@ stored value, marked as such.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import os
 
 import tensorflow as tf
 
@@ -28,15 +30,27 @@ class Split:
       name: the split's name; for a pattern's files, the name their file names give.
       files: full paths, in shard order.
       record_counts: records per file, from the manifest; None when unknown.
+      missing: those of `files` the manifest lists that are not there.
     """
 
     name: str
     files: tuple[str, ...]
     record_counts: tuple[int, ...] | None
+    missing: tuple[str, ...] = ()
 
     @property
     def num_examples(self) -> int | None:
         return None if self.record_counts is None else sum(self.record_counts)
+
+    def without_missing(self) -> Split:
+        """This split without its missing files (and their counts)."""
+        kept = [i for i, file in enumerate(self.files) if file not in self.missing]
+        counts = self.record_counts
+        return Split(
+            self.name,
+            tuple(self.files[i] for i in kept),
+            None if counts is None else tuple(counts[i] for i in kept),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +129,13 @@ def resolve(path: str) -> Dataset:
         raise FileNotFoundError(f"Cannot reach {path}: {err.message}") from err
     if is_dataset:
         found = read_manifest(folder)
+        present = {name for name, is_folder in _children(folder) if not is_folder}
         splits = {
             name: Split(
-                name, tuple(paths.join(folder, file) for file in info.files), info.shard_lengths
+                name,
+                tuple(paths.join(folder, file) for file in info.files),
+                info.shard_lengths,
+                tuple(paths.join(folder, file) for file in info.files if file not in present),
             )
             for name, info in found.splits.items()
         }
@@ -128,7 +146,7 @@ def resolve(path: str) -> Dataset:
             "dataset (the converter writes it last). To read its shards anyway, pass a file "
             f"pattern such as {paths.join(folder, 'train-*')}, and the label offset."
         )
-    files = tuple(sorted(tf.io.gfile.glob(path)))
+    files = tuple(sorted(match(path)))
     if not files:
         raise ValueError(
             f"{path} matched no files. Pass a dataset folder (with {naming.MANIFEST_NAME}) or a "
@@ -149,6 +167,51 @@ def resolve(path: str) -> Dataset:
     }
     compression = beside.compression if beside else naming.compression_of(files)
     return Dataset(path, True, splits, compression, beside)
+
+
+def match(pattern: str) -> list[str]:
+    """The files `pattern` names. A part of it that exists as written is taken as written
+    (a folder named `set[1]`); otherwise its `*`, `?` and `[...]` match names in that folder,
+    as in a shell. Works alike for local paths and gs://."""
+    scheme = pattern.split("://", 1)[0] + "://" if paths.is_remote(pattern) else ""
+    rest = pattern[len(scheme) :]
+    parts = [part for part in rest.split("/") if part]
+    if scheme:  # gs://bucket: the bucket is no pattern
+        found, parts = [scheme + parts[0]], parts[1:]
+    else:
+        found = ["/"] if rest.startswith("/") else [""]
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        found = [path for folder in found for path in _matching_children(folder, part, last)]
+    return found
+
+
+def _matching_children(folder: str, part: str, last: bool) -> list[str]:
+    """The paths in `folder` that `part` names: files if it is the path's last part, else
+    folders."""
+    literal = paths.join(folder, part) if folder else part
+    if not any(char in part for char in "*?[") or tf.io.gfile.exists(literal):
+        if tf.io.gfile.exists(literal) and tf.io.gfile.isdir(literal) != last:
+            return [literal]
+        return []
+    return [
+        paths.join(folder, name) if folder else name
+        for name, is_folder in _children(folder)
+        if is_folder != last and fnmatch.fnmatchcase(name, part)
+    ]
+
+
+def _children(folder: str) -> list[tuple[str, bool]]:
+    """(name, is a folder) of what `folder` holds, sorted; one listing, no call per name."""
+    if not paths.is_remote(folder):
+        try:
+            return sorted((child.name, child.is_dir()) for child in os.scandir(folder or "."))
+        except OSError:
+            return []
+    try:  # tf.io.gfile marks the "folders" of an object store with a trailing slash
+        return sorted((name.rstrip("/"), name.endswith("/")) for name in tf.io.gfile.listdir(folder))
+    except tf.errors.NotFoundError:
+        return []
 
 
 def _manifest_beside(files) -> manifest_lib.Manifest | None:
@@ -217,6 +280,7 @@ def read_manifest(folder: str) -> manifest_lib.Manifest:
 
     Raises:
       FileNotFoundError: the folder has no manifest.json (not a dataset, or an unfinished one).
+      ValueError: manifest.json is not a valid manifest; the message names it.
     """
     path = paths.join(folder, naming.MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
@@ -225,7 +289,14 @@ def read_manifest(folder: str) -> manifest_lib.Manifest:
             f"(the converter writes {naming.MANIFEST_NAME} last)."
         )
     with tf.io.gfile.GFile(path) as f:
-        return manifest_lib.Manifest.from_json(f.read())
+        text = f.read()
+    try:
+        return manifest_lib.Manifest.from_json(text)
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{path} is not a valid tfrecord-pipe manifest ({type(err).__name__}: {err}). "
+            "Was it edited, or written by another tool? Convert the images again."
+        ) from err
 
 
 def write_manifest(folder: str, manifest: manifest_lib.Manifest) -> None:

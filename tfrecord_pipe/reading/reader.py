@@ -226,9 +226,22 @@ def resolve_source(config: ReaderConfig, found: dataset_lib.Dataset | None = Non
     else:
         split = config.split or (naming.TRAIN if config.is_training else naming.VALIDATION)
         chosen = found.split(split)
+        if chosen.missing and not config.skip_corrupt:
+            raise ValueError(
+                f"{len(chosen.missing)} shard file(s) of split {split!r} that the manifest of "
+                f"{config.data} lists are missing: {', '.join(chosen.missing[:3])}. Restore "
+                "them, or pass skip_corrupt=True to read without them."
+            )
+        if chosen.missing:
+            log.warning(
+                "skip_corrupt: reading split %r without %d missing shard file(s): %s",
+                split, len(chosen.missing), ", ".join(chosen.missing),
+            )  # fmt: skip
+            chosen = chosen.without_missing()
         if not chosen.files:
             raise ValueError(
-                f"Split {split!r} of {config.data} has no shards (0 examples written)."
+                f"Split {split!r} of {config.data} has no shards to read (0 examples written, "
+                "or all missing)."
             )
     labels = found.labels
     return Source(
@@ -355,6 +368,8 @@ def _records(config, source, share) -> tf.data.Dataset:
         # Shuffle before repeat: a new file order every epoch, each file once per epoch.
         files = files.shuffle(len(share.files), seed=config.seed, reshuffle_each_iteration=True)
         files = files.repeat()
+    # Each time a file is opened: one that disappeared would otherwise hang the reader.
+    files = files.filter(records.present(config.skip_corrupt))
     serialized = files.interleave(
         _file_reader(config, source, share.record_shard),
         cycle_length=min(config.cycle_length, len(share.files)),

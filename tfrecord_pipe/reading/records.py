@@ -29,6 +29,28 @@ def parse_spec(*keys: str) -> dict[str, tf.io.FixedLenFeature]:
     }
 
 
+def present(skip_corrupt: bool):
+    """A filter for (file name, count) pairs: True for a file that exists; for a missing one,
+    an error naming it, or with skip_corrupt a warning and False.
+
+    TensorFlow's own reader retries opening a missing file without end when errors are
+    ignored (the count check below ignores them, to count a truncated file's records).
+    """
+
+    def exists(filename, expected):
+        # matching_files takes a pattern: "[", "*" and "?" in a name are written as classes.
+        literal = tf.strings.regex_replace(filename, r"([\[\*\?])", r"[\1]")
+        found = tf.size(tf.io.matching_files(literal)) > 0
+        problem = tf.strings.join(["TFRecord file ", filename, " is missing"])
+        if skip_corrupt:
+            return tf.cond(found, lambda: True, lambda: _warn_false(problem, "skipped it"))
+        check = tf.debugging.Assert(found, [problem])
+        with tf.control_dependencies([check]):
+            return tf.identity(found)
+
+    return exists
+
+
 def shard_reader(compression: str, buffer_size: int, skip_corrupt: bool, counted: bool):
     """A function from (file name, expected record count) to that file's records, for an
     interleave over shard files.
@@ -85,19 +107,18 @@ def _file_end(filename, seen, expected, skip_corrupt):
         ]
     )
     if skip_corrupt:
-        return tf.cond(complete, lambda: False, lambda: _warn_false(problem))
+        return tf.cond(
+            complete, lambda: False, lambda: _warn_false(problem, "skipped the rest of it")
+        )
     check = tf.debugging.Assert(complete, [problem])
     with tf.control_dependencies([check]):
         return tf.constant(False)
 
 
-def _warn_false(problem):
-    warn = tf.print(
-        "WARNING tfrecord-pipe:",
-        problem,
-        "; skipped the rest of it (skip_corrupt=True)",
-        output_stream=sys.stderr,
-    )
+def _warn_false(problem, done: str):
+    # One joined string: tf.print would quote a string tensor printed among others.
+    text = tf.strings.join(["WARNING tfrecord-pipe: ", problem, f"; {done} (skip_corrupt=True)"])
+    warn = tf.print(text, output_stream=sys.stderr)
     with tf.control_dependencies([warn]):
         return tf.constant(False)
 

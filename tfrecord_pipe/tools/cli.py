@@ -142,7 +142,7 @@ def _inspect(args) -> int:
             args.path, args.grid, count=args.grid_count, label_offset=args.label_offset
         )
         print(f"\ncontact sheet of {drawn} records: {args.grid}")
-    return EXIT_PROBLEMS if summary.count_problems else EXIT_OK
+    return EXIT_PROBLEMS if summary.problems else EXIT_OK
 
 
 def _require_path(path: str) -> None:

@@ -16,10 +16,11 @@ import dataclasses
 import io
 import json
 import math
+import re
 import statistics
 
 import tensorflow as tf
-from PIL import Image, ImageDraw, ImageOps
+from PIL import Image, ImageDraw
 
 from tfrecord_pipe.core import manifest as manifest_lib
 from tfrecord_pipe.core import naming, paths, schema
@@ -60,7 +61,8 @@ class Shard:
 @dataclasses.dataclass(frozen=True)
 class SplitSummary:
     """Attributes: name; shards; records read for the histograms (read_all: every record);
-    label (as `label_text` shows it) to count among them; image heights and widths."""
+    label (as `label_text` shows it) to count among them; image heights and widths;
+    problems: missing shards, and shards that could not be read to their end."""
 
     name: str
     shards: tuple[Shard, ...]
@@ -69,6 +71,7 @@ class SplitSummary:
     labels: dict[str, int]
     heights: tuple[int, ...]
     widths: tuple[int, ...]
+    problems: tuple[str, ...] = ()
 
     @property
     def listed(self) -> int | None:
@@ -91,12 +94,13 @@ class DatasetSummary:
     rejected_examples: tuple[dict, ...]
 
     @property
-    def count_problems(self) -> list[str]:
-        return [
+    def problems(self) -> list[str]:
+        """Missing or unreadable shards, and shards that hold another count than listed."""
+        return [problem for split in self.splits for problem in split.problems] + [
             f"{shard.path}: manifest lists {shard.listed} records, the shard holds {shard.counted}"
             for split in self.splits
             for shard in split.shards
-            if shard.counted is not None and shard.listed is not None and shard.counted != shard.listed
+            if None not in (shard.counted, shard.listed) and shard.counted != shard.listed
         ]
 
 
@@ -132,26 +136,32 @@ def summarize(
 
 
 def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
-    files = list(split.files)
-    if not files:  # every input of the split was rejected
-        return SplitSummary(split.name, (), 0, True, {}, (), ())
+    problems = [f"{path}: missing (the manifest lists it)" for path in split.missing]
+    present = split.without_missing()
+    files = list(present.files)
+    if not files:  # every input of the split was rejected, or every shard is missing
+        return SplitSummary(split.name, (), 0, True, {}, (), (), tuple(problems))
     sizes = [tf.io.gfile.stat(path).length for path in files]
     counted = [None] * len(files)
     if check_counts:
-        counted = [records.count(path, found.compression) for path in files]
+        counted = [_count(path, found.compression, problems) for path in files]
     spec = records.parse_spec(schema.LABEL, schema.SYNSET, schema.HEIGHT, schema.WIDTH)
     serialized = _spread(files, found.compression)
     if sample is not None:
         serialized = serialized.take(sample)
     labels, heights, widths, read = collections.Counter(), [], [], 0
-    for batch in serialized.batch(1024).map(lambda r: tf.io.parse_example(r, spec)):
-        read += len(batch[schema.LABEL])
-        for stored, text in zip(batch[schema.LABEL].numpy(), batch[schema.SYNSET].numpy()):
-            text = text.decode("utf-8", "replace")
-            labels[label_text(int(stored), text, offset, found.labels)] += 1
-        heights.extend(int(h) for h in batch[schema.HEIGHT].numpy())
-        widths.extend(int(w) for w in batch[schema.WIDTH].numpy())
-    listed = split.record_counts or [None] * len(files)
+    try:
+        for batch in serialized.batch(1024).map(lambda r: tf.io.parse_example(r, spec)):
+            read += len(batch[schema.LABEL])
+            for stored, text in zip(batch[schema.LABEL].numpy(), batch[schema.SYNSET].numpy()):
+                text = text.decode("utf-8", "replace")
+                labels[label_text(int(stored), text, offset, found.labels)] += 1
+            heights.extend(int(h) for h in batch[schema.HEIGHT].numpy())
+            widths.extend(int(w) for w in batch[schema.WIDTH].numpy())
+    except tf.errors.OpError as err:
+        problems.append(f"split {split.name}: reading a sample stopped after {read} records: "
+                        f"{_first_line(err.message)}")  # fmt: skip
+    listed = present.record_counts or [None] * len(files)
     return SplitSummary(
         name=split.name,
         shards=tuple(
@@ -163,7 +173,30 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
         labels=dict(labels),
         heights=tuple(heights),
         widths=tuple(widths),
+        problems=tuple(problems),
     )
+
+
+def _count(path: str, compression: str, problems: list[str]) -> int | None:
+    """The records in a shard, read to its end; None (and a problem) if it cannot be."""
+    try:
+        return records.count(path, compression)
+    except tf.errors.OpError as err:
+        problems.append(f"{path}: cannot be read to its end: {_first_line(err.message)}")
+        return None
+
+
+def _first_line(message: str) -> str:
+    """What a person needs of a TensorFlow error message: its first line, without the names
+    of graph functions and ops (`{{function_node ...}}`, `[Op:IteratorGetNext]`)."""
+    line = message.strip().splitlines()[0] if message.strip() else message
+    line = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$", "", line)
+    return line.strip()
+
+
+def _present(found: dataset_lib.Dataset) -> list[str]:
+    """The shard files that are there (a missing one is a problem `summarize` reports)."""
+    return [file for split in found.splits.values() for file in split.without_missing().files]
 
 
 def _spread(files, compression) -> tf.data.Dataset:
@@ -239,7 +272,7 @@ def render(summary: DatasetSummary) -> str:
                 lines.append(f"  {row.get('path')}: {row.get('reason')}: {row.get('error')}")
         else:
             lines.append("rejected: none")
-    lines += [f"PROBLEM {problem}" for problem in summary.count_problems]
+    lines += [f"PROBLEM {problem}" for problem in summary.problems]
     return "\n".join(lines)
 
 
@@ -293,12 +326,17 @@ def contact_sheet(
     found = dataset_lib.resolve(path)
     offset = _offset(found, label_offset)
     tiles = []
-    for serialized in _spread(found.files, found.compression).take(count):
-        record = schema.decode_example(serialized.numpy(), label_offset=0)  # stored labels
-        image = Image.open(io.BytesIO(record.encoded)).convert("RGB")
-        image = ImageOps.pad(image, (thumb, thumb), color=(32, 32, 32))
-        text = label_text(record.label_index, record.label_text, offset, found.labels)
-        tiles.append((image, text))
+    try:
+        for serialized in _spread(_present(found), found.compression).take(count):
+            record = schema.decode_example(serialized.numpy(), label_offset=0)  # stored labels
+            image = _thumbnail(Image.open(io.BytesIO(record.encoded)).convert("RGB"), thumb)
+            text = label_text(record.label_index, record.label_text, offset, found.labels)
+            tiles.append((image, text))
+    except tf.errors.OpError as err:
+        raise ValueError(
+            f"Cannot draw {path}: reading its shards stopped after {len(tiles)} records: "
+            f"{_first_line(err.message)} (inspect --check names the shard)"
+        ) from err
     if not tiles:
         raise ValueError(f"No records to draw in {path}")
     caption = 18
@@ -315,6 +353,16 @@ def contact_sheet(
     with tf.io.gfile.GFile(output, "wb") as f:
         f.write(buffer.getvalue())
     return len(tiles)
+
+
+def _thumbnail(image: Image.Image, side: int) -> Image.Image:
+    """`image` shrunk to fit a side x side square, centred on grey; at least a pixel thin (a
+    20000 x 10 panorama too)."""
+    scale = side / max(image.size)
+    size = tuple(max(1, round(length * scale)) for length in image.size)
+    tile = Image.new("RGB", (side, side), (32, 32, 32))
+    tile.paste(image.resize(size), ((side - size[0]) // 2, (side - size[1]) // 2))
+    return tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,7 +418,7 @@ def sample_records(
     labels: collections.Counter = collections.Counter()
     heights, widths, problems = [], [], []
     read = 0
-    serialized = tf.data.TFRecordDataset(list(found.files), compression_type=found.compression)
+    serialized = tf.data.TFRecordDataset(_present(found), compression_type=found.compression)
     try:
         for element in serialized.take(num_records):
             read += 1

@@ -1,10 +1,13 @@
 """Proof that a conversion lost and changed nothing: every source is in exactly one record or
 in rejected/, and every record is what the converter would write for its source.
 
-Used by `tfrecord-pipe verify SRC OUT`. For each listed source it re-derives the expected
-outcome (its label, the bytes `images.normalise` stores, or a rejection); for each record it
-checks that it parses, that its image decodes to the stated shape, and that shards hold the
-counts the manifest gives. The two sides are joined on the source's relative path.
+Used by `tfrecord-pipe verify SRC OUT`. It lists the sources as the converter does (the same
+functions, with the configuration the manifest recorded) and re-derives each one's outcome:
+its split and label and the bytes `images.normalise` stores, or the reason it is rejected.
+Each record must parse, decode to its stated shape and match its source's outcome, in the
+right split's shard; each rejection line must give the reason the converter would give now;
+shards must hold the counts the manifest gives. The two sides are joined on the source's
+relative path.
 
 It streams: rows are spilled to bucket files on local disk by a hash of the path and each
 bucket is joined on its own, so memory stays flat however large the dataset.
@@ -24,7 +27,7 @@ from concurrent import futures
 
 import tensorflow as tf
 
-from beam_jobs import convert, sources
+from beam_jobs import convert, sources, storage
 from tfrecord_pipe.core import images, naming, paths, schema
 from tfrecord_pipe.reading import dataset as dataset_lib
 
@@ -77,6 +80,7 @@ class _Buckets:
     """Rows spilled to JSON-lines files by a hash of their key; read back one bucket at a time."""
 
     def __init__(self, folder: str, count: int):
+        os.makedirs(folder, exist_ok=True)
         self._paths = [os.path.join(folder, f"bucket-{i:05d}.jsonl") for i in range(count)]
         self._files = [open(path, "w") for path in self._paths]
 
@@ -117,8 +121,8 @@ def verify(source: str, dataset: str) -> VerifyReport:
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-") as work:
         buckets = _Buckets(work, max(1, math.ceil(3 * listed / ROWS_PER_BUCKET)))
         num_records = _add_records(dataset, found, buckets, problems)
-        num_rejected = _add_rejected(dataset, buckets)
-        per_split = _add_sources(source, dataset, found, buckets)
+        num_rejected = _add_rejected(dataset, found, buckets, problems)
+        per_split = _add_sources(source, dataset, found, buckets, work)
         for split, info in sorted(found.splits.items()):
             if per_split.get(split, 0) != info.listed:
                 problems.add(
@@ -154,7 +158,8 @@ def _add_records(dataset, found, buckets, problems) -> int:
                             if "problem" in row:
                                 problems.add(f"{name} record {count}: {row['problem']}")
                                 continue
-                            buckets.add(row.pop("relpath"), "record", dict(row, shard=name))
+                            row.update(shard=name, split=split)
+                            buckets.add(row.pop("relpath"), "record", row)
                 except tf.errors.OpError as err:
                     problems.add(f"shard {name} is corrupt after {count} records: {err.message}")
                 if count != expected:
@@ -204,67 +209,81 @@ def _record_row(serialized: bytes, found) -> dict:
     }
 
 
-def _add_rejected(dataset, buckets) -> int:
-    count = 0
-    pattern = paths.join(dataset, naming.rejected_name("*"))
-    for path in sorted(tf.io.gfile.glob(pattern)):
+def _add_rejected(dataset, found, buckets, problems) -> int:
+    """Reads the rejected-inputs file of every split the manifest says has rejections."""
+    total = 0
+    for split, info in sorted(found.splits.items()):
+        if not info.rejected:
+            continue
+        path = paths.join(dataset, naming.rejected_name(split))
+        if not tf.io.gfile.exists(path):
+            problems.add(f"{naming.rejected_name(split)} is missing ({info.rejected} rejected)")
+            continue
+        count = 0
         with tf.io.gfile.GFile(path) as lines:
             for line in lines:
                 if line.strip():
                     row = json.loads(line)
                     buckets.add(row.get("relpath") or row["path"], "rejected", row)
                     count += 1
-    return count
+        if count != info.rejected:
+            problems.add(
+                f"{naming.rejected_name(split)} holds {count} lines, the manifest counts "
+                f"{info.rejected} rejected"
+            )
+        total += count
+    return total
 
 
-def _add_sources(source, dataset, found, buckets) -> dict[str, int]:
+def _add_sources(source, dataset, found, buckets, work) -> dict[str, int]:
     """Lists the inputs as the converter did and records what each should have become."""
     recorded = convert.recorded_config(found.conversion)
     config = sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
+    listed = sources.list_sources(config)
+    found_listed = sum(info.listed for info in found.splits.values())
+    if config.layout == "csv":  # a file listed twice is kept once, as the converter does
+        listed = _one_per_file(listed, work, max(1, math.ceil(found_listed / ROWS_PER_BUCKET)))
     labels = set(found.labels)
     per_split = collections.Counter()
     with futures.ThreadPoolExecutor(_WORKERS) as pool:
-        for chunk in _chunks(_listed(config)):
-            for listed, row in pool.map(lambda s: (s, _expected(s, labels, config.policy)), chunk):
-                per_split[listed.split] += 1
-                buckets.add(listed.relpath, "source", row)
+        for chunk in _chunks(listed):
+            for item, row in pool.map(lambda s: (s, _expected(s, labels, config.policy)), chunk):
+                per_split[item.split] += 1
+                buckets.add(item.relpath, "source", row)
     return dict(per_split)
 
 
-def _listed(config) -> Iterator:
-    if config.layout == "csv":
-        with tf.io.gfile.GFile(config.source) as lines:
-            for line in lines:
-                listed = sources.source_from_csv_line(
-                    line.rstrip("\n"), config.source, config.validation_fraction
-                )
-                if listed is not None:
-                    yield listed
-        return
-    root = config.source_root
-    for folder, _, names in tf.io.gfile.walk(root):
-        for name in sorted(names):
-            yield sources.source_from_folder(
-                paths.join(folder, name), root, config.layout, config.validation_fraction
-            )
+def _one_per_file(listed, work, count: int) -> Iterator[sources.SourceFile]:
+    """`listed`, with every listing of a file but the one kept marked as a duplicate
+    (`sources.one_per_file`); grouped on local disk, so memory stays flat."""
+    by_file = _Buckets(os.path.join(work, "by-file"), count)
+    for item in listed:
+        by_file.add(sources.identity(item), "source", dataclasses.asdict(item))
+    for _, rows in by_file.groups():
+        group = [
+            sources.SourceFile(**{**row, "problem": tuple(row["problem"] or ()) or None})
+            for row in rows["source"]
+        ]
+        kept, duplicates = sources.one_per_file(group)
+        yield kept
+        yield from duplicates
 
 
 def _expected(listed, labels, policy) -> dict:
     """What the converter should have made of one source: a record's hashes, or a rejection."""
     row = {"path": listed.path, "split": listed.split, "label": listed.label}
+    if listed.problem is not None:
+        return dict(row, rejected=listed.problem[0])
     if listed.label is None or listed.label not in labels:
         return dict(row, rejected=images.NO_LABEL if listed.label is None else images.UNKNOWN_LABEL)
     try:
-        with tf.io.gfile.GFile(listed.path, "rb") as f:
-            data = f.read()
-    except tf.errors.OpError as err:
-        return dict(row, rejected=f"unreadable: {err.message}")
-    row["sha256"] = hashlib.sha256(data).hexdigest()
-    try:
-        stored = images.normalise(data, policy)
+        data = storage.read_input(listed.path, policy.max_file_bytes)
+        row["sha256"] = hashlib.sha256(data).hexdigest()
+        row["encoded_sha256"] = hashlib.sha256(images.normalise(data, policy).encoded).hexdigest()
     except images.Rejected as err:
         return dict(row, rejected=err.reason)
-    row["encoded_sha256"] = hashlib.sha256(stored.encoded).hexdigest()
+    except Exception:  # the converter's reasons for the same failures
+        return dict(row, rejected=images.UNEXPECTED if "sha256" in row else images.UNREADABLE)
     return row
 
 
@@ -278,33 +297,65 @@ def _check(relpath: str, rows: dict[str, list[dict]], problems: _Problems) -> No
     if len(records) > 1:
         shards = ", ".join(record["shard"] for record in records)
         problems.add(f"{relpath}: written {len(records)} times (shards {shards})")
-    if len(records) + len(rejected) < len(listed):
-        problems.add(f"{relpath}: listed but in no shard and not in rejected/ (lost)")
-        return
-    if len(records) + len(rejected) > len(listed):
-        problems.add(
-            f"{relpath}: listed {len(listed)} times but has {len(records)} records and "
-            f"{len(rejected)} rejection lines"
-        )
-    if not records:
-        return
-    record = records[0]
-    expected = next((s for s in listed if "encoded_sha256" in s), None)
+    stored = [s for s in listed if "rejected" not in s]
+    refused = [s for s in listed if "rejected" in s]
+    if records and stored:
+        _check_record(relpath, records[0], stored[0], problems)
+    elif records:
+        reasons = ", ".join(sorted({s["rejected"] for s in refused}))
+        problems.add(f"{relpath}: has a record, but the converter would reject it now ({reasons})")
+    elif stored:
+        if rejected:
+            problems.add(
+                f"{relpath}: in rejected/ ({rejected[0].get('reason')}), but the converter "
+                "would store it now"
+            )
+        else:
+            problems.add(f"{relpath}: listed but in no shard and not in rejected/ (lost)")
+    # A stored source's line in rejected/ was reported just above.
+    lines = rejected[1:] if stored and not records and rejected else rejected
+    _check_rejections(relpath, refused, lines, problems)
+
+
+def _check_record(relpath: str, record: dict, expected: dict, problems: _Problems) -> None:
+    where = f"{relpath} (shard {record['shard']})"
     for problem in record["record_problems"]:
-        problems.add(f"{relpath} (shard {record['shard']}): {problem}")
-    if expected is None:
-        reasons = ", ".join(sorted({s.get("rejected", "?") for s in listed}))
-        problems.add(f"{relpath}: has a record, but the source should be rejected ({reasons})")
-        return
+        problems.add(f"{where}: {problem}")
+    if record["split"] != expected["split"]:
+        problems.add(f"{where}: in split {record['split']}, but listed in {expected['split']}")
     if record["sha256"] != expected["sha256"]:
         problems.add(f"{relpath}: the source changed since conversion (content hash differs)")
     elif record["encoded_sha256"] != expected["encoded_sha256"]:
         problems.add(
-            f"{relpath} (shard {record['shard']}): the record's image is not what the converter "
-            "writes for this source (modified record)"
+            f"{where}: the record's image is not what the converter writes for this source "
+            "(modified record)"
         )
     if record["label"] != expected["label"]:
-        problems.add(
-            f"{relpath} (shard {record['shard']}): label {record['label']!r}, the source says "
-            f"{expected['label']!r}"
-        )
+        problems.add(f"{where}: label {record['label']!r}, the source says {expected['label']!r}")
+
+
+def _check_rejections(relpath, refused, rejected, problems) -> None:
+    """Each rejection the converter would make now has its line, with its reason and split."""
+    lines = list(rejected)
+    for expected in refused:
+        line = next((r for r in lines if r.get("reason") == expected["rejected"]), None)
+        if line is None and lines:
+            line = lines[0]
+            problems.add(
+                f"{relpath}: rejected as {line.get('reason')}, but the converter would now say "
+                f"{expected['rejected']}"
+            )
+        if line is None:
+            problems.add(
+                f"{relpath}: should be rejected ({expected['rejected']}), but is in no shard and "
+                "not in rejected/ (lost)"
+            )
+            continue
+        lines.remove(line)
+        if line.get("split") != expected["split"]:
+            problems.add(
+                f"{relpath}: rejected in split {line.get('split')}, but listed in "
+                f"{expected['split']}"
+            )
+    for line in lines:
+        problems.add(f"{relpath}: an extra rejection line ({line.get('reason')})")

@@ -1,0 +1,273 @@
+"""An exclusive claim on an output folder, so that two conversions never write into one.
+
+Two runs into the same folder would each finalise their own shards beside the other's. The
+launcher claims the folder before it writes anything (`OUT/.tfrecord-pipe-claim`), renews
+the claim while the job runs, and gives it up at the end. Taking a claim is atomic: an
+exclusive create on local disk, an object created only if none exists
+(`if_generation_match=0`) on gs://. A claim not renewed for STALE_AFTER_S (or, on this
+machine, one whose process is gone) belongs to a run that died: the next run takes it over,
+and says so. Other filesystems have no atomic create here: there the claim is checked, then
+written, and a warning says that two runs started at the same moment are not told apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jobs import storage
+from tfrecord_pipe.core import paths
+
+LOG = logging.getLogger(__name__)
+
+CLAIM_NAME = ".tfrecord-pipe-claim"
+RENEW_EVERY_S = 30.0
+STALE_AFTER_S = 300.0  # ten renewals missed: the run that holds it is gone
+
+
+class OutputBusyError(FileExistsError):
+    """Another conversion is writing into the output folder; the message says which."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """Who holds a claim. Attributes: run id, host, pid, started and renewed (Unix seconds)."""
+
+    run: str
+    host: str
+    pid: int
+    started: float
+    renewed: float
+
+    def is_stale(self, now: float) -> bool:
+        if self.host == socket.gethostname() and not _alive(self.pid):
+            return True
+        return now - self.renewed > STALE_AFTER_S
+
+    def __str__(self):
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return f"run {self.run} (host {self.host}, pid {self.pid}, started {started})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+class Claim:
+    """The claim on `folder` for one run; a context manager that takes, renews and gives it up.
+
+    Attributes:
+      taken_over: the holder of a stale claim this run replaced, or None.
+    """
+
+    def __init__(self, folder: str):
+        self.path = paths.join(folder, CLAIM_NAME)
+        self.taken_over: Holder | None = None
+        now = time.time()
+        self._me = Holder(uuid.uuid4().hex[:12], socket.gethostname(), os.getpid(), now, now)
+        self._store = _store_for(self.path)
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew_until_stopped, daemon=True)
+
+    def __enter__(self) -> Claim:
+        self.acquire()
+        self._renewer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._renewer.join()
+        self._store.release(self._me)
+
+    def acquire(self) -> None:
+        """Takes the claim, or raises OutputBusyError naming the run that holds it."""
+        for _ in range(3):  # a race with another run taking over the same stale claim
+            if self._store.create(self._me):
+                return
+            holder = self._store.read()
+            if holder is None:  # given up between our two looks
+                continue
+            if not holder.is_stale(time.time()):
+                raise OutputBusyError(
+                    f"{paths.parent(self.path)} is being written by another conversion: "
+                    f"{holder}, alive {time.time() - holder.renewed:.0f} s ago. Wait for it to "
+                    f"finish, or write elsewhere. If it was killed, its claim expires "
+                    f"{STALE_AFTER_S:.0f} s after its last sign of life, or remove {self.path}."
+                )
+            if self._store.remove_stale(holder):
+                self.taken_over = holder
+        raise OutputBusyError(f"Could not claim {self.path}: other runs keep taking it.")
+
+    def _renew_until_stopped(self) -> None:
+        while not self._stop.wait(RENEW_EVERY_S):
+            try:
+                self._me = dataclasses.replace(self._me, renewed=time.time())
+                self._store.renew(self._me)
+            except Exception:  # a missed renewal is not fatal: ten in a row are
+                LOG.warning("Could not renew the claim %s", self.path, exc_info=True)
+
+
+def _store_for(path: str):
+    if not paths.is_remote(path):
+        return _LocalClaim(path)
+    if path.startswith("gs://"):
+        return _GcsClaim(path)
+    return _OtherClaim(path)
+
+
+def _encode(holder: Holder) -> bytes:
+    return json.dumps(dataclasses.asdict(holder)).encode()
+
+
+def _decode(data: bytes) -> Holder | None:
+    try:
+        return Holder(**json.loads(data))
+    except (ValueError, TypeError):  # half-written, or not ours: treat as long dead
+        return Holder("?", "?", 0, 0.0, 0.0)
+
+
+class _LocalClaim:
+    """On local disk: O_EXCL creates; a stale claim is renamed away (only one run can)."""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def create(self, holder: Holder) -> bool:
+        paths.make_local_folder(paths.parent(self._path) or ".")
+        try:
+            fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(_encode(holder))
+        return True
+
+    def read(self) -> Holder | None:
+        try:
+            with open(self._path, "rb") as f:
+                return _decode(f.read())
+        except FileNotFoundError:
+            return None
+
+    def remove_stale(self, holder: Holder) -> bool:
+        aside = f"{self._path}.stale-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(self._path, aside)
+        except FileNotFoundError:  # another run took it over first
+            return False
+        os.remove(aside)
+        return True
+
+    def renew(self, holder: Holder) -> None:
+        current = self.read()
+        if current is not None and current.run == holder.run:
+            partial = f"{self._path}.{holder.run}"
+            with open(partial, "wb") as f:
+                f.write(_encode(holder))
+            os.replace(partial, self._path)
+
+    def release(self, holder: Holder) -> None:
+        current = self.read()
+        if current is not None and current.run == holder.run:
+            os.remove(self._path)
+
+
+class _GcsClaim:
+    """On gs://: object preconditions (if_generation_match) make each step atomic."""
+
+    def __init__(self, path: str):
+        bucket, _, name = path[len("gs://") :].partition("/")
+        self._blob = storage.gcs_client().bucket(bucket).blob(name)
+        self._generation = None  # of our claim object
+        self._seen_generation = None  # of the claim object read last
+
+    def create(self, holder: Holder) -> bool:
+        from google.api_core import exceptions
+
+        try:
+            self._blob.upload_from_string(_encode(holder), if_generation_match=0)
+        except exceptions.PreconditionFailed:
+            return False
+        self._generation = self._blob.generation
+        return True
+
+    def read(self) -> Holder | None:
+        from google.api_core import exceptions
+
+        try:
+            self._blob.reload()
+            self._seen_generation = self._blob.generation
+            data = self._blob.download_as_bytes()
+        except exceptions.NotFound:
+            return None
+        return _decode(data)
+
+    def remove_stale(self, holder: Holder) -> bool:
+        from google.api_core import exceptions
+
+        try:
+            self._blob.delete(if_generation_match=self._seen_generation)
+        except (exceptions.PreconditionFailed, exceptions.NotFound):
+            return False
+        return True
+
+    def renew(self, holder: Holder) -> None:
+        self._blob.upload_from_string(_encode(holder), if_generation_match=self._generation)
+        self._generation = self._blob.generation
+
+    def release(self, holder: Holder) -> None:
+        from google.api_core import exceptions
+
+        try:
+            self._blob.delete(if_generation_match=self._generation)
+        except (exceptions.PreconditionFailed, exceptions.NotFound):
+            LOG.warning("The claim %s was not ours any more when the run ended", self._blob.name)
+
+
+class _OtherClaim:
+    """Filesystems without an atomic create: checked, then written (best effort)."""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def create(self, holder: Holder) -> bool:
+        if FileSystems.exists(self._path):
+            return False
+        LOG.warning(
+            "%s: this filesystem has no atomic create; two conversions started at the same "
+            "moment into this folder would not be told apart.", self._path,
+        )  # fmt: skip
+        storage.write_bytes(self._path, _encode(holder))
+        return True
+
+    def read(self) -> Holder | None:
+        if not FileSystems.exists(self._path):
+            return None
+        with FileSystems.open(self._path) as f:
+            return _decode(f.read())
+
+    def remove_stale(self, holder: Holder) -> bool:
+        storage.delete([self._path])
+        return True
+
+    def renew(self, holder: Holder) -> None:
+        storage.write_bytes(self._path, _encode(holder))
+
+    def release(self, holder: Holder) -> None:
+        current = self.read()
+        if current is not None and current.run == holder.run:
+            storage.delete([self._path])

@@ -1,0 +1,159 @@
+"""Every file under an input folder, each once, with what is wrong with it if it cannot be read.
+
+One function for the conversion job and `verify`, so that both see the same inputs:
+
+- Paths are literal: "[", "*" and "?" in a folder's name are characters, not patterns.
+- Symlinks are followed, to files and to folders. A folder is listed once: a link to a folder
+  listed already (a cycle, a second link, a link to a folder inside the input folder) is one
+  entry that says so. A file reached through a link and also directly, or through two links,
+  is listed once; its other paths are entries that name the one kept.
+- Nothing is dropped: a broken link, a FIFO, a device, a folder that cannot be opened is an
+  entry with its problem, which the job rejects with that reason, without reading it.
+
+Local folders are walked with os.scandir; other filesystems (gs://) are listed through Beam's,
+where there are no links or special files.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import stat
+from collections.abc import Iterator
+
+from apache_beam.io.filesystems import FileSystems
+
+from tfrecord_pipe.core import images, paths
+
+UNREADABLE, NOT_A_FILE, DUPLICATE = images.UNREADABLE, images.NOT_A_FILE, images.DUPLICATE
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One listed path.
+
+    Attributes:
+      path: where to read it.
+      relpath: its path below the listed folder, "/"-separated.
+      size: bytes, when known.
+      problem: (reason code, detail) when it cannot be an input; None when it can.
+    """
+
+    path: str
+    relpath: str
+    size: int | None = None
+    problem: tuple[str, str] | None = None
+
+
+def walk(root: str) -> Iterator[Entry]:
+    """The entries under the folder `root` (local or remote), in a deterministic order."""
+    if paths.is_remote(root):
+        yield from _walk_remote(paths.folder(root))
+    else:
+        yield from _Walk(paths.folder(root)).entries()
+
+
+def matching_below(folder: str) -> list:
+    """Beam's metadata of every object below the remote `folder`, taken literally.
+
+    Beam's patterns cannot quote "[", "*" or "?": the listing asks for everything that starts
+    like `folder` up to the first of them, and keeps what lies below `folder` itself.
+    """
+    below = paths.folder(folder) + "/"
+    cut = min((below.index(char) for char in "[*?" if char in below), default=len(below))
+    found = FileSystems.match([below[:cut] + "**"])[0].metadata_list
+    return [meta for meta in found if meta.path.startswith(below)]
+
+
+def _walk_remote(root: str) -> Iterator[Entry]:
+    for meta in sorted(matching_below(root), key=lambda meta: meta.path):
+        # Folder markers (empty objects named "images/daisy/", which the Cloud console makes
+        # for "Create folder") are folders, not inputs.
+        if not meta.path.endswith("/"):
+            yield Entry(meta.path, meta.path[len(root) + 1 :], meta.size_in_bytes)
+
+
+class _Walk:
+    """A walk of a local folder: first every path without a link in it, then the folders that
+    links lead to (so a path without links is the one kept for a file reached both ways)."""
+
+    def __init__(self, root: str):
+        self._root = root
+        self._real_root = os.path.realpath(root)
+        self._folders: dict[tuple[int, int], str] = {}  # (device, inode) -> relpath listed
+        self._linked_files: dict[str, str] = {}  # real path -> relpath kept
+        self._linked_folders = collections.deque()  # (path, relpath) of links to folders
+
+    def entries(self) -> Iterator[Entry]:
+        yield from self._folder(self._root, "", through_link=False)
+        while self._linked_folders:
+            path, relpath = self._linked_folders.popleft()
+            yield from self._folder(path, relpath, through_link=True)
+
+    def _folder(self, path: str, relpath: str, through_link: bool) -> Iterator[Entry]:
+        try:
+            info = os.stat(path)
+        except OSError as err:
+            yield Entry(path, relpath, problem=(UNREADABLE, f"cannot open the folder: {err}"))
+            return
+        key = (info.st_dev, info.st_ino)
+        if key in self._folders:
+            seen = self._folders[key] or "the input folder itself"
+            yield Entry(path, relpath, problem=(
+                DUPLICATE, f"a link to a folder listed already ({seen}); not followed again"
+            ))  # fmt: skip
+            return
+        self._folders[key] = relpath
+        try:
+            children = sorted(os.scandir(path), key=lambda child: child.name)
+        except OSError as err:
+            yield Entry(path, relpath, problem=(UNREADABLE, f"cannot list the folder: {err}"))
+            return
+        for child in children:
+            child_relpath = f"{relpath}/{child.name}" if relpath else child.name
+            yield from self._child(child, child_relpath, through_link)
+
+    def _child(self, child: os.DirEntry, relpath: str, through_link: bool) -> Iterator[Entry]:
+        is_link = child.is_symlink()
+        try:
+            info = child.stat()  # follows links
+        except OSError as err:
+            detail = f"a broken symlink to {os.readlink(child.path)!r}" if is_link else str(err)
+            yield Entry(child.path, relpath, problem=(UNREADABLE, detail))
+            return
+        if stat.S_ISDIR(info.st_mode):
+            if is_link:  # after every path without links
+                self._linked_folders.append((child.path, relpath))
+            else:
+                yield from self._folder(child.path, relpath, through_link)
+        elif not stat.S_ISREG(info.st_mode):
+            kind = _kind(info.st_mode)
+            yield Entry(child.path, relpath, problem=(
+                NOT_A_FILE, f"a {kind}, not a regular file: not read"
+            ))  # fmt: skip
+        elif is_link or through_link:
+            yield self._linked_file(child.path, relpath, info.st_size)
+        else:
+            yield Entry(child.path, relpath, info.st_size)
+
+    def _linked_file(self, path: str, relpath: str, size: int) -> Entry:
+        """A file reached through a link: kept, unless its real path is listed already."""
+        real = os.path.realpath(path)
+        if paths.is_inside(real, self._real_root):
+            direct = os.path.relpath(real, self._real_root).replace(os.sep, "/")
+            return Entry(path, relpath, problem=(
+                DUPLICATE, f"the same file as {direct} (through a symlink); {direct} is kept"
+            ))  # fmt: skip
+        kept = self._linked_files.setdefault(real, relpath)
+        if kept != relpath:
+            return Entry(path, relpath, problem=(
+                DUPLICATE, f"the same file as {kept} (both links to {real}); {kept} is kept"
+            ))  # fmt: skip
+        return Entry(path, relpath, size)
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+             (stat.S_ISBLK, "block device"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "special file")

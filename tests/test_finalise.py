@@ -1,0 +1,113 @@
+"""finalise.py: the output folder is checked before the job and finished after it; an
+overwrite replaces exactly the old dataset; what killed runs left is cleared and said."""
+
+import logging
+
+import pytest
+
+from beam_jobs import convert, finalise
+from tfrecord_pipe.core import naming
+from tfrecord_pipe.reading import dataset
+
+from helpers import IN_PROCESS, jpeg_bytes, run_cli, write_image_folder
+
+pytestmark = pytest.mark.slow  # whole conversions
+
+
+def convert_(*argv):
+    return convert.run([str(arg) for arg in argv] + IN_PROCESS)
+
+
+def test_overwrite_deletes_exactly_the_old_datasets_files(tmp_path):
+    # It used to delete anything named *.tfrecord* and anything under rejected/.
+    src = write_image_folder(tmp_path / "src", per_label=3, odd=("truncated_jpeg.jpg",))
+    out = tmp_path / "out"
+    convert_(src, out, "--num_shards", 3, "--validation_fraction", 0.5)
+    mine = [out / "my-notes.tfrecord.txt", out / "rejected" / "README", out / "keep.tfrecord"]
+    for path in mine:
+        path.write_text("not part of any dataset")
+    (src / "red" / "truncated_jpeg.jpg").unlink()  # the new dataset rejects nothing
+    result = convert_(src, out, "--num_shards", 1, "--overwrite")
+    left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert left == sorted([
+        "keep.tfrecord", "labels.txt", "manifest.json", "my-notes.tfrecord.txt",
+        "rejected/README", *(file for info in result.splits.values() for file in info.files),
+    ])  # fmt: skip
+    assert len(result.splits["train"].files) == 1  # the old dataset's 3+3 shards are gone
+    assert run_cli("verify", src, out).returncode == 0
+
+
+def test_a_killed_runs_temporary_folder_is_removed_by_the_next_run_which_says_so(
+    tmp_path, caplog
+):
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    out = tmp_path / "out"
+    leftover = out / f"{finalise.TEMP_PREFIX}deadbeef0000"
+    (leftover / "rejected").mkdir(parents=True)
+    (leftover / "train-00000-of-00001.tfrecord").write_bytes(b"half a shard")
+    with caplog.at_level(logging.WARNING, logger="beam_jobs.convert"):
+        convert_(src, out)
+    assert not leftover.exists()
+    assert "Removed 1 temporary folder(s) left by runs that did not finish" in caplog.text
+    assert str(leftover) in caplog.text
+
+
+def test_a_run_that_writes_no_record_fails_and_leaves_no_manifest(tmp_path):
+    (tmp_path / "src" / "red").mkdir(parents=True)
+    (tmp_path / "src" / "red" / "a.jpg").write_bytes(b"not an image")
+    done = run_cli("convert", tmp_path / "src", tmp_path / "out", *IN_PROCESS)
+    assert done.returncode == 2
+    assert "No record was written: all 1 inputs were rejected (not_an_image 1)" in done.errors[0]
+    assert not (tmp_path / "out" / naming.MANIFEST_NAME).exists()
+
+
+def test_nothing_written_leaves_an_old_dataset_as_it_was(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    out = tmp_path / "out"
+    before = convert_(src, out)
+    for path in (src / "red").iterdir():
+        path.write_bytes(b"broken")
+    for label in ("green", "blue"):
+        for path in (src / label).iterdir():
+            path.unlink()
+    with pytest.raises(finalise.NothingWrittenError):
+        convert_(src, out, "--overwrite")
+    assert dataset.read_manifest(str(out)) == before
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [(lambda out: out.write_text("a file"), "is a file, not a folder"),
+     (lambda out: (out.mkdir(), (out / "manifest.json").write_text("{not json")),
+      "manifest.json is not a valid manifest")],
+)  # fmt: skip
+def test_an_output_that_is_a_file_or_an_unreadable_dataset_is_refused_before_any_work(
+    tmp_path, make, message
+):
+    src = write_image_folder(tmp_path / "src", per_label=1)
+    make(tmp_path / "out")
+    done = run_cli("convert", src, tmp_path / "out", "--overwrite", *IN_PROCESS)
+    assert done.returncode == 2 and message in done.errors[0]
+    assert "converting:" not in done.stderr  # refused before loading anything
+
+
+def test_a_mistyped_flag_is_an_error_naming_the_closest(tmp_path):
+    # Beam only logged a warning, and the dataset was written without a validation split.
+    src = write_image_folder(tmp_path / "src", per_label=1)
+    done = run_cli("convert", src, tmp_path / "out", "--validaton_fraction", "0.2")
+    assert done.returncode == 2
+    assert "Unknown flag --validaton_fraction" in done.errors[0]
+    assert "Did you mean --validation_fraction?" in done.errors[0]
+    assert not (tmp_path / "out").exists()
+    passed = run_cli("convert", src, tmp_path / "out", "--direct_num_workers=1",
+                     "--direct_running_mode", "in_memory")  # fmt: skip
+    assert passed.returncode == 0, passed.stderr
+
+
+def test_an_image_of_a_strange_shape_is_drawn_in_the_grid(tmp_path):
+    (tmp_path / "src" / "red").mkdir(parents=True)
+    (tmp_path / "src" / "red" / "panorama.jpg").write_bytes(jpeg_bytes(20000, 10))
+    convert_(tmp_path / "src", tmp_path / "out")
+    done = run_cli("inspect", tmp_path / "out", "--grid", tmp_path / "grid.png")
+    assert done.returncode == 0, done.stderr
+    assert "contact sheet of 1 records" in done.stdout

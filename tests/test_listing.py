@@ -1,0 +1,97 @@
+"""listing.py: every file under a folder, once, literally; what cannot be read says why."""
+
+import os
+
+import pytest
+
+from beam_jobs import listing
+from tfrecord_pipe.core import images
+
+from helpers import jpeg_bytes
+
+
+def entries(root) -> dict[str, tuple | None]:
+    """relpath -> (reason, detail) or None, of everything listed under `root`."""
+    found = list(listing.walk(str(root)))
+    assert len({entry.relpath for entry in found}) == len(found), "a path listed twice"
+    return {entry.relpath: entry.problem for entry in found}
+
+
+def write(path, data=b"x"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def test_links_to_folders_and_files_are_followed(tmp_path):
+    outside = tmp_path / "elsewhere"
+    write(outside / "cats" / "1.jpg")
+    write(outside / "solo.jpg")
+    root = tmp_path / "src"
+    write(root / "dogs" / "1.jpg")
+    os.symlink(outside / "cats", root / "cats")  # a label folder that is a link
+    os.symlink(outside / "solo.jpg", root / "dogs" / "2.jpg")
+    assert entries(root) == {"cats/1.jpg": None, "dogs/1.jpg": None, "dogs/2.jpg": None}
+
+
+def test_a_broken_link_and_a_fifo_are_listed_with_their_problem(tmp_path):
+    root = tmp_path / "src"
+    write(root / "dogs" / "1.jpg")
+    os.symlink(tmp_path / "gone.jpg", root / "dogs" / "2.jpg")
+    os.mkfifo(root / "dogs" / "3.jpg")
+    found = entries(root)
+    assert found["dogs/1.jpg"] is None
+    assert found["dogs/2.jpg"][0] == images.UNREADABLE and "broken symlink" in found["dogs/2.jpg"][1]
+    assert found["dogs/3.jpg"] == (images.NOT_A_FILE, "a FIFO, not a regular file: not read")
+
+
+def test_a_cycle_is_listed_once_and_said(tmp_path):
+    root = tmp_path / "src"
+    write(root / "dogs" / "1.jpg")
+    os.symlink(root, root / "dogs" / "again")  # back to the top
+    os.symlink(root / "dogs", root / "alias")  # a second way into dogs/
+    found = entries(root)
+    assert found["dogs/1.jpg"] is None
+    assert found["dogs/again"][0] == images.DUPLICATE
+    assert "the input folder itself" in found["dogs/again"][1]
+    assert found["alias"] == (images.DUPLICATE, "a link to a folder listed already (dogs); not followed again")
+    assert len(found) == 3
+
+
+def test_a_file_reached_twice_is_kept_once_where_it_lies(tmp_path):
+    root = tmp_path / "src"
+    write(root / "dogs" / "1.jpg")
+    write(tmp_path / "outside.jpg")
+    os.symlink(root / "dogs" / "1.jpg", root / "dogs" / "0-link.jpg")  # sorts first
+    os.symlink(tmp_path / "outside.jpg", root / "dogs" / "a.jpg")
+    os.symlink(tmp_path / "outside.jpg", root / "dogs" / "b.jpg")
+    found = entries(root)
+    assert found["dogs/1.jpg"] is None and found["dogs/a.jpg"] is None
+    assert found["dogs/0-link.jpg"][0] == images.DUPLICATE
+    assert "the same file as dogs/1.jpg" in found["dogs/0-link.jpg"][1]
+    assert found["dogs/b.jpg"][0] == images.DUPLICATE and "dogs/a.jpg is kept" in found["dogs/b.jpg"][1]
+
+
+def test_names_are_literal_never_patterns(tmp_path):
+    write(tmp_path / "set[1]" / "cats" / "a.jpg")
+    write(tmp_path / "set1" / "cats" / "b.jpg")  # what the pattern set[1] would match
+    write(tmp_path / "set[1]" / "cats" / "*.jpg")
+    assert entries(tmp_path / "set[1]") == {"cats/a.jpg": None, "cats/*.jpg": None}
+
+
+def test_the_listing_is_the_same_every_time(tmp_path):
+    root = tmp_path / "src"
+    for name in ("b", "a", "c"):
+        write(root / name / "1.jpg", jpeg_bytes())
+    first = [entry.relpath for entry in listing.walk(str(root))]
+    assert first == sorted(first) == [entry.relpath for entry in listing.walk(str(root) + "/")]
+
+
+@pytest.mark.slow
+def test_a_gcs_folder_is_listed_literally_without_folder_markers(gcs):
+    from google.cloud import storage
+
+    bucket = storage.Client().bucket(gcs.bucket)
+    for name in ("list/set[1]/cats/a.jpg", "list/set1/cats/b.jpg", "list/set[1]/cats/"):
+        bucket.blob(name).upload_from_string(b"x" if not name.endswith("/") else b"")
+    found = list(listing.walk(gcs.url("list", "set[1]")))
+    assert [(entry.relpath, entry.size) for entry in found] == [("cats/a.jpg", 1)]

@@ -1,0 +1,147 @@
+"""sources.py: what the job takes as its inputs, and the rules a user can rely on (layout,
+CSV headers, one record per file however its path is spelled); `verify` lists the same way."""
+
+import json
+import os
+
+import pytest
+
+from beam_jobs import convert, sources
+from beam_jobs.config import ConvertConfig
+from tfrecord_pipe.core import images
+
+from helpers import COLOURS, IN_PROCESS, jpeg_bytes, run_cli, write_image_folder
+
+
+def convert_(*argv):
+    return convert.run([str(arg) for arg in argv] + IN_PROCESS)
+
+
+def rejected_lines(out) -> list[dict]:
+    return [json.loads(line) for f in sorted(out.glob("rejected/*.jsonl")) for line in f.open()]
+
+
+def resolved(source, **options) -> ConvertConfig:
+    return sources.resolve_layout(ConvertConfig(source=str(source), output="unused", **options))
+
+
+@pytest.mark.parametrize(
+    "first_line, header",
+    [("path,label", "yes"), ("file_name,class", "yes"), ("\ufeffimage path,category", "yes"),
+     ("a.jpg,red", "no"), ("missing.jpg,red", "no"), ("imgs/x,red", "no"), ("a,red", "no")],
+)  # fmt: skip
+def test_only_a_first_line_that_names_no_file_and_looks_like_a_name_is_a_header(
+    tmp_path, first_line, header
+):
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "a").write_bytes(jpeg_bytes())  # a file named like a column
+    (tmp_path / "list.csv").write_text(first_line + "\na.jpg,red\n", encoding="utf-8")
+    assert resolved(tmp_path / "list.csv").csv_header == header
+
+
+@pytest.mark.slow
+def test_a_bom_a_header_and_data_lines_named_like_columns(tmp_path):
+    # A BOM and an unexpected header used to become a class of their own; a data line whose
+    # path is "image" used to vanish.
+    for name in ("image", "a.jpg", "b.jpg"):
+        (tmp_path / name).write_bytes(jpeg_bytes(8, 8, COLOURS["red"]))
+    lines = ["file_name,class", "a.jpg,red", "image,red", "b.jpg,green", "path,green"]
+    (tmp_path / "list.csv").write_bytes(("\ufeff" + "\n".join(lines) + "\n").encode())
+    result = convert_(tmp_path / "list.csv", tmp_path / "out")
+    assert result.labels == ("green", "red")
+    assert result.splits["train"].num_examples == 3  # a.jpg, image, b.jpg
+    (line,) = rejected_lines(tmp_path / "out")  # "path": a data line, and no such file
+    assert line["relpath"] == "path" and line["reason"] == images.UNREADABLE
+    assert result.conversion["csv_header"] == "yes"
+    assert run_cli("verify", tmp_path / "list.csv", tmp_path / "out").returncode == 0
+
+
+@pytest.mark.slow
+def test_one_file_spelled_five_ways_is_one_record_and_four_rejections(tmp_path):
+    (tmp_path / "imgs" / "x").mkdir(parents=True)
+    (tmp_path / "imgs" / "a.jpg").write_bytes(jpeg_bytes(8, 8, COLOURS["red"]))
+    spellings = ["imgs/a.jpg", "./imgs/a.jpg", "imgs/x/../a.jpg", "imgs//a.jpg",
+                 str(tmp_path / "imgs" / "a.jpg")]  # fmt: skip
+    lines = [f"{path},red,{split}" for path, split in zip(spellings, ["train", "validation"] * 3)]
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    result = convert_(tmp_path / "list.csv", tmp_path / "out")
+    written = sum(info.num_examples for info in result.splits.values())
+    assert written == 1 and result.splits["train"].num_examples == 1  # train kept
+    assert result.rejected_reasons == {images.DUPLICATE: 4}
+    assert {line["relpath"] for line in rejected_lines(tmp_path / "out")} == {"imgs/a.jpg"}
+    verified = run_cli("verify", tmp_path / "list.csv", tmp_path / "out")
+    assert verified.returncode == 0, verified.stdout
+
+
+def test_a_line_without_a_path_is_rejected_not_dropped(tmp_path):
+    (tmp_path / "list.csv").write_text("a.jpg,red\n,red\n\n")
+    listed = list(sources.list_sources(resolved(tmp_path / "list.csv", csv_header="no")))
+    assert [(s.relpath, s.problem and s.problem[0]) for s in listed] == [
+        ("a.jpg", None), (",red", images.UNREADABLE)
+    ]  # the blank line is no data
+
+
+@pytest.mark.parametrize("names", [("train", "validation"), ("train",), ("train", "test")])
+def test_split_folders_are_taken_as_splits_only_when_every_folder_is_one(tmp_path, names):
+    for name in names:
+        write_image_folder(tmp_path / "src" / name, per_label=1)
+    assert resolved(tmp_path / "src").layout == "splits"
+
+
+def test_a_label_named_like_a_split_among_others_is_refused_with_what_to_pass(tmp_path):
+    # It used to switch to split folders, reject every image and exit 0 with nothing written.
+    write_image_folder(tmp_path / "src", per_label=1, labels=("train", "cats", "dogs"))
+    with pytest.raises(ValueError, match="is 'train' a label or a split.*--layout labels"):
+        resolved(tmp_path / "src")
+    assert resolved(tmp_path / "src", layout="labels").layout == "labels"
+
+
+@pytest.mark.parametrize("make", [lambda tmp: tmp / "photo.jpg", lambda tmp: tmp / "none"])
+def test_a_source_that_is_a_file_or_missing_says_what_to_give(tmp_path, make):
+    (tmp_path / "photo.jpg").write_bytes(jpeg_bytes())
+    with pytest.raises((ValueError, FileNotFoundError), match="folder"):
+        resolved(make(tmp_path))
+
+
+@pytest.mark.slow
+def test_brackets_in_paths_are_characters_everywhere(tmp_path):
+    # `convert 'set[1]' OUT` used to convert the sibling folder set1, and an OUT with brackets
+    # crashed after loading everything.
+    write_image_folder(tmp_path / "set[1]", per_label=2)
+    write_image_folder(tmp_path / "set1", per_label=5)
+    out = tmp_path / "out[2]"
+    result = convert_(tmp_path / "set[1]", out)
+    assert result.splits["train"].num_examples == 6
+    assert convert_(tmp_path / "set[1]", out, "--overwrite").splits["train"].num_examples == 6
+    assert run_cli("verify", tmp_path / "set[1]", out).returncode == 0
+    inspected = run_cli("inspect", out, "--check")
+    assert inspected.returncode == 0 and "train: 6 records" in inspected.stdout
+    pattern = run_cli("inspect", f"{out}/train-*")
+    assert pattern.returncode == 0 and "train: 6 records" in pattern.stdout
+
+
+@pytest.mark.slow
+def test_symlinks_broken_links_and_fifos_in_a_folder_conversion(tmp_path):
+    # Linked label folders and broken links used to be left out without a word, and a FIFO
+    # hung the job.
+    write_image_folder(tmp_path / "elsewhere", per_label=2, labels=("green",))
+    src = write_image_folder(tmp_path / "src", per_label=2, labels=("red",))
+    os.symlink(tmp_path / "elsewhere" / "green", src / "green")
+    os.symlink(tmp_path / "gone.jpg", src / "red" / "broken.jpg")
+    os.mkfifo(src / "red" / "pipe.jpg")
+    result = convert_(src, tmp_path / "out")
+    assert result.labels == ("green", "red")
+    assert result.splits["train"].num_examples == 4
+    assert result.rejected_reasons == {images.UNREADABLE: 1, images.NOT_A_FILE: 1}
+    assert run_cli("verify", src, tmp_path / "out").returncode == 0
+
+
+@pytest.mark.slow
+def test_special_files_and_files_over_the_cap_are_not_read(tmp_path):
+    (tmp_path / "big.jpg").write_bytes(jpeg_bytes(64, 64, COLOURS["red"]))
+    (tmp_path / "ok.jpg").write_bytes(jpeg_bytes(8, 8, COLOURS["red"]))
+    (tmp_path / "list.csv").write_text("/dev/zero,red\nbig.jpg,red\nok.jpg,red\n")
+    size = (tmp_path / "big.jpg").stat().st_size
+    result = convert_(tmp_path / "list.csv", tmp_path / "out", "--max_file_mb", size / 2**20 - 1e-6)
+    assert result.rejected_reasons == {images.NOT_A_FILE: 1, images.FILE_TOO_LARGE: 1}
+    assert result.splits["train"].num_examples == 1
