@@ -214,13 +214,31 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
         if held is not None:
             _clear_under_claim(config, held)
         LOG.info("Converting %s (%s layout) into %s", config.source, config.layout, config.output)
-        _run_pipeline(config, options, temp_dir, fixed_labels)
+        try:
+            _run_pipeline(config, options, temp_dir, fixed_labels)
+        except (ValueError, FileNotFoundError, FileExistsError):
+            raise  # bad input found while listing: its message says what to do
+        except Exception as err:
+            raise JobFailedError(
+                f"The conversion job failed ({type(err).__name__}: {_first_line(err)}). Nothing "
+                f"was finalised: {config.output} has no new manifest. Run it again; what this "
+                "run left is removed then."
+            ) from err
         if template:  # nothing ran: the template runs later, and finalising is the caller's part
             print(f"Dataflow template written to {template}; nothing was converted yet.", flush=True)
             return None
         result = finalise.finalise(config, temp_dir, tfrecord_pipe.__version__)
     print(finalise.summary_line(result, config.output, time.monotonic() - started), flush=True)
     return result
+
+
+class JobFailedError(RuntimeError):
+    """The job itself failed (storage, workers): nothing was finalised."""
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else "")[:500]
 
 
 def _clear_under_claim(config: ConvertConfig, held: claim.Claim) -> None:
@@ -255,7 +273,8 @@ def _read_labels(path: str) -> tuple[str, ...]:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert") -> int:
-    """Command-line entry: exit 0 on success, 2 with a one-line error for bad input."""
+    """Command-line entry: exit 0 on success, 2 with a one-line error for bad input, 1 with one
+    for a job that failed (the storage, the workers)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # worker chatter, not progress
     try:
@@ -263,6 +282,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except JobFailedError as err:
+        LOG.debug("The job's own error", exc_info=err.__cause__)
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -102,12 +102,13 @@ def run_command(*args, env=None, timeout: float = 300) -> Ran:
     return Ran(done.returncode, done.stdout, done.stderr)
 
 
-def run_python(code: str, timeout: float = 120) -> Ran:
-    """`code` in a new Python process: for what could hang, which a test must not do itself."""
+def run_python(code: str, timeout: float = 120, env=None) -> Ran:
+    """`code` in a new Python process: for what could hang, which a test must not do itself,
+    or what needs an environment of its own (`env` is added to this one's)."""
     try:
         done = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {})),
         )  # fmt: skip
     except subprocess.TimeoutExpired as err:
         raise AssertionError(f"still running after {timeout} s (it hangs): {code}") from err

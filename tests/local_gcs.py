@@ -14,6 +14,12 @@ Used by the `gcs` fixture in conftest.py (and by benchmarks that want gs:// path
   crashes on them), the Host it sees is the proxy's plain address (it builds stored links from
   Host) while resumable-upload `Location` headers go back to TF as https, and requests are
   serialised on short connections (the emulator is single-threaded, one connection at a time).
+  The proxy also checks `ifGenerationMatch` preconditions, which the emulator ignores (real
+  GCS honours them; the conversion's output claim relies on them), and answers a repeated
+  final request of a finished resumable upload as GCS does (with the object; the emulator
+  has forgotten the session and says 404, so a client retrying after a lost answer failed).
+* Faults, on request (`LocalGcs.faults`): a share of requests answered 429 or 503, responses
+  cut off mid-body, slow answers. Seeded, so that a failing run can be repeated.
 * google-auth (used by Beam to find credentials) would otherwise retry for ~25 s per process
   before going anonymous. We give it an Application Default Credentials file of the ordinary
   "service_account" kind (a throwaway key) whose token endpoint is this same proxy, so the real
@@ -23,12 +29,15 @@ Used by the `gcs` fixture in conftest.py (and by benchmarks that want gs:// path
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import http.client
 import http.server
 import json
 import os
 import pathlib
+import random
+import re
 import socket
 import ssl
 import subprocess
@@ -64,6 +73,27 @@ _HOP_BY_HOP = {
     "content-length",
     "expect",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Faults:
+    """What the proxy does wrong, on purpose.
+
+    Attributes:
+      error_rate: share of requests answered at once with 429 or 503 (nothing relayed).
+      reset_rate: share of relayed requests whose response is cut off mid-body (the request
+        itself took effect, as when a connection breaks on the way back).
+      delay_s: added before each relayed request.
+      seed: for the draws.
+    """
+
+    error_rate: float = 0.0
+    reset_rate: float = 0.0
+    delay_s: float = 0.0
+    seed: int = 0
+
+
+_CONTROL_PATH = "/_test/faults"
 
 
 def free_port() -> int:
@@ -245,8 +275,16 @@ class _RelayHandler(http.server.BaseHTTPRequestHandler):
         if host == "oauth2.googleapis.com" or self.path == "/token":
             self._answer_json(_TOKEN)  # any token refresh succeeds
             return
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         proxy: _Proxy = self.server  # type: ignore[assignment]
+        if self.path == _CONTROL_PATH:
+            proxy.set_faults(Faults(**json.loads(body or b"{}")))
+            self._answer_json({})
+            return
+        fault = proxy.draw_fault()
+        if fault == "error":
+            self._answer_error(proxy.random_status(), "injected by the test proxy")
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         # The emulator builds the links it stores (mediaLink, upload Location) from Host. Give it
         # our plain address, so links stored by a TF upload work for the Python clients too.
         plain_host = f"127.0.0.1:{proxy.server_address[1]}"
@@ -256,16 +294,28 @@ class _RelayHandler(http.server.BaseHTTPRequestHandler):
             path, body, headers = _as_multipart_upload(path, headers)
         if body or self.command in ("POST", "PUT", "PATCH"):
             headers["Content-Length"] = str(len(body))
-        with proxy.emulator_lock:
+        if proxy.faults.delay_s:
+            time.sleep(proxy.faults.delay_s)
+        with proxy.emulator_lock:  # one request at a time: a precondition holds until it runs
+            failed = _failed_precondition(proxy.emulator_port, self.command, path, body)
+            if failed:
+                self._answer_error(412, failed)
+                return
             connection = http.client.HTTPConnection("127.0.0.1", proxy.emulator_port, timeout=120)
             try:
                 connection.request(self.command, path, body=body, headers=headers)
                 response = connection.getresponse()
-                data = response.read()
+                status, reason, data = response.status, response.reason, response.read()
+                response_headers = response.getheaders()
             finally:
                 connection.close()
-        self.send_response(response.status, response.reason)
-        for key, value in response.getheaders():
+            session = _upload_session(path) if self.command == "PUT" else None
+            if session and status in (200, 201):
+                proxy.finished_uploads[session] = (status, reason, data, response_headers)
+            elif session and status == 404 and session in proxy.finished_uploads:
+                status, reason, data, response_headers = proxy.finished_uploads[session]
+        self.send_response(status, reason)
+        for key, value in response_headers:
             if key.lower() in _HOP_BY_HOP:
                 continue
             if key.lower() == "location" and host in INTERCEPTED_HOSTS:
@@ -273,8 +323,23 @@ class _RelayHandler(http.server.BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        if self.command == "HEAD":
+            return
+        if fault == "reset" and len(data) > 1:  # the answer breaks off: half the body, then gone
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(data)
+
+    def _answer_error(self, status: int, message: str):
+        data = json.dumps({"error": {"code": status, "message": message}}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _relay
 
@@ -295,6 +360,54 @@ class _RelayHandler(http.server.BaseHTTPRequestHandler):
             pass
 
 
+def _upload_session(path: str) -> str | None:
+    """The resumable upload session a request continues, if any."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+    return query.get("upload_id", [None])[0]
+
+
+def _failed_precondition(emulator_port: int, command: str, path: str, body: bytes) -> str:
+    """Why `ifGenerationMatch` fails for this request ("" if it holds or is not asked for).
+
+    Generation 0 means "no such object", as GCS has it.
+    """
+    url = urllib.parse.urlsplit(path)
+    query = urllib.parse.parse_qs(url.query)
+    if "ifGenerationMatch" not in query:
+        return ""
+    wanted = int(query["ifGenerationMatch"][0])
+    bucket, name = _object_of(url.path, query, body)
+    connection = http.client.HTTPConnection("127.0.0.1", emulator_port, timeout=120)
+    try:
+        quoted = urllib.parse.quote(name, safe="")
+        connection.request("GET", f"/storage/v1/b/{bucket}/o/{quoted}")
+        response = connection.getresponse()
+        metadata = response.read()
+    finally:
+        connection.close()
+    current = int(json.loads(metadata)["generation"]) if response.status == 200 else 0
+    if current != wanted:
+        return f"conditionNotMet: {name} is at generation {current}, not {wanted}"
+    return ""
+
+
+def _object_of(path: str, query: dict, body: bytes) -> tuple[str, str]:
+    """(bucket, object name) a request writes or deletes: the copy's destination, an upload's
+    name (from the query, or the JSON metadata of a multipart or resumable upload)."""
+    parts = [urllib.parse.unquote(part) for part in path.split("/")]
+    bucket = parts[parts.index("b") + 1]
+    for verb in ("rewriteTo", "copyTo"):
+        if verb in parts:
+            at = parts.index(verb)
+            return parts[at + 2], "/".join(parts[at + 4 :])
+    if path.startswith("/upload/"):
+        if "name" in query:
+            return bucket, query["name"][0]
+        found = re.search(rb'"name"\s*:\s*"((?:[^"\\]|\\.)*)"', body)
+        return bucket, json.loads(b'"' + found.group(1) + b'"') if found else ""
+    return bucket, "/".join(parts[parts.index("o") + 1 :])
+
+
 class _Proxy(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
@@ -303,6 +416,29 @@ class _Proxy(http.server.ThreadingHTTPServer):
         self.emulator_port = emulator_port
         self.tls_context = tls_context
         self.emulator_lock = threading.Lock()
+        self.faults = Faults()
+        self.finished_uploads: dict[str, tuple] = {}  # upload_id -> the final answer
+        self._random = random.Random(0)
+        self._random_lock = threading.Lock()
+
+    def set_faults(self, faults: Faults) -> None:
+        with self._random_lock:
+            self.faults = faults
+            self._random = random.Random(faults.seed)
+
+    def draw_fault(self) -> str | None:
+        """"error", "reset" or None for the next request, by the configured rates."""
+        with self._random_lock:
+            draw = self._random.random()
+        if draw < self.faults.error_rate:
+            return "error"
+        if draw < self.faults.error_rate + self.faults.reset_rate:
+            return "reset"
+        return None
+
+    def random_status(self) -> int:
+        with self._random_lock:
+            return self._random.choice((429, 503))
 
 
 class LocalGcs:
@@ -402,6 +538,24 @@ class LocalGcs:
     def url(self, *parts: str) -> str:
         """A gs:// URL in the test bucket."""
         return "gs://" + "/".join([self.bucket, *parts])
+
+    @contextlib.contextmanager
+    def faults(self, **faults):
+        """Injects `Faults(**faults)` into every request for the duration of the block."""
+        self._set_faults(Faults(**faults))
+        try:
+            yield
+        finally:
+            self._set_faults(Faults())
+
+    def _set_faults(self, faults: Faults) -> None:
+        request = urllib.request.Request(
+            self.environ["STORAGE_EMULATOR_HOST"] + _CONTROL_PATH,
+            data=json.dumps(dataclasses.asdict(faults)).encode(),
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
 
     @contextlib.contextmanager
     def exported(self):

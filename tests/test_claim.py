@@ -1,5 +1,6 @@
 """claim.py: one conversion at a time into an output folder, locally and on gs://."""
 
+import dataclasses
 import json
 import os
 import socket
@@ -80,3 +81,31 @@ def test_two_conversions_started_together_leave_one_whole_dataset(tmp_path):
     written = json.loads((out / "manifest.json").read_text())["splits"]["train"]["files"]
     assert shards == sorted(written)  # one dataset's shards, no others
     assert run_cli("verify", src, out).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_claim_on_gcs_is_taken_once_renewed_and_given_up(gcs):
+    folder = gcs.url("claimed")
+    with claim.Claim(folder) as held:
+        with pytest.raises(claim.OutputBusyError, match=f"pid {os.getpid()}"):
+            claim.Claim(folder).acquire()
+        held._store.renew(dataclasses.replace(held._me, renewed=time.time()))  # as the thread does
+        with pytest.raises(claim.OutputBusyError):
+            claim.Claim(folder).acquire()
+    with claim.Claim(folder) as again:  # given up: free to take
+        assert again.taken_over is None
+
+
+@pytest.mark.slow
+def test_a_stale_claim_on_gcs_is_taken_over_by_one_run_only(gcs):
+    from google.cloud import storage
+
+    folder = gcs.url("stale")
+    blob = storage.Client().bucket(gcs.bucket).blob(f"stale/{claim.CLAIM_NAME}")
+    dead = {"run": "dead", "host": "gone", "pid": 1, "started": 0.0, "renewed": 0.0}
+    blob.upload_from_string(json.dumps(dead))
+    first, second = claim.Claim(folder), claim.Claim(folder)
+    first.acquire()
+    assert first.taken_over is not None and first.taken_over.run == "dead"
+    with pytest.raises(claim.OutputBusyError):
+        second.acquire()

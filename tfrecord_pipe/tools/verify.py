@@ -19,9 +19,11 @@ import collections
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -31,7 +33,14 @@ from beam_jobs import convert, sources, storage
 from tfrecord_pipe.core import images, naming, paths, schema
 from tfrecord_pipe.reading import dataset as dataset_lib
 
+log = logging.getLogger(__name__)
+
 ROWS_PER_BUCKET = 20_000  # rows joined in memory at once
+READ_ATTEMPTS = 4  # reads of a shard that fail for a passing reason, before giving up
+RETRY_WAIT_S = 0.5  # doubled after each failed attempt
+# Errors that say something about the data, not about the storage at this moment.
+_LASTING = (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.InvalidArgumentError,
+            tf.errors.OutOfRangeError, tf.errors.PermissionDeniedError)  # fmt: skip
 MAX_PROBLEMS_KEPT = 1000  # problems listed in full; beyond that only counted
 _WORKERS = 8  # threads reading and decoding (I/O and decoders release the GIL)
 _CHUNK = 256  # items handed to the threads at a time, so memory stays flat
@@ -169,8 +178,22 @@ def _add_records(dataset, found, buckets, problems) -> int:
 
 
 def _serialized(path: str, compression: str) -> Iterator[bytes]:
-    for record in tf.data.TFRecordDataset(path, compression_type=compression):
-        yield record.numpy()
+    """The records of a shard. A read that fails for a passing reason (an error status
+    TensorFlow's own retries did not get past) resumes after the last record, a few times:
+    our retry, on top of the client library's."""
+    done = failures = 0
+    while True:
+        try:
+            for record in tf.data.TFRecordDataset(path, compression_type=compression).skip(done):
+                yield record.numpy()
+                done += 1
+            return
+        except tf.errors.OpError as err:
+            failures += 1
+            if isinstance(err, _LASTING) or failures >= READ_ATTEMPTS:
+                raise
+            log.warning("Reading %s failed (%s); again from record %d", path, err.message, done)
+            time.sleep(RETRY_WAIT_S * 2**failures)
 
 
 def _chunks(items, size: int = _CHUNK):

@@ -1,0 +1,64 @@
+"""A storage that fails now and then (429 and 503 answers, answers cut off mid-body): a
+gs:// -> gs:// conversion ends with every input accounted for, or with a clear error and no
+manifest; verify, inspect and the reader on gs:// behave the same.
+
+The faults come from the test GCS's proxy (local_gcs.py). Retries are the client
+libraries' (google-cloud-storage for the job, TensorFlow's filesystem for reading) plus
+verify's own resumption of a shard read; README, "What we guarantee".
+"""
+
+import http.client
+import urllib.request
+
+import pytest
+from google.cloud import storage
+
+from beam_jobs import convert
+
+from helpers import IN_PROCESS, run_command, run_python, write_image_folder
+
+pytestmark = pytest.mark.slow
+
+# TensorFlow's own retries, as users have them (conftest lowers them to fail fast offline).
+DEFAULT_TF_RETRIES = {"GCS_RETRY_CONFIG_MAX_RETRIES": "10"}
+
+
+def test_the_proxy_answers_errors_and_cuts_answers_off_when_asked(gcs):
+    storage.Client().bucket(gcs.bucket).blob("faults/a.bin").upload_from_string(b"x" * 10000)
+    url = gcs.environ["STORAGE_EMULATOR_HOST"] + f"/download/storage/v1/b/{gcs.bucket}/o/"
+    with gcs.faults(error_rate=1.0):
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(url + "faults%2Fa.bin?alt=media", timeout=30)
+        assert answer.value.code in (429, 503)
+    with gcs.faults(reset_rate=1.0), pytest.raises(http.client.IncompleteRead):
+        urllib.request.urlopen(url + "faults%2Fa.bin?alt=media", timeout=30).read()
+    with urllib.request.urlopen(url + "faults%2Fa.bin?alt=media", timeout=30) as whole:
+        assert len(whole.read()) == 10000  # and back to normal
+
+
+def test_a_conversion_on_a_flaky_storage_loses_nothing_or_fails_clearly(gcs, tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=8, odd=("truncated_jpeg.jpg",))
+    bucket = storage.Client().bucket(gcs.bucket)
+    for path in src.rglob("*.jpg"):
+        bucket.blob(f"flaky-src/{path.relative_to(src)}").upload_from_filename(path)
+    source, out = gcs.url("flaky-src"), gcs.url("flaky-out")
+    with gcs.faults(error_rate=0.1, reset_rate=0.05, seed=1):
+        try:
+            result = convert.run([source, out, "--num_shards", "2", "--validation_fraction",
+                                  "0.3", *IN_PROCESS])  # fmt: skip
+        except convert.JobFailedError as err:  # allowed: said clearly, nothing finalised
+            assert "Nothing was finalised" in str(err)
+            assert not bucket.blob("flaky-out/manifest.json").exists()
+            return
+        assert sum(info.listed for info in result.splits.values()) == 25
+        verified = run_command("verify", source, out, env={**gcs.environ, **DEFAULT_TF_RETRIES})
+        assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+        inspected = run_command("inspect", out, "--check", env={**gcs.environ, **DEFAULT_TF_RETRIES})
+        assert inspected.returncode == 0, inspected.stdout[-3000:]
+        read = run_python(
+            "from tfrecord_pipe import reader\n"
+            f"ds = reader.make_input_fn({out!r}, is_training=False, image_size=8, batch_size=4)()\n"
+            "print('IMAGES', int(sum(float(w.numpy().sum()) for _, _, w in ds)))",
+            env={**gcs.environ, **DEFAULT_TF_RETRIES},
+        )
+        assert f"IMAGES {result.splits['validation'].num_examples}" in read.stdout, read.stderr[-3000:]
