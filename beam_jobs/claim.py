@@ -147,11 +147,17 @@ class _LocalClaim:
         self._path = path
 
     def create(self, holder: Holder) -> bool:
-        paths.make_local_folder(paths.parent(self._path) or ".")
+        folder = paths.parent(self._path) or "."
         try:
+            paths.make_local_folder(folder)
             fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
+        except OSError as err:  # a read-only disk, no permission, a path through a file
+            raise ValueError(
+                f"Cannot write into {folder} ({err.strerror}): give an output folder that can "
+                "be created and written to."
+            ) from None
         with os.fdopen(fd, "wb") as f:
             f.write(_encode(holder))
         return True

@@ -202,9 +202,10 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
     parser = make_parser(prog)
     args, beam_args = parser.parse_known_args(argv)
     check_beam_flags(beam_args, parser)
-    config = sources.resolve_layout(config_from_args(args))
-    finalise.check_output(config)
-    fixed_labels = _read_labels(config.labels_file) if config.labels_file else None
+    with _cloud_errors_said_plainly(f"{args.source} or {args.output}"):
+        config = sources.resolve_layout(config_from_args(args))
+        finalise.check_output(config)
+        fixed_labels = _read_labels(config.labels_file) if config.labels_file else None
     options = pipeline_options(beam_args, save_main_session)
     template = options.view_as(GoogleCloudOptions).template_location
     temp_dir = paths.join(config.output, f"{finalise.TEMP_PREFIX}{uuid.uuid4().hex[:12]}")
@@ -230,6 +231,18 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
         result = finalise.finalise(config, temp_dir, tfrecord_pipe.__version__)
     print(finalise.summary_line(result, config.output, time.monotonic() - started), flush=True)
     return result
+
+
+@contextlib.contextmanager
+def _cloud_errors_said_plainly(what: str):
+    """Google Cloud client errors before the job (no network, no access, retries given up) as
+    one line: the client libraries' own tracebacks run to pages."""
+    from google.api_core import exceptions as cloud
+
+    try:
+        yield
+    except cloud.GoogleAPIError as err:
+        raise ConnectionError(f"Cannot reach {what}: {_first_line(err)}") from err
 
 
 class JobFailedError(RuntimeError):
@@ -269,7 +282,14 @@ def _read_labels(path: str) -> tuple[str, ...]:
     if not FileSystems.exists(path):
         raise FileNotFoundError(f"Labels file {path} does not exist.")
     with FileSystems.open(path) as f:
-        return manifest.parse_labels(f.read().decode("utf-8"), path)
+        data = f.read()
+    try:
+        return manifest.parse_labels(data.decode("utf-8-sig"), path)
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"Labels file {path} is not UTF-8 text (byte {err.start + 1}: {err.reason}). Save "
+            "it as UTF-8, one label per line."
+        ) from None
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert") -> int:
@@ -279,7 +299,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # worker chatter, not progress
     try:
         run(argv, prog=prog)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except JobFailedError as err:

@@ -104,10 +104,16 @@ def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Man
       The manifest written.
 
     Raises:
-      NothingWrittenError: every input was rejected. Nothing is finalised: an old dataset
+      NothingWrittenError: no input was listed, or every input was rejected. Nothing is finalised: an old dataset
         stays as it was, and the rejections stay in `temp_dir` for the user to read.
     """
     out = paths.folder(config.output)
+    summary_path = paths.join(temp_dir, pipeline.SUMMARY_NAME)
+    if not FileSystems.exists(summary_path):  # the summary has a row for every input listed
+        raise NothingWrittenError(
+            f"No record was written: no input was found under {config.source} (only empty "
+            "folders, or nothing the listing could see)."
+        )
     result = _manifest(config, _read_summary(temp_dir), version)
     if not any(info.num_examples for info in result.splits.values()):
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(result.rejected_reasons.items()))

@@ -19,10 +19,10 @@ Rules a user can rely on (README, "What we guarantee"):
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
 import hashlib
-import io
 import os
 import posixpath
 import re
@@ -71,12 +71,26 @@ def resolve_layout(config: ConvertConfig) -> ConvertConfig:
         header = config.csv_header
         if header == "auto":
             header = "yes" if _first_line_is_a_header(config.source) else "no"
+        first_data_line = 2 if header == "yes" else 1
+        data_lines = sum(  # reads it all: a bad byte is found before the job starts
+            1
+            for number, line in csv_lines(config.source)
+            if number >= first_data_line and any(_cells(line))
+        )
+        if not data_lines:
+            raise ValueError(
+                f"CSV list {config.source} lists no inputs (it is empty, blank, or only a "
+                "header). Give lines `path,label[,split]`."
+            )
         return dataclasses.replace(config, layout="csv", csv_header=header)
     root = config.source_root
     try:
         folders, files = storage.children(root)
     except NotADirectoryError as err:
-        raise ValueError(f"{err}: give a folder of images, or a CSV list (*.csv).") from err
+        wanted = "a folder of images, or a CSV list (*.csv)"
+        if config.layout != "auto":
+            wanted = f"a source of the {config.layout} layout (a folder)"
+        raise ValueError(f"{err}: give {wanted}.") from err
     has_files = bool(files)
     if not folders and not has_files:
         raise FileNotFoundError(
@@ -101,12 +115,9 @@ def resolve_layout(config: ConvertConfig) -> ConvertConfig:
 def list_sources(config: ConvertConfig) -> Iterator[SourceFile]:
     """Every input of a resolved config (layout and csv_header decided), in plain Python."""
     if config.layout == "csv":
-        with FileSystems.open(config.source) as f:
-            lines = io.TextIOWrapper(f, encoding="utf-8-sig", newline="")  # a BOM is no text
-            if config.csv_header == "yes":
-                next(lines, None)
-            for line in lines:
-                yield from sources_of_csv_line(line.rstrip("\r\n"), config)
+        for number, line in csv_lines(config.source):
+            if number > 1 or config.csv_header != "yes":
+                yield from sources_of_csv_line(line, config)
         return
     for entry in listing.walk(config.source_root):
         yield source_of_entry(entry, config)
@@ -147,10 +158,38 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
 _PLAIN_NAME = re.compile(r"[\w -]+")
 
 
+def csv_lines(csv_path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text without its line end) of a CSV list, read as UTF-8 (a BOM ignored).
+
+    Raises:
+      ValueError: text that is not UTF-8, or a NUL byte (a binary file or UTF-16); names the
+        file and the line, and says how to save it.
+    """
+    save_as = "Save it as UTF-8 text (spreadsheets: \"CSV UTF-8\")."
+    with FileSystems.open(csv_path) as f:
+        for number, raw in enumerate(f, start=1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            if number == 1 and raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+                raise ValueError(f"CSV list {csv_path} is UTF-16 text, not UTF-8. {save_as}")
+            if b"\0" in raw:
+                raise ValueError(
+                    f"CSV list {csv_path} line {number} holds a NUL byte: it is a binary "
+                    f"file or UTF-16 text, not a UTF-8 CSV. {save_as}"
+                )
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"CSV list {csv_path} line {number} is not UTF-8 text (byte {err.start + 1}: "
+                    f"{err.reason}). {save_as}"
+                ) from None
+            yield number, line.rstrip("\r\n")
+
+
 def _first_line_is_a_header(csv_path: str) -> bool:
     """The auto rule: a header's path cell is a plain name that names no existing file."""
-    with FileSystems.open(csv_path) as f:
-        first = io.TextIOWrapper(f, encoding="utf-8-sig", newline="").readline()
+    first = next(csv_lines(csv_path), (1, ""))[1]
     cells = _cells(first)
     if not cells or not cells[0] or not _PLAIN_NAME.fullmatch(cells[0]):
         return False

@@ -52,9 +52,19 @@ def children(root: str) -> tuple[set[str], set[str]]:
 
 @functools.cache
 def gcs_client():
+    import google.auth.exceptions
     from google.cloud import storage as gcs  # only where gs:// is used
 
-    return gcs.Client()
+    try:
+        return gcs.Client()
+    except google.auth.exceptions.DefaultCredentialsError as err:
+        raise ConnectionError(NO_CREDENTIALS) from err
+
+
+NO_CREDENTIALS = (
+    "No Google Cloud credentials to reach gs://: run `gcloud auth application-default login`, "
+    "or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file."
+)
 
 
 def delete(files: list[str]) -> None:

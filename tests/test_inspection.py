@@ -124,11 +124,13 @@ def damage(shard, how: str) -> None:
     elif how == "bit-flipped":
         data[len(data) // 2] ^= 0xFF
         shard.write_bytes(bytes(data))
+    elif how == "stray bytes":  # fewer than a record header: TensorFlow reads them as the end
+        shard.write_bytes(bytes(data) + b"garbage")
     else:
         shard.unlink()
 
 
-@pytest.mark.parametrize("how", ["truncated", "bit-flipped", "missing"])
+@pytest.mark.parametrize("how", ["truncated", "bit-flipped", "stray bytes", "missing"])
 def test_inspect_check_names_a_damaged_shard_without_a_traceback(converted_copy, how):
     # It used to end in a raw TensorFlow traceback that named no file.
     _, out = converted_copy
@@ -139,3 +141,26 @@ def test_inspect_check_names_a_damaged_shard_without_a_traceback(converted_copy,
     problems = [line for line in done.stdout.splitlines() if line.startswith("PROBLEM")]
     assert any(shard.name in line for line in problems), problems
     assert "Traceback" not in done.stdout + done.stderr and "function_node" not in done.stdout
+
+
+def test_a_file_that_is_no_tfrecord_is_a_problem_not_zero_records(tmp_path):
+    # A few bytes that are no TFRecord used to read as an empty, healthy file, --check too.
+    (tmp_path / "notes.tfrecord").write_text("hello\n")
+    for flags in ((), ("--check",)):
+        done = run_cli("inspect", tmp_path / "notes.tfrecord", *flags)
+        assert done.returncode == 1, (flags, done.stdout)
+        assert any(line.startswith("PROBLEM") for line in done.stdout.splitlines())
+
+
+@pytest.mark.parametrize(
+    "grid, message",
+    [("sheet.txt", "give a name ending in .png"), ("", "give a name ending in .png"),
+     ("missing/sheet.png", "cannot write there")],
+)  # fmt: skip
+def test_a_grid_that_cannot_be_written_is_refused_before_reading(converted, tmp_path, grid,
+                                                                  message):  # fmt: skip
+    # An unwritable --grid used to end in a TensorFlow traceback after the whole summary.
+    _, out = converted
+    done = run_cli("inspect", out, "--grid", tmp_path / grid)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.errors) == 1 and message in done.errors[0]

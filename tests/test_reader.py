@@ -293,8 +293,10 @@ def test_a_folder_without_manifest_is_not_a_dataset(tmp_path):
 
 def test_config_errors_list_every_problem():
     with pytest.raises(ValueError) as caught:
-        reader.ReaderConfig(data="x", batch_size=0, dtype="float16", eval_remainder="keep")
-    assert all(field in str(caught.value) for field in ("batch_size", "dtype", "eval_remainder"))
+        reader.ReaderConfig(data="x", batch_size=0, dtype="float16", eval_remainder="keep",
+                            image_size=100_000)  # fmt: skip
+    fields = ("batch_size", "dtype", "eval_remainder", "image_size")
+    assert all(field in str(caught.value) for field in fields)
     with pytest.raises(ValueError, match="exactly one"):
         reader.make_input_fn("x", is_training=True, mode="train")
 

@@ -145,3 +145,44 @@ def test_special_files_and_files_over_the_cap_are_not_read(tmp_path):
     result = convert_(tmp_path / "list.csv", tmp_path / "out", "--max_file_mb", size / 2**20 - 1e-6)
     assert result.rejected_reasons == {images.NOT_A_FILE: 1, images.FILE_TOO_LARGE: 1}
     assert result.splits["train"].num_examples == 1
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"path,label\na.jpg,caf\xe9\n", "line 2 is not UTF-8"),  # latin-1
+        ("path,label\na.jpg,red\n".encode("utf-16"), "is UTF-16 text"),
+        (b"a.jpg,red\n\x00\x01binary\n", "line 2 holds a NUL byte"),
+        (b"", "lists no inputs"),
+        (b"\n ,\n\n", "lists no inputs"),
+        (b"path,label\n", "lists no inputs"),  # only a header
+    ],
+)
+def test_a_csv_that_is_not_a_list_of_inputs_is_refused_before_the_job(tmp_path, content, says):
+    # These used to give a codec error naming no file, a traceback from inside the job, or
+    # "No such file: _summary.json" after the job had run.
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "list.csv").write_bytes(content)
+    ran = run_cli("convert", tmp_path / "list.csv", tmp_path / "out", *IN_PROCESS)
+    assert ran.returncode == 2
+    assert ran.stderr.startswith(f"error: CSV list {tmp_path / 'list.csv'}") and says in ran.stderr
+    assert "Traceback" not in ran.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_folder_of_empty_folders_writes_nothing_and_says_so(tmp_path):
+    (tmp_path / "src" / "cat").mkdir(parents=True)
+    (tmp_path / "src" / "dog").mkdir()
+    ran = run_cli("convert", tmp_path / "src", tmp_path / "out", *IN_PROCESS)
+    assert ran.returncode == 2 and "no input was found under" in ran.stderr
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_labels_file_that_is_not_utf8_and_an_output_that_cannot_be_made(tmp_path):
+    write_image_folder(tmp_path / "src", per_label=1)
+    (tmp_path / "labels.txt").write_bytes(b"caf\xe9\nred\n")
+    ran = run_cli("convert", tmp_path / "src", tmp_path / "out",
+                  "--labels_file", tmp_path / "labels.txt", *IN_PROCESS)  # fmt: skip
+    assert ran.returncode == 2 and "labels.txt is not UTF-8 text" in ran.stderr
+    (tmp_path / "file").write_text("x")
+    ran = run_cli("convert", tmp_path / "src", tmp_path / "file" / "out", *IN_PROCESS)
+    assert ran.returncode == 2 and ran.stderr.startswith("error: Cannot write into")

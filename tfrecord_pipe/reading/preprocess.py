@@ -129,13 +129,16 @@ def normalize(images: tf.Tensor, dtype: tf.DType = tf.float32) -> tf.Tensor:
     # A multiply-add with constants of the image's full shape: broadcasting a [3] vector over
     # channels takes Eigen's slow broadcast path on CPU (benchmarks/RESULTS.md, "Preprocessing").
     shape = images.shape
-    if shape.is_fully_defined():
+    if shape.is_fully_defined() and shape.num_elements() <= _MAX_FULL_CONSTANT:
         scale = tf.constant(_full(shape, [1 / s for s in STDDEV_RGB]))
         shift = tf.constant(_full(shape, [-m / s for m, s in zip(MEAN_RGB, STDDEV_RGB)]))
     else:
         scale = tf.constant([1 / s for s in STDDEV_RGB])
         shift = tf.constant([-m / s for m, s in zip(MEAN_RGB, STDDEV_RGB)])
     return tf.cast(images * scale + shift, dtype)
+
+
+_MAX_FULL_CONSTANT = 64 * 1024 * 1024  # elements (256 MB of float32): a batch of 224s is 19M
 
 
 def _full(shape, per_channel):

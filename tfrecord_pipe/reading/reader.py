@@ -48,6 +48,11 @@ PREFETCH_BATCHES = 2
 EVAL_REMAINDERS = ("pad", "drop")
 
 
+# Beyond any model input in use: one such float32 image is 800 MB, and a typo (100000) would
+# otherwise end in a MemoryError (or the OOM killer) instead of a message.
+MAX_IMAGE_SIZE = 8192
+
+
 @dataclasses.dataclass(frozen=True)
 class ReaderConfig:
     """What to read and how.
@@ -129,8 +134,8 @@ class ReaderConfig:
             problems.append("data is empty: give a dataset folder or a file pattern")
         if self.batch_size is not None and self.batch_size < 1:
             problems.append(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.image_size < 1:
-            problems.append(f"image_size must be >= 1, got {self.image_size}")
+        if not 1 <= self.image_size <= MAX_IMAGE_SIZE:
+            problems.append(f"image_size must be in 1..{MAX_IMAGE_SIZE}, got {self.image_size}")
         if preprocess.dtype_problem(self.dtype):
             problems.append(preprocess.dtype_problem(self.dtype))
         if self.label_offset is not None and self.label_offset < 0:

@@ -123,7 +123,29 @@ def _warn_false(problem, done: str):
         return tf.constant(False)
 
 
+_FRAME_BYTES = 16  # a TFRecord's length (8 bytes) and two CRCs (4 each) around its data
+
+
 def count(path: str, compression: str) -> int:
-    """The records in one file, read to its end (errors raise tf.errors.OpError)."""
+    """The records in one file, read to its end.
+
+    An uncompressed file must also be exactly its records: TensorFlow reads a tail shorter
+    than a record's header (a file cut there, or a few bytes that are no TFRecord at all) as
+    a clean end.
+
+    Raises:
+      tf.errors.OpError: a record that cannot be read, or bytes after the last whole record.
+    """
     dataset = tf.data.TFRecordDataset(path, compression_type=compression)
-    return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+    start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    n, used = dataset.reduce(
+        start, lambda acc, r: (acc[0] + 1, acc[1] + tf.cast(tf.strings.length(r), tf.int64) + _FRAME_BYTES)
+    )
+    if not compression:
+        size = tf.io.gfile.stat(path).length
+        if int(used) != size:
+            raise tf.errors.DataLossError(
+                None, None, f"{size - int(used)} bytes after its last whole record ({int(n)}): "
+                "a truncated file, or not a TFRecord file"
+            )  # fmt: skip
+    return int(n)

@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 
+from tfrecord_pipe.core import paths
+
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
 
 
@@ -132,6 +134,10 @@ def _inspect(args) -> int:
     from tfrecord_pipe.tools import inspection
 
     _require_path(args.path)
+    if args.grid:
+        _check_writable_png(args.grid)
+    if args.sample < 0 or args.grid_count < 1:
+        raise ValueError("--sample must be 0 (all) or more, --grid_count 1 or more")
     summary = inspection.summarize(
         args.path, sample=args.sample or None, check_counts=args.check,
         label_offset=args.label_offset,
@@ -143,6 +149,20 @@ def _inspect(args) -> int:
         )
         print(f"\ncontact sheet of {drawn} records: {args.grid}")
     return EXIT_PROBLEMS if summary.problems else EXIT_OK
+
+
+def _check_writable_png(path: str) -> None:
+    """Before any reading: a --grid path that cannot take a PNG is refused at once."""
+    if not path.lower().endswith(".png"):
+        raise ValueError(f"--grid {path}: the contact sheet is a PNG; give a name ending in .png")
+    if paths.is_remote(path):
+        return  # the bucket's permissions are known only when writing
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(
+            f"--grid {path}: cannot write there (a folder, or a folder that does not exist or "
+            "is not writable). Give a file path in a writable folder."
+        )
 
 
 def _require_path(path: str) -> None:

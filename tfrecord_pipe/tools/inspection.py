@@ -161,6 +161,9 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
     except tf.errors.OpError as err:
         problems.append(f"split {split.name}: reading a sample stopped after {read} records: "
                         f"{_first_line(err.message)}")  # fmt: skip
+    if not read and sum(sizes) and not problems:  # TensorFlow reads a few stray bytes as none
+        problems.append(f"split {split.name}: its {len(files)} file(s) hold {sum(sizes)} bytes "
+                        "but no record: are they TFRecord files? (--check reads them whole)")  # fmt: skip
     listed = present.record_counts or [None] * len(files)
     return SplitSummary(
         name=split.name,
@@ -350,8 +353,11 @@ def contact_sheet(
         pen.text((x + 2, y + thumb + 3), text[: thumb // 7], fill="black")
     buffer = io.BytesIO()
     sheet.save(buffer, format="PNG")
-    with tf.io.gfile.GFile(output, "wb") as f:
-        f.write(buffer.getvalue())
+    try:
+        with tf.io.gfile.GFile(output, "wb") as f:
+            f.write(buffer.getvalue())
+    except tf.errors.OpError as err:
+        raise ValueError(f"Cannot write the contact sheet {output}: {_first_line(err.message)}")
     return len(tiles)
 
 
