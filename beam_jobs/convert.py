@@ -47,7 +47,7 @@ from apache_beam.options.pipeline_options import (
 import tfrecord_pipe
 from beam_jobs import claim, finalise, packaging, pipeline, sources, worker_progress
 from beam_jobs.config import CSV_HEADERS, LAYOUTS, ConvertConfig
-from tfrecord_pipe.core import images, manifest, paths
+from tfrecord_pipe.core import help_format, images, manifest, paths
 
 LOG = logging.getLogger("beam_jobs.convert")
 
@@ -62,36 +62,38 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
         description="Convert image folders or CSV lists into sharded TFRecords. "
         "Flags not listed here go to Beam (--runner, --project, --region, ...).",
         allow_abbrev=False,  # --num_shard is a typo to report, not --num_shards
+        formatter_class=help_format.HelpFormatter,
     )
     add = parser.add_argument
     add("source", help="image folder, folder of split folders, or CSV (local or gs://)")
     add("output", help="dataset folder to write (local or gs://)")
     add("--layout", default=ConvertConfig.layout, choices=LAYOUTS,
-        help="how SRC is organised (default: detect)")
+        help="how SRC is organised; auto: split folders if every folder in SRC is named "
+        "train, validation or test, label folders if none is, else an error saying which")
     add("--csv_header", default=ConvertConfig.csv_header, choices=CSV_HEADERS,
-        help="whether the CSV's first line is a header (default auto: when its path cell is a "
-        "plain name, no '/' or '.', that names no existing file)")
+        help="whether the CSV's first line is a header; auto: when its path cell is a plain "
+        "name, no '/' or '.', that names no existing file")
     add("--validation_fraction", type=float, default=ConvertConfig.validation_fraction,
-        help="share of inputs for validation when SRC does not split (default 0)")
+        help="share of inputs for validation when SRC does not split")
     add("--labels_file", help="label order, one per line (default: sorted names)")
     add("--label_offset", type=int, default=ConvertConfig.label_offset,
-        help=f"added to label indices (default {ConvertConfig.label_offset}, as Cloud TPU "
-        "models expect)")
+        help="added to label indices (1: index 0 is 'background', as Cloud TPU models expect)")
     add("--num_shards", type=int, help="shards per split (default: about --shard_mb each)")
     add("--shard_mb", type=float, default=ConvertConfig.shard_bytes / (1 << 20),
-        help="target shard size in MiB when --num_shards is not given (default %(default)g)")
+        help="target shard size in MiB when --num_shards is not given")
     add("--max_side", type=int, default=_POLICY.max_side,
-        help="downscale images larger than this (pixels)")
+        help="downscale images whose longer side is larger (pixels; default: keep sizes)")
     add("--max_pixels", type=int, default=_POLICY.max_pixels,
-        help="reject images with more pixels (decompression-bomb guard; default %(default)d)")
+        help="reject images with more pixels (decompression-bomb guard)")
     add("--jpeg_quality", type=int, default=_POLICY.jpeg_quality,
-        help="quality of re-encoded JPEGs (default %(default)d)")
+        help="quality of re-encoded JPEGs")
     add("--max_file_mb", type=float, default=_POLICY.max_file_bytes / (1 << 20),
-        help="reject input files larger than this, without reading them (default %(default)g)")
+        help="reject input files larger than this (MiB), without reading them")
     add("--reject_other_formats", action="store_true",
         help="reject PNG/GIF/WebP/BMP/TIFF instead of re-encoding them")
     add("--compress", action="store_true", help="write GZIP-compressed shards")
     add("--overwrite", action="store_true", help="replace a dataset in OUTPUT")
+    add("--verbose", action="store_true", help="also show Beam's own log lines")
     return parser
 
 
@@ -202,6 +204,8 @@ def run(argv: list[str] | None = None, save_main_session: bool = True,
     parser = make_parser(prog)
     args, beam_args = parser.parse_known_args(argv)
     check_beam_flags(beam_args, parser)
+    # Beam's INFO lines are worker chatter, not progress (the progress line is ours).
+    logging.getLogger("apache_beam").setLevel(logging.INFO if args.verbose else logging.WARNING)
     with _cloud_errors_said_plainly(f"{args.source} or {args.output}"):
         config = sources.resolve_layout(config_from_args(args))
         finalise.check_output(config)
@@ -296,7 +300,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
     """Command-line entry: exit 0 on success, 2 with a one-line error for bad input, 1 with one
     for a job that failed (the storage, the workers)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("apache_beam").setLevel(logging.WARNING)  # worker chatter, not progress
     try:
         run(argv, prog=prog)
     except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as err:

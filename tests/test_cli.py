@@ -1,5 +1,6 @@
 """The installed `tfrecord-pipe` command, run as a user runs it."""
 
+import argparse
 import json
 
 import pytest
@@ -41,3 +42,36 @@ def test_help_lists_the_commands():
 
 def test_no_command_is_bad_input():
     assert run_cli().returncode == 2
+
+
+def every_command_parser():
+    """(name, parser) of each command: the CLI's sub-commands and the converter's own."""
+    from beam_jobs import convert
+    from tfrecord_pipe.tools import cli
+
+    (commands,) = [a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    yield from ((n, p) for n, p in commands.choices.items() if n != "convert")
+    yield "convert", convert.make_parser("tfrecord-pipe convert")
+
+
+@pytest.mark.parametrize("name, parser", list(every_command_parser()))
+def test_every_option_has_help_and_help_shows_its_default(name, parser):
+    shown = " ".join(parser.format_help().split())  # argparse wraps lines
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        assert action.help, f"{name} {action.option_strings[0]} has no help"
+        if action.default is not None and action.default is not False:
+            assert f"(default: {action.default})" in shown, (name, action.option_strings[0])
+
+
+@pytest.mark.slow
+def test_commands_are_quiet_unless_verbose(converted):
+    # TensorFlow's start-up (CUDA probing on a machine without a GPU, CPU feature notes,
+    # absl's pre-init warning) used to fill stderr on every command.
+    _, out = converted
+    quiet = run_command("inspect", out)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    verbose = run_command("inspect", out, "--verbose")
+    assert verbose.returncode == 0 and verbose.stdout == quiet.stdout
+    assert verbose.stderr.strip(), "nothing shown: TensorFlow printed nothing to hold back"

@@ -22,15 +22,25 @@ from tfrecord_pipe.reading import dataset as dataset_lib
 from tfrecord_pipe.reading import reader, records
 
 WARMUP_BATCHES = 3  # threads started, shuffle buffer filled, autotuning begun
+# A pipeline whose whole pass is fewer batches than this is timed mostly starting up again
+# (a pass of 1-3 padded evaluation batches measured 0.10-0.36x): its ratio is not shown.
+MIN_PASS_BATCHES = 20
 
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
-    """Attributes: name; images delivered in the timed part; seconds it took."""
+    """Attributes: name; images delivered in the timed part; seconds it took; the batches in
+    one whole pass, when the dataset ended (evaluation) during the run, else None."""
 
     name: str
     images: int
     seconds: float
+    pass_batches: int | None = None
+
+    @property
+    def too_short(self) -> bool:
+        """A pass too short to time: restarts, not reading, set the rate."""
+        return self.pass_batches is not None and self.pass_batches < MIN_PASS_BATCHES
 
     @property
     def images_per_s(self) -> float:
@@ -71,24 +81,32 @@ def measure(
     """
     line = progress.StatusLine() if show_progress else None
     iterator = iter(dataset)
-    for _ in range(WARMUP_BATCHES):
-        try:
-            next(iterator)
-        except StopIteration:
-            iterator = iter(dataset)
-    images, started = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - started) < seconds:
+    in_pass, pass_batches = 0, None
+
+    def next_element():
+        nonlocal iterator, in_pass, pass_batches
         try:
             element = next(iterator)
         except StopIteration:
-            iterator = iter(dataset)  # another full pass, its start-up included
-            continue
-        images += images_in(element)
+            pass_batches = in_pass if pass_batches is None else min(pass_batches, in_pass)
+            iterator, in_pass = iter(dataset), 0  # another full pass, its start-up included
+            element = next(iterator, None)
+            if element is None:
+                raise ValueError(f"The {name} pipeline gives no batch at all: is the split "
+                                 "smaller than one batch? Give a smaller --batch_size.")  # fmt: skip
+        in_pass += 1
+        return element
+
+    for _ in range(WARMUP_BATCHES):
+        next_element()
+    images, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        images += images_in(next_element())
         if line:
             line.update(_progress_text(name, elapsed, seconds, images))
     if line:
         line.finish(_progress_text(name, elapsed, seconds, images))
-    return Measurement(name, images, elapsed)
+    return Measurement(name, images, elapsed, pass_batches)
 
 
 def _progress_text(name: str, elapsed: float, seconds: float, images: int) -> str:
@@ -146,10 +164,19 @@ def bench(
 
 
 def render(results: list[Measurement]) -> str:
-    """A table of images/s and the ratio of each pipeline to the ceiling (the first row)."""
+    """A table of images/s and the ratio of each pipeline to the ceiling (the first row); a
+    pipeline whose pass is too short to time gets a warning instead of a ratio."""
     ceiling = results[0].images_per_s
     lines = ["| pipeline | images/s | / ceiling |", "|---|---|---|"]
+    warnings = []
     for result in results:
-        ratio = result.images_per_s / ceiling if ceiling else 0.0
-        lines.append(f"| {result.name} | {result.images_per_s:.0f} | {ratio:.2f}x |")
-    return "\n".join(lines)
+        ratio = f"{result.images_per_s / ceiling:.2f}x" if ceiling else "-"
+        if result.too_short:
+            ratio = "too small to time"
+            warnings.append(
+                f"WARNING: a pass of {result.name} is only {result.pass_batches} batch(es), so "
+                "restarting it, not reading, sets its rate. Bench a split of at least "
+                f"{MIN_PASS_BATCHES} batches (or a smaller --batch_size)."
+            )
+        lines.append(f"| {result.name} | {result.images_per_s:.0f} | {ratio} |")
+    return "\n".join(lines + warnings)

@@ -15,7 +15,9 @@ import argparse
 import os
 import sys
 
-from tfrecord_pipe.core import paths
+import tempfile
+
+from tfrecord_pipe.core import help_format, paths
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -24,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfrecord-pipe",
         description="Image folders to sharded TFRecords, and TPU-ready input pipelines.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help_format.HelpFormatter,
         epilog="""examples:
   tfrecord-pipe convert flowers/ dataset/ --validation_fraction 0.1
   tfrecord-pipe inspect dataset/ --grid sample.png
@@ -39,8 +41,14 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
         "convert", add_help=False,
         help="convert an image folder or CSV list into TFRecord shards (see convert --help)",
     )  # fmt: skip
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--verbose", action="store_true",
+        help="also show TensorFlow's start-up lines (CUDA probing, CPU features) and log lines",
+    )  # fmt: skip
+    sub = dict(parents=[common], formatter_class=help_format.HelpFormatter)
     inspect = commands.add_parser(
-        "inspect",
+        "inspect", **sub,
         help="show what a dataset holds: splits, shards, labels, image sizes, rejections",
         description="Show what a dataset folder (or a pattern of TFRecord files) holds: splits, "
         "shard counts and sizes, record counts, a label histogram, the image size distribution "
@@ -53,11 +61,12 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
     )  # fmt: skip
     inspect.add_argument(
         "--check", action="store_true",
-        help="read every shard and compare its record count with the manifest (slow on big data)",
+        help="read every shard whole and compare its record count with the manifest (slow on "
+        "big data)",
     )  # fmt: skip
     inspect.add_argument(
         "--sample", type=int, default=5000,
-        help="records read per split for the histograms (default 5000; 0 reads all)",
+        help="records read per split for the histograms (0 reads all)",
     )  # fmt: skip
     inspect.add_argument("--grid_count", type=int, default=24, help="records in the grid")
     inspect.add_argument(
@@ -66,7 +75,7 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
         "with (1 by tfrecord-pipe and the Cloud TPU scripts); unknown, labels show as stored",
     )  # fmt: skip
     verify = commands.add_parser(
-        "verify",
+        "verify", **sub,
         help="prove nothing was lost or changed between the inputs and a dataset",
         description="Check a dataset against the inputs it was converted from: every listed "
         "source is in exactly one shard (matched by content hash) or in rejected/, no record "
@@ -77,7 +86,7 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
     verify.add_argument("source", help="what was converted: the image folder or CSV list")
     verify.add_argument("dataset", help="the dataset folder written by `tfrecord-pipe convert`")
     bench = commands.add_parser(
-        "bench",
+        "bench", **sub,
         help="time the reader's training and evaluation pipelines against the decode ceiling",
         description="Run the reader's training and evaluation pipelines on a dataset for a fixed "
         "time each, with a progress bar, and print images/s next to the decode ceiling (the "
@@ -86,13 +95,14 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
     )
     bench.add_argument("path", help="dataset folder, or a file pattern")
     bench.add_argument("--seconds", type=float, default=10.0, help="timed run per pipeline")
-    bench.add_argument("--image_size", type=int, default=224)
-    bench.add_argument("--batch_size", type=int, default=128)
+    bench.add_argument("--image_size", type=int, default=224,
+                       help="side of the square images the pipelines make, in pixels")
+    bench.add_argument("--batch_size", type=int, default=128, help="images per batch")
     bench.add_argument(
         "--dtype",
         default="float32",
-        help="output dtype of the pipelines: float32 (default), bfloat16 or uint8 (normalised "
-        "on the accelerator; the least host work)",
+        help="output dtype of the pipelines: float32, bfloat16 or uint8 (normalised on the "
+        "accelerator; the least host work)",
     )
     bench.add_argument(
         "--label_offset", type=int,
@@ -118,12 +128,42 @@ def main(argv: list[str] | None = None) -> int:
 
         return convert.main(argv[1:], prog="tfrecord-pipe convert")
     args = parser.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
+        _start_tensorflow(args.verbose)
         return COMMANDS[args.command](args)
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _start_tensorflow(verbose: bool) -> None:
+    """Loads TensorFlow and lets it find its devices with its stderr held back, unless
+    `verbose`: on a machine without a GPU it prints CUDA failures, CPU feature notes and
+    absl's pre-init warning on every command, none of which is news. Shown if loading fails.
+    """
+    if verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+        import tensorflow  # noqa: F401
+
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # later INFO lines too ("rendezvous")
+    sys.stderr.flush()
+    kept = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()  # where the CUDA probing prints
+            tf.get_logger().setLevel("ERROR")
+        except BaseException:
+            os.dup2(kept, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode("utf-8", "replace"))
+            raise
+        finally:
+            os.dup2(kept, 2)
+            os.close(kept)
 
 
 # Each command imports what it runs when it runs: TensorFlow takes seconds to load, and
@@ -211,6 +251,8 @@ def _bench(args) -> int:
         + (served if args.data_service else "")
     )
     print(bench.render(results))
+    if results[1].too_short:
+        return EXIT_OK
     train = results[1].images_per_s / max(results[0].images_per_s, 1e-9)
     print(
         f"training runs at {train:.2f}x the decode ceiling; it keeps an accelerator busy if "
