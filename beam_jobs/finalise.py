@@ -15,7 +15,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import pipeline, storage
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe.core import manifest, naming, paths
+from tfrecord_pipe.core import manifest, naming, paths, tfds_metadata
 
 TEMP_PREFIX = ".tmp-"  # OUT/.tmp-<run>: where a run writes before finalising
 
@@ -124,8 +124,9 @@ def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Man
         )
     old = check_output(config)  # under the claim: what is there now
     manifest_path = paths.join(out, naming.MANIFEST_NAME)
-    if old is not None:
-        storage.delete([manifest_path])  # first: no manifest ever describes a mix
+    if old is not None:  # first: no manifest (nor TFDS's metadata) ever describes a mix
+        described = [manifest_path, *(paths.join(out, n) for n in tfds_metadata.FILES)]
+        _delete_existing(described)
     moves = [
         (paths.join(temp_dir, file), paths.join(out, file))
         for info in result.splits.values()

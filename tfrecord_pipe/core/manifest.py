@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from tfrecord_pipe.core import naming, schema
+from tfrecord_pipe.core import naming, schema, tfds_metadata
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,10 +94,15 @@ class Manifest:
 
 
 def files_of(manifest: Manifest) -> list[tuple[str, str]]:
-    """(name, text) of the files that describe a dataset, in writing order: manifest.json last,
-    as its presence means the dataset is complete."""
+    """(name, text) of the files that describe a dataset, in writing order: labels.txt, the
+    metadata TensorFlow Datasets reads (`tfds_metadata`), manifest.json last, as its presence
+    means the dataset is complete."""
     labels = "".join(label + "\n" for label in manifest.labels)
-    return [(naming.LABELS_NAME, labels), (naming.MANIFEST_NAME, manifest.to_json())]
+    return [
+        (naming.LABELS_NAME, labels),
+        *tfds_metadata.files(manifest),
+        (naming.MANIFEST_NAME, manifest.to_json()),
+    ]
 
 
 def parse_labels(text: str, path: str) -> tuple[str, ...]:

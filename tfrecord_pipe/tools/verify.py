@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from concurrent import futures
 import tensorflow as tf
 
 from beam_jobs import convert, sources, storage
-from tfrecord_pipe.core import images, naming, paths, schema
+from tfrecord_pipe.core import images, manifest, naming, paths, schema, tfds_metadata
 from tfrecord_pipe.reading import dataset as dataset_lib
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ def verify(source: str, dataset: str) -> VerifyReport:
             "redo the conversion. Convert the images again with this version to verify them."
         )
     problems = _Problems()
+    _check_descriptions(dataset, found, problems)
     listed = sum(info.listed for info in found.splits.values())
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-") as work:
         buckets = _Buckets(work, max(1, math.ceil(3 * listed / ROWS_PER_BUCKET)))
@@ -147,6 +149,25 @@ def verify(source: str, dataset: str) -> VerifyReport:
         problems=tuple(problems.kept),
         num_problems=problems.count,
     )
+
+
+def _check_descriptions(dataset, found, problems) -> None:
+    """labels.txt and TFDS's metadata must say what the manifest says (they are made from it).
+    Datasets of tfrecord-pipe before 0.3 have no TFDS metadata."""
+    older = _version(found.tool_version) < (0, 3)
+    for name, text in manifest.files_of(found):
+        if name == naming.MANIFEST_NAME or (older and name in tfds_metadata.FILES):
+            continue
+        path = paths.join(dataset, name)
+        if not tf.io.gfile.exists(path):
+            problems.add(f"{name}: missing (it is written with the manifest)")
+        elif tf.io.gfile.GFile(path, "rb").read() != text.encode("utf-8"):
+            problems.add(f"{name}: does not say what manifest.json says (changed after writing?)")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    numbers = re.findall(r"\d+", text)[:3]
+    return tuple(int(n) for n in numbers) or (0,)
 
 
 def _add_records(dataset, found, buckets, problems) -> int:
