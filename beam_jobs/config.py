@@ -33,6 +33,8 @@ class ConvertConfig:
       shard_bytes: target shard size when num_shards is not given.
       compress: write GZIP-compressed shards.
       overwrite: replace a dataset already in `output`.
+      dedupe: of inputs with the same bytes, keep the first by path and reject the others
+        (`duplicate_content`); without it they are all written, and reported.
       policy: image normalisation policy.
     """
 
@@ -47,6 +49,7 @@ class ConvertConfig:
     shard_bytes: int = shard_plan.DEFAULT_SHARD_BYTES
     compress: bool = False
     overwrite: bool = False
+    dedupe: bool = False
     policy: images.ImagePolicy = images.ImagePolicy()
 
     def __post_init__(self):

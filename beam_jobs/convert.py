@@ -93,6 +93,9 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
         help="reject PNG/GIF/WebP/BMP/TIFF instead of re-encoding them")
     add("--compress", action="store_true", help="write GZIP-compressed shards")
     add("--overwrite", action="store_true", help="replace a dataset in OUTPUT")
+    add("--dedupe", action="store_true",
+        help="of inputs with the same bytes, keep the first by path and reject the others as "
+        "duplicate_content (without it they are all written, and listed in duplicates.jsonl)")
     add("--verbose", action="store_true", help="also show Beam's own log lines")
     return parser
 
@@ -103,7 +106,7 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         validation_fraction=args.validation_fraction, labels_file=args.labels_file,
         label_offset=args.label_offset, num_shards=args.num_shards,
         shard_bytes=int(args.shard_mb * (1 << 20)), compress=args.compress,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, dedupe=args.dedupe,
         policy=images.ImagePolicy(
             max_side=args.max_side, jpeg_quality=args.jpeg_quality, max_pixels=args.max_pixels,
             allow_other_formats=not args.reject_other_formats,

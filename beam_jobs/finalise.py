@@ -133,7 +133,8 @@ def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Man
         for file in info.files
     ]
     moves += [
-        (paths.join(temp_dir, name), paths.join(out, name)) for name in _rejected_files(result)
+        (paths.join(temp_dir, name), paths.join(out, name))
+        for name in (*_rejected_files(result), *_duplicates_file(result))
     ]
     paths.make_local_folder(paths.join(out, naming.REJECTED_DIR))
     FileSystems.rename([source for source, _ in moves], [target for _, target in moves])
@@ -141,7 +142,7 @@ def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Man
         replaced = {target for _, target in moves}
         stale = [
             paths.join(out, name)
-            for name in (*_shard_files(old), *_rejected_files(old))
+            for name in (*_shard_files(old), *_rejected_files(old), *_duplicates_file(old))
             if paths.join(out, name) not in replaced
         ]
         _delete_existing(stale)
@@ -153,6 +154,10 @@ def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Man
 
 def _shard_files(found: manifest.Manifest) -> list[str]:
     return [file for info in found.splits.values() for file in info.files]
+
+
+def _duplicates_file(found: manifest.Manifest) -> list[str]:
+    return [naming.DUPLICATES_NAME] if found.duplicates.get("groups") else []
 
 
 def _rejected_files(found: manifest.Manifest) -> list[str]:
@@ -199,6 +204,7 @@ def _manifest(config: ConvertConfig, summary: dict, version: str) -> manifest.Ma
         rejected_reasons=reasons,
         conversion=config.to_record(),
         tool_version=version,
+        duplicates={row["what"]: row["n"] for row in summary.get("duplicates", [])},
     )
 
 
@@ -212,4 +218,5 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
     if result.rejected_reasons:
         reasons = sorted(result.rejected_reasons.items())
         rejected += " (" + ", ".join(f"{k} {v}" for k, v in reasons) + ")"
-    return f"Converted into {out} in {seconds:.1f} s: " + "; ".join(parts) + f"; {rejected}."
+    line = f"Converted into {out} in {seconds:.1f} s: " + "; ".join(parts) + f"; {rejected}."
+    return line + (f"\nWARNING: {result.duplicates_line()}" if result.duplicates else "")

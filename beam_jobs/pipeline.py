@@ -11,6 +11,7 @@ import json
 
 import apache_beam as beam
 
+from beam_jobs import duplicates as content
 from beam_jobs import storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.load import BATCH, LoadImages
@@ -96,7 +97,8 @@ def _write_lines(path: str, lines: list[str]) -> None:
 
 
 class WriteSummary(beam.PTransform):
-    """Writes the job's small results (shard infos, counts, the label list) as one JSON file.
+    """Writes the job's small results (shard infos, counts, the label list, the duplicate
+    totals) as one JSON file.
 
     A few hundred rows at most, so one worker writes them; one file instead of three text
     sinks also spares a dozen pipeline stages, each with a fixed start-up cost. The rows are
@@ -109,13 +111,14 @@ class WriteSummary(beam.PTransform):
         self._path = path
 
     def expand(self, parts):
-        shards, counts, labels = parts
+        shards, counts, labels, duplicate_totals = parts
         path = self._path
         return (
             (
                 shards | "TagShard" >> beam.Map(lambda row: ("shards", row)),
                 counts | "TagCount" >> beam.Map(lambda row: ("counts", row)),
                 labels | "TagLabels" >> beam.Map(lambda row: ("labels", list(row))),
+                duplicate_totals | "TagDuplicates" >> beam.Map(lambda row: ("duplicates", row)),
             )
             | "Rows" >> beam.Flatten()
             | "OneKey" >> beam.Map(lambda row: (None, row))
@@ -125,7 +128,7 @@ class WriteSummary(beam.PTransform):
 
 
 def _write_summary(path: str, rows) -> None:
-    summary = {"shards": [], "counts": [], "labels": []}
+    summary = {"shards": [], "counts": [], "labels": [], "duplicates": []}
     for kind, row in rows:
         summary[kind].append(row)
     summary["shards"].sort(key=lambda s: (s["split"], s["index"]))
@@ -163,8 +166,19 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
             labels=beam.pvalue.AsSingleton(labels, default_value=()),
         ).with_outputs(LoadImages.REJECTED, main="records")
     )
-    shards = loaded.records | "WriteShards" >> WriteShards(config, temp_dir)
-    rejected = (*duplicates, loaded[LoadImages.REJECTED]) | "AllRejected" >> beam.Flatten()
+    same = loaded.records | "DuplicateContent" >> content.FindDuplicateContent(config.dedupe)
+    shards = same["records"] | "WriteShards" >> WriteShards(config, temp_dir)
+    deduped = (same["rejected"],) if same["rejected"] is not None else ()
+    rejected = (
+        (*duplicates, loaded[LoadImages.REJECTED], *deduped) | "AllRejected" >> beam.Flatten()
+    )
+    _ = same["groups"] | "WriteDuplicates" >> content.WriteDuplicates(temp_dir)
+    duplicate_totals = (
+        same["groups"]
+        | "DuplicateTotals" >> beam.FlatMap(content.totals)
+        | "SumTotals" >> beam.CombinePerKey(sum)
+        | "TotalRows" >> beam.MapTuple(lambda what, n: {"what": what, "n": n})
+    )
 
     counts = (
         (
@@ -176,5 +190,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
         | "SumCounts" >> beam.CombinePerKey(sum)
         | "CountRows" >> beam.MapTuple(lambda key, n: {"split": key[0], "what": key[1], "n": n})
     )
-    _ = (shards, counts, labels) | "Summary" >> WriteSummary(paths.join(temp_dir, SUMMARY_NAME))
+    _ = (shards, counts, labels, duplicate_totals) | "Summary" >> WriteSummary(
+        paths.join(temp_dir, SUMMARY_NAME)
+    )
     _ = rejected | "WriteRejected" >> WriteRejected(temp_dir)

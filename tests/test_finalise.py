@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from beam_jobs import convert, finalise
-from tfrecord_pipe.core import naming
+from tfrecord_pipe.core import manifest, naming
 from tfrecord_pipe.reading import dataset
 
 from helpers import IN_PROCESS, jpeg_bytes, run_cli, write_image_folder
@@ -30,8 +30,9 @@ def test_overwrite_deletes_exactly_the_old_datasets_files(tmp_path):
     result = convert_(src, out, "--num_shards", 1, "--overwrite")
     left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert left == sorted([
-        "keep.tfrecord", "labels.txt", "manifest.json", "my-notes.tfrecord.txt",
-        "rejected/README", *(file for info in result.splits.values() for file in info.files),
+        "keep.tfrecord", "my-notes.tfrecord.txt", "rejected/README",
+        *(name for name, _ in manifest.files_of(result)),  # labels.txt, manifest.json, TFDS's
+        *(file for info in result.splits.values() for file in info.files),
     ])  # fmt: skip
     assert len(result.splits["train"].files) == 1  # the old dataset's 3+3 shards are gone
     assert run_cli("verify", src, out).returncode == 0

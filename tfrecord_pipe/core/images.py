@@ -30,7 +30,8 @@ FILE_TOO_LARGE = "file_too_large"
 UNEXPECTED = "unexpected_error"  # a bug of ours or a library's: recorded, never fatal
 UNKNOWN_LABEL = "unknown_label"
 NO_LABEL = "no_label"
-DUPLICATE = "duplicate"
+DUPLICATE = "duplicate"  # the same file listed twice (a link, a CSV line)
+DUPLICATE_CONTENT = "duplicate_content"  # another file with the same bytes (--dedupe)
 
 # The converter's cap. 100 megapixels: far above any training image, far below what would
 # exhaust a worker (an RGB image of this size is 300 MB decoded). Serving has its own, lower

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 from tfrecord_pipe.core import naming, schema, tfds_metadata
+
+DUPLICATES_AND_TFDS_SINCE = (0, 3)  # the version that began to write both
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +63,9 @@ class Manifest:
         flags instead; they are read as {"flags": ...}.
       tool_version: tfrecord-pipe version that wrote the dataset.
       format_version: the record format's version (schema.FORMAT_VERSION).
+      duplicates: inputs with the same bytes, counted: "groups" (of more than one input),
+        "copies" (inputs beyond each group's first), "cross_split_groups",
+        "cross_label_groups"; empty when there are none. The groups are in duplicates.jsonl.
     """
 
     labels: tuple[str, ...]
@@ -70,10 +76,36 @@ class Manifest:
     conversion: dict = dataclasses.field(default_factory=dict)
     tool_version: str = ""
     format_version: int = schema.FORMAT_VERSION
+    duplicates: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def num_rejected(self) -> int:
         return sum(info.rejected for info in self.splits.values())
+
+    @property
+    def knows_duplicates(self) -> bool:
+        """Whether the duplicates were counted: since 0.3, which also writes TFDS's metadata."""
+        numbers = re.findall(r"\d+", self.tool_version)[:2]
+        return tuple(int(n) for n in numbers) >= DUPLICATES_AND_TFDS_SINCE
+
+    def duplicates_line(self) -> str:
+        """What a person should know of the duplicates, in one line."""
+        if not self.knows_duplicates:
+            return f"not counted (written by tfrecord-pipe {self.tool_version or 'before 0.3'})"
+        if not self.duplicates.get("groups"):
+            return "none (no two inputs had the same bytes)"
+        d = self.duplicates
+        deduped = bool(self.conversion.get("dedupe"))
+        text = (
+            f"{d['groups']} picture(s) found under more than one name ({d['copies']} extra "
+            f"copies; {d['cross_split_groups']} across splits, {d['cross_label_groups']} across "
+            f"labels): {naming.DUPLICATES_NAME}"
+        )
+        if deduped:
+            return text + "; --dedupe kept the first of each, the others are in rejected/"
+        if d["cross_split_groups"]:
+            text += ". Validation scores count pictures the model trained on"
+        return text + ". --dedupe keeps the first of each"
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"

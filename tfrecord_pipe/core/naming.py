@@ -18,6 +18,7 @@ from tfrecord_pipe.core import paths
 MANIFEST_NAME = "manifest.json"
 LABELS_NAME = "labels.txt"
 REJECTED_DIR = "rejected"
+DUPLICATES_NAME = "duplicates.jsonl"  # inputs with the same bytes, one group per line
 
 TRAIN, VALIDATION, TEST = "train", "validation", "test"
 SPLIT_ORDER = (TRAIN, VALIDATION, TEST)  # others after these, by name

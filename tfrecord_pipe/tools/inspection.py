@@ -275,6 +275,8 @@ def render(summary: DatasetSummary) -> str:
                 lines.append(f"  {row.get('path')}: {row.get('reason')}: {row.get('error')}")
         else:
             lines.append("rejected: none")
+        if found is not None:
+            lines.append(f"duplicates: {found.duplicates_line()}")
     lines += [f"PROBLEM {problem}" for problem in summary.problems]
     return "\n".join(lines)
 

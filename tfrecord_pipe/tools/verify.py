@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -91,6 +90,7 @@ class _Buckets:
 
     def __init__(self, folder: str, count: int):
         os.makedirs(folder, exist_ok=True)
+        self.count = count
         self._paths = [os.path.join(folder, f"bucket-{i:05d}.jsonl") for i in range(count)]
         self._files = [open(path, "w") for path in self._paths]
 
@@ -140,8 +140,12 @@ def verify(source: str, dataset: str) -> VerifyReport:
                     f"split {split}: the manifest lists {info.listed} inputs, {source} now has "
                     f"{per_split.get(split, 0)}"
                 )
+        dedupe = bool(found.conversion.get("dedupe"))
+        by_content = _Buckets(os.path.join(work, "by-content"), buckets.count)
         for relpath, rows in buckets.groups():
-            _check(relpath, rows, problems)
+            _check(relpath, rows, problems, dedupe)
+            _add_content(relpath, rows, by_content)
+        _check_duplicates(dataset, found, by_content, problems)
     return VerifyReport(
         sources=sum(per_split.values()),
         records=num_records,
@@ -152,9 +156,8 @@ def verify(source: str, dataset: str) -> VerifyReport:
 
 
 def _check_descriptions(dataset, found, problems) -> None:
-    """labels.txt and TFDS's metadata must say what the manifest says (they are made from it).
-    Datasets of tfrecord-pipe before 0.3 have no TFDS metadata."""
-    older = _version(found.tool_version) < (0, 3)
+    """labels.txt and TFDS's metadata must say what the manifest says (they are made from it)."""
+    older = not found.knows_duplicates  # written before TFDS metadata too
     for name, text in manifest.files_of(found):
         if name == naming.MANIFEST_NAME or (older and name in tfds_metadata.FILES):
             continue
@@ -163,11 +166,6 @@ def _check_descriptions(dataset, found, problems) -> None:
             problems.add(f"{name}: missing (it is written with the manifest)")
         elif tf.io.gfile.GFile(path, "rb").read() != text.encode("utf-8"):
             problems.add(f"{name}: does not say what manifest.json says (changed after writing?)")
-
-
-def _version(text: str) -> tuple[int, ...]:
-    numbers = re.findall(r"\d+", text)[:3]
-    return tuple(int(n) for n in numbers) or (0,)
 
 
 def _add_records(dataset, found, buckets, problems) -> int:
@@ -331,9 +329,17 @@ def _expected(listed, labels, policy) -> dict:
     return row
 
 
-def _check(relpath: str, rows: dict[str, list[dict]], problems: _Problems) -> None:
-    """The rules for one relative path: its sources, records and rejection lines agree."""
+def _check(relpath: str, rows: dict[str, list[dict]], problems: _Problems, dedupe: bool) -> None:
+    """The rules for one relative path: its sources, records and rejection lines agree.
+
+    A source rejected as a duplicate of another's content is checked with that other
+    (`_check_duplicates`), when the conversion deduplicated.
+    """
     listed, records, rejected = rows["source"], rows["record"], rows["rejected"]
+    if dedupe and not records and [r.get("reason") for r in rejected] == [
+        images.DUPLICATE_CONTENT
+    ] and [s.get("rejected") for s in listed] == [None]:
+        return
     if not listed:
         where = [f"shard {r['shard']}" for r in records] + ["rejected/"] * len(rejected)
         problems.add(f"{relpath}: in {', '.join(where)} but not among the sources")
@@ -359,6 +365,71 @@ def _check(relpath: str, rows: dict[str, list[dict]], problems: _Problems) -> No
     # A stored source's line in rejected/ was reported just above.
     lines = rejected[1:] if stored and not records and rejected else rejected
     _check_rejections(relpath, refused, lines, problems)
+
+
+def _add_content(relpath: str, rows: dict[str, list[dict]], by_content: _Buckets) -> None:
+    """A source the converter would store, under its content hash, with what became of it."""
+    stored = [s for s in rows["source"] if "rejected" not in s]
+    if len(rows["source"]) != 1 or not stored:
+        return
+    became = "record" if rows["record"] else None
+    if not became and rows["rejected"]:
+        became = rows["rejected"][0].get("reason")
+    source = stored[0]
+    row = {"relpath": relpath, "split": source["split"], "label": source["label"], "became": became}
+    by_content.add(source["sha256"], "source", row)
+
+
+def _check_duplicates(dataset, found, by_content: _Buckets, problems: _Problems) -> None:
+    """Sources with the same bytes: listed in duplicates.jsonl as they are, counted in the
+    manifest; with dedupe, the first by path is the one stored and the others are rejected."""
+    dedupe = bool(found.conversion.get("dedupe"))
+    counted = found.knows_duplicates
+    reported = _reported_groups(dataset, found, problems)
+    groups = cross_split = 0
+    for sha256, rows in by_content.groups():
+        group = sorted(rows["source"], key=lambda row: row["relpath"])
+        if dedupe:
+            first, *others = group
+            if first["became"] != "record":
+                problems.add(f"{first['relpath']}: the first of its content (--dedupe) is not stored")
+            for other in others:
+                if other["became"] != images.DUPLICATE_CONTENT:
+                    problems.add(
+                        f"{other['relpath']}: the same bytes as {first['relpath']}, yet "
+                        f"{'stored' if other['became'] == 'record' else 'not rejected as such'}"
+                        " (--dedupe)"
+                    )  # fmt: skip
+        if len(group) < 2:
+            continue
+        groups += 1
+        cross_split += len({row["split"] for row in group}) > 1
+        if counted and reported.pop(sha256, None) != [row["relpath"] for row in group]:
+            problems.add(
+                f"{naming.DUPLICATES_NAME}: the inputs with the bytes of {group[0]['relpath']} "
+                f"({len(group)}) are not listed as one group"
+            )
+    for sha256, files in reported.items():
+        problems.add(f"{naming.DUPLICATES_NAME}: lists {files[0]} and others, which differ now")
+    in_manifest = (found.duplicates.get("groups", 0), found.duplicates.get("cross_split_groups", 0))
+    if counted and in_manifest != (groups, cross_split):
+        problems.add(
+            f"manifest.json counts {in_manifest[0]} duplicate groups ({in_manifest[1]} across "
+            f"splits); the sources have {groups} ({cross_split})"
+        )
+
+
+def _reported_groups(dataset, found, problems) -> dict[str, list[str]]:
+    """duplicates.jsonl as {content hash: relative paths}; empty when the manifest has none."""
+    if not found.duplicates.get("groups"):
+        return {}
+    path = paths.join(dataset, naming.DUPLICATES_NAME)
+    if not tf.io.gfile.exists(path):
+        problems.add(f"{naming.DUPLICATES_NAME} is missing ({found.duplicates['groups']} groups)")
+        return {}
+    with tf.io.gfile.GFile(path) as lines:
+        rows = [json.loads(line) for line in lines if line.strip()]
+    return {row["sha256"]: [f["relpath"] for f in row["files"]] for row in rows}
 
 
 def _check_record(relpath: str, record: dict, expected: dict, problems: _Problems) -> None:

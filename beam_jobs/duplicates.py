@@ -1,0 +1,115 @@
+"""Exact content duplicates: inputs with the same bytes under different names.
+
+The same picture in two classes, or in train and validation, silently inflates validation
+accuracy. Every loaded input's bytes are hashed already (the record keeps the hash), so the
+job groups the loaded inputs by that hash: each group of more than one is a line of
+`duplicates.jsonl`, groups across splits first. With `dedupe`, the first input of a group
+by path is kept and the others are rejected as `duplicate_content`, naming the one kept.
+
+Only the small `Checked` entries are grouped (the shard writer reads the images again), so
+the grouping moves a few hundred bytes per input, not the images.
+"""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+import beam_jobs
+from beam_jobs import storage
+from beam_jobs.sources import SourceFile, rejection
+from tfrecord_pipe.core import images, naming, paths
+
+
+class FindDuplicateContent(beam.PTransform):
+    """(split, Checked) records in; out: `records` (all of them, or with `dedupe` one per
+    content), `groups` (a report row per group of more than one) and `rejected` (dedupe's)."""
+
+    def __init__(self, dedupe: bool):
+        super().__init__()
+        self._dedupe = dedupe
+
+    def expand(self, records):
+        grouped = (
+            records
+            | "ByContent" >> beam.Map(lambda split_checked: (split_checked[1].sha256, split_checked))
+            | "SameContent" >> beam.GroupByKey()
+        )
+        groups = grouped | "Groups" >> beam.FlatMap(_group_row)
+        if not self._dedupe:
+            return {"records": records, "groups": groups, "rejected": None}
+        kept = grouped | "KeepFirst" >> beam.FlatMap(_keep_first).with_outputs(
+            "rejected", main="records"
+        )
+        return {"records": kept.records, "groups": groups, "rejected": kept.rejected}
+
+
+def _ordered(split_checked_list) -> list:
+    return sorted(split_checked_list, key=lambda split_checked: split_checked[1].relpath)
+
+
+def _group_row(sha256_and_records):
+    """The report row of a group of more than one input; nothing for a single input."""
+    sha256, records = sha256_and_records
+    records = _ordered(records)
+    if len(records) < 2:
+        return
+    Metrics.counter(beam_jobs.METRICS_NAMESPACE, "duplicate_content_groups").inc()
+    files = [{"relpath": c.relpath, "split": split, "label": c.label_text} for split, c in records]
+    yield {
+        "sha256": sha256,
+        "cross_split": len({f["split"] for f in files}) > 1,
+        "cross_label": len({f["label"] for f in files}) > 1,
+        "files": files,
+    }
+
+
+def _keep_first(sha256_and_records):
+    """The first input of a group by path as a record; the others as rejections naming it."""
+    _, records = sha256_and_records
+    first, *others = _ordered(records)
+    yield first
+    for split, checked in others:
+        source = SourceFile(checked.path, checked.relpath, checked.label_text, split)
+        detail = f"the same bytes as {first[1].relpath} (--dedupe keeps the first by path)"
+        yield beam.pvalue.TaggedOutput(
+            "rejected", rejection(source, images.DUPLICATE_CONTENT, detail)
+        )
+
+
+def totals(row: dict):
+    """(what, n) pairs of one group, summed into the manifest's `duplicates`."""
+    yield "groups", 1
+    yield "copies", len(row["files"]) - 1  # inputs beyond the first of each group
+    yield "cross_split_groups", int(row["cross_split"])
+    yield "cross_label_groups", int(row["cross_label"])
+
+
+def report_order(row: dict) -> tuple:
+    """Groups across splits first, then across labels, then by their first path."""
+    return (not row["cross_split"], not row["cross_label"], row["files"][0]["relpath"])
+
+
+class WriteDuplicates(beam.PTransform):
+    """Writes the groups, in `report_order`, to `duplicates.jsonl` in `folder` (nothing when
+    there are none); one worker writes them, as they are few next to the inputs."""
+
+    def __init__(self, folder: str):
+        super().__init__()
+        self._path = paths.join(folder, naming.DUPLICATES_NAME)
+
+    def expand(self, groups):
+        path = self._path
+        return (
+            groups
+            | "OneKey" >> beam.Map(lambda row: (None, row))
+            | "AllGroups" >> beam.GroupByKey()
+            | "WriteJsonl" >> beam.MapTuple(lambda _, rows: _write(path, rows))
+        )
+
+
+def _write(path: str, rows) -> None:
+    lines = [json.dumps(row, sort_keys=True) + "\n" for row in sorted(rows, key=report_order)]
+    storage.write_bytes(path, "".join(lines).encode("utf-8"), mime_type="application/x-ndjson")

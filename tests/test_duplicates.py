@@ -1,0 +1,91 @@
+"""The same picture under two names: reported at conversion (summary, manifest, inspect,
+duplicates.jsonl), removed with --dedupe, and checked by verify either way."""
+
+import json
+
+import pytest
+
+from beam_jobs import convert
+from tfrecord_pipe.core import images, naming
+
+from helpers import IN_PROCESS, jpeg_bytes, run_cli
+
+pytestmark = pytest.mark.slow  # each test runs the conversion job
+
+
+def write(path, data: bytes):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+@pytest.fixture
+def leaky(tmp_path):
+    """Split folders where one picture is in train and validation (under two labels too),
+    one is twice in train/cat, and the rest are distinct."""
+    src = tmp_path / "src"
+    leaked, twice = jpeg_bytes(9, 9, (10, 200, 10)), jpeg_bytes(11, 7, (200, 10, 10))
+    write(src / "train" / "cat" / "leaked.jpg", leaked)
+    write(src / "validation" / "dog" / "leaked_too.jpg", leaked)
+    write(src / "train" / "cat" / "b.jpg", twice)
+    write(src / "train" / "cat" / "a.jpg", twice)
+    for i in range(3):
+        write(src / "train" / "dog" / f"{i}.jpg", jpeg_bytes(8 + i, 8, (0, 0, 250)))
+        write(src / "validation" / "cat" / f"{i}.jpg", jpeg_bytes(8 + i, 9, (250, 250, 0)))
+    return src
+
+
+def groups_in(out) -> list[dict]:
+    return [json.loads(line) for line in (out / naming.DUPLICATES_NAME).open()]
+
+
+def test_duplicates_are_reported_cross_split_first_and_all_kept(leaky, tmp_path, capsys):
+    out = tmp_path / "out"
+    result = convert.run([str(leaky), str(out), *IN_PROCESS])
+    assert result.splits["train"].num_examples == 6 and result.num_rejected == 0
+    assert result.duplicates == {"groups": 2, "copies": 2, "cross_split_groups": 1,
+                                 "cross_label_groups": 1}  # fmt: skip
+    assert "WARNING: 2 picture(s) found under more than one name" in capsys.readouterr().out
+    first, second = groups_in(out)
+    assert first["cross_split"] and first["cross_label"]
+    assert [(f["relpath"], f["split"], f["label"]) for f in first["files"]] == [
+        ("train/cat/leaked.jpg", "train", "cat"),
+        ("validation/dog/leaked_too.jpg", "validation", "dog"),
+    ]  # fmt: skip
+    assert [f["relpath"] for f in second["files"]] == ["train/cat/a.jpg", "train/cat/b.jpg"]
+    inspected = run_cli("inspect", out)
+    assert "duplicates: 2 picture(s)" in inspected.stdout and "1 across splits" in inspected.stdout
+    assert run_cli("verify", leaky, out).returncode == 0
+
+
+def test_dedupe_keeps_the_first_by_path_and_rejects_the_others(leaky, tmp_path):
+    out = tmp_path / "out"
+    result = convert.run([str(leaky), str(out), "--dedupe", *IN_PROCESS])
+    assert result.rejected_reasons == {images.DUPLICATE_CONTENT: 2}
+    lines = [json.loads(line) for f in sorted(out.glob("rejected/*.jsonl")) for line in f.open()]
+    assert sorted((line["relpath"], line["split"]) for line in lines) == [
+        ("train/cat/b.jpg", "train"), ("validation/dog/leaked_too.jpg", "validation")
+    ]  # fmt: skip
+    assert all("train/cat/a.jpg" in line["error"] or "train/cat/leaked.jpg" in line["error"] for line in lines)
+    assert len(groups_in(out)) == 2  # what was removed stays on record
+    assert run_cli("verify", leaky, out).returncode == 0
+    # A picture added later that repeats a kept one: verify says the dataset is out of date.
+    write(leaky / "train" / "cat" / "0.jpg", jpeg_bytes(11, 7, (200, 10, 10)))
+    report = run_cli("verify", leaky, out)
+    assert report.returncode == 1 and "duplicates.jsonl" in report.stdout
+
+
+def test_verify_finds_a_report_that_no_longer_matches(leaky, tmp_path):
+    out = tmp_path / "out"
+    convert.run([str(leaky), str(out), *IN_PROCESS])
+    (out / naming.DUPLICATES_NAME).write_text(
+        (out / naming.DUPLICATES_NAME).read_text().splitlines()[0] + "\n"
+    )
+    report = run_cli("verify", leaky, out)
+    assert report.returncode == 1
+    assert "train/cat/a.jpg (2) are not listed as one group" in report.stdout
+    # Replaced by a dataset without duplicates: the old report goes with the old dataset.
+    (leaky / "train" / "cat" / "b.jpg").unlink()
+    (leaky / "validation" / "dog" / "leaked_too.jpg").unlink()
+    assert convert.run([str(leaky), str(out), "--overwrite", *IN_PROCESS]).duplicates == {}
+    assert not (out / naming.DUPLICATES_NAME).exists()
+    assert run_cli("verify", leaky, out).returncode == 0
