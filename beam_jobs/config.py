@@ -29,8 +29,8 @@ class ConvertConfig:
         say; chosen by a stable hash of the relative path, so adding images never moves others.
       labels_file: fixes the label order (one per line); default: sorted label names.
       label_offset: added to label indices on write (1, as the Cloud TPU models expect).
-      num_shards: shards per split; default: about `shard_bytes` each.
-      shard_bytes: target shard size when num_shards is not given.
+      num_shards: shards per split; default: `shard_plan.num_shards`'s (a multiple of 64).
+      shard_bytes: largest shard size when num_shards is not given.
       compress: write GZIP-compressed shards.
       overwrite: replace a dataset already in `output`.
       dedupe: of inputs with the same bytes, keep the first by path and reject the others

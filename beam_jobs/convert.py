@@ -78,9 +78,11 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
     add("--labels_file", help="label order, one per line (default: sorted names)")
     add("--label_offset", type=int, default=ConvertConfig.label_offset,
         help="added to label indices (1: index 0 is 'background', as Cloud TPU models expect)")
-    add("--num_shards", type=int, help="shards per split (default: about --shard_mb each)")
+    add("--num_shards", type=int,
+        help="shards per split (default: the least multiple of 64 within --shard_mb each, at "
+        "most one per record, so that up to 64 hosts read files of their own)")
     add("--shard_mb", type=float, default=ConvertConfig.shard_bytes / (1 << 20),
-        help="target shard size in MiB when --num_shards is not given")
+        help="largest shard size in MiB when --num_shards is not given")
     add("--max_side", type=int, default=_POLICY.max_side,
         help="downscale images whose longer side is larger (pixels; default: keep sizes)")
     add("--max_pixels", type=int, default=_POLICY.max_pixels,

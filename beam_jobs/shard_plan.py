@@ -9,11 +9,16 @@ running twice over the same input gives the same bytes.
 from __future__ import annotations
 
 import hashlib
+import math
 
-# Aim: 100-200 MB shards, big enough that reading is sequential and few enough files that a
-# TPU pod's hosts each get several; the tf.data guide and the TPU performance guide give this
-# range.
+# At most 100-200 MB a shard, big enough that reading is sequential and few enough files that
+# listing them is cheap; the tf.data guide and the TPU performance guide give this range.
 DEFAULT_SHARD_BYTES = 128 << 20  # 128 MiB
+
+# Default shard counts are a multiple of this, records allowing: the hosts of a TPU pod slice
+# (up to 64, or any power of two below) then each read as many files of their own, and none
+# reads a file another host reads (with one shard, every host read it and kept 1/n).
+SHARD_MULTIPLE = 64
 
 # Records are grouped into this many key-prefix buckets and ranked within them, so no place
 # ever holds a whole split's keys (a bucket holds about 1/4096 of a split).
@@ -32,11 +37,14 @@ def bucket_of(key: str) -> int:
 
 def num_shards(num_examples: int, num_bytes: int, requested: int | None = None,
                shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
-    """Shards for a split: as requested, else about `shard_bytes` each; never more than records."""
+    """Shards for a split: as requested; else the least multiple of SHARD_MULTIPLE whose
+    shards hold at most `shard_bytes` each. Never more than records (a split of 10 records
+    has 10 shards of one)."""
     if num_examples == 0:
         return 0
     if requested is None:
-        requested = max(1, round(num_bytes / shard_bytes))
+        by_size = max(1, math.ceil(num_bytes / shard_bytes))
+        requested = math.ceil(by_size / SHARD_MULTIPLE) * SHARD_MULTIPLE
     return max(1, min(requested, num_examples))
 
 

@@ -17,7 +17,7 @@ def test_convert_writes_a_dataset_and_prints_the_summary(tmp_path):
     result = run_command("convert", tmp_path / "src", tmp_path / "out",
                          "--direct_num_workers=2", "--direct_running_mode=multi_processing")
     assert result.returncode == 0, result.stderr
-    assert "train: 6 in 1 shards; 0 rejected" in result.stdout
+    assert "train: 6 in 6 shards; 0 rejected" in result.stdout  # up to 64, one record each
     # One progress line for the whole job, summed over its worker processes.
     finals = [line for line in result.stderr.splitlines() if line.startswith("converting: ")]
     assert finals and finals[-1].startswith("converting: 6 inputs loaded (0 rejected)")

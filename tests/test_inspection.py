@@ -32,7 +32,22 @@ def test_inspect_grid_draws_every_sample_with_its_label(converted, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "contact sheet of 8 records" in done.stdout
     sheet = Image.open(grid)
-    assert sheet.size == (6 * 132 + 4, 2 * (128 + 18 + 4) + 4)  # 8 tiles: two rows of six
+    assert sheet.size == (6 * 132 + 4, 2 * (128 + 30 + 4) + 4)  # 8 tiles: two rows of six
+
+
+def test_the_grid_says_each_records_label_split_and_file(converted, tmp_path):
+    _, out = converted
+    captions = inspection.contact_sheet(str(out), str(tmp_path / "grid.png"), count=30)
+    found = dataset.read_manifest(str(out))
+    assert len(captions) == sum(info.num_examples for info in found.splits.values())
+    files = {}  # split -> file names, read back with the reader's own parsing
+    for split, info in found.splits.items():
+        files[split] = {r.filename.split("/")[-1] for r in _records(out, info.files)}
+    for label, where in captions:
+        split, name = where.split(" ")
+        assert name in files[split], (label, where)
+        assert label.split(" (")[0] in found.labels and label.endswith(")")
+    assert {where.split(" ")[0] for _, where in captions} == set(found.splits)
 
 
 def test_inspect_check_catches_a_manifest_that_disagrees_with_a_shard(converted_copy):
@@ -164,3 +179,9 @@ def test_a_grid_that_cannot_be_written_is_refused_before_reading(converted, tmp_
     done = run_cli("inspect", out, "--grid", tmp_path / grid)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.errors) == 1 and message in done.errors[0]
+
+
+def _records(out, files):
+    for name in files:
+        for serialized in tf.data.TFRecordDataset(str(out / name)):
+            yield schema.decode_example(serialized.numpy(), label_offset=1)

@@ -19,10 +19,13 @@ def test_shard_lengths_differ_by_at_most_one_and_sum_to_n(n, shards):
 
 @pytest.mark.parametrize(
     "n, size, requested, expected",
-    [(0, 0, None, 0), (3, 10 << 30, None, 3), (1000, 1 << 20, None, 1),
-     (1000, 1 << 30, None, 8), (5, 100, 16, 5), (100, 100, 16, 16)],
-)
-def test_num_shards_targets_size_and_never_exceeds_records(n, size, requested, expected):
+    [(0, 0, None, 0), (3, 10 << 30, None, 3), (1000, 1 << 20, None, 64), (500, 50 << 20, None, 64),
+     (40, 1 << 20, None, 40), (10**6, 64 * (128 << 20) + 1, None, 128), (5, 100, 16, 5),
+     (100, 100, 16, 16)],
+)  # fmt: skip
+def test_default_shards_are_a_multiple_of_64_within_the_size_and_never_exceed_records(
+    n, size, requested, expected
+):
     assert shard_plan.num_shards(n, size, requested) == expected
 
 

@@ -184,9 +184,9 @@ def _inspect(args) -> int:
     )  # fmt: skip
     print(inspection.render(summary))
     if args.grid:
-        drawn = inspection.contact_sheet(
+        drawn = len(inspection.contact_sheet(
             args.path, args.grid, count=args.grid_count, label_offset=args.label_offset
-        )
+        ))
         print(f"\ncontact sheet of {drawn} records: {args.grid}")
     return EXIT_PROBLEMS if summary.problems else EXIT_OK
 

@@ -202,11 +202,16 @@ def _present(found: dataset_lib.Dataset) -> list[str]:
     return [file for split in found.splits.values() for file in split.without_missing().files]
 
 
-def _spread(files, compression) -> tf.data.Dataset:
-    """The records of `files`, one from each shard in turn: a sample spread over all of them."""
+def _spread(files, compression, with_path: bool = False) -> tf.data.Dataset:
+    """The records of `files`, one from each shard in turn: a sample spread over all of them
+    (with `with_path`, (shard path, record) pairs)."""
+
+    def records(path):
+        dataset = tf.data.TFRecordDataset(path, compression_type=compression)
+        return dataset.map(lambda record: (path, record)) if with_path else dataset
+
     return tf.data.Dataset.from_tensor_slices(list(files)).interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=compression),
-        cycle_length=max(1, len(files)),
+        records, cycle_length=max(1, len(files))
     )
 
 
@@ -314,8 +319,9 @@ def contact_sheet(
     columns: int = 6,
     thumb: int = 128,
     label_offset: int | None = None,
-) -> int:
-    """Writes a PNG grid of `count` records (spread over the shards) with the label under each.
+) -> list[tuple[str, str]]:
+    """Writes a PNG grid of `count` records (spread over the shards), under each its label,
+    split and file name.
 
     Args:
       path: dataset folder or file pattern.
@@ -326,17 +332,22 @@ def contact_sheet(
       label_offset: for a pattern without a manifest (see `summarize`).
 
     Returns:
-      The number of records drawn.
+      The captions drawn, a (label, "split file name") pair per record.
     """
     found = dataset_lib.resolve(path)
     offset = _offset(found, label_offset)
     tiles = []
     try:
-        for serialized in _spread(_present(found), found.compression).take(count):
+        spread = _spread(_present(found), found.compression, with_path=True)
+        for shard, serialized in spread.take(count):
             record = schema.decode_example(serialized.numpy(), label_offset=0)  # stored labels
             image = _thumbnail(Image.open(io.BytesIO(record.encoded)).convert("RGB"), thumb)
-            text = label_text(record.label_index, record.label_text, offset, found.labels)
-            tiles.append((image, text))
+            split = naming.split_of(shard.numpy().decode()) or "?"
+            caption = (
+                label_text(record.label_index, record.label_text, offset, found.labels),
+                f"{split} {paths.basename(record.filename)}",
+            )
+            tiles.append((image, caption))
     except tf.errors.OpError as err:
         raise ValueError(
             f"Cannot draw {path}: reading its shards stopped after {len(tiles)} records: "
@@ -344,15 +355,17 @@ def contact_sheet(
         ) from err
     if not tiles:
         raise ValueError(f"No records to draw in {path}")
-    caption = 18
+    line_height = 13
+    caption = 2 * line_height + 4
     rows = math.ceil(len(tiles) / columns)
     sheet = Image.new("RGB", (columns * (thumb + 4) + 4, rows * (thumb + caption + 4) + 4), "white")
     pen = ImageDraw.Draw(sheet)
-    for i, (image, text) in enumerate(tiles):
+    for i, (image, lines) in enumerate(tiles):
         x = 4 + (i % columns) * (thumb + 4)
         y = 4 + (i // columns) * (thumb + caption + 4)
         sheet.paste(image, (x, y))
-        pen.text((x + 2, y + thumb + 3), text[: thumb // 7], fill="black")
+        for n, (text, colour) in enumerate(zip(lines, ("black", "dimgray"))):
+            pen.text((x + 2, y + thumb + 3 + n * line_height), _fit(text, thumb), fill=colour)
     buffer = io.BytesIO()
     sheet.save(buffer, format="PNG")
     try:
@@ -360,7 +373,14 @@ def contact_sheet(
             f.write(buffer.getvalue())
     except tf.errors.OpError as err:
         raise ValueError(f"Cannot write the contact sheet {output}: {_first_line(err.message)}")
-    return len(tiles)
+    return [caption for _, caption in tiles]
+
+
+def _fit(text: str, width: int) -> str:
+    """`text` cut to what fits under a thumbnail (Pillow's default font: about 6 px a
+    character), keeping its end, where file names differ."""
+    most = width // 6
+    return text if len(text) <= most else "..." + text[-(most - 3) :]
 
 
 def _thumbnail(image: Image.Image, side: int) -> Image.Image:
