@@ -42,27 +42,40 @@ def make_train_steps(strategy, model, optimizer, global_batch_size: int):
     return train_steps
 
 
-def make_eval_step(strategy, model):
-    """A tf.function giving (weighted correct, weight) of one padded batch, over all replicas."""
+def make_eval_step(strategy, model, global_batch_size: int):
+    """A tf.function giving (correct, records, loss) of one padded batch, over all replicas.
+
+    Padding weighs 0 and every record the same (`reader.padded_weight`), so the mean of the
+    steps' losses, each averaged over the global batch's slots, is the loss over the records.
+    """
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=tf.keras.losses.Reduction.NONE
+    )
 
     def step(images, labels, weights):
-        predicted = tf.argmax(model(images, training=False), axis=-1, output_type=tf.int32)
-        correct = tf.cast(tf.equal(predicted, labels), tf.float32) * weights
-        return tf.reduce_sum(correct), tf.reduce_sum(weights)
+        logits = model(images, training=False)
+        real = tf.cast(weights > 0, tf.float32)
+        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        correct = tf.cast(tf.equal(predicted, labels), tf.float32) * real
+        loss = tf.nn.compute_average_loss(
+            loss_fn(labels, logits), sample_weight=weights, global_batch_size=global_batch_size
+        )
+        return tf.reduce_sum(correct), tf.reduce_sum(real), loss
 
     @tf.function
     def eval_step(batch):
-        correct, counted = strategy.run(step, args=batch)
-        return (
-            strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None),
-            strategy.reduce(tf.distribute.ReduceOp.SUM, counted, axis=None),
+        correct, counted, loss = strategy.run(step, args=batch)
+        return tuple(
+            strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+            for value in (correct, counted, loss)
         )
 
     return eval_step
 
 
 def run(strategy, dataset_dir: str, config: fit_example.TrainConfig) -> dict:
-    """Trains with the custom loop and evaluates; returns loss, accuracy and images counted."""
+    """Trains with the custom loop and evaluates; returns the last training loss, and the
+    evaluation's accuracy, images counted and loss."""
     found = dataset.read_manifest(dataset_dir)
     train_fn = reader.make_input_fn(
         dataset_dir, is_training=True, image_size=config.image_size,
@@ -79,7 +92,7 @@ def run(strategy, dataset_dir: str, config: fit_example.TrainConfig) -> dict:
         # they would be born inside a loop on each replica, which TensorFlow cannot do.
         optimizer.build(model.trainable_variables)
     train_steps = make_train_steps(strategy, model, optimizer, config.global_batch_size)
-    eval_step = make_eval_step(strategy, model)
+    eval_step = make_eval_step(strategy, model, config.global_batch_size)
 
     iterator = iter(distribute.distribute(strategy, train_fn))
     steps_per_epoch = max(1, found.splits["train"].num_examples // config.global_batch_size)
@@ -90,12 +103,16 @@ def run(strategy, dataset_dir: str, config: fit_example.TrainConfig) -> dict:
             loss = float(train_steps(iterator, tf.constant(config.steps_per_execution)))
         print(f"      epoch {epoch + 1}/{config.epochs}: loss {loss:.3f}")
 
-    correct = counted = 0.0
+    correct = counted = eval_loss = 0.0
+    steps = 0
     for batch in distribute.distribute(strategy, eval_fn):
-        batch_correct, batch_counted = eval_step(batch)
+        batch_correct, batch_counted, batch_loss = eval_step(batch)
         correct += float(batch_correct)
         counted += float(batch_counted)
-    return {"loss": loss, "accuracy": correct / counted, "images": int(counted)}
+        eval_loss += float(batch_loss)
+        steps += 1
+    return {"loss": loss, "accuracy": correct / counted, "images": int(counted),
+            "eval_loss": eval_loss / max(steps, 1)}  # fmt: skip
 
 
 def main(argv=None):

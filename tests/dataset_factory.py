@@ -98,9 +98,23 @@ def accuracy_on(model, folder: str, image_size: int, split: str = naming.VALIDAT
     the evaluation preprocessing: what a padded evaluation must report."""
     import numpy as np
 
+    logits, labels = _logits_on(model, folder, image_size, split)
+    return float(np.mean(np.argmax(logits, axis=1) == labels))
+
+
+def loss_on(model, folder: str, image_size: int, split: str = naming.VALIDATION) -> float:
+    """The model's mean cross-entropy (it gives logits) over every record of a split, each
+    once: what a padded evaluation must report as its loss."""
+    logits, labels = _logits_on(model, folder, image_size, split)
+    losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    return float(tf.reduce_mean(losses))
+
+
+def _logits_on(model, folder, image_size, split):
+    import numpy as np
+
     from tfrecord_pipe.reading import preprocess
 
     found = read_split(folder, split)
     images = tf.stack([preprocess.eval_image(r.encoded, image_size) for r in found])
-    predicted = np.argmax(model.predict(images, verbose=0), axis=1)
-    return float(np.mean(predicted == [r.label_index for r in found]))
+    return model.predict(images, verbose=0), np.array([r.label_index for r in found])

@@ -16,7 +16,7 @@ import tensorflow as tf
 from examples import custom_loop, train
 from tfrecord_pipe.reading import distribute
 
-from dataset_factory import accuracy_on, write_dataset
+from dataset_factory import accuracy_on, loss_on, write_dataset
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -93,6 +93,7 @@ def test_fit_evaluate_and_custom_loop_under_the_default_strategy(dataset):
     # Padded evaluation scores exactly the 11 records, each once.
     assert evaluated["images"] == 11
     assert evaluated["accuracy"] == pytest.approx(accuracy_on(model, dataset, 16))
+    assert evaluated["loss"] == pytest.approx(loss_on(model, dataset, 16), rel=1e-4)
     looped = custom_loop.run(strategy, dataset, config)
     assert looped["images"] == 11
     assert math.isfinite(looped["loss"])

@@ -115,7 +115,9 @@ def test_padded_evaluation_counts_every_record_once(dataset):
     ds = reader.make_input_fn(dataset, is_training=False, image_size=SIZE, batch_size=4)()
     elements = batches(ds)
     assert len(elements) == 3  # 11 records in batches of 4: 4 + 4 + 3 and one filler
-    assert sum(weights.sum() for _, _, weights in elements) == 11
+    assert sum((weights > 0).sum() for _, _, weights in elements) == 11
+    # Every record weighs the pass's 12 slots over its 11 records (reader.padded_weight).
+    assert sum(weights.sum() for _, _, weights in elements) == pytest.approx(12)
     assert sorted(real_labels(elements)) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
 
 

@@ -79,7 +79,10 @@ class ReaderConfig:
       compression: "" or "GZIP". Default: the manifest's, else ".gz" file names mean GZIP.
       eval_remainder: evaluation only. "pad": the last batch is filled up with weight-0
         examples and a third element, the weights, is added; every record is counted exactly
-        once and shapes stay static. "drop": the last partial batch is dropped.
+        once and shapes stay static. Real examples all weigh slots / records (the padded
+        pass's slots over its records, `padded_weight`), so that a loss averaged over batch
+        slots, as Keras and `tf.nn.compute_average_loss` average it, is the mean over the
+        records; count records with `weights > 0`. "drop": the last partial batch is dropped.
       shuffle_buffer: records held for shuffling (training); at most one epoch of this
         pipeline's records when the manifest gives the counts.
       seed: seeds the file and record shuffles; None for a different order on every run.
@@ -470,9 +473,15 @@ def _padded_batches(config, source, serialized, parse, batch, context) -> tf.dat
         tf.constant(0, tf.int32),
         tf.constant(0.0),
     )
+    steps = eval_steps(config, batch, context, source)
+    weight = tf.constant(padded_weight(source, steps, batch, context), tf.float32)
+
+    def real_example(record):
+        image, label, _ = parse(record)
+        return image, label, weight
 
     def example(record, real):
-        return tf.cond(real, lambda: parse(record), lambda: blank)
+        return tf.cond(real, lambda: real_example(record), lambda: blank)
 
     # The filler joins as records, before the map: map and batch then fuse, and each image is
     # copied into its batch by the thread that made it (a separate batch stage copied them all).
@@ -482,7 +491,6 @@ def _padded_batches(config, source, serialized, parse, batch, context) -> tf.dat
         example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.is_deterministic
     )
     batches = examples.batch(batch, drop_remainder=True)
-    steps = eval_steps(config, batch, context, source)
     if steps is not None:
         return batches.take(steps)
     if context is not None and context.num_replicas_in_sync > 1:
@@ -493,6 +501,28 @@ def _padded_batches(config, source, serialized, parse, batch, context) -> tf.dat
         )
     # One pipeline, one replica, count unknown: stop at the first batch that starts with filler.
     return batches.take_while(lambda images, labels, weights: weights[0] > 0)
+
+
+def padded_weight(source: Source, steps: int | None, batch: int, context=None) -> float:
+    """The weight of each real example in a padded evaluation pass: its slots over its records.
+
+    Keras averages a loss over a batch's slots (`sum_over_batch_size`, padding included),
+    then over batches, which are all full; so do `tf.nn.compute_average_loss` and the mean of
+    its steps. With every real example weighing slots / records, that average is the mean
+    over the records, whatever the padding. Accuracy as a weighted mean is unchanged. 1.0
+    when the counts are unknown (a pattern without a manifest): the loss is then divided by
+    the slots (a warning says so).
+    """
+    num_pipelines, _ = _pipeline_position(context)
+    records = source.split.num_examples
+    if steps is None or not records:
+        log.warning(
+            "Padded evaluation of %s without record counts: its loss is averaged over the "
+            "padded batch slots, not the records (accuracy is right). Read a dataset folder.",
+            source.split.name,
+        )
+        return 1.0
+    return steps * batch * num_pipelines / records
 
 
 def eval_steps(
