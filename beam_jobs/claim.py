@@ -149,9 +149,12 @@ class _LocalClaim:
     def create(self, holder: Holder) -> bool:
         folder = paths.parent(self._path) or "."
         try:
-            paths.make_local_folder(folder)
+            paths.make_local_folder(folder)  # a link to nowhere: FileExistsError, not a claim
             fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
+            if not os.path.isdir(folder):
+                raise ValueError(f"Cannot write into {folder}: it is a link to nothing, or a "
+                                 "file. Give an output folder.") from None  # fmt: skip
             return False
         except OSError as err:  # a read-only disk, no permission, a path through a file
             raise ValueError(

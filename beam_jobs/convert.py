@@ -28,6 +28,7 @@ import contextlib
 import difflib
 import functools
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -103,6 +104,10 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
 
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:
+    for flag in ("shard_mb", "max_file_mb"):
+        value = getattr(args, flag)
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"--{flag} must be a positive number of MiB, got {value}")
     return ConvertConfig(
         source=args.source, output=args.output, layout=args.layout, csv_header=args.csv_header,
         validation_fraction=args.validation_fraction, labels_file=args.labels_file,

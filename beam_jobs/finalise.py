@@ -124,9 +124,10 @@ def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Man
         )
     old = check_output(config)  # under the claim: what is there now
     manifest_path = paths.join(out, naming.MANIFEST_NAME)
-    if old is not None:  # first: no manifest (nor TFDS's metadata) ever describes a mix
-        described = [manifest_path, *(paths.join(out, n) for n in tfds_metadata.FILES)]
-        _delete_existing(described)
+    # First: no manifest ever describes a mix, nor does TFDS's metadata (which a killed run
+    # may have left without a manifest, so it goes whenever it is there).
+    described = [manifest_path] if old is not None else []
+    _delete_existing(described + [paths.join(out, n) for n in tfds_metadata.FILES])
     moves = [
         (paths.join(temp_dir, file), paths.join(out, file))
         for info in result.splits.values()

@@ -156,6 +156,7 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
 
 
 _PLAIN_NAME = re.compile(r"[\w -]+")
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 def csv_lines(csv_path: str) -> Iterator[tuple[int, str]]:
@@ -166,25 +167,27 @@ def csv_lines(csv_path: str) -> Iterator[tuple[int, str]]:
         file and the line, and says how to save it.
     """
     save_as = "Save it as UTF-8 text (spreadsheets: \"CSV UTF-8\")."
+    number = 0
     with FileSystems.open(csv_path) as f:
-        for number, raw in enumerate(f, start=1):
-            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+        for chunk, raw in enumerate(f):  # \n-ended; old Mac files end lines in \r only
+            if chunk == 0 and raw.startswith(codecs.BOM_UTF8):
                 raw = raw[len(codecs.BOM_UTF8) :]
-            if number == 1 and raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            if chunk == 0 and raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
                 raise ValueError(f"CSV list {csv_path} is UTF-16 text, not UTF-8. {save_as}")
-            if b"\0" in raw:
-                raise ValueError(
-                    f"CSV list {csv_path} line {number} holds a NUL byte: it is a binary "
-                    f"file or UTF-16 text, not a UTF-8 CSV. {save_as}"
-                )
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(
-                    f"CSV list {csv_path} line {number} is not UTF-8 text (byte {err.start + 1}: "
-                    f"{err.reason}). {save_as}"
-                ) from None
-            yield number, line.rstrip("\r\n")
+            for piece in _LINE_END.split(raw.rstrip(b"\r\n")):
+                number += 1
+                if b"\0" in piece:
+                    raise ValueError(
+                        f"CSV list {csv_path} line {number} holds a NUL byte: it is a binary "
+                        f"file or UTF-16 text, not a UTF-8 CSV. {save_as}"
+                    )
+                try:
+                    yield number, piece.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ValueError(
+                        f"CSV list {csv_path} line {number} is not UTF-8 text (byte "
+                        f"{err.start + 1}: {err.reason}). {save_as}"
+                    ) from None
 
 
 def _first_line_is_a_header(csv_path: str) -> bool:

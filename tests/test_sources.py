@@ -186,3 +186,15 @@ def test_a_labels_file_that_is_not_utf8_and_an_output_that_cannot_be_made(tmp_pa
     (tmp_path / "file").write_text("x")
     ran = run_cli("convert", tmp_path / "src", tmp_path / "file" / "out", *IN_PROCESS)
     assert ran.returncode == 2 and ran.stderr.startswith("error: Cannot write into")
+
+
+def test_a_csv_whose_lines_end_in_cr_alone_is_read_line_by_line(tmp_path):
+    # Old Mac spreadsheets end lines in \r: it used to end in a csv.Error traceback.
+    for name in ("a.jpg", "b.jpg"):
+        (tmp_path / name).write_bytes(jpeg_bytes(8, 8 + len(name), COLOURS["red"]))
+    (tmp_path / "list.csv").write_bytes(b"path,label\ra.jpg,red\rb.jpg,green\r")
+    config = resolved(tmp_path / "list.csv")
+    assert config.csv_header == "yes"
+    assert [(s.relpath, s.label) for s in sources.list_sources(config)] == [
+        ("a.jpg", "red"), ("b.jpg", "green")
+    ]  # fmt: skip

@@ -86,7 +86,8 @@ def test_placeholder_names_below_the_offset_never_take_a_label_name():
 @pytest.mark.parametrize(
     "found, why",
     [(manifest_of(["cat"], compression="GZIP"), "GZIP"),
-     (manifest_of(["cat ", "dog"]), "spaces at its ends")],
+     (manifest_of(["cat ", "dog"]), "spaces at its ends"),
+     (manifest_of(["x\ry", "z"]), "line break")],  # TFDS would read names x, y, z
 )  # fmt: skip
 def test_what_tfds_cannot_read_gets_no_metadata_and_a_reason(found, why):
     assert why in tfds_metadata.problem(found)
@@ -104,3 +105,16 @@ def test_a_dataset_written_by_hand_is_readable_by_tfds_too(tmp_path):
     assert sorted(label for _, label in by_split["train"]) == sorted(
         found.labels[i] for i in (0, 1, 2)
     )
+
+
+@pytest.mark.slow
+def test_a_test_split_keeps_its_place_and_verify_agrees(tmp_path):
+    # The manifest's JSON sorts keys (test, train, validation); the metadata written in split
+    # order then differed from the one made from a manifest read back, and verify failed.
+    for split in ("train", "validation", "test"):
+        write_image_folder(tmp_path / "src" / split, per_label=2)
+    out = tmp_path / "out"
+    convert.run([str(tmp_path / "src"), str(out), *IN_PROCESS])
+    assert list(dataset.read_manifest(str(out)).splits) == ["train", "validation", "test"]
+    assert run_cli("verify", tmp_path / "src", out).returncode == 0
+    assert len(read_with_tfds(out)["test"]) == 6

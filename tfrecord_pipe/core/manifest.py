@@ -116,11 +116,11 @@ class Manifest:
         if "options" in data:  # 0.1: the command-line flags, not the configuration
             data["conversion"] = {"flags": data.pop("options")}
         data["labels"] = tuple(data["labels"])
-        data["splits"] = {
+        data["splits"] = {  # in split order (train, validation, test, ...), as written
             name: SplitInfo(
                 **{**info, "shard_lengths": tuple(info["shard_lengths"]), "files": tuple(info["files"])}
             )
-            for name, info in data["splits"].items()
+            for name, info in sorted(data["splits"].items(), key=lambda kv: naming.split_order(kv[0]))
         }
         return cls(**data)
 

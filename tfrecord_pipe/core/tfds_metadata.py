@@ -35,8 +35,9 @@ def problem(found: Manifest) -> str | None:
     if found.compression:
         return "its shards are GZIP-compressed, which TFDS does not read"
     for label in found.labels:
-        if label != label.strip() or "\n" in label:
-            return f"label {label!r} has spaces at its ends, which TFDS's label file loses"
+        if label.splitlines() != [label] or label != label.strip():
+            return (f"label {label!r} has spaces at its ends or a line break, which TFDS's "
+                    "label file loses")  # fmt: skip
     for split in found.splits:
         if naming.split_name_problem(split):
             return f"split {split!r} cannot be named in TFDS's file template"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
-
 import tempfile
 
 from tfrecord_pipe.core import help_format, paths
@@ -136,10 +136,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
+# TensorFlow's start-up lines on a machine without a GPU: nothing a user needs to act on.
+_START_UP_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog|"
+    r"[IWE]\d{4} [\d:. ]+\d+ (cudart_stub|cuda_platform|cuda_executor|cuda_dnn|cuda_fft|"
+    r"cuda_blas|cpu_feature_guard)\.cc|"
+    r"To enable the following instructions:|This TensorFlow binary is optimized"
+)
+
+
 def _start_tensorflow(verbose: bool) -> None:
     """Loads TensorFlow and lets it find its devices with its stderr held back, unless
     `verbose`: on a machine without a GPU it prints CUDA failures, CPU feature notes and
-    absl's pre-init warning on every command, none of which is news. Shown if loading fails.
+    absl's pre-init warning on every command, none of which is news. What it printed besides
+    those is passed on; all of it, if loading fails. (A crash that kills the process, as a
+    CPU without AVX does, loses it: --verbose shows it then.)
     """
     if verbose:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
@@ -149,6 +160,7 @@ def _start_tensorflow(verbose: bool) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # later INFO lines too ("rendezvous")
     sys.stderr.flush()
     kept = os.dup(2)
+    failed = True
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), 2)
         try:
@@ -156,14 +168,14 @@ def _start_tensorflow(verbose: bool) -> None:
 
             tf.config.list_physical_devices()  # where the CUDA probing prints
             tf.get_logger().setLevel("ERROR")
-        except BaseException:
-            os.dup2(kept, 2)
-            held.seek(0)
-            sys.stderr.write(held.read().decode("utf-8", "replace"))
-            raise
+            failed = False
         finally:
             os.dup2(kept, 2)
             os.close(kept)
+            held.seek(0)
+            lines = held.read().decode("utf-8", "replace").splitlines(keepends=True)
+            shown = [line for line in lines if failed or not _START_UP_NOISE.match(line)]
+            sys.stderr.write("".join(shown))
 
 
 # Each command imports what it runs when it runs: TensorFlow takes seconds to load, and

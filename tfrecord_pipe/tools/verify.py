@@ -427,9 +427,13 @@ def _reported_groups(dataset, found, problems) -> dict[str, list[str]]:
     if not tf.io.gfile.exists(path):
         problems.add(f"{naming.DUPLICATES_NAME} is missing ({found.duplicates['groups']} groups)")
         return {}
-    with tf.io.gfile.GFile(path) as lines:
-        rows = [json.loads(line) for line in lines if line.strip()]
-    return {row["sha256"]: [f["relpath"] for f in row["files"]] for row in rows}
+    try:
+        with tf.io.gfile.GFile(path) as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
+        return {row["sha256"]: [f["relpath"] for f in row["files"]] for row in rows}
+    except (ValueError, KeyError, TypeError) as err:
+        problems.add(f"{naming.DUPLICATES_NAME} is not a duplicates report ({err})")
+        return {}
 
 
 def _check_record(relpath: str, record: dict, expected: dict, problems: _Problems) -> None:
