@@ -77,6 +77,7 @@ def test_fit_validation_loss_is_the_loss_over_the_records(folder, model, truth, 
     assert history.history["val_loss"][0] == pytest.approx(truth[0], rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", BATCHES)
 def test_a_custom_loop_with_compute_average_loss_gets_it_too(folder, model, truth, batch_size):
     per_example = tf.keras.losses.SparseCategoricalCrossentropy(

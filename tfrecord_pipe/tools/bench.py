@@ -119,7 +119,7 @@ def _progress_text(name: str, elapsed: float, seconds: float, images: int) -> st
 def batch_images(config: reader.ReaderConfig) -> Callable[[tuple], int]:
     """Images in one batch of `config`'s pipeline: real ones only for padded evaluation."""
     if config.padded:
-        return lambda element: int(tf.reduce_sum(element[2]))
+        return lambda element: int(tf.math.count_nonzero(element[2]))  # weights: 0 = padding
     return lambda element: config.batch_size
 
 
