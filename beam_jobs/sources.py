@@ -68,15 +68,14 @@ def resolve_layout(config: ConvertConfig) -> ConvertConfig:
     if config.layout == "csv" or is_csv:
         if not FileSystems.exists(config.source):
             raise FileNotFoundError(f"CSV list {config.source} does not exist.")
+        # Read whole here, once, streaming: a bad byte is found before the job starts.
+        lines = (line for _, line in csv_lines(config.source))
+        first = next(lines, "")
         header = config.csv_header
         if header == "auto":
-            header = "yes" if _first_line_is_a_header(config.source) else "no"
-        first_data_line = 2 if header == "yes" else 1
-        data_lines = sum(  # reads it all: a bad byte is found before the job starts
-            1
-            for number, line in csv_lines(config.source)
-            if number >= first_data_line and any(_cells(line))
-        )
+            header = "yes" if _is_a_header(first, config.source) else "no"
+        data_lines = sum(1 for line in lines if any(_cells(line)))
+        data_lines += header == "no" and any(_cells(first))
         if not data_lines:
             raise ValueError(
                 f"CSV list {config.source} lists no inputs (it is empty, blank, or only a "
@@ -160,39 +159,62 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 def csv_lines(csv_path: str) -> Iterator[tuple[int, str]]:
-    """(line number, text without its line end) of a CSV list, read as UTF-8 (a BOM ignored).
+    """(line number, text without its line end) of a CSV list, read as UTF-8 (a BOM ignored);
+    lines may end in \\r\\n, \\n or \\r alone (old Mac spreadsheets).
 
     Raises:
-      ValueError: text that is not UTF-8, or a NUL byte (a binary file or UTF-16); names the
-        file and the line, and says how to save it.
+      ValueError: not a regular file (a FIFO or /dev/zero would never end), a line over
+        MAX_CSV_LINE_BYTES, text that is not UTF-8, or a NUL byte (a binary file or UTF-16);
+        names the file and the line, and says what to do.
     """
     save_as = "Save it as UTF-8 text (spreadsheets: \"CSV UTF-8\")."
-    number = 0
+    if not paths.is_remote(csv_path) and not os.path.isfile(csv_path):
+        raise ValueError(f"CSV list {csv_path} is not a regular file (a pipe or a device?).")
     with FileSystems.open(csv_path) as f:
-        for chunk, raw in enumerate(f):  # \n-ended; old Mac files end lines in \r only
-            if chunk == 0 and raw.startswith(codecs.BOM_UTF8):
+        for number, raw in enumerate(_raw_lines(f, csv_path), start=1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
                 raw = raw[len(codecs.BOM_UTF8) :]
-            if chunk == 0 and raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            if number == 1 and raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
                 raise ValueError(f"CSV list {csv_path} is UTF-16 text, not UTF-8. {save_as}")
-            for piece in _LINE_END.split(raw.rstrip(b"\r\n")):
-                number += 1
-                if b"\0" in piece:
-                    raise ValueError(
-                        f"CSV list {csv_path} line {number} holds a NUL byte: it is a binary "
-                        f"file or UTF-16 text, not a UTF-8 CSV. {save_as}"
-                    )
-                try:
-                    yield number, piece.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    raise ValueError(
-                        f"CSV list {csv_path} line {number} is not UTF-8 text (byte "
-                        f"{err.start + 1}: {err.reason}). {save_as}"
-                    ) from None
+            if b"\0" in raw:
+                raise ValueError(
+                    f"CSV list {csv_path} line {number} holds a NUL byte: it is a binary file "
+                    f"or UTF-16 text, not a UTF-8 CSV. {save_as}"
+                )
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"CSV list {csv_path} line {number} is not UTF-8 text (byte "
+                    f"{err.start + 1}: {err.reason}). {save_as}"
+                ) from None
+            yield number, text
 
 
-def _first_line_is_a_header(csv_path: str) -> bool:
+MAX_CSV_LINE_BYTES = 1 << 16  # a path and a label; far more is no CSV list
+_BLOCK_BYTES = 1 << 20
+
+
+def _raw_lines(f, csv_path: str) -> Iterator[bytes]:
+    """The lines of a binary file, read a block at a time, without their ends."""
+    rest = b""
+    while block := f.read(_BLOCK_BYTES):
+        data = rest + block
+        held = b"\r" if data.endswith(b"\r") else b""  # maybe the first half of \r\n
+        *lines, rest = _LINE_END.split(data[: len(data) - len(held)])
+        yield from lines
+        rest += held
+        if len(rest) > MAX_CSV_LINE_BYTES:
+            raise ValueError(
+                f"CSV list {csv_path} has a line over {MAX_CSV_LINE_BYTES} bytes: it is not a "
+                "list of `path,label[,split]` lines."
+            )
+    if rest.rstrip(b"\r"):
+        yield rest.rstrip(b"\r")
+
+
+def _is_a_header(first: str, csv_path: str) -> bool:
     """The auto rule: a header's path cell is a plain name that names no existing file."""
-    first = next(csv_lines(csv_path), (1, ""))[1]
     cells = _cells(first)
     if not cells or not cells[0] or not _PLAIN_NAME.fullmatch(cells[0]):
         return False
@@ -200,7 +222,7 @@ def _first_line_is_a_header(csv_path: str) -> bool:
 
 
 def _cells(line: str) -> list[str]:
-    return [cell.strip() for cell in next(csv.reader([line.lstrip("\ufeff")]), [])]
+    return [cell.strip() for cell in next(csv.reader([line]), [])]  # csv_lines took the BOM
 
 
 def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:

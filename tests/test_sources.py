@@ -198,3 +198,23 @@ def test_a_csv_whose_lines_end_in_cr_alone_is_read_line_by_line(tmp_path):
     assert [(s.relpath, s.label) for s in sources.list_sources(config)] == [
         ("a.jpg", "red"), ("b.jpg", "green")
     ]  # fmt: skip
+
+
+def test_a_csv_that_never_ends_is_refused_not_read_forever(tmp_path):
+    # A link to /dev/zero or a FIFO named *.csv used to hang at the header check; a file with
+    # no line end held its whole content as one line.
+    (tmp_path / "zero.csv").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo.csv")
+    for name in ("zero.csv", "fifo.csv"):
+        with pytest.raises(ValueError, match="not a regular file"):
+            resolved(tmp_path / name)
+    (tmp_path / "one.csv").write_bytes(b"a" * (sources.MAX_CSV_LINE_BYTES + 1))
+    with pytest.raises(ValueError, match="has a line over"):
+        resolved(tmp_path / "one.csv")
+
+
+def test_line_ends_split_across_read_blocks_are_one_line_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "_BLOCK_BYTES", 3)  # "\r" and "\n" in different blocks
+    (tmp_path / "list.csv").write_bytes(b"a.jpg,red\r\nb.jpg,green\r\n\rc.jpg,blue")
+    lines = list(sources.csv_lines(str(tmp_path / "list.csv")))
+    assert lines == [(1, "a.jpg,red"), (2, "b.jpg,green"), (3, ""), (4, "c.jpg,blue")]
