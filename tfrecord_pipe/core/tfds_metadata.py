@@ -26,6 +26,8 @@ FEATURES = "features.json"
 LABEL_NAMES = schema.LABEL.replace("/", ".") + ".labels.txt"
 FILES = (LABEL_NAMES, FEATURES, DATASET_INFO)  # in writing order: TFDS opens DATASET_INFO first
 
+_CLASS = "tensorflow_datasets.core.features."  # where TFDS's feature classes live
+
 # The shard names of `naming.shard_name`, in TFDS's template language.
 FILEPATH_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"
 
@@ -96,9 +98,6 @@ def _features(num_classes: int) -> dict:
             "features": {key: special.get(key, kinds[kind]) for key, kind in schema.FEATURES.items()}
         },
     }
-
-
-_CLASS = "tensorflow_datasets.core.features."
 
 
 def _dataset_info(found: Manifest) -> dict:

@@ -145,7 +145,7 @@ def verify(source: str, dataset: str) -> VerifyReport:
         for relpath, rows in buckets.groups():
             _check(relpath, rows, problems, dedupe)
             _add_content(relpath, rows, by_content)
-        _check_duplicates(dataset, found, by_content, problems)
+        _check_duplicates(dataset, found, by_content, problems, dedupe)
     return VerifyReport(
         sources=sum(per_split.values()),
         records=num_records,
@@ -380,10 +380,10 @@ def _add_content(relpath: str, rows: dict[str, list[dict]], by_content: _Buckets
     by_content.add(source["sha256"], "source", row)
 
 
-def _check_duplicates(dataset, found, by_content: _Buckets, problems: _Problems) -> None:
+def _check_duplicates(dataset, found, by_content: _Buckets, problems: _Problems,
+                      dedupe: bool) -> None:  # fmt: skip
     """Sources with the same bytes: listed in duplicates.jsonl as they are, counted in the
     manifest; with dedupe, the first by path is the one stored and the others are rejected."""
-    dedupe = bool(found.conversion.get("dedupe"))
     counted = found.knows_duplicates
     reported = _reported_groups(dataset, found, problems)
     groups = cross_split = 0
