@@ -109,10 +109,9 @@ def evaluate(strategy, model: tf.keras.Model, dataset_dir: str, config: TrainCon
 
 
 def export(model: tf.keras.Model, dataset_dir: str, export_dir: str, config: TrainConfig) -> str:
-    labels = dataset.read_manifest(dataset_dir).labels
-    return serving.export(
-        model, export_dir, serving.ServingConfig(labels=labels, image_size=config.image_size)
-    )
+    # The dataset's labels, max_side and jpeg_quality: files are served as they were converted.
+    serving_config = serving.ServingConfig.for_dataset(dataset_dir, image_size=config.image_size)
+    return serving.export(model, export_dir, serving_config)
 
 
 def predict_files(export_dir: str, files: list[str]) -> list[tuple[str, str, float]]:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfrecord_pipe.core import images as core_images
 from tfrecord_pipe.reading import preprocess, serving
 
 from helpers import jpeg_bytes as jpeg
@@ -60,12 +61,11 @@ def test_a_fresh_process_gets_the_same_answers_as_the_model_in_memory(exported, 
     result = json.loads(next(li for li in done.stdout.splitlines() if li.startswith("RESULT "))[7:])
     assert result["inputs"] == {"image_bytes": "string"}
 
-    # In memory: the reader's evaluation preprocessing, then the model and a softmax.
+    # In memory: the reader's evaluation preprocessing of what the converter would store (the
+    # PNG becomes a JPEG), then the model and a softmax.
     pixels = [
-        preprocess.eval_image(tf.constant(data), SIZE)
-        if name.endswith(".jpg")
-        else preprocess.eval_pixels(tf.io.decode_png(data, channels=3), SIZE)
-        for name, data in images.items()
+        preprocess.eval_image(tf.constant(core_images.normalise(data).encoded), SIZE)
+        for data in images.values()
     ]
     expected = tf.nn.softmax(model(tf.stack(pixels))).numpy()
     np.testing.assert_allclose(result["probabilities"], expected, atol=1e-5)
@@ -75,9 +75,9 @@ def test_a_fresh_process_gets_the_same_answers_as_the_model_in_memory(exported, 
 
 def test_png_and_jpeg_of_the_same_pixels_give_the_same_input():
     config = serving.ServingConfig(labels=LABELS, image_size=SIZE)
-    as_png = serving.image_from_bytes(tf.constant(png(40, 30, (10, 200, 90))), config)
-    as_jpeg = serving.image_from_bytes(tf.constant(jpeg(40, 30, (10, 200, 90))), config)
-    np.testing.assert_allclose(as_png.numpy(), as_jpeg.numpy(), atol=0.1)
+    files = tf.constant([png(40, 30, (10, 200, 90)), jpeg(40, 30, (10, 200, 90))])
+    as_png, as_jpeg = serving.model_inputs(files, config).numpy()
+    np.testing.assert_allclose(as_png, as_jpeg, atol=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +86,27 @@ def serve(exported):
 
 
 def test_bytes_that_are_not_an_image_are_refused_clearly(serve):
-    with pytest.raises(tf.errors.InvalidArgumentError, match="not a JPEG or PNG image"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"image_bytes\[1\]: is not an image"):
         serve(image_bytes=tf.constant([jpeg(20, 20, (1, 2, 3)), b"hello, this is text"]))
+
+
+@pytest.mark.parametrize(
+    "bad, said",
+    [(png(30, 30, (1, 2, 3))[:8], "the PNG header cannot be read"),
+     (png(30, 30, (1, 2, 3))[:60], "the PNG image data cannot be decoded"),
+     (jpeg(30, 30, (1, 2, 3))[:200], "the JPEG header cannot be read"),
+     (jpeg(300, 300, (1, 2, 3))[:900], "the JPEG image data cannot be decoded"),  # crop cut off
+     (b"", "is not an image")],
+)  # fmt: skip
+def test_one_bad_file_in_a_batch_fails_the_request_naming_it(serve, bad, said):
+    good = jpeg(20, 20, (1, 2, 3))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"image_bytes\[2\]: {said}"):
+        serve(image_bytes=tf.constant([good, good, bad, good]))
+
+
+def test_an_empty_request_gets_an_empty_answer(serve):
+    out = serve(image_bytes=tf.constant([], tf.string))
+    assert out["probabilities"].shape == (0, len(LABELS)) and out["class"].shape == (0,)
 
 
 def with_declared_size(data: bytes, height: int, width: int) -> bytes:

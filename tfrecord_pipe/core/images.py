@@ -15,7 +15,7 @@ import dataclasses
 import io
 import struct
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 # Reason codes for rejected inputs: stable strings, used in rejected/*.jsonl and the manifest.
 EMPTY_FILE = "empty_file"
@@ -41,8 +41,6 @@ DEFAULT_MAX_PIXELS = 100_000_000
 # pixel cap that a training set holds; small enough that the dozens of files a worker holds at
 # once fit in its memory, and that /dev/zero listed in a CSV cannot fill it.
 DEFAULT_MAX_FILE_BYTES = 128 << 20  # 128 MiB
-
-_ORIENTATION_TAG = 0x0112
 
 
 class Rejected(Exception):
@@ -199,14 +197,60 @@ def _undecodable(kind: str, err: Exception) -> Rejected:
     return Rejected(reason, f"{kind} data cannot be decoded: {err}")
 
 
-def _orientation(image: Image.Image) -> int:
-    """The EXIF orientation, 1 (upright) to 8; 1 for a missing, malformed or invalid one
-    (0, 9, 65535 occur: no viewer rotates those, and neither does Pillow's exif_transpose)."""
-    try:
-        value = int(image.getexif().get(_ORIENTATION_TAG, 1))
-    except Exception:  # malformed EXIF is common; such a file is treated as upright
+# The EXIF orientation rule, shared with serving (`reading.graph_normalise` does the same in
+# TensorFlow ops, and a test holds the two to each other): the Orientation tag (274) of IFD0
+# of the image's EXIF block, a SHORT or LONG with count 1, valued 1..8. Anything else (no
+# block, a malformed one, a value of 0, 9 or 65535, which no viewer rotates) is upright. XMP's
+# tiff:Orientation is ignored, as browsers do; Pillow's getexif() would read it.
+EXIF_PREFIX = b"Exif\x00\x00"
+_ORIENTATION_TAG = 0x0112
+_SHORT, _LONG = 3, 4
+# Image.transpose method for each orientation: what makes the stored pixels upright.
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def exif_orientation(block: bytes | None) -> int:
+    """The orientation (1..8) an EXIF block (a TIFF structure, with or without the
+    "Exif\\0\\0" prefix) gives its image, by the rule above; 1 when it gives none."""
+    if not block:
         return 1
-    return value if 1 <= value <= 8 else 1
+    tiff = block.removeprefix(EXIF_PREFIX)
+    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if order is None or len(tiff) < 8:
+        return 1
+    ifd = struct.unpack(order + "I", tiff[4:8])[0]
+    if ifd + 2 > len(tiff):
+        return 1
+    count = struct.unpack(order + "H", tiff[ifd : ifd + 2])[0]
+    entries = tiff[ifd + 2 : ifd + 2 + 12 * count]
+    if len(entries) < 12 * count:
+        return 1  # IFD0 cut short: the block is malformed
+    for at in range(0, len(entries), 12):
+        tag, kind, values = struct.unpack(order + "HHI", entries[at : at + 8])
+        if tag != _ORIENTATION_TAG:
+            continue
+        if values != 1 or kind not in (_SHORT, _LONG):
+            return 1
+        field = entries[at + 8 : at + 12]  # a SHORT is in its first two bytes
+        short = kind == _SHORT
+        value = struct.unpack(order + ("H" if short else "I"), field[: 2 if short else 4])[0]
+        return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def _orientation(image: Image.Image, data: bytes) -> int:
+    """The image's EXIF orientation: the block Pillow found in a JPEG, PNG or WebP; a TIFF
+    file is its own block."""
+    block = data if image.format == "TIFF" else image.info.get("exif")
+    return exif_orientation(block if isinstance(block, bytes) else None)
 
 
 def _to_rgb(image: Image.Image) -> tuple[Image.Image, str | None]:
@@ -239,7 +283,7 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
     """
     image = _open(data, policy)
     width, height = image.size
-    orientation = _orientation(image)
+    orientation = _orientation(image, data)
     stored_as_is = (
         image.format == "JPEG"
         and image.mode == "RGB"
@@ -256,7 +300,7 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
         image.seek(0)
         changes.append("first frame only")
     if orientation != 1:
-        image = ImageOps.exif_transpose(image)
+        image = image.transpose(_UPRIGHT[orientation])
         changes.append(f"EXIF orientation {orientation} applied")
     image, colour_change = _to_rgb(image)
     if colour_change:
@@ -274,4 +318,6 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
     # No exif= argument: the orientation is already applied to the pixels and must not be
     # applied again by a reader.
     image.save(buffer, format="JPEG", quality=policy.jpeg_quality)
-    return StoredImage(encoded=buffer.getvalue(), height=height, width=width, changes=tuple(changes))
+    return StoredImage(
+        encoded=buffer.getvalue(), height=height, width=width, changes=tuple(changes)
+    )

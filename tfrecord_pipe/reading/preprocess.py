@@ -101,7 +101,8 @@ def eval_image(encoded: tf.Tensor, image_size: int, dtype: str = "float32") -> t
 
 
 def eval_pixels(image: tf.Tensor, image_size: int, dtype: str = "float32") -> tf.Tensor:
-    """`eval_image` for an already decoded H x W x 3 uint8 image (PNG input when serving)."""
+    """`eval_image` for an already decoded H x W x 3 uint8 image, without the JPEG decoder's
+    DCT scaling."""
     check_dtype(dtype)
     shape = tf.shape(image)
     top, left, height, width = tf.unstack(centre_window(shape[0], shape[1], image_size))

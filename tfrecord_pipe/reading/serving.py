@@ -1,14 +1,17 @@
-"""The serving signature: raw image bytes in, class probabilities and names out.
+"""The serving signature: raw image files in, class probabilities and names out.
 
-Exported models take what clients have: the bytes of JPEG (or PNG) files. The signature runs
-`preprocess.eval_image`, the same centre crop evaluation uses, never the training
-augmentation, so served predictions match evaluated ones. With TF Serving's REST API:
+Exported models take what clients have: the bytes of image files. The signature makes of each
+file what the converter would have stored (`graph_normalise`: EXIF orientation, transparency
+on white, first frame, `max_side`, the JPEG re-encoding), then runs `preprocess.eval_image`,
+the centre crop evaluation uses, so a file served gives the model the pixels it was evaluated
+on. With TF Serving's REST API:
 
-    POST /v1/models/NAME:predict  {"instances": [{"b64": "<base64 of a JPEG>"}]}
+    POST /v1/models/NAME:predict  {"instances": [{"b64": "<base64 of an image file>"}]}
 
-Guards: bytes that are not a JPEG or PNG, and images whose declared size exceeds a pixel cap
-(read from the header, before anything is decoded), fail the request with a clear error
-instead of exhausting the server's memory.
+Guards, each naming the request item (`image_bytes[3]`): bytes in a format TensorFlow cannot
+decode, a header that cannot be read, an image that declares more pixels than the cap (read
+from the header, before anything is decoded), image data that cannot be decoded. The request
+fails with that error, instead of exhausting the server's memory or answering for wrong pixels.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfrecord_pipe.reading import preprocess
+from tfrecord_pipe.core import images
+from tfrecord_pipe.reading import dataset, graph_normalise, preprocess
 
 INPUT_NAME = "image_bytes"
 SIGNATURE = "serving_default"
@@ -25,7 +29,6 @@ SIGNATURE = "serving_default"
 # mistakes. Lower than the converter's cap (`core.images.DEFAULT_MAX_PIXELS`): a server decodes
 # many requests at once.
 DEFAULT_MAX_REQUEST_PIXELS = 40_000_000
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +41,9 @@ class ServingConfig:
       dtype: the model's input dtype, as the reader's `dtype` ("float32", "bfloat16", "uint8").
       from_logits: the model outputs logits (softmax is applied); False: probabilities.
       max_pixels: images declaring more pixels than this are refused before decoding.
+      max_side, jpeg_quality: the conversion's (`core.images.ImagePolicy`), so that served
+        files are downscaled and re-encoded as the records were. `for_dataset` reads them, and
+        the labels, from the dataset's manifest.
     """
 
     labels: tuple[str, ...]
@@ -45,6 +51,17 @@ class ServingConfig:
     dtype: str = "float32"
     from_logits: bool = True
     max_pixels: int = DEFAULT_MAX_REQUEST_PIXELS
+    max_side: int | None = images.ImagePolicy.max_side
+    jpeg_quality: int = images.ImagePolicy.jpeg_quality
+
+    @classmethod
+    def for_dataset(cls, path: str, **options) -> ServingConfig:
+        """The config for a model trained on the dataset folder `path`: its labels, and the
+        conversion's `max_side` and `jpeg_quality`; `options` sets the rest (image_size, ...)."""
+        manifest = dataset.read_manifest(path)
+        policy = manifest.conversion.get("policy", {})
+        recorded = {name: policy[name] for name in ("max_side", "jpeg_quality") if name in policy}
+        return cls(labels=manifest.labels, **{**recorded, **options})
 
     def __post_init__(self):
         problems = []
@@ -56,6 +73,10 @@ class ServingConfig:
             problems.append(preprocess.dtype_problem(self.dtype))
         if self.max_pixels < 1:
             problems.append(f"max_pixels must be >= 1, got {self.max_pixels}")
+        try:
+            images.ImagePolicy(max_side=self.max_side, jpeg_quality=self.jpeg_quality)
+        except ValueError as err:
+            problems.append(str(err).removeprefix("Invalid ImagePolicy: "))
         if problems:
             raise ValueError("Invalid ServingConfig: " + "; ".join(problems))
 
@@ -72,16 +93,9 @@ class ServingModule(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_NAME)])
     def serve(self, image_bytes):
         """{"probabilities": [N, C] float32, "classid": [N] int64, "class": [N] string}."""
-        config = self._config
-        images = tf.map_fn(
-            lambda encoded: image_from_bytes(encoded, config),
-            image_bytes,
-            fn_output_signature=tf.TensorSpec(
-                [config.image_size, config.image_size, 3], tf.as_dtype(config.dtype)
-            ),
-        )
+        images = model_inputs(image_bytes, self._config)
         outputs = tf.cast(self.model(images, training=False), tf.float32)
-        probabilities = tf.nn.softmax(outputs) if config.from_logits else outputs
+        probabilities = tf.nn.softmax(outputs) if self._config.from_logits else outputs
         classid = tf.argmax(probabilities, axis=-1)
         return {
             "probabilities": probabilities,
@@ -90,49 +104,113 @@ class ServingModule(tf.Module):
         }
 
 
-def image_from_bytes(encoded: tf.Tensor, config: ServingConfig) -> tf.Tensor:
-    """One request image: checked, then the evaluation crop of `preprocess`."""
-    is_jpeg = tf.io.is_jpeg(encoded)
-    is_png = tf.equal(tf.strings.substr(encoded, 0, len(_PNG_MAGIC)), _PNG_MAGIC)
-    known = tf.debugging.Assert(
-        tf.logical_or(is_jpeg, is_png),
-        [f"{INPUT_NAME}: an input is not a JPEG or PNG image (first bytes:",
-         tf.strings.substr(encoded, 0, 8), ")"],
-    )  # fmt: skip
-    with tf.control_dependencies([known]):
-        height, width = tf.cond(is_jpeg, lambda: _jpeg_size(encoded), lambda: _png_size(encoded))
-    pixels = tf.cast(height, tf.int64) * tf.cast(width, tf.int64)
-    small_enough = tf.debugging.Assert(
-        pixels <= config.max_pixels,
-        [f"{INPUT_NAME}: an image declares", height, "x", width,
-         f"pixels, more than the cap of {config.max_pixels}; send a smaller image"],
-    )  # fmt: skip
-    with tf.control_dependencies([small_enough]):
-        return tf.cond(
-            is_jpeg,
-            lambda: preprocess.eval_image(encoded, config.image_size, config.dtype),
-            lambda: preprocess.eval_pixels(
-                tf.io.decode_png(encoded, channels=3), config.image_size, config.dtype
-            ),
+def model_inputs(image_bytes: tf.Tensor, config: ServingConfig) -> tf.Tensor:
+    """The model's input for each file in `image_bytes` ([N] strings): [N, size, size, 3].
+
+    Raises (when run) InvalidArgumentError naming the first item that cannot be served and why.
+    """
+    fmt = graph_normalise.format_of(image_bytes)
+    names = tf.gather(graph_normalise.FORMAT_NAMES, fmt)
+    checks = [
+        _first_item(tf.equal(fmt, graph_normalise.TIFF),
+                    "is a TIFF file, which TensorFlow cannot decode; send it as PNG or JPEG"),
+        _first_item(tf.equal(fmt, graph_normalise.UNKNOWN),
+                    "is not an image serving can decode: send JPEG, PNG, GIF, WebP or BMP bytes"),
+    ]  # fmt: skip
+    with tf.control_dependencies(checks):
+        height, width, transparent = _each_item(
+            image_bytes, fmt, graph_normalise.header,
+            (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.bool)),
+            [names, "header cannot be read: the file is cut short or damaged"],
+        )  # fmt: skip
+    pixels = height * width
+    checks = [
+        _first_item(transparent,
+                    "is a GIF with a transparent colour, which TensorFlow decodes as black where "
+                    "the converter put white; send it as PNG"),
+        _first_item(pixels > config.max_pixels,
+                    f"pixels, more than the cap of {config.max_pixels} "
+                    "(ServingConfig.max_pixels); send a smaller image",
+                    ["declares", height, "x", width]),
+    ]  # fmt: skip
+    size = config.image_size
+
+    def model_input(encoded, item_format):
+        return graph_normalise.eval_input(
+            encoded, item_format, size, config.dtype, config.max_side, config.jpeg_quality
         )
 
+    with tf.control_dependencies(checks):
+        return _each_item(
+            image_bytes, fmt, model_input,
+            tf.TensorSpec([size, size, 3], tf.as_dtype(config.dtype)),
+            [names, "image data cannot be decoded: the file is damaged or cut short"],
+        )  # fmt: skip
 
-def _jpeg_size(encoded):
-    shape = tf.image.extract_jpeg_shape(encoded)
-    return shape[0], shape[1]
+
+def _first_item(bad: tf.Tensor, problem: str, details=()) -> tf.Operation:
+    """An assertion that no item is `bad`; its message names the first that is."""
+    first = tf.argmax(tf.cast(tf.concat([bad, [False]], 0), tf.int32), output_type=tf.int64)
+    said = [_at(detail, first) if isinstance(detail, tf.Tensor) else detail for detail in details]
+    return tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [_item(first, *said, problem)])
 
 
-def _png_size(encoded):
-    """Height and width from the PNG header (IHDR), without decoding."""
-    header = tf.io.decode_raw(tf.strings.substr(encoded, 16, 8), tf.uint8)
+def _item(index: tf.Tensor, *parts) -> tf.Tensor:
+    """One message line: "image_bytes[3]: " and the parts, numbers written out."""
+    words = [
+        part if isinstance(part, str) or part.dtype == tf.string else tf.strings.as_string(part)
+        for part in parts
+    ]
+    return tf.strings.join(
+        [
+            f"{INPUT_NAME}[",
+            tf.strings.as_string(index),
+            "]:",
+            *[tf.strings.join([" ", w]) for w in words],
+        ]
+    )
+
+
+def _at(values: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """values[index], or a default value past the end (assertion data is computed even when
+    the assertion holds)."""
+    return tf.gather(tf.concat([values, tf.zeros([1], values.dtype)], 0), index)
+
+
+def _each_item(image_bytes, fmt, fn, signature, problem):
+    """fn(encoded, format) of every item, stacked; fails naming the first item it fails on.
+
+    Errors inside `fn` (a decoder's, an assertion's) cannot be caught in a graph, so the items
+    run as a tf.data pipeline that drops failed items, and the gap names the item.
+    """
+    count = tf.size(image_bytes, out_type=tf.int64)
+    done = (
+        tf.data.Dataset.range(count)
+        .map(
+            lambda i: (i, fn(image_bytes[i], fmt[i])),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+        .ignore_errors()
+    )
+    end = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), signature)
+    done = done.concatenate(tf.data.Dataset.from_tensors((tf.constant(-1, tf.int64), end)))
+    index, values = done.batch(count + 1).get_single_element()
+    index = index[:-1]
+    values = tf.nest.map_structure(lambda value: value[:-1], values)
+    gap = tf.not_equal(index, tf.range(tf.size(index, out_type=tf.int64)))
+    first = tf.where(
+        tf.reduce_any(gap),
+        tf.argmax(tf.cast(tf.concat([gap, [False]], 0), tf.int32), output_type=tf.int64),
+        tf.size(index, out_type=tf.int64),
+    )
+    names, text = problem
     complete = tf.debugging.Assert(
-        tf.equal(tf.size(header), 8), [f"{INPUT_NAME}: a PNG input is cut short"]
+        tf.equal(tf.size(index, out_type=tf.int64), count),
+        [_item(first, "the", _at(names, first), text)],
     )
     with tf.control_dependencies([complete]):
-        big_endian = tf.cast(header, tf.int32) * tf.constant([1 << 24, 1 << 16, 1 << 8, 1] * 2)
-    width = tf.reduce_sum(big_endian[:4])
-    height = tf.reduce_sum(big_endian[4:])
-    return height, width
+        return tf.nest.map_structure(tf.identity, values)
 
 
 def export(model: tf.keras.Model, export_dir: str, config: ServingConfig) -> str:

@@ -1,0 +1,404 @@
+"""`core.images.normalise` in TensorFlow ops: what serving does to a file before the eval crop.
+
+The converter stores every input as an upright RGB JPEG: the EXIF orientation applied,
+transparency flattened onto white, the first frame of an animation, images over `max_side`
+downscaled, re-encoded at `jpeg_quality` unless the file already was a plain JPEG. Serving must
+give the model the pixels `preprocess.eval_image` gets from that record, and TF Serving runs no
+Python, so the same steps are done here with TensorFlow ops, then the same `eval_image`.
+
+Formats: those TensorFlow decodes, JPEG, PNG, GIF, WebP and BMP. Refused, for a reason the
+caller reports: TIFF and anything else (TensorFlow has no decoder), and GIFs with a transparent
+colour (TensorFlow decodes it as black; the converter puts white there). Headers are read here
+(sizes, the EXIF orientation, GIF transparency) so that a caller can refuse a file before it is
+decoded.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfrecord_pipe.core import images
+from tfrecord_pipe.reading import preprocess
+
+JPEG, PNG, GIF, WEBP, BMP, TIFF, UNKNOWN = range(7)
+FORMAT_NAMES = ("JPEG", "PNG", "GIF", "WebP", "BMP", "TIFF", "unknown")
+DECODABLE = (JPEG, PNG, GIF, WEBP, BMP)
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_PAD = 16  # zero bytes after a file's last, so reads near its end need no bounds in the graph
+_APP1, _SOS = 0xE1, 0xDA
+_NOT_FRAMES = (0xC4, 0xC8, 0xCC)  # markers in C0..CF that start no frame (DHT, JPG, DAC)
+_PNG_EXIF, _PNG_IDAT = 0x65584966, 0x49444154  # chunk types "eXIf" and "IDAT" as big-endian ints
+_WEBP_EXIF = 0x46495845  # "EXIF" as a little-endian int
+_EXIF_PREFIX_INT = int.from_bytes(images.EXIF_PREFIX, "big")
+_WEBP_VP8, _WEBP_VP8L, _WEBP_VP8X = 0x20385056, 0x4C385056, 0x58385056  # "VP8 ", "VP8L", "VP8X"
+
+
+def format_of(encoded: tf.Tensor) -> tf.Tensor:
+    """The format code (JPEG .. UNKNOWN) of each string in `encoded`, from its first bytes."""
+    head = tf.strings.substr(tf.strings.join([tf.strings.substr(encoded, 0, 12), "\0" * 12]), 0, 12)
+
+    def at(pos, length):
+        return tf.strings.substr(head, pos, length)
+
+    checks = [
+        tf.equal(at(0, 3), b"\xff\xd8\xff"),
+        tf.equal(at(0, 8), _PNG_MAGIC),
+        tf.equal(at(0, 6), b"GIF87a") | tf.equal(at(0, 6), b"GIF89a"),
+        tf.equal(at(0, 4), b"RIFF") & tf.equal(at(8, 4), b"WEBP"),
+        tf.equal(at(0, 2), b"BM"),
+        tf.equal(at(0, 4), b"II*\0") | tf.equal(at(0, 4), b"MM\0*"),
+    ]
+    code = tf.fill(tf.shape(encoded), UNKNOWN)
+    for value in reversed(range(len(checks))):
+        code = tf.where(checks[value], value, code)
+    return code
+
+
+class _Bytes:
+    """A file's bytes as a uint8 vector, read as unsigned integers at any offsets."""
+
+    def __init__(self, encoded: tf.Tensor):
+        raw = tf.io.decode_raw(encoded, tf.uint8)
+        self.size = tf.size(raw, out_type=tf.int64)
+        self._bytes = tf.cast(tf.concat([raw, tf.zeros([_PAD], tf.uint8)], 0), tf.int64)
+
+    def uint(self, at, size: int, big_endian: bool) -> tf.Tensor:
+        """The `size`-byte unsigned integer at each offset of `at` (past the end: garbage, so
+        callers compare offsets with `self.size`)."""
+        at = tf.cast(at, tf.int64)
+        index = tf.clip_by_value(
+            at[..., None] + tf.range(size, dtype=tf.int64), 0, self.size + _PAD - 1
+        )
+        shifts = tf.range(size, dtype=tf.int64) * 8
+        if big_endian:
+            shifts = tf.reverse(shifts, [0])
+        return tf.reduce_sum(tf.bitwise.left_shift(tf.gather(self._bytes, index), shifts), -1)
+
+    def either(self, at, size: int, big_endian: tf.Tensor) -> tf.Tensor:
+        """`uint` in a byte order known only in the graph."""
+        return tf.where(big_endian, self.uint(at, size, True), self.uint(at, size, False))
+
+
+def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(height, width, gif_transparent) that a decodable file's header declares, int64, int64,
+    bool. Fails (an InvalidArgumentError) when the header is cut short or not readable."""
+    data = _Bytes(encoded)
+
+    def needs(length):
+        return tf.debugging.assert_greater_equal(data.size, tf.constant(length, tf.int64))
+
+    def jpeg():
+        shape = tf.cast(tf.image.extract_jpeg_shape(encoded), tf.int64)
+        return shape[0], shape[1]
+
+    def png():
+        with tf.control_dependencies([needs(24)]):
+            return data.uint(20, 4, True), data.uint(16, 4, True)
+
+    def gif():
+        with tf.control_dependencies([needs(10)]):
+            return data.uint(8, 2, False), data.uint(6, 2, False)
+
+    def webp():
+        chunk = data.uint(12, 4, False)
+        bits = data.uint(21, 4, False)
+        known = tf.debugging.Assert(
+            tf.reduce_any(tf.equal(chunk, [_WEBP_VP8, _WEBP_VP8L, _WEBP_VP8X])),
+            ["not a WebP image TensorFlow can read"],
+        )
+        with tf.control_dependencies([needs(30), known]):
+            return tf.switch_case(
+                tf.argmax(
+                    tf.cast(tf.equal(chunk, [_WEBP_VP8, _WEBP_VP8L, _WEBP_VP8X]), tf.int32),
+                    output_type=tf.int32,
+                ),
+                [
+                    lambda: (data.uint(28, 2, False) % 16384, data.uint(26, 2, False) % 16384),
+                    lambda: ((bits // 16384) % 16384 + 1, bits % 16384 + 1),
+                    lambda: (data.uint(27, 3, False) + 1, data.uint(24, 3, False) + 1),
+                ],
+            )
+
+    def bmp():
+        with tf.control_dependencies([needs(26)]):
+            height = data.uint(22, 4, False)
+            height = tf.where(height >= 2**31, 2**32 - height, height)  # negative: top-down rows
+            return height, data.uint(18, 4, False)
+
+    def refused():  # not called for a caller that checks the format first
+        with tf.control_dependencies([tf.debugging.Assert(False, ["not a decodable format"])]):
+            return tf.constant(0, tf.int64), tf.constant(0, tf.int64)
+
+    height, width = tf.switch_case(fmt, [jpeg, png, gif, webp, bmp], default=refused)
+    transparent = tf.cond(
+        tf.equal(fmt, GIF), lambda: _gif_transparent(data), lambda: tf.constant(False)
+    )
+    return height, width, transparent
+
+
+def _gif_transparent(data: _Bytes) -> tf.Tensor:
+    """Whether a GIF's first graphic control extension (before its first image) sets a
+    transparent colour."""
+    packed = data.uint(10, 1, False)
+    table = tf.where(
+        packed >= 128, 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), packed % 8), 0
+    )
+
+    # One step per block introducer or data sub-block: (position, in sub-blocks, result, done).
+    def step(pos, in_blocks, transparent, done):
+        byte, label = data.uint(pos, 1, False), data.uint(pos + 1, 1, False)
+        control = ~in_blocks & tf.equal(byte, 0x21) & tf.equal(label, 0xF9)
+        extension = ~in_blocks & tf.equal(byte, 0x21) & ~control
+        size = data.uint(pos, 1, False)
+        next_pos = tf.where(in_blocks, pos + size + 1, pos + 2)
+        next_in_blocks = extension | (in_blocks & tf.not_equal(size, 0))
+        found = control & tf.equal(data.uint(pos + 3, 1, False) % 2, 1)
+        finished = done | control | (~in_blocks & ~extension) | (pos >= data.size)
+        return next_pos, next_in_blocks, transparent | found, finished
+
+    _, _, transparent, _ = tf.while_loop(
+        lambda pos, in_blocks, transparent, done: ~done,
+        step,
+        (13 + table, tf.constant(False), tf.constant(False), tf.constant(False)),
+        maximum_iterations=tf.cast(data.size + 1, tf.int32),
+    )
+    return transparent
+
+
+def orientation(encoded: tf.Tensor, fmt: tf.Tensor) -> tf.Tensor:
+    """The EXIF orientation (1..8, int64) by `core.images.exif_orientation`'s rule, from the
+    block the converter reads: a JPEG's first APP1 "Exif" segment, a PNG's eXIf chunk before
+    its image data, a WebP's first EXIF chunk. 1 for other formats and malformed blocks."""
+    return _orientation_and_components(_Bytes(encoded), fmt)[0]
+
+
+def _orientation_and_components(data: _Bytes, fmt: tf.Tensor):
+    """(orientation, a JPEG's component count or 0), reading the file's structure once."""
+    none = (tf.constant(-1, tf.int64), tf.constant(-1, tf.int64))
+    start, end, components = tf.switch_case(
+        fmt,
+        [
+            lambda: _jpeg_segments(data),
+            lambda: (*_png_exif(data), tf.constant(0, tf.int64)),
+            lambda: (*none, tf.constant(0, tf.int64)),
+            lambda: (*_webp_exif(data), tf.constant(0, tf.int64)),
+        ],
+        default=lambda: (*none, tf.constant(0, tf.int64)),
+    )
+    return _tiff_orientation(data, start, tf.minimum(end, data.size)), components
+
+
+def _jpeg_segments(data: _Bytes):
+    """(start, end) of a JPEG's first APP1 "Exif" block (-1, -1 if none) and the component
+    count of its frame (1 grey, 3 colour, 4 CMYK; 0 if none), from its segments before the scan."""
+
+    def step(pos, start, end, components):
+        marker, length = data.uint(pos + 1, 1, False), data.uint(pos + 2, 2, True)
+        is_exif = tf.equal(marker, _APP1) & tf.equal(data.uint(pos + 4, 6, True), _EXIF_PREFIX_INT)
+        is_exif &= start < 0
+        is_frame = (
+            (marker >= 0xC0) & (marker <= 0xCF) & tf.reduce_all(tf.not_equal(marker, _NOT_FRAMES))
+        )
+        is_frame &= tf.equal(components, 0)
+        fill = tf.equal(marker, 0xFF)
+        return (
+            tf.where(fill, pos + 1, pos + 2 + length),
+            tf.where(is_exif, pos + 10, start),
+            tf.where(is_exif, pos + 2 + length, end),
+            tf.where(is_frame, data.uint(pos + 9, 1, False), components),
+        )
+
+    def more(pos, start, end, components):
+        return (
+            (pos + 4 <= data.size)
+            & tf.equal(data.uint(pos, 1, False), 0xFF)
+            & tf.not_equal(data.uint(pos + 1, 1, False), _SOS)
+        )
+
+    minus_one = tf.constant(-1, tf.int64)
+    _, start, end, components = tf.while_loop(
+        more, step, (tf.constant(2, tf.int64), minus_one, minus_one, tf.constant(0, tf.int64)),
+        maximum_iterations=tf.cast(data.size, tf.int32),
+    )  # fmt: skip
+    return start, end, components
+
+
+def _png_exif(data: _Bytes):
+    def step(pos, start, end):
+        length, kind = data.uint(pos, 4, True), data.uint(pos + 4, 4, True)
+        is_exif = tf.equal(kind, _PNG_EXIF)  # the last one before IDAT, as Pillow keeps it
+        return (
+            pos + 12 + length,
+            tf.where(is_exif, pos + 8, start),
+            tf.where(is_exif, pos + 8 + length, end),
+        )
+
+    def more(pos, start, end):
+        return (pos + 8 <= data.size) & tf.not_equal(data.uint(pos + 4, 4, True), _PNG_IDAT)
+
+    _, start, end = tf.while_loop(
+        more, step, (tf.constant(8, tf.int64), tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)),
+        maximum_iterations=tf.cast(data.size, tf.int32),
+    )  # fmt: skip
+    return start, end
+
+
+def _webp_exif(data: _Bytes):
+    def step(pos, start, end):
+        kind, length = data.uint(pos, 4, False), data.uint(pos + 4, 4, False)
+        is_exif = tf.equal(kind, _WEBP_EXIF)
+        # The chunk may start with "Exif\0\0", which the block's reader skips.
+        prefixed = tf.equal(data.uint(pos + 8, 6, True), _EXIF_PREFIX_INT)
+        start = tf.where(is_exif, pos + 8 + tf.where(prefixed, tf.constant(6, tf.int64), 0), start)
+        end = tf.where(is_exif, pos + 8 + length, end)
+        return pos + 8 + length + length % 2, start, end
+
+    def more(pos, start, end):
+        return (start < 0) & (pos + 8 <= data.size)
+
+    _, start, end = tf.while_loop(
+        more, step, (tf.constant(12, tf.int64), tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)),
+        maximum_iterations=tf.cast(data.size, tf.int32),
+    )  # fmt: skip
+    return start, end
+
+
+_ORIENTATION_TAG, _SHORT, _LONG = 0x0112, 3, 4
+_MAX_IFD_ENTRIES = 4096  # IFD0 holds a few dozen; more is a malformed block, read as upright
+
+
+def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor) -> tf.Tensor:
+    """`core.images.exif_orientation` of the TIFF structure at data[start:end]."""
+    little = tf.equal(data.uint(start, 2, True), 0x4949)  # "II"
+    big = tf.equal(data.uint(start, 2, True), 0x4D4D)  # "MM"
+    ifd = start + data.either(start + 4, 4, big)
+    count = data.either(ifd, 2, big)
+    ok = (start >= 0) & (little | big) & (start + 8 <= end) & (ifd + 2 <= end)
+    ok &= (ifd + 2 + 12 * count <= end) & (count <= _MAX_IFD_ENTRIES)
+    entries = ifd + 2 + 12 * tf.range(tf.where(ok, count, 0))
+    tags = data.either(entries, 2, big)
+    is_tag = tf.equal(tags, _ORIENTATION_TAG)
+    first = tf.argmax(tf.cast(tf.concat([is_tag, [False]], 0), tf.int32), output_type=tf.int64)
+    entry = ifd + 2 + 12 * first
+    kind, values = data.either(entry + 2, 2, big), data.either(entry + 4, 4, big)
+    value = tf.where(
+        tf.equal(kind, _SHORT), data.either(entry + 8, 2, big), data.either(entry + 8, 4, big)
+    )
+    valid = ok & tf.reduce_any(is_tag) & tf.equal(values, 1)
+    valid &= (tf.equal(kind, _SHORT) | tf.equal(kind, _LONG)) & (value >= 1) & (value <= 8)
+    return tf.where(valid, value, 1)
+
+
+def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tensor:
+    """The decoded image as the converter stores it, before any downscaling: the first frame,
+    turned upright by EXIF orientation `turn`, transparency on white; H x W x 3 uint8."""
+
+    def with_alpha(image):
+        return tf.cond(
+            tf.equal(tf.shape(image)[-1], 4),
+            lambda: image,
+            lambda: tf.concat(
+                [
+                    image,
+                    tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8)),
+                ],
+                -1,
+            ),
+        )
+
+    decoded = tf.switch_case(
+        fmt,
+        [
+            lambda: with_alpha(
+                tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_ACCURATE")
+            ),
+            lambda: tf.io.decode_png(encoded, channels=4),
+            lambda: with_alpha(tf.io.decode_image(encoded, channels=3, expand_animations=False)),
+            lambda: with_alpha(tf.io.decode_webp(encoded, channels=0)[0]),
+            lambda: with_alpha(
+                tf.io.decode_bmp(encoded, channels=0)[..., :3]
+            ),  # BMP alpha: ignored, as Pillow does
+        ],
+    )
+    decoded.set_shape([None, None, 4])
+    image = tf.switch_case(
+        tf.cast(turn - 1, tf.int32),
+        [
+            lambda: decoded,
+            lambda: tf.image.flip_left_right(decoded),
+            lambda: tf.image.rot90(decoded, 2),
+            lambda: tf.image.flip_up_down(decoded),
+            lambda: tf.image.transpose(decoded),
+            lambda: tf.image.rot90(decoded, 3),
+            lambda: tf.image.rot90(tf.image.transpose(decoded), 2),
+            lambda: tf.image.rot90(decoded, 1),
+        ],
+    )
+    pixels = tf.cast(image, tf.float32)
+    alpha = pixels[..., 3:] / 255.0
+    on_white = pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)
+    return tf.cast(tf.round(on_white), tf.uint8)
+
+
+def downscaled(image: tf.Tensor, max_side: int) -> tf.Tensor:
+    """`image` fitted within max_side x max_side (aspect kept, Pillow's thumbnail sizes), or
+    unchanged when it fits."""
+    height, width = tf.shape(image, out_type=tf.int64)[0], tf.shape(image, out_type=tf.int64)[1]
+
+    def shrink():
+        target = tf.cast(max_side, tf.float64)
+        aspect = tf.cast(width, tf.float64) / tf.cast(height, tf.float64)
+        # Pillow picks floor or ceil, whichever keeps the aspect closer (floor on a tie), >= 1.
+        tall = aspect <= 1.0
+        other = tf.where(tall, target * aspect, target / aspect)
+        low, high = tf.floor(other), tf.math.ceil(other)
+
+        def miss(side):
+            safe = tf.maximum(side, 1.0)
+            return tf.where(tall, tf.abs(aspect - side / target), tf.abs(aspect - target / safe))
+
+        side = tf.maximum(tf.where(miss(high) < miss(low), high, low), 1.0)
+        size = tf.cast(tf.where(tall, tf.stack([target, side]), tf.stack([side, target])), tf.int32)
+        resized = tf.image.resize(
+            tf.cast(image, tf.float32), size, method="lanczos3", antialias=True
+        )
+        return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+
+    return tf.cond(tf.maximum(height, width) > max_side, shrink, lambda: image)
+
+
+def eval_input(
+    encoded: tf.Tensor,
+    fmt: tf.Tensor,
+    image_size: int,
+    dtype: str,
+    max_side: int | None = None,
+    jpeg_quality: int = images.ImagePolicy.jpeg_quality,
+) -> tf.Tensor:
+    """`preprocess.eval_image` of the record the converter would make of this file.
+
+    A JPEG the converter stores as it is goes straight to `eval_image`. Any other file is made
+    upright RGB here and JPEG-encoded at `jpeg_quality`, as the converter does. Decoded with
+    libjpeg's accurate DCT, as Pillow decodes, the pixels are the record's bit for bit, except
+    for CMYK JPEGs (the two round the conversion to RGB differently) and downscaled images
+    (TensorFlow's Lanczos filter is not Pillow's); tests/test_serving_parity.py measures both.
+    """
+    turn, components = _orientation_and_components(_Bytes(encoded), fmt)
+
+    def plain_jpeg():  # what the converter stores byte for byte: upright, colour, small enough
+        plain = tf.equal(turn, 1) & tf.equal(components, 3)
+        if max_side is None:
+            return plain
+        return plain & (tf.reduce_max(tf.image.extract_jpeg_shape(encoded)) <= max_side)
+
+    as_stored = tf.cond(tf.equal(fmt, JPEG), plain_jpeg, lambda: tf.constant(False))
+
+    def normalised():
+        image = upright_rgb(encoded, fmt, turn)
+        if max_side is not None:
+            image = downscaled(image, max_side)
+        return tf.io.encode_jpeg(image, quality=jpeg_quality)
+
+    stored = tf.cond(as_stored, lambda: encoded, normalised)
+    return preprocess.eval_image(stored, image_size, dtype)
