@@ -7,11 +7,16 @@ Copy from it. Each stage is one function; `main` runs them in order:
 
 IMAGES_DIR holds one sub-folder per label. WORK_DIR receives dataset/ and export/. With no TPU
 named or detected, all local GPUs are used, else the CPU (tfrecord_pipe.distribute).
+
+Keras 3 on JAX runs it too (`KERAS_BACKEND=jax python -m examples.train ...`): there is no
+tf.distribute strategy then; JAX places the work, and the reader reads this host's share
+(`tfrecord_pipe.hosts`) while TensorFlow stays off the accelerators.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import pathlib
@@ -61,6 +66,18 @@ def build_model(num_classes: int, image_size: int) -> tf.keras.Model:
     return tf.keras.Model(inputs, layers.Dense(num_classes)(x))
 
 
+def resolve_strategy(tpu: str | None):
+    """The tf.distribute strategy for this machine; None under Keras on JAX."""
+    if tf.keras.backend.backend() != "tensorflow":
+        return None
+    return distribute.resolve_strategy(tpu)
+
+
+def feed(strategy, input_fn):
+    """The input for `fit` / `evaluate`: distributed under a strategy, else this host's share."""
+    return distribute.distribute(strategy, input_fn) if strategy else input_fn()
+
+
 def train(strategy, dataset_dir: str, config: TrainConfig) -> tf.keras.Model:
     """Keras fit on the distributed training dataset."""
     found = dataset.read_manifest(dataset_dir)
@@ -74,7 +91,7 @@ def train(strategy, dataset_dir: str, config: TrainConfig) -> tf.keras.Model:
         # ("You must feed a value for placeholder tensor", keras-team/keras#19246). GPUs do
         # not need it much; TPUs do, and TPUStrategy is not affected by this.
         steps_per_execution = 1
-    with strategy.scope():  # variables live on the replicas
+    with strategy.scope() if strategy else contextlib.nullcontext():  # variables on the replicas
         model = build_model(len(found.labels), config.image_size)
         model.compile(
             optimizer=tf.keras.optimizers.Adam(config.learning_rate),
@@ -86,7 +103,7 @@ def train(strategy, dataset_dir: str, config: TrainConfig) -> tf.keras.Model:
         )
     steps = max(1, found.splits["train"].num_examples // config.global_batch_size)
     model.fit(
-        distribute.distribute(strategy, input_fn),
+        feed(strategy, input_fn),
         epochs=config.epochs,
         steps_per_epoch=steps,  # the training dataset repeats: an epoch is counted in steps
         verbose=2,
@@ -102,7 +119,7 @@ def evaluate(strategy, model: tf.keras.Model, dataset_dir: str, config: TrainCon
         dataset_dir, is_training=False, image_size=config.image_size,
         batch_size=config.global_batch_size,
     )  # fmt: skip
-    result = model.evaluate(distribute.distribute(strategy, input_fn), return_dict=True, verbose=0)
+    result = model.evaluate(feed(strategy, input_fn), return_dict=True, verbose=0)
     result["images"] = found.splits["validation"].num_examples
     result["batches"] = math.ceil(result["images"] / config.global_batch_size)
     return result
@@ -145,8 +162,9 @@ def main(argv=None):
 
     print(f"[1/5] converting {args.images_dir} with the Beam job")
     convert_images(args.images_dir, dataset_dir)
-    strategy = distribute.resolve_strategy(args.tpu)
-    print(f"[2/5] training under {distribute.describe(strategy)}")
+    strategy = resolve_strategy(args.tpu)
+    where = distribute.describe(strategy) if strategy else f"Keras on {tf.keras.backend.backend()}"
+    print(f"[2/5] training under {where}")
     model = train(strategy, dataset_dir, config)
     result = evaluate(strategy, model, dataset_dir, config)
     print(f"[3/5] validation: accuracy {result['accuracy']:.3f} on all {result['images']} "

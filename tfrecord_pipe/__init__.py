@@ -30,6 +30,7 @@ _PUBLIC = {
     "preprocess": "tfrecord_pipe.reading.preprocess",
     "serving": "tfrecord_pipe.reading.serving",
     "distribute": "tfrecord_pipe.reading.distribute",
+    "hosts": "tfrecord_pipe.reading.hosts",
     "tpu_ready": "tfrecord_pipe.reading.tpu_ready",
 }
 

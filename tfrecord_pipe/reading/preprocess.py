@@ -19,6 +19,9 @@ import tensorflow as tf
 # ImageNet statistics on the 0..255 scale, as in the Cloud TPU reference models.
 MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+# normalize(x) = x * _SCALE + _SHIFT, per channel.
+_SCALE = np.asarray([1 / s for s in STDDEV_RGB], np.float32)
+_SHIFT = np.asarray([-m / s for m, s in zip(MEAN_RGB, STDDEV_RGB)], np.float32)
 
 # Evaluation crops the centre (size / (size + CROP_PADDING)) of the shorter side, i.e. 224 of
 # 256 at the default size: the standard ImageNet evaluation crop.
@@ -131,11 +134,9 @@ def normalize(images: tf.Tensor, dtype: tf.DType = tf.float32) -> tf.Tensor:
     # channels takes Eigen's slow broadcast path on CPU (benchmarks/RESULTS.md, "Preprocessing").
     shape = images.shape
     if shape.is_fully_defined() and shape.num_elements() <= _MAX_FULL_CONSTANT:
-        scale = tf.constant(_full(shape, [1 / s for s in STDDEV_RGB]))
-        shift = tf.constant(_full(shape, [-m / s for m, s in zip(MEAN_RGB, STDDEV_RGB)]))
+        scale, shift = tf.constant(_full(shape, _SCALE)), tf.constant(_full(shape, _SHIFT))
     else:
-        scale = tf.constant([1 / s for s in STDDEV_RGB])
-        shift = tf.constant([-m / s for m, s in zip(MEAN_RGB, STDDEV_RGB)])
+        scale, shift = tf.constant(_SCALE), tf.constant(_SHIFT)
     return tf.cast(images * scale + shift, dtype)
 
 
@@ -214,8 +215,13 @@ def _finish(image: tf.Tensor, image_size: int, dtype: str) -> tf.Tensor:
 class Normalize(tf.keras.layers.Layer):
     """`normalize` as a Keras layer: the first layer of a model fed "uint8" batches.
 
-    Runs on the accelerator, so the host moves 1 byte per pixel instead of 4 (or 2).
+    Runs on the accelerator, so the host moves 1 byte per pixel instead of 4 (or 2). Works on
+    every Keras 3 backend: TensorFlow runs `normalize` itself, others the same arithmetic in
+    `keras.ops`.
     """
 
     def call(self, images):
-        return normalize(images, tf.float32)
+        if tf.keras.backend.backend() == "tensorflow":
+            return normalize(images, tf.float32)
+        ops = tf.keras.ops
+        return ops.cast(images, "float32") * _SCALE + _SHIFT

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tfrecord_pipe.core import naming, schema
 from tfrecord_pipe.reading import dataset as dataset_lib
-from tfrecord_pipe.reading import file_share, preprocess, records, service
+from tfrecord_pipe.reading import file_share, hosts, preprocess, records, service
 
 log = logging.getLogger(__name__)
 
@@ -542,8 +542,7 @@ def eval_steps(
     source = source or resolve_source(config)
     num_pipelines, _ = _pipeline_position(input_context)
     counts = [
-        file_share.share(source.split, num_pipelines, i).num_examples
-        for i in range(num_pipelines)
+        file_share.share(source.split, num_pipelines, i).num_examples for i in range(num_pipelines)
     ]
     if any(count is None for count in counts):
         return None
@@ -585,28 +584,46 @@ class InputFn:
       pipeline's share of the files, per-replica batches from `config.batch_size`.
     - `input_fn(params)`: TPUEstimator-era code; `params["batch_size"]` is the batch of this
       pipeline, which reads every file (TPUEstimator itself left TensorFlow in 2.16).
-    - `input_fn()`: one pipeline, batches of `config.batch_size`.
+    - `input_fn()`: this host's share when a host position is given or JAX is in use
+      (`hosts`), with batches of config.batch_size / host count; else one pipeline, batches
+      of `config.batch_size`. For JAX, `input_fn().as_numpy_iterator()` yields numpy batches.
     """
 
-    def __init__(self, config: ReaderConfig):
+    def __init__(self, config: ReaderConfig, host_index=None, host_count=None):
+        if host_index is not None or host_count is not None:
+            hosts.position(host_index, host_count)  # refuses a wrong position now, not later
         self.config = config
+        self.host_index, self.host_count = host_index, host_count
 
     def __call__(self, context=None) -> tf.data.Dataset:
-        if context is None or isinstance(context, tf.distribute.InputContext):
-            return build_dataset(self.config, context)
-        if isinstance(context, Mapping):
-            if "batch_size" not in context:
+        if isinstance(context, tf.distribute.InputContext):
+            if self.host_count is not None:
                 raise ValueError(
-                    f"input_fn(params) needs params['batch_size']; got keys {sorted(context)}"
+                    "This input_fn was given host_index/host_count, and tf.distribute's "
+                    "InputContext gives a position too. Use one of the two."
                 )
-            return build_dataset(self.config, batch_size=context["batch_size"])
-        raise TypeError(
-            "input_fn takes a tf.distribute.InputContext, a params dict with 'batch_size', "
-            f"or nothing; got {type(context).__name__}"
-        )
+            return build_dataset(self.config, context)
+        if context is not None and not isinstance(context, Mapping):
+            raise TypeError(
+                "input_fn takes a tf.distribute.InputContext, a params dict with 'batch_size', "
+                f"or nothing; got {type(context).__name__}"
+            )
+        if hosts.jax_in_use():
+            hosts.keep_tensorflow_off_accelerators()
+        host = hosts.position(self.host_index, self.host_count)
+        host_context = hosts.input_context(*host) if host else None
+        if context is None:
+            return build_dataset(self.config, host_context)
+        if "batch_size" not in context:
+            raise ValueError(
+                f"input_fn(params) needs params['batch_size']; got keys {sorted(context)}"
+            )
+        return build_dataset(self.config, host_context, batch_size=context["batch_size"])
 
     def __repr__(self):
-        return f"InputFn({self.config!r})"
+        return (
+            f"InputFn({self.config!r}, host_index={self.host_index}, host_count={self.host_count})"
+        )
 
 
 def make_input_fn(
@@ -617,6 +634,8 @@ def make_input_fn(
     mode: str | None = None,
     image_size: int = 224,
     transpose_input: bool = False,
+    host_index: int | None = None,
+    host_count: int | None = None,
     **options,
 ) -> InputFn:
     """An `input_fn` for training or evaluation, in the style of the Cloud TPU reference models.
@@ -628,6 +647,9 @@ def make_input_fn(
       mode: "train" or "eval" (what `tf.estimator.ModeKeys` held), instead of is_training.
       image_size: side of the square images.
       transpose_input: HWCN image batches.
+      host_index, host_count: this host's position, for programs that feed each host
+        themselves (JAX); default: JAX's process index and count when JAX is in use, else
+        one host (`hosts`). Not with tf.distribute, whose InputContext gives the position.
       **options: any other ReaderConfig field (batch_size, dtype, seed, ...).
 
     Returns:
@@ -648,4 +670,4 @@ def make_input_fn(
         transpose_input=transpose_input,
         **options,
     )
-    return InputFn(config)
+    return InputFn(config, host_index, host_count)

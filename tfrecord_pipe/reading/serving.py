@@ -17,6 +17,7 @@ fails with that error, instead of exhausting the server's memory or answering fo
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 
 import tensorflow as tf
 
@@ -82,11 +83,15 @@ class ServingConfig:
 
 
 class ServingModule(tf.Module):
-    """A Keras model with the bytes-in signature; what `export` saves."""
+    """A model's TensorFlow function with the bytes-in signature; what `export` saves.
 
-    def __init__(self, model: tf.keras.Model, config: ServingConfig):
+    `model_outputs` takes [N, size, size, 3] batches of the config's dtype; `export` makes it
+    from a Keras model of any backend.
+    """
+
+    def __init__(self, model_outputs: tf.Module, config: ServingConfig):
         super().__init__()
-        self.model = model
+        self.model = model_outputs  # tracked: the model's variables are saved with it
         self._config = config
         self._labels = tf.constant(config.labels)
 
@@ -94,7 +99,7 @@ class ServingModule(tf.Module):
     def serve(self, image_bytes):
         """{"probabilities": [N, C] float32, "classid": [N] int64, "class": [N] string}."""
         images = model_inputs(image_bytes, self._config)
-        outputs = tf.cast(self.model(images, training=False), tf.float32)
+        outputs = tf.cast(self.model.outputs(images), tf.float32)
         probabilities = tf.nn.softmax(outputs) if self._config.from_logits else outputs
         classid = tf.argmax(probabilities, axis=-1)
         return {
@@ -216,9 +221,27 @@ def _each_item(image_bytes, fmt, fn, signature, problem):
 def export(model: tf.keras.Model, export_dir: str, config: ServingConfig) -> str:
     """Saves `model` as a SavedModel whose `serving_default` takes `image_bytes`.
 
+    Any Keras 3 backend: Keras's `ExportArchive` turns the model into a TensorFlow function
+    (under JAX, through jax2tf), which the signature then calls after the preprocessing.
+
     Returns:
       export_dir, for chaining.
     """
-    module = ServingModule(model, config)
-    tf.saved_model.save(module, export_dir, signatures={SIGNATURE: module.serve})
+    size = config.image_size
+    archive = tf.keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(
+        "outputs",
+        lambda images: model(images, training=False),
+        input_signature=[tf.TensorSpec([None, size, size, 3], tf.as_dtype(config.dtype))],
+    )
+    with tempfile.TemporaryDirectory() as scratch:
+        archive.write_out(scratch, verbose=False)
+        module = ServingModule(tf.saved_model.load(scratch), config)
+        # jax2tf's functions carry custom gradients that cannot be saved again; serving needs
+        # no gradients.
+        options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+        tf.saved_model.save(
+            module, export_dir, signatures={SIGNATURE: module.serve}, options=options
+        )
     return export_dir

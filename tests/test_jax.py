@@ -1,0 +1,161 @@
+"""JAX and Keras 3 on JAX: hosts read disjoint shares, real training steps learn from the
+reader's batches, export works, TensorFlow stays off the accelerators.
+
+JAX runs in subprocesses only: importing it here would make every later test in this process
+a "JAX program" to the reader (`hosts.jax_in_use`).
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from tfrecord_pipe.reading import hosts, reader
+
+from dataset_factory import write_dataset
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", TF_CPP_MIN_LOG_LEVEL="2")
+LABELS = tuple(f"item{i:02d}" for i in range(13))  # one label per record: a record's identity
+SHARDS = [[0, 1, 2], [3, 4], [5, 6, 7], [8, 9], [10, 11, 12]]
+
+
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("jax") / "numbered")
+    write_dataset(folder, {"train": SHARDS, "validation": SHARDS}, labels=LABELS, size=(16, 16))
+    return folder
+
+
+def result_of(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return json.loads(next(li for li in done.stdout.splitlines() if li.startswith("RESULT "))[7:])
+
+
+def read_labels(input_fn) -> tuple[list[int], int]:
+    labels, steps = [], 0
+    for _, batch_labels, weights in input_fn():
+        steps += 1
+        labels += batch_labels.numpy()[weights.numpy() > 0].tolist()
+    return labels, steps
+
+
+def test_a_host_position_deals_files_as_an_input_context_does(numbered):
+    options = {"is_training": False, "image_size": 16, "batch_size": 4}
+    shares, steps = [], set()
+    for index in range(2):
+        by_host = reader.make_input_fn(numbered, host_index=index, host_count=2, **options)
+        by_context = reader.make_input_fn(numbered, **options)
+        labels, host_steps = read_labels(by_host)
+        context = tf.distribute.InputContext(2, index, 2)
+        context_labels, _ = read_labels(lambda: by_context(context))  # noqa: B023
+        assert labels == context_labels
+        shares.append(labels)
+        steps.add(host_steps)
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == list(range(13))
+    assert len(steps) == 1, "every host must run the same number of evaluation batches"
+
+
+@pytest.mark.parametrize(
+    "index, count, said",
+    [(0, None, "both host_index and host_count"), (2, 2, r"in \[0, host_count\)"),
+     (-1, 3, r"in \[0, host_count\)"), (0, 0, "host_count >= 1")],
+)  # fmt: skip
+def test_a_wrong_host_position_is_refused_when_the_input_fn_is_made(numbered, index, count, said):
+    with pytest.raises(ValueError, match=said):
+        reader.make_input_fn(numbered, is_training=False, host_index=index, host_count=count)
+
+
+def test_a_host_position_and_an_input_context_together_are_refused(numbered):
+    input_fn = reader.make_input_fn(
+        numbered, is_training=False, batch_size=2, host_index=0, host_count=2
+    )
+    with pytest.raises(ValueError, match="Use one of the two"):
+        input_fn(tf.distribute.InputContext(2, 0, 2))
+
+
+def test_tensorflow_is_asked_to_leave_gpus_and_tpus_to_jax(monkeypatch):
+    # No accelerator here: TensorFlow's device list is faked, the call to hide them is real.
+    hidden = []
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind: [f"{kind}:0"])
+    monkeypatch.setattr(tf.config, "set_visible_devices", lambda devices, kind: hidden.append(kind))
+    hosts.keep_tensorflow_off_accelerators()
+    assert hidden == ["GPU", "TPU"]
+
+
+def test_tensorflow_already_on_the_accelerators_is_a_warning_that_says_what_to_do(
+    monkeypatch, caplog
+):
+    def too_late(devices, kind):
+        raise RuntimeError("Visible devices cannot be modified after being initialized")
+
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind: [f"{kind}:0"])
+    monkeypatch.setattr(tf.config, "set_visible_devices", too_late)
+    hosts.keep_tensorflow_off_accelerators()
+    assert "before any TensorFlow op runs" in caplog.text
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_jax_hosts_read_disjoint_files_that_cover_the_split(numbered):
+    address = f"127.0.0.1:{free_port()}"
+    runs = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "jax_host.py"), numbered, address, str(i), "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    results = []
+    for run in runs:
+        stdout, stderr = run.communicate(timeout=300)
+        results.append(
+            result_of(subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr))
+        )
+    assert [(r["host"], r["hosts"]) for r in results] == [(0, 2), (1, 2)]
+    first, second = (set(r["labels"]) for r in results)
+    assert not first & second, "a record was read by both hosts"
+    assert sorted(results[0]["labels"] + results[1]["labels"]) == list(range(13))
+    assert results[0]["steps"] == results[1]["steps"]
+    # The global batch of 4 is split between the two hosts; numpy batches for JAX.
+    assert all(r["train_shapes"] == [[2, 16, 16, 3]] * 2 for r in results)
+    assert {r["image_type"] for r in results} == {"uint8"}
+
+
+@pytest.mark.slow
+def test_keras_on_jax_and_plain_jax_learn_from_the_reader_and_export(tmp_path):
+    colours = str(tmp_path / "colours")
+    write_dataset(colours, {"train": [[0, 1, 2] * 5] * 4, "validation": [[0, 1, 2, 0, 1], [2, 1]]})
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "jax_run.py"), colours, str(tmp_path / "work")],
+        capture_output=True, text=True, env=ENV, timeout=600,
+    )  # fmt: skip
+    result = result_of(done)
+    example, keras_run, jax_run = result["example"], result["keras"], result["jax"]
+    # examples/train.py under Keras on JAX: no strategy, every validation image counted once.
+    assert example["strategy"] == "None" and example["images"] == 7
+    assert example["accuracy"] == 1.0  # three solid colours
+    assert example["predicted"] == ["red", "green", "blue"]  # the first three records' labels
+    assert keras_run["backend"] == "jax"
+    assert keras_run["losses"][-1] < keras_run["losses"][0] / 2
+    assert keras_run["accuracy"] == 1.0
+    assert keras_run["normalize_difference"] < 1e-5  # Normalize on JAX = the TensorFlow op
+    assert keras_run["served"] == 3 and keras_run["served_difference"] < 1e-5
+    # examples/jax_loop.py: plain JAX on numpy batches.
+    assert sum(jax_run["losses"][-10:]) < sum(jax_run["losses"][:10]) / 4
+    assert jax_run["accuracy"] == 1.0 and jax_run["images"] == 7
+    assert result["tensorflow_devices"] == ["CPU"]
