@@ -19,9 +19,9 @@ tf.config.set_logical_device_configuration(
 )
 
 from examples import custom_loop, train  # noqa: E402
-from tfrecord_pipe import reader  # noqa: E402
+from tfrecord_pipe import distribute, reader  # noqa: E402
 
-from dataset_factory import accuracy_on  # noqa: E402
+from dataset_factory import accuracy_on, loss_on  # noqa: E402
 
 
 def main(dataset_dir):
@@ -39,7 +39,22 @@ def main(dataset_dir):
     per_replica = [t.shape.as_list() for t in strategy.experimental_local_results(images)]
     model = train.train(strategy, dataset_dir, config)
     evaluated = train.evaluate(strategy, model, dataset_dir, config)
+    loss_before_fit = loss_on(model, dataset_dir, config.image_size)
     looped = custom_loop.run(strategy, dataset_dir, config)
+    # The padded evaluation's loss at batch sizes that pad by a few and by most of a batch,
+    # through `evaluate` and through `fit`'s validation.
+    losses = {}
+    for batch in (2, 32):
+        validation = reader.make_input_fn(
+            dataset_dir, is_training=False, image_size=16, batch_size=batch
+        )
+        losses[batch] = model.evaluate(
+            distribute.distribute(strategy, validation), return_dict=True, verbose=0
+        )["loss"]
+    history = model.fit(
+        distribute.distribute(strategy, input_fn), steps_per_epoch=2, epochs=1, verbose=0,
+        validation_data=distribute.distribute(strategy, validation),
+    )  # fmt: skip
     print(
         "RESULT "
         + json.dumps(
@@ -53,6 +68,11 @@ def main(dataset_dir):
                 "fit_accuracy": evaluated["accuracy"],
                 "accuracy_on_every_record": accuracy_on(model, dataset_dir, config.image_size),
                 "custom_loop_images": looped["images"],
+                "fit_loss": evaluated["loss"],
+                "losses_by_batch": losses,
+                "loss_on_every_record_before_fit": loss_before_fit,
+                "val_loss": history.history["val_loss"][-1],
+                "loss_on_every_record": loss_on(model, dataset_dir, config.image_size),
                 "custom_loop_loss": looped["loss"],
             }
         )

@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from tfrecord_pipe.core import network
@@ -155,8 +156,25 @@ def distribute(
 
     Each pipeline reads its own files and makes per-replica batches; the reader's input_fn
     gets both from the InputContext. Checks the batch splits evenly first.
+
+    A finite dataset (evaluation) also gets its length in global steps right: TensorFlow
+    reports a pipeline's batches, and Keras 3 runs that many steps. With several replicas per
+    pipeline that is too many: the extra step's empty batches were counted by Keras's loss
+    tracker, so a padded evaluation's loss was off (by 16/24 on two replicas).
     """
     config = getattr(input_fn, "config", None)
     if config is not None and config.batch_size is not None:
         per_replica_batch_size(config.batch_size, strategy)
-    return strategy.distribute_datasets_from_function(input_fn)
+    contexts = []
+
+    def recorded(context):
+        contexts.append(context)
+        return input_fn(context)
+
+    distributed = strategy.distribute_datasets_from_function(recorded)
+    batches = getattr(distributed, "_cardinality", None)  # a pipeline's batches (TF 2.21)
+    if contexts and isinstance(batches, (int, np.integer)) and batches > 0:
+        context = contexts[0]
+        per_pipeline = max(1, context.num_replicas_in_sync // context.num_input_pipelines)
+        distributed._cardinality = batches // per_pipeline  # one global step takes one each
+    return distributed
