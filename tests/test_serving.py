@@ -1,6 +1,7 @@
 """serving.py: the exported SavedModel takes image bytes, runs the evaluation preprocessing,
 and refuses what is not an image or is too large."""
 
+import io
 import json
 import os
 import pathlib
@@ -11,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
 
 from tfrecord_pipe.core import images as core_images
 from tfrecord_pipe.reading import preprocess, serving
@@ -149,3 +151,15 @@ def test_a_uint8_model_gets_uint8_pixels(tmp_path):
 def test_config_errors_are_listed():
     with pytest.raises(ValueError, match="labels is empty.*dtype"):
         serving.ServingConfig(labels=(), dtype="int8")
+
+
+def test_files_crafted_to_make_the_header_walk_long_are_served_or_refused_promptly(serve):
+    # The EXIF and transparency checks walk a file's segments, chunks or blocks; a walk is
+    # capped, so millions of JPEG fill bytes or GIF comment blocks cannot hold the server.
+    good = jpeg(40, 30, (10, 200, 30))
+    filled = good[:2] + b"\xff" * 2_000_000 + good[2:]
+    assert serve(image_bytes=tf.constant([filled]))["class"].shape == (1,)
+    commented = io.BytesIO()
+    Image.new("P", (20, 20)).save(commented, "GIF", comment=b"x" * 400_000)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="too many blocks to check"):
+        serve(image_bytes=tf.constant([commented.getvalue()]))

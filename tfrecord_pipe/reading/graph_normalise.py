@@ -26,6 +26,10 @@ DECODABLE = (JPEG, PNG, GIF, WEBP, BMP)
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PAD = 16  # zero bytes after a file's last, so reads near its end need no bounds in the graph
+# Steps of a walk through a file's segments, chunks or blocks. Real files need tens; a file
+# crafted with millions (fill bytes, empty chunks) must not hold a server for minutes. A walk
+# cut short finds no EXIF block, and a GIF it cannot finish checking is refused.
+_MAX_STEPS = 1000
 _APP1, _SOS = 0xE1, 0xDA
 _NOT_FRAMES = (0xC4, 0xC8, 0xCC)  # markers in C0..CF that start no frame (DHT, JPG, DAC)
 _PNG_EXIF, _PNG_IDAT = 0x65584966, 0x49444154  # chunk types "eXIf" and "IDAT" as big-endian ints
@@ -61,7 +65,7 @@ class _Bytes:
     def __init__(self, encoded: tf.Tensor):
         raw = tf.io.decode_raw(encoded, tf.uint8)
         self.size = tf.size(raw, out_type=tf.int64)
-        self._bytes = tf.cast(tf.concat([raw, tf.zeros([_PAD], tf.uint8)], 0), tf.int64)
+        self._bytes = tf.concat([raw, tf.zeros([_PAD], tf.uint8)], 0)  # uint8: 1 byte per byte
 
     def uint(self, at, size: int, big_endian: bool) -> tf.Tensor:
         """The `size`-byte unsigned integer at each offset of `at` (past the end: garbage, so
@@ -73,7 +77,8 @@ class _Bytes:
         shifts = tf.range(size, dtype=tf.int64) * 8
         if big_endian:
             shifts = tf.reverse(shifts, [0])
-        return tf.reduce_sum(tf.bitwise.left_shift(tf.gather(self._bytes, index), shifts), -1)
+        values = tf.cast(tf.gather(self._bytes, index), tf.int64)
+        return tf.reduce_sum(tf.bitwise.left_shift(values, shifts), -1)
 
     def either(self, at, size: int, big_endian: tf.Tensor) -> tf.Tensor:
         """`uint` in a byte order known only in the graph."""
@@ -139,7 +144,7 @@ def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf
 
 def _gif_transparent(data: _Bytes) -> tf.Tensor:
     """Whether a GIF's first graphic control extension (before its first image) sets a
-    transparent colour."""
+    transparent colour; True too when the blocks before its first image are too many to walk."""
     packed = data.uint(10, 1, False)
     table = tf.where(
         packed >= 128, 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), packed % 8), 0
@@ -157,13 +162,13 @@ def _gif_transparent(data: _Bytes) -> tf.Tensor:
         finished = done | control | (~in_blocks & ~extension) | (pos >= data.size)
         return next_pos, next_in_blocks, transparent | found, finished
 
-    _, _, transparent, _ = tf.while_loop(
+    _, _, transparent, done = tf.while_loop(
         lambda pos, in_blocks, transparent, done: ~done,
         step,
         (13 + table, tf.constant(False), tf.constant(False), tf.constant(False)),
-        maximum_iterations=tf.cast(data.size + 1, tf.int32),
+        maximum_iterations=_MAX_STEPS,
     )
-    return transparent
+    return transparent | ~done  # a walk cut short: cannot say it is not
 
 
 def orientation(encoded: tf.Tensor, fmt: tf.Tensor) -> tf.Tensor:
@@ -219,7 +224,7 @@ def _jpeg_segments(data: _Bytes):
     minus_one = tf.constant(-1, tf.int64)
     _, start, end, components = tf.while_loop(
         more, step, (tf.constant(2, tf.int64), minus_one, minus_one, tf.constant(0, tf.int64)),
-        maximum_iterations=tf.cast(data.size, tf.int32),
+        maximum_iterations=_MAX_STEPS,
     )  # fmt: skip
     return start, end, components
 
@@ -239,7 +244,7 @@ def _png_exif(data: _Bytes):
 
     _, start, end = tf.while_loop(
         more, step, (tf.constant(8, tf.int64), tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)),
-        maximum_iterations=tf.cast(data.size, tf.int32),
+        maximum_iterations=_MAX_STEPS,
     )  # fmt: skip
     return start, end
 
@@ -259,7 +264,7 @@ def _webp_exif(data: _Bytes):
 
     _, start, end = tf.while_loop(
         more, step, (tf.constant(12, tf.int64), tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)),
-        maximum_iterations=tf.cast(data.size, tf.int32),
+        maximum_iterations=_MAX_STEPS,
     )  # fmt: skip
     return start, end
 

@@ -131,7 +131,8 @@ def model_inputs(image_bytes: tf.Tensor, config: ServingConfig) -> tf.Tensor:
     pixels = height * width
     checks = [
         _first_item(transparent,
-                    "is a GIF with a transparent colour, which TensorFlow decodes as black where "
+                    "is a GIF with a transparent colour (or too many blocks to check for one), "
+                    "which TensorFlow decodes as black where "
                     "the converter put white; send it as PNG"),
         _first_item(pixels > config.max_pixels,
                     f"pixels, more than the cap of {config.max_pixels} "
