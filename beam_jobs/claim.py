@@ -12,6 +12,7 @@ written, and a warning says that two runs started at the same moment are not tol
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -31,6 +32,11 @@ LOG = logging.getLogger(__name__)
 CLAIM_NAME = ".tfrecord-pipe-claim"
 RENEW_EVERY_S = 30.0
 STALE_AFTER_S = 300.0  # ten renewals missed: the run that holds it is gone
+# A job launched without waiting holds the claim itself: nobody renews it, and its last step
+# gives it up. This long, so that a day-long job keeps it; a job that failed keeps it too,
+# until then, or until the claim file is removed (the busy error says so).
+JOB_LEASE_S = 48 * 3600.0
+JOB_HOST = "(the job)"
 
 
 class OutputBusyError(FileExistsError):
@@ -39,21 +45,25 @@ class OutputBusyError(FileExistsError):
 
 @dataclasses.dataclass(frozen=True)
 class Holder:
-    """Who holds a claim. Attributes: run id, host, pid, started and renewed (Unix seconds)."""
+    """Who holds a claim. Attributes: run id, host (JOB_HOST for a job launched without
+    waiting), pid, started and renewed (Unix seconds), and how long it lasts unrenewed."""
 
     run: str
     host: str
     pid: int
     started: float
     renewed: float
+    lease_s: float = STALE_AFTER_S
 
     def is_stale(self, now: float) -> bool:
         if self.host == socket.gethostname() and not _alive(self.pid):
             return True
-        return now - self.renewed > STALE_AFTER_S
+        return now - self.renewed > self.lease_s
 
     def __str__(self):
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        if self.host == JOB_HOST:
+            return f"run {self.run} (a job launched without waiting, started {started})"
         return f"run {self.run} (host {self.host}, pid {self.pid}, started {started})"
 
 
@@ -74,11 +84,13 @@ class Claim:
       taken_over: the holder of a stale claim this run replaced, or None.
     """
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, run: str | None = None):
         self.path = paths.join(folder, CLAIM_NAME)
         self.taken_over: Holder | None = None
+        self._handed_over = False
         now = time.time()
-        self._me = Holder(uuid.uuid4().hex[:12], socket.gethostname(), os.getpid(), now, now)
+        run = run or uuid.uuid4().hex[:12]
+        self._me = Holder(run, socket.gethostname(), os.getpid(), now, now)
         self._store = _store_for(self.path)
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=self._renew_until_stopped, daemon=True)
@@ -91,7 +103,23 @@ class Claim:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._renewer.join()
-        self._store.release(self._me)
+        if not self._handed_over:
+            self._store.release(self._me)
+
+    @property
+    def run(self) -> str:
+        return self._me.run
+
+    def hand_over(self) -> None:
+        """Leaves the claim to the job just launched: no more renewals from here, a lease of
+        JOB_LEASE_S, and the job's last step gives it up (`give_up`)."""
+        self._stop.set()
+        self._renewer.join()
+        self._me = dataclasses.replace(
+            self._me, host=JOB_HOST, pid=0, renewed=time.time(), lease_s=JOB_LEASE_S
+        )
+        self._store.renew(self._me)
+        self._handed_over = True
 
     def acquire(self) -> None:
         """Takes the claim, or raises OutputBusyError naming the run that holds it."""
@@ -119,6 +147,11 @@ class Claim:
                 self._store.renew(self._me)
             except Exception:  # a missed renewal is not fatal: ten in a row are
                 LOG.warning("Could not renew the claim %s", self.path, exc_info=True)
+
+
+def give_up(folder: str, run: str) -> None:
+    """Removes the claim on `folder` if run `run` holds it (a job's last step does this)."""
+    _store_for(paths.join(folder, CLAIM_NAME)).release_run(run)
 
 
 def _store_for(path: str):
@@ -190,9 +223,13 @@ class _LocalClaim:
             os.replace(partial, self._path)
 
     def release(self, holder: Holder) -> None:
+        self.release_run(holder.run)
+
+    def release_run(self, run: str) -> None:
         current = self.read()
-        if current is not None and current.run == holder.run:
-            os.remove(self._path)
+        if current is not None and current.run == run:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._path)
 
 
 class _GcsClaim:
@@ -246,6 +283,17 @@ class _GcsClaim:
         except (exceptions.PreconditionFailed, exceptions.NotFound):
             LOG.warning("The claim %s was not ours any more when the run ended", self._blob.name)
 
+    def release_run(self, run: str) -> None:
+        from google.api_core import exceptions
+
+        current = self.read()
+        if current is None or current.run != run:
+            return
+        try:
+            self._blob.delete(if_generation_match=self._seen_generation)
+        except (exceptions.PreconditionFailed, exceptions.NotFound):
+            pass  # renewed or removed meanwhile: not ours to remove
+
 
 class _OtherClaim:
     """Filesystems without an atomic create: checked, then written (best effort)."""
@@ -277,6 +325,9 @@ class _OtherClaim:
         storage.write_bytes(self._path, _encode(holder))
 
     def release(self, holder: Holder) -> None:
+        self.release_run(holder.run)
+
+    def release_run(self, run: str) -> None:
         current = self.read()
-        if current is not None and current.run == holder.run:
+        if current is not None and current.run == run:
             storage.delete([self._path])

@@ -1,23 +1,31 @@
-"""The output folder: checked and cleared before the job, finished after it.
+"""The output folder: checked and cleared before the job, finished as the job's last step.
 
 `check_output` refuses an output folder that would cause trouble; `clear_leftovers` removes
 what runs that were killed left; `finalise` moves what the pipeline wrote into a temporary
 folder into place, and writes labels.txt and manifest.json last (a manifest means a complete
-dataset). All of it runs under the output folder's claim (`claim.py`): no other conversion
-writes there meanwhile.
+dataset). `FinaliseDataset` runs it on a worker once everything else is written, so a job
+that nobody waits for (Dataflow, a template) finishes its dataset itself. It is safe to run
+again, whole or after failing midway: a retried worker ends with the same files, byte for
+byte. All of it runs under the output folder's claim (`claim.py`): no other conversion writes
+there meanwhile.
 """
 
 from __future__ import annotations
 
 import json
 
+import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs import pipeline, storage
+from beam_jobs import claim, storage
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe.core import manifest, naming, paths, tfds_metadata
 
 TEMP_PREFIX = ".tmp-"  # OUT/.tmp-<run>: where a run writes before finalising
+# In the temporary folder:
+SUMMARY_NAME = "_summary.json"  # the job's shards, counts and labels (`pipeline.WriteSummary`)
+PLAN_NAME = "_finalising.json"  # the old dataset's manifest, kept for a finalise run again
+NOTHING_NAME = "_nothing_written.txt"  # why there is no dataset, for the launcher to say
 
 
 class NothingWrittenError(ValueError):
@@ -85,49 +93,60 @@ def clear_leftovers(out: str) -> list[str]:
     leftovers = sorted(paths.join(out, name) for name in folders if name.startswith(TEMP_PREFIX))
     for folder in leftovers:
         storage.delete_folder(folder)
-    return leftovers
+    _, files = storage.children(paths.folder(out))
+    parts = sorted(paths.join(out, name) for name in files if name.startswith(storage.PART_PREFIX))
+    storage.delete(parts)  # a manifest being written when its run was killed
+    return leftovers + parts
 
 
-def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Manifest:
+def finalise(
+    config: ConvertConfig, temp_dir: str, version: str, run: str | None = None
+) -> manifest.Manifest:
     """Moves the job's outputs from `temp_dir` into the output folder; manifest.json last.
 
     With overwrite, the old dataset loses its manifest first, so at no moment does a manifest
     describe a mix of old and new shards; then exactly the old manifest's files that the new
-    dataset does not replace are deleted, and nothing else.
+    dataset does not replace are deleted, and nothing else. Run again (a retried worker), it
+    picks up where it stopped and ends with the same files; run after it finished, it changes
+    nothing.
 
     Args:
       config: the conversion's configuration (recorded in the manifest).
       temp_dir: where the pipeline wrote (`pipeline.build_pipeline`).
       version: the tfrecord-pipe version, for the manifest.
+      run: the run holding the output's claim, which is given up at the end; None to leave it.
 
     Returns:
       The manifest written.
 
     Raises:
-      NothingWrittenError: no input was listed, or every input was rejected. Nothing is finalised: an old dataset
-        stays as it was, and the rejections stay in `temp_dir` for the user to read.
+      NothingWrittenError: no input was listed, or every input was rejected. Nothing is
+        finalised: an old dataset stays as it was, and the rejections stay in `temp_dir` for
+        the user to read. The reason is also left in `temp_dir` (`nothing_written`).
     """
     out = paths.folder(config.output)
-    summary_path = paths.join(temp_dir, pipeline.SUMMARY_NAME)
-    if not FileSystems.exists(summary_path):  # the summary has a row for every input listed
-        raise NothingWrittenError(
+    manifest_path = paths.join(out, naming.MANIFEST_NAME)
+    if not FileSystems.exists(paths.join(temp_dir, SUMMARY_NAME)):
+        if FileSystems.exists(manifest_path):  # finished before: its last act removed temp_dir
+            return read_manifest(out)
+        _nothing_written(
+            temp_dir,
             f"No record was written: no input was found under {config.source} (only empty "
-            "folders, or nothing the listing could see)."
+            "folders, or nothing the listing could see).",
         )
-    result = _manifest(config, _read_summary(temp_dir), version)
+    result = _manifest(config, _read_json(temp_dir, SUMMARY_NAME), version)
     if not any(info.num_examples for info in result.splits.values()):
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(result.rejected_reasons.items()))
-        raise NothingWrittenError(
+        said = (
             f"No record was written: all {result.num_rejected} inputs were rejected "
             f"({reasons}). The reasons are in {paths.join(temp_dir, naming.REJECTED_DIR)} (the "
             f"next conversion into {out} removes it)."
         )
-    old = check_output(config)  # under the claim: what is there now
-    manifest_path = paths.join(out, naming.MANIFEST_NAME)
+        _nothing_written(temp_dir, said)
+    old = _old_dataset(config, temp_dir)
     # First: no manifest ever describes a mix, nor does TFDS's metadata (which a killed run
     # may have left without a manifest, so it goes whenever it is there).
-    described = [manifest_path] if old is not None else []
-    _delete_existing(described + [paths.join(out, n) for n in tfds_metadata.FILES])
+    _delete_existing([manifest_path] + [paths.join(out, n) for n in tfds_metadata.FILES])
     moves = [
         (paths.join(temp_dir, file), paths.join(out, file))
         for info in result.splits.values()
@@ -138,7 +157,7 @@ def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Man
         for name in (*_rejected_files(result), *_duplicates_file(result))
     ]
     paths.make_local_folder(paths.join(out, naming.REJECTED_DIR))
-    FileSystems.rename([source for source, _ in moves], [target for _, target in moves])
+    _move(moves)
     if old is not None:
         replaced = {target for _, target in moves}
         stale = [
@@ -150,7 +169,79 @@ def finalise(config: ConvertConfig, temp_dir: str, version: str) -> manifest.Man
     for name, text in manifest.files_of(result):  # manifest.json last
         storage.write_bytes(paths.join(out, name), text.encode("utf-8"), mime_type="text/plain")
     storage.delete_folder(temp_dir)
+    if run is not None:
+        claim.give_up(out, run)
     return result
+
+
+def _nothing_written(temp_dir: str, said: str):
+    """Raises NothingWrittenError, leaving its message for the launcher (a worker's exception
+    reaches it wrapped in the runner's)."""
+    storage.write_bytes(paths.join(temp_dir, NOTHING_NAME), said.encode("utf-8"))
+    raise NothingWrittenError(said)
+
+
+def nothing_written(temp_dir: str) -> str | None:
+    """Why a finalise found nothing to finalise, if that is why it failed."""
+    path = paths.join(temp_dir, NOTHING_NAME)
+    return storage.read_text(path) if FileSystems.exists(path) else None
+
+
+class FinaliseDataset(beam.PTransform):
+    """The job's last step: `finalise`, on one worker, once the summary, the rejections and
+    the duplicate groups are written.
+
+    Its input is the summary's path (one element); `written` are the PCollections of the
+    other writes, taken as side inputs only so that this step waits for them.
+    """
+
+    def __init__(self, config: ConvertConfig, temp_dir: str, version: str, run: str | None,
+                 written=()):  # fmt: skip
+        super().__init__()
+        self._finalise = _Finalise(config, temp_dir, version, run)
+        self._written = written
+
+    def expand(self, summary_path):
+        waits = [beam.pvalue.AsList(done) for done in self._written]
+        return summary_path | "Finalise" >> beam.ParDo(self._finalise, *waits)
+
+
+class _Finalise(beam.DoFn):
+    def __init__(self, config, temp_dir, version, run):
+        self._args = (config, temp_dir, version, run)
+
+    def process(self, summary_path, *written):
+        result = finalise(*self._args)
+        yield sum(info.num_examples for info in result.splits.values())
+
+
+def _old_dataset(config: ConvertConfig, temp_dir: str) -> manifest.Manifest | None:
+    """The dataset this run replaces: checked now (under the claim) and kept in temp_dir, so
+    that a finalise run again, after the old manifest is gone, still knows its files."""
+    plan = paths.join(temp_dir, PLAN_NAME)
+    if FileSystems.exists(plan):
+        kept = _read_json(temp_dir, PLAN_NAME)["old"]
+        return manifest.Manifest.from_json(kept) if kept is not None else None
+    old = check_output(config)
+    text = json.dumps({"old": old.to_json() if old is not None else None})
+    storage.write_bytes(plan, text.encode("utf-8"), mime_type="application/json")
+    return old
+
+
+def _move(moves: list[tuple[str, str]]) -> None:
+    """Renames each file into place; one already there (moved by an earlier try) is left."""
+    pending = [(source, target) for source, target in moves if FileSystems.exists(source)]
+    missing = [
+        source for source, target in moves
+        if (source, target) not in pending and not FileSystems.exists(target)
+    ]  # fmt: skip
+    if missing:
+        raise FileNotFoundError(
+            f"{len(missing)} file(s) the job wrote are gone, e.g. {missing[0]}: was the "
+            "temporary folder changed? Run the conversion again."
+        )
+    if pending:
+        FileSystems.rename([source for source, _ in pending], [target for _, target in pending])
 
 
 def _shard_files(found: manifest.Manifest) -> list[str]:
@@ -170,9 +261,8 @@ def _delete_existing(files: list[str]) -> None:
     storage.delete([path for path in files if FileSystems.exists(path)])
 
 
-def _read_summary(temp_dir: str) -> dict:
-    with FileSystems.open(paths.join(temp_dir, pipeline.SUMMARY_NAME)) as f:
-        return json.loads(f.read().decode("utf-8"))
+def _read_json(temp_dir: str, name: str) -> dict:
+    return json.loads(storage.read_text(paths.join(temp_dir, name)))
 
 
 def _manifest(config: ConvertConfig, summary: dict, version: str) -> manifest.Manifest:

@@ -23,12 +23,18 @@ import tfrecord_pipe
 DISTRIBUTION = "tfrecord-pipe"
 PACKAGES = (tfrecord_pipe, beam_jobs)
 
-# Declared dependencies that remote workers do not need.
-NOT_ON_WORKERS = ("tensorflow",)
+# The extra whose requirements workers install with the core's: the job's. TensorFlow (the
+# reader's extra) is not among them: workers never import it.
+WORKER_EXTRA = "beam"
 
 # Flags with which the user already tells Beam how workers get our code.
-USER_PACKAGING_FLAGS = ("--setup_file", "--extra_package", "--extra_packages",
-                        "--sdk_container_image", "--worker_harness_container_image")
+USER_PACKAGING_FLAGS = (
+    "--setup_file",
+    "--extra_package",
+    "--extra_packages",
+    "--sdk_container_image",
+    "--worker_harness_container_image",
+)
 
 
 def _record_hash(data: bytes) -> str:
@@ -42,16 +48,18 @@ def _metadata(version: str) -> str:
         requires = importlib.metadata.requires(DISTRIBUTION) or []
     except importlib.metadata.PackageNotFoundError:
         requires = []
-    lines += [
-        f"Requires-Dist: {r}" for r in requires
-        if "extra ==" not in r and _name(r) not in NOT_ON_WORKERS
-    ]  # fmt: skip
+    lines += [f"Requires-Dist: {_without_marker(r)}" for r in requires if _for_workers(r)]
     return "\n".join(lines) + "\n"
 
 
-def _name(requirement: str) -> str:
-    """The distribution name a requirement line starts with ("apache-beam[gcp]>=2" -> ...)."""
-    return re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0].lower()
+def _for_workers(requirement: str) -> bool:
+    """The core's requirements, and the job's extra's."""
+    marker = requirement.partition(";")[2]
+    return "extra" not in marker or re.search(rf"extra\s*==\s*['\"]{WORKER_EXTRA}['\"]", marker)
+
+
+def _without_marker(requirement: str) -> str:
+    return requirement.partition(";")[0].strip()
 
 
 def build_wheel(folder: str | pathlib.Path) -> pathlib.Path:

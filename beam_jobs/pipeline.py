@@ -1,8 +1,8 @@
 """The conversion pipeline: list → load and check → plan and write shards, plus what
-finalising needs (the summary) and the rejected inputs.
+finalising needs (the summary) and the rejected inputs → finalise.
 
-Every output goes to a temporary folder inside the output folder; `finalise` moves it into
-place once the pipeline has finished.
+Every output goes to a temporary folder inside the output folder; the last step
+(`finalise.FinaliseDataset`) moves it into place once everything is written.
 """
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ import json
 import apache_beam as beam
 
 from beam_jobs import duplicates as content
-from beam_jobs import storage
+from beam_jobs import finalise, storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.load import BATCH, LoadImages
 from beam_jobs.sources import DropDuplicatePaths, ListSources
 from beam_jobs.write_shards import WriteShards
 from tfrecord_pipe.core import naming, paths
-
-SUMMARY_NAME = "_summary.json"  # in the temp folder: shards, counts and labels, for finalising
 
 
 class CollectLabels(beam.PTransform):
@@ -38,7 +36,8 @@ class CollectLabels(beam.PTransform):
             return sources.pipeline | "FixedLabels" >> beam.Create([self._fixed])
         return (
             sources
-            | "Labels" >> beam.FlatMap(
+            | "Labels"
+            >> beam.FlatMap(
                 lambda s: [s.label] if s.label is not None and s.problem is None else []
             )
             | "SortedSet" >> beam.CombineGlobally(SortedSet()).without_defaults()
@@ -78,11 +77,11 @@ class WriteRejected(beam.PTransform):
         folder = self._folder
         return (
             rejected
-            | "BySplit" >> beam.Map(
-                lambda row: (row["split"], (row["path"], json.dumps(row, sort_keys=True)))
-            )
+            | "BySplit"
+            >> beam.Map(lambda row: (row["split"], (row["path"], json.dumps(row, sort_keys=True))))
             | "PerSplit" >> beam.GroupByKey()
-            | "WriteJsonl" >> beam.MapTuple(
+            | "WriteJsonl"
+            >> beam.MapTuple(
                 lambda split, rows: _write_lines(
                     paths.join(folder, naming.rejected_name(split)),
                     [line for _, line in sorted(rows)],
@@ -103,7 +102,8 @@ class WriteSummary(beam.PTransform):
     A few hundred rows at most, so one worker writes them; one file instead of three text
     sinks also spares a dozen pipeline stages, each with a fixed start-up cost. The rows are
     gathered under one key rather than with `ToList`, whose empty-input branch costs two more
-    stages: there is always a row (every job lists at least one input).
+    stages; a "start" row makes the group even when nothing was listed, so that finalising
+    runs and says so. Emits the file's path.
     """
 
     def __init__(self, path: str):
@@ -113,8 +113,10 @@ class WriteSummary(beam.PTransform):
     def expand(self, parts):
         shards, counts, labels, duplicate_totals = parts
         path = self._path
+        start = shards.pipeline | "Start" >> beam.Create([("start", None)])
         return (
             (
+                start,
                 shards | "TagShard" >> beam.Map(lambda row: ("shards", row)),
                 counts | "TagCount" >> beam.Map(lambda row: ("counts", row)),
                 labels | "TagLabels" >> beam.Map(lambda row: ("labels", list(row))),
@@ -127,20 +129,35 @@ class WriteSummary(beam.PTransform):
         )
 
 
-def _write_summary(path: str, rows) -> None:
+def _write_summary(path: str, rows) -> str:
     summary = {"shards": [], "counts": [], "labels": [], "duplicates": []}
+    listed = False
     for kind, row in rows:
-        summary[kind].append(row)
+        if kind != "start":
+            summary[kind].append(row)
+            listed = True
+    if not listed:
+        return path  # nothing listed: no summary, and finalising says so
     summary["shards"].sort(key=lambda s: (s["split"], s["index"]))
     summary["counts"].sort(key=lambda c: (c["split"], c["what"]))
     text = json.dumps(summary, sort_keys=True)
     storage.write_bytes(path, text.encode("utf-8"), mime_type="application/json")
+    return path
 
 
-def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str,
-                   fixed_labels: tuple[str, ...] | None, progress_dir: str | None = None,
-                   load_threads: int = 1) -> None:
-    """Adds the conversion's steps to `pipeline`; outputs land in `temp_dir` for finalising.
+def build_pipeline(
+    pipeline: beam.Pipeline,
+    config: ConvertConfig,
+    temp_dir: str,
+    fixed_labels: tuple[str, ...] | None,
+    progress_dir: str | None = None,
+    load_threads: int = 1,
+    version: str = "",
+    run: str | None = None,
+) -> None:
+    """Adds the conversion's steps to `pipeline`: outputs land in `temp_dir`, and the last
+    step finalises them into the output folder (`version` goes into the manifest; the claim
+    of run `run` is given up at the end).
 
     `progress_dir` and `load_threads` are for local runs: where LoadImages reports its counts
     for the progress line, and how many threads each LoadImages instance checks inputs on.
@@ -161,7 +178,8 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
     loaded = (
         sources
         | "Batch" >> beam.BatchElements(min_batch_size=BATCH, max_batch_size=BATCH)
-        | "LoadImages" >> beam.ParDo(
+        | "LoadImages"
+        >> beam.ParDo(
             LoadImages(config.policy, config.label_offset, progress_dir, load_threads),
             labels=beam.pvalue.AsSingleton(labels, default_value=()),
         ).with_outputs(LoadImages.REJECTED, main="records")
@@ -170,9 +188,11 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
     shards = same["records"] | "WriteShards" >> WriteShards(config, temp_dir)
     deduped = (same["rejected"],) if same["rejected"] is not None else ()
     rejected = (
-        (*duplicates, loaded[LoadImages.REJECTED], *deduped) | "AllRejected" >> beam.Flatten()
-    )
-    _ = same["groups"] | "WriteDuplicates" >> content.WriteDuplicates(temp_dir)
+        *duplicates,
+        loaded[LoadImages.REJECTED],
+        *deduped,
+    ) | "AllRejected" >> beam.Flatten()
+    duplicates_written = same["groups"] | "WriteDuplicates" >> content.WriteDuplicates(temp_dir)
     duplicate_totals = (
         same["groups"]
         | "DuplicateTotals" >> beam.FlatMap(content.totals)
@@ -184,13 +204,17 @@ def build_pipeline(pipeline: beam.Pipeline, config: ConvertConfig, temp_dir: str
         (
             listed | "ListedPerSplit" >> beam.Map(lambda s: ((s.split, "listed"), 1)),
             rejected
-            | "RejectedPerReason" >> beam.Map(lambda r: ((r["split"], "rejected:" + r["reason"]), 1)),
+            | "RejectedPerReason"
+            >> beam.Map(lambda r: ((r["split"], "rejected:" + r["reason"]), 1)),
         )
         | "AllCounts" >> beam.Flatten()
         | "SumCounts" >> beam.CombinePerKey(sum)
         | "CountRows" >> beam.MapTuple(lambda key, n: {"split": key[0], "what": key[1], "n": n})
     )
-    _ = (shards, counts, labels, duplicate_totals) | "Summary" >> WriteSummary(
-        paths.join(temp_dir, SUMMARY_NAME)
+    summary = (shards, counts, labels, duplicate_totals) | "Summary" >> WriteSummary(
+        paths.join(temp_dir, finalise.SUMMARY_NAME)
     )
-    _ = rejected | "WriteRejected" >> WriteRejected(temp_dir)
+    rejected_written = rejected | "WriteRejected" >> WriteRejected(temp_dir)
+    _ = summary | "FinaliseDataset" >> finalise.FinaliseDataset(
+        config, temp_dir, version, run, written=(rejected_written, duplicates_written)
+    )

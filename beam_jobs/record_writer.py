@@ -18,6 +18,8 @@ import google_crc32c
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_jobs import storage
+
 _MASK_DELTA = 0xA282EAD8
 
 
@@ -36,13 +38,16 @@ def _header(data: bytes) -> bytes:
 class RecordWriter:
     """Writes records to a new TFRecord file at `path` (any Beam filesystem path).
 
-    Use as a context manager; the file is complete only once the writer is closed.
+    Use as a context manager. The records go to a part file beside `path`, which takes the
+    name when the writer closes: a file under `path` is always complete, whatever happens to
+    this writer, and a retried writer replaces it whole (`storage.part_path`).
     """
 
     def __init__(self, path: str, compress: bool = False):
         compression = CompressionTypes.GZIP if compress else CompressionTypes.UNCOMPRESSED
+        self._path, self._part = path, storage.part_path(path)
         self._file = FileSystems.create(
-            path, mime_type="application/octet-stream", compression_type=compression
+            self._part, mime_type="application/octet-stream", compression_type=compression
         )
 
     def write(self, data: bytes) -> None:
@@ -52,10 +57,15 @@ class RecordWriter:
         self._file.write(struct.pack("<I", masked_crc32c(data)))
 
     def close(self) -> None:
+        """Finishes the file and gives it its name."""
         self._file.close()
+        storage.put_in_place(self._part, self._path)
 
     def __enter__(self) -> RecordWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *_) -> None:
+        if kind is None:
+            self.close()
+        else:  # failed midway: the part file is left in the temporary folder, never named
+            self._file.close()

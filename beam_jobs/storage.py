@@ -7,6 +7,7 @@ import functools
 import os
 import shutil
 import stat
+import uuid
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -130,6 +131,30 @@ def _too_large(size: int | None, max_bytes: int) -> str:
     )
 
 
+def part_path(path: str) -> str:
+    """Where a file is written before it takes its name: a hidden, unique name beside it.
+
+    A retried or duplicated worker (Dataflow retries failed bundles, and may run a slow one
+    twice) then never leaves a half-written file under the real name, nor do two attempts
+    write into one file.
+    """
+    return paths.join(
+        paths.parent(path), f"{PART_PREFIX}{uuid.uuid4().hex[:12]}-{paths.basename(path)}"
+    )
+
+
+PART_PREFIX = ".part-"
+
+
+def put_in_place(part: str, path: str) -> None:
+    """Renames a finished part file to its name, replacing what is there (in one step on
+    local disk and on gs://)."""
+    FileSystems.rename([part], [path])
+
+
 def write_bytes(path: str, data: bytes, mime_type: str = "application/octet-stream") -> None:
-    with FileSystems.create(path, mime_type=mime_type) as f:
+    """Writes a whole file: it appears under `path` complete, or not at all."""
+    part = part_path(path)
+    with FileSystems.create(part, mime_type=mime_type) as f:
         f.write(data)
+    put_in_place(part, path)

@@ -46,12 +46,12 @@ def test_no_command_is_bad_input():
 
 def every_command_parser():
     """(name, parser) of each command: the CLI's sub-commands and the converter's own."""
-    from beam_jobs import convert
+    from beam_jobs import flags
     from tfrecord_pipe.tools import cli
 
     (commands,) = [a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)]
     yield from ((n, p) for n, p in commands.choices.items() if n != "convert")
-    yield "convert", convert.make_parser("tfrecord-pipe convert")
+    yield "convert", flags.make_parser("tfrecord-pipe convert")
 
 
 @pytest.mark.parametrize("name, parser", list(every_command_parser()))

@@ -4,20 +4,26 @@
 files to `--staging_location` (on the test GCS) and write the template JSON.
 """
 
+import argparse
+import importlib.metadata
 import json
+import pathlib
+import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 import pytest
 from apache_beam.portability.api import beam_runner_api_pb2
 from google.cloud import storage
 
 import tfrecord_pipe
-from beam_jobs import convert, packaging
+from beam_jobs import convert, flags, packaging
 
 from helpers import jpeg_bytes
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 WHEEL = f"tfrecord_pipe-{tfrecord_pipe.__version__}-py3-none-any.whl"
 
 
@@ -30,12 +36,26 @@ def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_pa
     bucket.blob("df-src/daisy/1.jpg").upload_from_string(jpeg_bytes())
     template = tmp_path / "template.json"
 
-    result = convert.run([
-        gcs.url("df-src"), gcs.url("df-out"), "--validation_fraction", "0.1",
-        "--runner", "DataflowRunner", "--project", "test-project", "--region", "us-central1",
-        "--temp_location", gcs.url("df-tmp"), "--staging_location", gcs.url("df-staging"),
-        "--template_location", str(template),
-    ])
+    result = convert.run(
+        [
+            gcs.url("df-src"),
+            gcs.url("df-out"),
+            "--validation_fraction",
+            "0.1",
+            "--runner",
+            "DataflowRunner",
+            "--project",
+            "test-project",
+            "--region",
+            "us-central1",
+            "--temp_location",
+            gcs.url("df-tmp"),
+            "--staging_location",
+            gcs.url("df-staging"),
+            "--template_location",
+            str(template),
+        ]
+    )
 
     assert result is None  # nothing ran
     staged = json.loads(template.read_text())["environment"]["workerPools"][0]["packages"]
@@ -46,21 +66,46 @@ def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_pa
     pipeline = beam_runner_api_pb2.Pipeline()
     pipeline.ParseFromString(blobs["pipeline.pb"].download_as_bytes())
     labels = {t.unique_name for t in pipeline.components.transforms.values()}
-    for step in ("List/Walk", "LoadImages", "WriteShards/PlanShards",
-                 "WriteShards/WriteShard", "WriteRejected"):
+    for step in (
+        "List/Walk",
+        "LoadImages",
+        "WriteShards/PlanShards",
+        "WriteShards/WriteShard",
+        "WriteRejected",
+        "FinaliseDataset/Finalise",
+    ):
         assert any(label == step or label.startswith(step + "/") for label in labels), step
 
     # A worker pip-installs the staged wheel: do the same, then import the job's DoFns from it.
     wheel = tmp_path / WHEEL
     blobs[wheel.name].download_to_filename(wheel)
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--target", str(target), str(wheel)], check=True)
-    probe = ("import beam_jobs.load, tfrecord_pipe.core.schema, importlib.metadata as m;"
-             "print(beam_jobs.load.__file__); print(m.requires('tfrecord-pipe'))")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+    )
+    probe = (
+        "import beam_jobs.load, tfrecord_pipe.core.schema, importlib.metadata as m;"
+        "print(beam_jobs.load.__file__); print(m.requires('tfrecord-pipe'))"
+    )
     # PYTHONPATH comes before site-packages: the import must resolve to the installed wheel.
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     assert str(target) in out.stdout
     assert "apache-beam[gcp]>=2.60" in out.stdout and "google-crc32c" in out.stdout
@@ -72,3 +117,72 @@ def test_no_wheel_is_built_when_the_user_says_how_to_package():
     assert packaging.user_packaged(["--setup_file=./setup.py"])
     assert packaging.user_packaged(["--extra_package", "x.whl"])
     assert not packaging.user_packaged(["--runner", "DataflowRunner"])
+
+
+def flex_parameters() -> list[dict]:
+    return json.loads((ROOT / "dataflow" / "metadata.json").read_text())["parameters"]
+
+
+def test_every_flex_template_parameter_is_a_converter_flag_and_switches_take_true_or_false():
+    parser = flags.make_parser()
+    options = {
+        max(a.option_strings, key=len).lstrip("-"): a for a in parser._actions if a.option_strings
+    }
+    parameters = flex_parameters()
+    for parameter in parameters:
+        assert parameter["name"] in options, parameter["name"]
+        switch = isinstance(options[parameter["name"]], argparse._StoreTrueAction)
+        assert (parameter.get("regexes") == ["^(true|false)$"]) == switch, parameter["name"]
+    required = {p["name"] for p in parameters if not p.get("isOptional")}
+    assert required == {"source", "output"}
+    # Every option of ours that a run would want is offered (not the launcher's own).
+    offered = {p["name"] for p in parameters}
+    assert set(options) - offered == {"help", "no_wait", "verbose"}
+
+
+def test_a_flex_template_command_line_makes_the_same_conversion_as_the_usual_one():
+    usual = [
+        "gs://b/images",
+        "gs://b/dataset",
+        "--validation_fraction",
+        "0.1",
+        "--compress",
+        "--num_shards",
+        "8",
+    ]
+    flex = [
+        "--source=gs://b/images",
+        "--output=gs://b/dataset",
+        "--validation_fraction=0.1",
+        "--compress=true",
+        "--overwrite=false",
+        "--num_shards=8",
+    ]
+    configs = []
+    for argv in (usual, flex):
+        args, beam_args = flags.parse(flags.make_parser(), argv)
+        assert beam_args == []
+        configs.append(flags.config_from_args(args))
+    assert configs[0] == configs[1]
+    with pytest.raises(ValueError, match="--compress takes true or false"):
+        flags.parse(flags.make_parser(), ["--source=a", "--output=b", "--compress=yes"])
+    with pytest.raises(ValueError, match="SOURCE is given twice"):
+        flags.parse(flags.make_parser(), ["a", "b", "--source=c"])
+    with pytest.raises(ValueError, match="No OUTPUT"):
+        flags.parse(flags.make_parser(), ["--source=a"])
+
+
+def test_the_container_recipes_install_the_job_without_tensorflow():
+    launcher = (ROOT / "dataflow" / "launcher.Dockerfile").read_text()
+    worker = (ROOT / "dataflow" / "worker.Dockerfile").read_text()
+    entry = re.search(r"FLEX_TEMPLATE_PYTHON_PY_FILE=/template/src/(\S+)", launcher).group(1)
+    assert (ROOT / entry).is_file()
+    for recipe in (launcher, worker):
+        installs = [line for line in recipe.splitlines() if line.startswith("RUN pip install")]
+        assert installs and all('[beam]"' in line and "tensorflow" not in line for line in installs)
+    assert (
+        "beam"
+        in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    beam_version = re.search(r"beam_python3\.\d+_sdk:(\S+)", worker).group(1)
+    assert beam_version == importlib.metadata.version("apache-beam")

@@ -29,7 +29,7 @@ from concurrent import futures
 
 import tensorflow as tf
 
-from beam_jobs import convert, sources, storage
+from beam_jobs import flags, sources, storage
 from tfrecord_pipe.core import images, manifest, naming, paths, schema, tfds_metadata
 from tfrecord_pipe.reading import dataset as dataset_lib
 
@@ -279,7 +279,7 @@ def _add_rejected(dataset, found, buckets, problems) -> int:
 
 def _add_sources(source, dataset, found, buckets, work) -> dict[str, int]:
     """Lists the inputs as the converter did and records what each should have become."""
-    recorded = convert.recorded_config(found.conversion)
+    recorded = flags.recorded_config(found.conversion)
     config = sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
     listed = sources.list_sources(config)
     found_listed = sum(info.listed for info in found.splits.values())

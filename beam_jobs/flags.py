@@ -1,0 +1,262 @@
+"""The conversion job's options: our flags, Beam's, and the pipeline options they make.
+
+Our flags become a `ConvertConfig` (`config_from_args`); every other flag must be Beam's
+(`check_beam_flags`: Beam itself would drop a misspelt one with a warning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import math
+import os
+import sys
+import tempfile
+
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+)
+
+from beam_jobs import packaging
+from beam_jobs.config import CSV_HEADERS, LAYOUTS, ConvertConfig
+from tfrecord_pipe.core import help_format, images
+
+LOCAL_RUNNER = "FnApiRunner"  # what DirectRunner runs on; naming it skips the Prism attempt
+_POLICY = images.ImagePolicy  # its class attributes are the defaults
+
+
+def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentParser:
+    """Our flags; their defaults are ConvertConfig's and ImagePolicy's."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Convert image folders or CSV lists into sharded TFRecords. "
+        "Flags not listed here go to Beam (--runner, --project, --region, ...).",
+        allow_abbrev=False,  # --num_shard is a typo to report, not --num_shards
+        formatter_class=help_format.HelpFormatter,
+    )
+    add = parser.add_argument
+    add("source", nargs="?", help="image folder, folder of split folders, or CSV (local or gs://)")
+    add("output", nargs="?", help="dataset folder to write (local or gs://)")
+    # As flags too: a Flex Template passes every parameter as --name=value.
+    add("--source", dest="source_flag", metavar="SOURCE", help="SOURCE, given as a flag")
+    add("--output", dest="output_flag", metavar="OUTPUT", help="OUTPUT, given as a flag")
+    add(
+        "--layout",
+        default=ConvertConfig.layout,
+        choices=LAYOUTS,
+        help="how SRC is organised; auto: split folders if every folder in SRC is named "
+        "train, validation or test, label folders if none is, else an error saying which",
+    )
+    add(
+        "--csv_header",
+        default=ConvertConfig.csv_header,
+        choices=CSV_HEADERS,
+        help="whether the CSV's first line is a header; auto: when its path cell is a plain "
+        "name, no '/' or '.', that names no existing file",
+    )
+    add(
+        "--validation_fraction",
+        type=float,
+        default=ConvertConfig.validation_fraction,
+        help="share of inputs for validation when SRC does not split",
+    )
+    add("--labels_file", help="label order, one per line (default: sorted names)")
+    add(
+        "--label_offset",
+        type=int,
+        default=ConvertConfig.label_offset,
+        help="added to label indices (1: index 0 is 'background', as Cloud TPU models expect)",
+    )
+    add(
+        "--num_shards",
+        type=int,
+        help="shards per split (default: the least multiple of 64 within --shard_mb each, at "
+        "most one per record, so that up to 64 hosts read files of their own)",
+    )
+    add(
+        "--shard_mb",
+        type=float,
+        default=ConvertConfig.shard_bytes / (1 << 20),
+        help="largest shard size in MiB when --num_shards is not given",
+    )
+    add(
+        "--max_side",
+        type=int,
+        default=_POLICY.max_side,
+        help="downscale images whose longer side is larger (pixels; default: keep sizes)",
+    )
+    add(
+        "--max_pixels",
+        type=int,
+        default=_POLICY.max_pixels,
+        help="reject images with more pixels (decompression-bomb guard)",
+    )
+    add(
+        "--jpeg_quality", type=int, default=_POLICY.jpeg_quality, help="quality of re-encoded JPEGs"
+    )
+    add(
+        "--max_file_mb",
+        type=float,
+        default=_POLICY.max_file_bytes / (1 << 20),
+        help="reject input files larger than this (MiB), without reading them",
+    )
+    add(
+        "--reject_other_formats",
+        action="store_true",
+        help="reject PNG/GIF/WebP/BMP/TIFF instead of re-encoding them",
+    )
+    add("--compress", action="store_true", help="write GZIP-compressed shards")
+    add("--overwrite", action="store_true", help="replace a dataset in OUTPUT")
+    add(
+        "--dedupe",
+        action="store_true",
+        help="of inputs with the same bytes, keep the first by path and reject the others as "
+        "duplicate_content (without it they are all written, and listed in duplicates.jsonl)",
+    )
+    add(
+        "--no_wait",
+        action="store_true",
+        help="launch the job (Dataflow) and return: its last step finalises OUTPUT, and gives "
+        "up the claim on it; check the result with `tfrecord-pipe verify`",
+    )
+    add("--verbose", action="store_true", help="also show Beam's own log lines")
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, list[str]]:
+    """(our options, Beam's flags) of a command line; SOURCE and OUTPUT given either way, and
+    switches also as `--compress=true` / `=false` (a Flex Template passes every parameter as
+    --name=value)."""
+    args, beam_args = parser.parse_known_args(_switches_as_given(parser, argv))
+    for name in ("source", "output"):
+        given, flag = getattr(args, name), getattr(args, f"{name}_flag")
+        if given is not None and flag is not None:
+            raise ValueError(f"{name.upper()} is given twice ({given}, and --{name} {flag}).")
+        if given is None and flag is None:
+            raise ValueError(
+                f"No {name.upper()}: give SOURCE and OUTPUT (or --source and --output)."
+            )
+        setattr(args, name, given if given is not None else flag)
+    return args, beam_args
+
+
+def _switches_as_given(parser: argparse.ArgumentParser, argv) -> list[str]:
+    switches = {
+        flag for action in parser._actions if isinstance(action, argparse._StoreTrueAction)
+        for flag in action.option_strings
+    }  # fmt: skip
+    out = []
+    for arg in sys.argv[1:] if argv is None else argv:
+        flag, equals, value = arg.partition("=")
+        if flag in switches and equals:
+            if value.lower() not in ("true", "false"):
+                raise ValueError(f"{flag} takes true or false, got {value!r}")
+            out += [flag] if value.lower() == "true" else []
+        else:
+            out.append(arg)
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> ConvertConfig:
+    for flag in ("shard_mb", "max_file_mb"):
+        value = getattr(args, flag)
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"--{flag} must be a positive number of MiB, got {value}")
+    return ConvertConfig(
+        source=args.source, output=args.output, layout=args.layout, csv_header=args.csv_header,
+        validation_fraction=args.validation_fraction, labels_file=args.labels_file,
+        label_offset=args.label_offset, num_shards=args.num_shards,
+        shard_bytes=int(args.shard_mb * (1 << 20)), compress=args.compress,
+        overwrite=args.overwrite, dedupe=args.dedupe,
+        policy=images.ImagePolicy(
+            max_side=args.max_side, jpeg_quality=args.jpeg_quality, max_pixels=args.max_pixels,
+            allow_other_formats=not args.reject_other_formats,
+            max_file_bytes=int(args.max_file_mb * (1 << 20)),
+        ),
+    )  # fmt: skip
+
+
+def recorded_config(record: dict) -> ConvertConfig:
+    """The configuration a manifest recorded: ConvertConfig.to_record's, or the command-line
+    flags that manifests of tfrecord-pipe 0.1 held ({"flags": ...}).
+
+    Raises:
+      ValueError: the record is not one of these.
+    """
+    if "flags" not in record:
+        return ConvertConfig.from_record(record)
+    flags = record["flags"]
+    defaults = vars(make_parser().parse_args([flags.get("source", ""), flags.get("output", "")]))
+    known = {name: value for name, value in flags.items() if name in defaults}
+    return config_from_args(argparse.Namespace(**{**defaults, **known}))
+
+
+def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser) -> None:
+    """Raises ValueError for a flag that is neither ours nor Beam's, naming the closest.
+
+    Beam itself only logs a warning and drops it: `--validaton_fraction 0.2` would write a
+    dataset without the validation split.
+    """
+    ours = [flag for action in parser._actions for flag in action.option_strings]
+    known = set(ours) | _beam_flags()
+    for arg in beam_args:
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("-") and flag not in known:
+            names = sorted(name.lstrip("-") for name in known)
+            close = difflib.get_close_matches(flag.lstrip("-"), names, n=1, cutoff=0.75)
+            hint = f" Did you mean --{close[0]}?" if close else ""
+            raise ValueError(
+                f"Unknown flag {flag}: it is neither the converter's nor Beam's.{hint} "
+                "(--help lists the converter's flags.)"
+            )
+
+
+@functools.cache
+def _beam_flags() -> frozenset[str]:
+    """Every flag of Beam's pipeline options (the runners' and Dataflow's included)."""
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    flags = set()
+    for options in set(subclasses(PipelineOptions)):
+        parser = argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
+        options._add_argparse_args(parser)
+        flags.update(flag for action in parser._actions for flag in action.option_strings)
+    return frozenset(flags)
+
+
+def pipeline_options(beam_args: list[str], save_main_session: bool) -> PipelineOptions:
+    """Beam options; locally, the FnApiRunner (one in-process worker unless the user chose)."""
+    options = PipelineOptions(beam_args)
+    standard = options.view_as(StandardOptions)
+    if standard.runner in (None, "DirectRunner"):
+        standard.runner = LOCAL_RUNNER
+    elif not packaging.user_packaged(beam_args):
+        # Remote workers need our package; ship a wheel of it unless the user chose a way.
+        wheel = packaging.build_wheel(tempfile.mkdtemp(prefix="tfrecord-pipe-wheel-"))
+        options.view_as(SetupOptions).extra_packages = [str(wheel)]
+    # Our DoFns live in an importable package, so workers need nothing from __main__; keeping
+    # the option lets a user's own script that wraps run() pickle its globals.
+    options.view_as(SetupOptions).save_main_session = save_main_session
+    return options
+
+
+def local_load_threads(options: PipelineOptions) -> int:
+    """Threads for each LoadImages: a core each when the job runs as one in-process worker.
+
+    That is the local default: Beam's in-memory mode hands elements between steps without
+    encoding them for gRPC, which made it faster than Beam's worker threads
+    (`--direct_running_mode=multi_threading`; benchmarks/RESULTS.md, "Conversion: local
+    runner"); worker processes (`multi_processing`) each start a Beam SDK harness first.
+    Anything else the user chose keeps one thread per worker.
+    """
+    direct = options.view_as(DirectOptions)
+    one_worker = direct.direct_running_mode == "in_memory" and direct.direct_num_workers == 1
+    return (os.cpu_count() or 1) if one_worker else 1

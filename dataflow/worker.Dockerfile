@@ -1,0 +1,8 @@
+# Workers with everything installed, for --sdk_container_image: needed with
+# --no_use_public_ips (workers without a public IP cannot pip-install from PyPI), and it
+# makes every worker start faster. Use the Beam SDK image of the apache-beam version you
+# launch with (2.77.0 here) and your Python.
+FROM apache/beam_python3.11_sdk:2.77.0
+
+COPY . /src
+RUN pip install --no-cache-dir "/src[beam]"

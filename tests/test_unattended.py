@@ -1,0 +1,213 @@
+"""The job finishes itself: its last step finalises the dataset, with nobody waiting (Dataflow,
+a template), and every write and the finalise can run again, or after failing midway, and
+end with the same bytes (Dataflow retries failed bundles and may run a slow one twice)."""
+
+import hashlib
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import apache_beam as beam
+import google_crc32c
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+import tfrecord_pipe
+from beam_jobs import claim, finalise, load, pipeline, shard_plan, sources, storage, write_shards
+from beam_jobs.config import ConvertConfig
+from tfrecord_pipe.core import images, naming
+
+from helpers import IN_PROCESS, run_cli, write_image_folder
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ODD = ("truncated_jpeg.jpg", "hopper.png")
+
+
+def tree(folder) -> dict[str, str]:
+    """Every file below `folder`, by relative path, with a digest of its bytes."""
+    folder = pathlib.Path(folder)
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def launch(config: ConvertConfig, run: str | None = None) -> str:
+    """The pipeline as a launcher that does not wait builds it; the test runs it to the end
+    and returns its temporary folder. No launcher code runs after the job."""
+    temp_dir = str(pathlib.Path(config.output) / f"{finalise.TEMP_PREFIX}{run or 'template'}")
+    job = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", *IN_PROCESS]))
+    pipeline.build_pipeline(job, config, temp_dir, None, version=tfrecord_pipe.__version__, run=run)
+    job.run().wait_until_finish()
+    return temp_dir
+
+
+def config_for(src, out, **options) -> ConvertConfig:
+    config = ConvertConfig(source=str(src), output=str(out), validation_fraction=0.3, **options)
+    return sources.resolve_layout(config)
+
+
+@pytest.mark.slow
+def test_the_job_finalises_on_its_own_and_gives_up_the_launchers_claim(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=6, odd=ODD)
+    out = tmp_path / "out"
+    held = claim.Claim(str(out))
+    with held:
+        held.hand_over()  # what the launcher does before it returns
+    assert (out / claim.CLAIM_NAME).exists()  # the job holds it now, not the launcher
+    launch(config_for(src, out, num_shards=2), run=held.run)
+    assert (out / naming.MANIFEST_NAME).exists()
+    assert not (out / claim.CLAIM_NAME).exists()
+    assert not [p for p in out.iterdir() if p.name.startswith(finalise.TEMP_PREFIX)]
+    assert run_cli("verify", src, out).returncode == 0
+
+
+@pytest.mark.slow
+def test_the_job_finalises_on_its_own_into_gcs(gcs, tmp_path):
+    from google.cloud import storage as gcs_storage
+
+    src = write_image_folder(tmp_path / "src", per_label=4, odd=ODD)
+    out = gcs.url("unattended")
+    config = config_for(src, out, num_shards=2)
+    job = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", *IN_PROCESS]))
+    temp_dir = f"{out}/{finalise.TEMP_PREFIX}gcsrun"
+    pipeline.build_pipeline(job, config, temp_dir, None, version=tfrecord_pipe.__version__)
+    job.run().wait_until_finish()
+    names = {
+        b.name for b in gcs_storage.Client().bucket(gcs.bucket).list_blobs(prefix="unattended/")
+    }
+    assert "unattended/manifest.json" in names
+    assert not [n for n in names if finalise.TEMP_PREFIX in n or storage.PART_PREFIX in n]
+    assert run_cli("verify", src, out).returncode == 0
+
+
+@pytest.mark.slow
+def test_finalising_again_changes_no_byte_and_a_failed_finalise_finishes_when_run_again(
+    tmp_path, monkeypatch
+):
+    src = write_image_folder(tmp_path / "src", per_label=6, odd=ODD)
+    out = tmp_path / "out"
+    config = config_for(src, out, num_shards=2)
+    launch(config)
+    expected = tree(out)  # a run that nothing went wrong in
+    shutil.rmtree(out)
+
+    # A finalise that dies after moving the shards, before the manifest (a worker lost).
+    real_write = storage.write_bytes
+
+    def dies_at_the_manifest(path, data, mime_type="application/octet-stream"):
+        if path.endswith(naming.MANIFEST_NAME):
+            raise OSError("worker lost")
+        real_write(path, data, mime_type)
+
+    monkeypatch.setattr(storage, "write_bytes", dies_at_the_manifest)
+    with pytest.raises(Exception, match="worker lost"):
+        launch(config)
+    monkeypatch.setattr(storage, "write_bytes", real_write)
+    assert not (out / naming.MANIFEST_NAME).exists()  # no manifest over a half-finished folder
+    temp_dir = out / f"{finalise.TEMP_PREFIX}template"
+    finalise.finalise(config, str(temp_dir), tfrecord_pipe.__version__)  # the retry
+    assert tree(out) == expected
+    finalise.finalise(config, str(temp_dir), tfrecord_pipe.__version__)  # and once more
+    assert tree(out) == expected
+
+
+@pytest.mark.slow
+def test_an_overwrite_whose_finalise_is_retried_still_removes_the_old_datasets_files(
+    tmp_path, monkeypatch
+):
+    src = write_image_folder(tmp_path / "src", per_label=6)
+    out = tmp_path / "out"
+    launch(config_for(src, out, num_shards=3))
+    old_files = {p.name for p in out.glob("*.tfrecord")}
+    real_move = finalise._move
+
+    def dies_after_moving(moves):
+        real_move(moves)
+        raise OSError("worker lost after the moves")
+
+    monkeypatch.setattr(finalise, "_move", dies_after_moving)
+    config = config_for(src, out, num_shards=1, overwrite=True)
+    with pytest.raises(Exception, match="worker lost after the moves"):
+        launch(config)
+    monkeypatch.setattr(finalise, "_move", real_move)
+    assert not (out / naming.MANIFEST_NAME).exists()  # the old one went first
+    finalise.finalise(
+        config, str(out / f"{finalise.TEMP_PREFIX}template"), tfrecord_pipe.__version__
+    )
+    shards = {p.name for p in out.glob("*.tfrecord")}
+    assert len(shards) == 2 and not shards & (old_files - shards)  # one per split, old ones gone
+    assert run_cli("verify", src, out).returncode == 0
+
+
+def checked_entries(folder: pathlib.Path) -> list[load.Checked]:
+    """What LoadImages makes of each JPEG in `folder` (label "red")."""
+    entries = []
+    for path in sorted(folder.rglob("*.jpg")):
+        data = path.read_bytes()
+        stored = images.normalise(data)
+        relpath = f"red/{path.name}"
+        entries.append(load.Checked(
+            key=shard_plan.order_key(relpath), path=str(path), relpath=relpath, label_index=0,
+            label_text="red", sha256=hashlib.sha256(data).hexdigest(),
+            crc32c=google_crc32c.value(data), height=stored.height, width=stored.width,
+            size=len(stored.encoded), reencoded=stored.reencoded,
+        ))  # fmt: skip
+    return entries
+
+
+def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_file(tmp_path, monkeypatch):
+    src = write_image_folder(tmp_path / "src", per_label=5, labels=("red",))
+    entries = checked_entries(src / "red")
+    temp = tmp_path / "temp"
+    writer = write_shards.WriteShard(str(temp), False, images.ImagePolicy(), 1)
+    writer.setup()
+    plans = {"train": {"shards": 1}}
+    element = (("train", 0), entries)
+    [info] = writer.process(element, plans)
+    shard = temp / info["file"]
+    first = shard.read_bytes()
+    [again] = writer.process(element, plans)
+    assert shard.read_bytes() == first and again == info
+
+    # A try that fails midway (a read error on the third record) leaves no file under the
+    # shard's name; the retry writes it whole.
+    shard.unlink()
+    real_read = load.read_record
+    reads = []
+
+    def fails_once(entry, policy, offset):
+        reads.append(entry)
+        if len(reads) == 3:
+            raise OSError("connection reset")
+        return real_read(entry, policy, offset)
+
+    monkeypatch.setattr(load, "read_record", fails_once)
+    with pytest.raises(OSError, match="connection reset"):
+        list(writer.process(element, plans))
+    assert not shard.exists()
+    [retried] = writer.process(element, plans)
+    assert shard.read_bytes() == first and retried == info
+    writer.teardown()
+
+
+@pytest.mark.slow
+def test_the_launcher_runs_without_tensorflow(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=3)
+    code = (
+        "import sys; sys.modules['tensorflow'] = None  # any import of it fails\n"
+        "from tfrecord_pipe.tools import cli\n"
+        f"sys.exit(cli.main(['convert', {str(src)!r}, {str(tmp_path / 'out')!r}, "
+        f"*{IN_PROCESS!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Converted into" in done.stdout
+    assert (tmp_path / "out" / naming.MANIFEST_NAME).exists()
+
+
+def test_no_wait_with_the_local_runner_is_refused(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=1)
+    done = run_cli("convert", src, tmp_path / "out", "--no_wait")
+    assert done.returncode == 2
+    assert "--no_wait is for a runner that runs the job elsewhere" in done.stderr
