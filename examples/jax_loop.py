@@ -3,8 +3,8 @@
     python -m examples.jax_loop DATASET_DIR [--steps 300] [--batch_size 32]
 
 What a JAX program needs from the reader, and nothing else:
-- `make_input_fn(...)()` reads this host's share of the files: with several hosts
-  (`jax.distributed.initialize`), JAX's process index and count choose it, and each host gets
+- `make_input_fn(...)()` reads this host's share of the files: once JAX has started (with
+  several hosts, after `jax.distributed.initialize`), JAX's process index and count choose it, and each host gets
   its part of the global batch; TensorFlow, which only feeds data, stays off the accelerators.
 - `.as_numpy_iterator()` gives numpy batches; "uint8" images are normalised on the device
   (`normalize`), so the host moves one byte per pixel.
@@ -83,6 +83,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch_size", type=int, default=32, help="global, over all hosts")
     args = parser.parse_args(argv)
     classes = len(dataset.read_manifest(args.dataset_dir).labels)
+    # JAX first (on several hosts, jax.distributed.initialize() before this): once its backend
+    # has started, the reader reads this host's share and keeps TensorFlow off the accelerators.
+    print(f"JAX on {jax.device_count()} device(s), host {jax.process_index()} of "
+          f"{jax.process_count()}", flush=True)  # fmt: skip
     options = {"image_size": IMAGE_SIZE, "dtype": "uint8", "batch_size": args.batch_size}
 
     train = reader.make_input_fn(args.dataset_dir, is_training=True, **options)()

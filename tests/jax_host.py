@@ -21,6 +21,7 @@ def main(dataset_dir, address, process_id, process_count):
         coordinator_address=address, num_processes=process_count, process_id=process_id,
         initialization_timeout=120,
     )  # fmt: skip
+    print(f"host {jax.process_index()} of {jax.process_count()} on {jax.devices()}", flush=True)
     options = {"image_size": 16, "dtype": "uint8", "batch_size": 4}
     evaluation = reader.make_input_fn(dataset_dir, is_training=False, **options)()
     labels, steps = [], 0

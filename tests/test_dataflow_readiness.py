@@ -177,6 +177,10 @@ def test_the_container_recipes_install_the_job_without_tensorflow():
     worker = (ROOT / "dataflow" / "worker.Dockerfile").read_text()
     entry = re.search(r"FLEX_TEMPLATE_PYTHON_PY_FILE=/template/src/(\S+)", launcher).group(1)
     assert (ROOT / entry).is_file()
+    # Run as the launcher runs it (a script, its folder first on sys.path), it must start.
+    done = subprocess.run([sys.executable, str(ROOT / entry), "--help"], capture_output=True,
+                          text=True, cwd="/", timeout=120)  # fmt: skip
+    assert done.returncode == 0 and "--no_wait" in done.stdout, done.stderr[-2000:]
     for recipe in (launcher, worker):
         installs = [line for line in recipe.splitlines() if line.startswith("RUN pip install")]
         assert installs and all('[beam]"' in line and "tensorflow" not in line for line in installs)

@@ -107,6 +107,21 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def test_a_tensorflow_program_is_not_taken_for_a_jax_one_because_tensorflow_imports_jax():
+    code = (
+        "import sys, tensorflow as tf\n"
+        "from tfrecord_pipe.reading import hosts\n"
+        "print('imported', 'jax' in sys.modules, hosts.jax_in_use())\n"
+        "import jax; jax.devices()\n"
+        "print('started', hosts.jax_in_use())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "imported True False" in done.stdout  # TensorFlow imported jax: still not JAX's
+    assert "started True" in done.stdout
+
+
 @pytest.mark.slow
 def test_two_jax_hosts_read_disjoint_files_that_cover_the_split(numbered):
     address = f"127.0.0.1:{free_port()}"

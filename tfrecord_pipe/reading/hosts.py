@@ -5,7 +5,7 @@ global batch. `make_input_fn(host_index=, host_count=)` deals the files to hosts
 tf.distribute deals them to input pipelines (an InputContext with one pipeline and one replica
 per host): disjoint files, the global batch split evenly, and the same number of evaluation
 batches on every host, so that no host waits in a collective for another that has finished.
-With JAX imported and no position given, the position is jax.process_index() of
+With JAX in use (`jax_in_use`) and no position given, the position is jax.process_index() of
 jax.process_count(), and TensorFlow, which then only feeds data, is kept off the accelerators.
 """
 
@@ -22,8 +22,20 @@ _ACCELERATORS = ("GPU", "TPU")
 
 
 def jax_in_use() -> bool:
-    """Whether this process uses JAX (has imported it: Keras on JAX does too)."""
-    return "jax" in sys.modules
+    """Whether this process trains with JAX: Keras runs on JAX, or JAX has started its
+    backend (any `jax.devices()`, `jax.process_index()` or array op does).
+
+    Having imported jax is not enough: TensorFlow itself imports it when it is installed, and
+    a TensorFlow program must keep its accelerators.
+    """
+    if "jax" not in sys.modules:
+        return False
+    keras = sys.modules.get("keras")
+    if keras is not None and keras.backend.backend() == "jax":
+        return True
+    bridge = sys.modules.get("jax._src.xla_bridge")  # no public way to ask, as of jax 0.10
+    started = getattr(bridge, "backends_are_initialized", None)
+    return bool(started is not None and started())
 
 
 def position(host_index: int | None, host_count: int | None) -> tuple[int, int] | None:
@@ -35,7 +47,7 @@ def position(host_index: int | None, host_count: int | None) -> tuple[int, int] 
     if (host_index is None) != (host_count is None):
         raise ValueError(
             "Give both host_index and host_count (this host's position among the hosts), or "
-            "neither (JAX's process index and count, when JAX is in use)."
+            "neither (JAX's process index and count, when JAX is in use: `jax_in_use`)."
         )
     if host_count is None:
         if not jax_in_use():
