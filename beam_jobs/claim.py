@@ -134,7 +134,7 @@ class Claim:
                     f"{paths.parent(self.path)} is being written by another conversion: "
                     f"{holder}, alive {time.time() - holder.renewed:.0f} s ago. Wait for it to "
                     f"finish, or write elsewhere. If it was killed, its claim expires "
-                    f"{STALE_AFTER_S:.0f} s after its last sign of life, or remove {self.path}."
+                    f"{holder.lease_s:.0f} s after its last sign of life, or remove {self.path}."
                 )
             if self._store.remove_stale(holder):
                 self.taken_over = holder

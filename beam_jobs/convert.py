@@ -74,9 +74,12 @@ def run(
     template = options.view_as(GoogleCloudOptions).template_location
     # In a Flex Template's launcher: submit and return (it must not wait), and the job, not
     # this process, holds the output's claim.
+    if args.no_wait and template:
+        raise ValueError("--no_wait launches a job; --template_location only writes a "
+                         "template. Give one of the two.")  # fmt: skip
     no_wait = args.no_wait or FLEX_LAUNCHER in os.environ
     if no_wait:
-        template = None
+        template = None  # a Flex launcher's template_location is this run's
     run_id = uuid.uuid4().hex[:12]
     temp_dir = paths.join(config.output, f"{finalise.TEMP_PREFIX}{run_id}")
     started = time.monotonic()
@@ -90,7 +93,7 @@ def run(
         pipeline.build_pipeline(
             job, config, temp_dir, fixed_labels, progress.name if local else None,
             flags.local_load_threads(options) if local else 1,
-            version=tfrecord_pipe.__version__, run=None if template else run_id,
+            version=tfrecord_pipe.__version__, run=run_id if no_wait else None,
         )  # fmt: skip
         try:
             shown = (

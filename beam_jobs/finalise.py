@@ -26,6 +26,7 @@ TEMP_PREFIX = ".tmp-"  # OUT/.tmp-<run>: where a run writes before finalising
 SUMMARY_NAME = "_summary.json"  # the job's shards, counts and labels (`pipeline.WriteSummary`)
 PLAN_NAME = "_finalising.json"  # the old dataset's manifest, kept for a finalise run again
 NOTHING_NAME = "_nothing_written.txt"  # why there is no dataset, for the launcher to say
+DONE_NAME = "_done"  # the manifest is written: only the clean-up is left
 
 
 class NothingWrittenError(ValueError):
@@ -90,13 +91,40 @@ def clear_leftovers(out: str) -> list[str]:
         folders, _ = storage.children(paths.folder(out))
     except NotADirectoryError:
         return []
+    out = paths.folder(out)
     leftovers = sorted(paths.join(out, name) for name in folders if name.startswith(TEMP_PREFIX))
     for folder in leftovers:
+        # A run killed while finalising moved some of its files in, and the manifest of the
+        # dataset it replaced may be gone: only its temporary folder knows those files.
+        storage.delete([paths.join(out, name) for name in _orphans(out, folder)])
         storage.delete_folder(folder)
-    _, files = storage.children(paths.folder(out))
+    _, files = storage.children(out)
     parts = sorted(paths.join(out, name) for name in files if name.startswith(storage.PART_PREFIX))
     storage.delete(parts)  # a manifest being written when its run was killed
     return leftovers + parts
+
+
+def _orphans(out: str, temp_dir: str) -> list[str]:
+    """Files in `out` that a killed finalise left without a manifest to describe them: those
+    of the dataset it replaced and its own, less what the manifest now in `out` lists."""
+    if not FileSystems.exists(paths.join(temp_dir, PLAN_NAME)):
+        return []  # it had not begun to change the output folder
+    named = set()
+    kept = _read_json(temp_dir, PLAN_NAME)["old"]
+    if kept is not None:
+        named |= set(_files_of(manifest.Manifest.from_json(kept)))
+    if FileSystems.exists(paths.join(temp_dir, SUMMARY_NAME)):
+        summary = _read_json(temp_dir, SUMMARY_NAME)
+        named |= {row["file"] for row in summary["shards"]}
+        named |= {naming.rejected_name(row["split"]) for row in summary["counts"]}
+        named.add(naming.DUPLICATES_NAME)
+    if FileSystems.exists(paths.join(out, naming.MANIFEST_NAME)):
+        named -= set(_files_of(read_manifest(out)))
+    return sorted(name for name in named if FileSystems.exists(paths.join(out, name)))
+
+
+def _files_of(found: manifest.Manifest) -> list[str]:
+    return [*_shard_files(found), *_rejected_files(found), *_duplicates_file(found)]
 
 
 def finalise(
@@ -126,15 +154,24 @@ def finalise(
     """
     out = paths.folder(config.output)
     manifest_path = paths.join(out, naming.MANIFEST_NAME)
-    if not FileSystems.exists(paths.join(temp_dir, SUMMARY_NAME)):
-        if FileSystems.exists(manifest_path):  # finished before: its last act removed temp_dir
-            return read_manifest(out)
+    summary_path = paths.join(temp_dir, SUMMARY_NAME)
+    finished = FileSystems.exists(paths.join(temp_dir, DONE_NAME)) or (
+        not FileSystems.exists(summary_path) and FileSystems.exists(manifest_path)
+    )
+    if finished:  # an earlier try wrote the manifest; its clean-up may not have ended
+        _clean_up(out, temp_dir, run)
+        return read_manifest(out)
+    if not FileSystems.exists(summary_path):
+        _nothing_written(out, temp_dir, run, "The job's summary is missing from "
+                         f"{temp_dir}: was that folder changed? Run the conversion again.")  # fmt: skip
+    summary = _read_json(temp_dir, SUMMARY_NAME)
+    if not summary["counts"]:
         _nothing_written(
-            temp_dir,
+            out, temp_dir, run,
             f"No record was written: no input was found under {config.source} (only empty "
             "folders, or nothing the listing could see).",
-        )
-    result = _manifest(config, _read_json(temp_dir, SUMMARY_NAME), version)
+        )  # fmt: skip
+    result = _manifest(config, summary, version)
     if not any(info.num_examples for info in result.splits.values()):
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(result.rejected_reasons.items()))
         said = (
@@ -142,7 +179,7 @@ def finalise(
             f"({reasons}). The reasons are in {paths.join(temp_dir, naming.REJECTED_DIR)} (the "
             f"next conversion into {out} removes it)."
         )
-        _nothing_written(temp_dir, said)
+        _nothing_written(out, temp_dir, run, said)
     old = _old_dataset(config, temp_dir)
     # First: no manifest ever describes a mix, nor does TFDS's metadata (which a killed run
     # may have left without a manifest, so it goes whenever it is there).
@@ -168,16 +205,26 @@ def finalise(
         _delete_existing(stale)
     for name, text in manifest.files_of(result):  # manifest.json last
         storage.write_bytes(paths.join(out, name), text.encode("utf-8"), mime_type="text/plain")
-    storage.delete_folder(temp_dir)
-    if run is not None:
-        claim.give_up(out, run)
+    storage.write_bytes(paths.join(temp_dir, DONE_NAME), b"")
+    _clean_up(out, temp_dir, run)
     return result
 
 
-def _nothing_written(temp_dir: str, said: str):
+def _clean_up(out: str, temp_dir: str, run: str | None) -> None:
+    """After the manifest: the claim given up, the temporary folder removed (its summary
+    first, so that a try cut short here is seen as finished)."""
+    if run is not None:
+        claim.give_up(out, run)
+    _delete_existing([paths.join(temp_dir, SUMMARY_NAME)])
+    storage.delete_folder(temp_dir)
+
+
+def _nothing_written(out: str, temp_dir: str, run: str | None, said: str):
     """Raises NothingWrittenError, leaving its message for the launcher (a worker's exception
-    reaches it wrapped in the runner's)."""
+    reaches it wrapped in the runner's), and gives up the claim: the job is over."""
     storage.write_bytes(paths.join(temp_dir, NOTHING_NAME), said.encode("utf-8"))
+    if run is not None:
+        claim.give_up(out, run)
     raise NothingWrittenError(said)
 
 

@@ -131,13 +131,9 @@ class WriteSummary(beam.PTransform):
 
 def _write_summary(path: str, rows) -> str:
     summary = {"shards": [], "counts": [], "labels": [], "duplicates": []}
-    listed = False
     for kind, row in rows:
-        if kind != "start":
+        if kind != "start":  # nothing listed: an empty summary, and finalising says so
             summary[kind].append(row)
-            listed = True
-    if not listed:
-        return path  # nothing listed: no summary, and finalising says so
     summary["shards"].sort(key=lambda s: (s["split"], s["index"]))
     summary["counts"].sort(key=lambda c: (c["split"], c["what"]))
     text = json.dumps(summary, sort_keys=True)

@@ -211,3 +211,71 @@ def test_no_wait_with_the_local_runner_is_refused(tmp_path):
     done = run_cli("convert", src, tmp_path / "out", "--no_wait")
     assert done.returncode == 2
     assert "--no_wait is for a runner that runs the job elsewhere" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_run_after_an_overwrite_killed_while_finalising_removes_what_it_left(
+    tmp_path, monkeypatch
+):
+    # The killed run had deleted the old manifest and moved its shards in: only its temporary
+    # folder knew the old dataset's files. The next run must not leave them beside its own.
+    src = write_image_folder(tmp_path / "src", per_label=6)
+    out = tmp_path / "out"
+    launch(config_for(src, out, num_shards=6))
+    real_move = finalise._move
+
+    def killed_after_moving(moves):
+        real_move(moves)
+        raise OSError("killed")
+
+    monkeypatch.setattr(finalise, "_move", killed_after_moving)
+    with pytest.raises(Exception, match="killed"):
+        launch(config_for(src, out, num_shards=3, overwrite=True))
+    monkeypatch.setattr(finalise, "_move", real_move)
+    removed = finalise.clear_leftovers(str(out))  # what the next run does under the claim
+    assert removed and not list(out.glob("*.tfrecord"))  # old 6 and the killed run's 3
+    launch(config_for(src, out, num_shards=2, overwrite=True))
+    assert len(list(out.glob("train-*.tfrecord"))) == 2
+    assert run_cli("verify", src, out).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_finalise_cut_short_in_its_clean_up_finishes_it_and_gives_up_the_claim(
+    tmp_path, monkeypatch
+):
+    src = write_image_folder(tmp_path / "src", per_label=4)
+    out = tmp_path / "out"
+    held = claim.Claim(str(out))
+    with held:
+        held.hand_over()
+    real_delete = storage.delete_folder
+
+    def lost_while_deleting(folder):
+        raise OSError("worker lost in the clean-up")
+
+    monkeypatch.setattr(storage, "delete_folder", lost_while_deleting)
+    monkeypatch.setattr(claim, "give_up", lambda folder, run: None)  # as if lost before it
+    config = config_for(src, out, num_shards=2)
+    with pytest.raises(Exception, match="worker lost in the clean-up"):
+        launch(config, run=held.run)
+    monkeypatch.undo()
+    assert (out / naming.MANIFEST_NAME).exists() and (out / claim.CLAIM_NAME).exists()
+    written = tree(out)
+    temp_dir = out / f"{finalise.TEMP_PREFIX}{held.run}"
+    finalise.finalise(config, str(temp_dir), tfrecord_pipe.__version__, run=held.run)  # retry
+    assert not temp_dir.exists() and not (out / claim.CLAIM_NAME).exists()
+    dataset = {name: digest for name, digest in written.items() if not name.startswith(".")}
+    assert tree(out) == dataset  # the dataset's bytes untouched, the rest gone
+
+
+@pytest.mark.slow
+def test_an_empty_input_with_overwrite_fails_and_keeps_the_old_dataset(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    out = tmp_path / "out"
+    launch(config_for(src, out))
+    before = tree(out)
+    empty = tmp_path / "empty" / "red"
+    empty.mkdir(parents=True)
+    done = run_cli("convert", empty.parent, out, "--overwrite", *IN_PROCESS)
+    assert done.returncode == 2 and "no input was found" in done.stderr
+    assert {k: v for k, v in tree(out).items() if not k.startswith(".")} == before
