@@ -72,6 +72,15 @@ def test_a_wrong_host_position_is_refused_when_the_input_fn_is_made(numbered, in
         reader.make_input_fn(numbered, is_training=False, host_index=index, host_count=count)
 
 
+def test_dropping_the_evaluation_remainder_on_several_hosts_is_refused(numbered):
+    input_fn = reader.make_input_fn(
+        numbered, is_training=False, batch_size=4, eval_remainder="drop", host_index=0,
+        host_count=2,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="eval_remainder='pad'"):
+        input_fn()
+
+
 def test_a_host_position_and_an_input_context_together_are_refused(numbered):
     input_fn = reader.make_input_fn(
         numbered, is_training=False, batch_size=2, host_index=0, host_count=2

@@ -26,6 +26,9 @@ CMYK = ("pil_sample_cmyk.jpg",)  # mean difference at most 1 level, none over 8 
 REFUSED_BY_SERVING = {  # converted, but refused with the reason, as the README says
     "hopper.tif": "TIFF file, which TensorFlow cannot decode",
     "transparent.gif": "GIF with a transparent colour",
+    "animated.gif": "animated GIF or WebP",
+    "animated.webp": "animated GIF or WebP",
+    "palette.bmp": "BMP that TensorFlow cannot decode as the converter did",
 }
 
 
@@ -68,6 +71,20 @@ def made_files() -> dict[str, bytes]:
     }
     for orientation in range(1, 9):
         files[f"turned{orientation}.jpg"] = encode(hopper, "JPEG", exif=exif(orientation))
+    frames = [hopper, hopper.transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
+    files["animated.gif"] = encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
+    files["animated.webp"] = encode(frames[0], "WEBP", save_all=True, append_images=frames[1:])
+    files["palette.bmp"] = encode(palette, "BMP")
+    # Bytes that start no marker before the EXIF segment: Pillow skips them, and rotates.
+    turned = files["turned6.jpg"]
+    after_app0 = 4 + struct.unpack(">H", turned[4:6])[0]  # the JFIF segment comes first
+    assert turned[after_app0 : after_app0 + 2] == b"\xff\xe1"  # then the EXIF one
+    files["junk_before_exif.jpg"] = turned[:after_app0] + b"\x00\x17junk" + turned[after_app0:]
+    # An EXIF chunk in a simple (VP8) WebP: libwebp, and so Pillow, ignore it: upright.
+    simple = encode(hopper, "WEBP", lossless=False)
+    chunk = b"EXIF" + struct.pack("<I", len(exif(6))) + exif(6)
+    body = simple[12:] + chunk
+    files["ignored_exif.webp"] = b"RIFF" + struct.pack("<I", len(body) + 4) + b"WEBP" + body
     return files
 
 
@@ -104,7 +121,7 @@ def evaluated(encoded):
 def test_every_file_the_converter_stored_is_served_as_its_record(converted):
     kept = {name: pair for name, pair in converted.items()
             if pair[1] is not None and name not in REFUSED_BY_SERVING}  # fmt: skip
-    assert len(kept) >= 25  # the odd-image set and the made files, less those rejected
+    assert len(kept) >= 27  # the odd-image set and the made files, less those rejected
     pixels = served([data for data, _ in kept.values()])
     for (name, (_, record)), got in zip(kept.items(), pixels):
         want = evaluated(record)

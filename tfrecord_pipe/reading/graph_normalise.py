@@ -86,8 +86,9 @@ class _Bytes:
 
 
 def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """(height, width, gif_transparent) that a decodable file's header declares, int64, int64,
-    bool. Fails (an InvalidArgumentError) when the header is cut short or not readable."""
+    """(height, width, refusal) from a decodable file's header: int64, int64, and an int32
+    index into REFUSALS (0: none). Fails (an InvalidArgumentError) when the header is cut
+    short or not readable."""
     data = _Bytes(encoded)
 
     def needs(length):
@@ -136,39 +137,89 @@ def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf
             return tf.constant(0, tf.int64), tf.constant(0, tf.int64)
 
     height, width = tf.switch_case(fmt, [jpeg, png, gif, webp, bmp], default=refused)
-    transparent = tf.cond(
-        tf.equal(fmt, GIF), lambda: _gif_transparent(data), lambda: tf.constant(False)
-    )
-    return height, width, transparent
+    refusal = tf.switch_case(
+        fmt,
+        [_accepted, _accepted, lambda: _gif_refusal(data), lambda: _webp_refusal(data),
+         lambda: _bmp_refusal(data)],
+        default=_accepted,
+    )  # fmt: skip
+    return height, width, refusal
 
 
-def _gif_transparent(data: _Bytes) -> tf.Tensor:
-    """Whether a GIF's first graphic control extension (before its first image) sets a
-    transparent colour; True too when the blocks before its first image are too many to walk."""
+# Files TensorFlow decodes to other pixels than the converter stores, refused with the reason.
+REFUSALS = (
+    "",
+    "is a GIF with a transparent colour (or too many blocks to check for one), which "
+    "TensorFlow decodes as black where the converter put white; send it as PNG",
+    "is an animated GIF or WebP: TensorFlow would decode every frame, the converter keeps "
+    "the first; send that frame as PNG or JPEG",
+    "is a BMP that TensorFlow cannot decode as the converter did (not 24 or 32 bits per "
+    "pixel, or with an alpha channel); send it as PNG",
+)
+_TRANSPARENT_GIF, _ANIMATED, _OTHER_BMP = 1, 2, 3
+_MAX_GIF_STEPS = 10_000  # a step per data sub-block of the first frame: up to ~2.5 MB of it
+
+
+def _accepted():
+    return tf.constant(0, tf.int32)
+
+
+def _gif_refusal(data: _Bytes) -> tf.Tensor:
+    """A GIF's refusal: a transparent colour in the graphic control extension before its first
+    image, or a second image; the first of the two when its blocks are too many to walk."""
     packed = data.uint(10, 1, False)
     table = tf.where(
         packed >= 128, 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), packed % 8), 0
     )
 
-    # One step per block introducer or data sub-block: (position, in sub-blocks, result, done).
-    def step(pos, in_blocks, transparent, done):
+    # A step per block introducer or data sub-block.
+    def step(pos, in_blocks, images, transparent, done):
         byte, label = data.uint(pos, 1, False), data.uint(pos + 1, 1, False)
-        control = ~in_blocks & tf.equal(byte, 0x21) & tf.equal(label, 0xF9)
-        extension = ~in_blocks & tf.equal(byte, 0x21) & ~control
-        size = data.uint(pos, 1, False)
-        next_pos = tf.where(in_blocks, pos + size + 1, pos + 2)
-        next_in_blocks = extension | (in_blocks & tf.not_equal(size, 0))
-        found = control & tf.equal(data.uint(pos + 3, 1, False) % 2, 1)
-        finished = done | control | (~in_blocks & ~extension) | (pos >= data.size)
-        return next_pos, next_in_blocks, transparent | found, finished
+        extension = ~in_blocks & tf.equal(byte, 0x21)
+        image = ~in_blocks & tf.equal(byte, 0x2C)
+        control = extension & tf.equal(label, 0xF9) & tf.equal(images, 0)
+        transparent |= control & tf.equal(data.uint(pos + 3, 1, False) % 2, 1)
+        local = data.uint(pos + 9, 1, False)
+        local_table = tf.where(
+            local >= 128, 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), local % 8), 0
+        )
+        # In sub-blocks the byte at pos is the next sub-block's size (0 ends them).
+        next_pos = tf.where(
+            in_blocks, pos + byte + 1, tf.where(image, pos + 11 + local_table, pos + 2)
+        )
+        images += tf.cast(image, tf.int64)
+        next_in_blocks = extension | image | (in_blocks & tf.not_equal(byte, 0))
+        finished = (~in_blocks & ~extension & ~image) | (images > 1) | (pos >= data.size)
+        return next_pos, next_in_blocks, images, transparent, done | finished
 
-    _, _, transparent, done = tf.while_loop(
-        lambda pos, in_blocks, transparent, done: ~done,
+    _, _, images, transparent, done = tf.while_loop(
+        lambda pos, in_blocks, images, transparent, done: ~done,
         step,
-        (13 + table, tf.constant(False), tf.constant(False), tf.constant(False)),
-        maximum_iterations=_MAX_STEPS,
-    )
-    return transparent | ~done  # a walk cut short: cannot say it is not
+        (13 + table, tf.constant(False), tf.constant(0, tf.int64), tf.constant(False),
+         tf.constant(False)),
+        maximum_iterations=_MAX_GIF_STEPS,
+    )  # fmt: skip
+    return tf.where(transparent | ~done, _TRANSPARENT_GIF, tf.where(images > 1, _ANIMATED, 0))
+
+
+def _webp_refusal(data: _Bytes) -> tf.Tensor:
+    """An animated WebP: the animation flag of its extended header."""
+    extended = tf.equal(data.uint(12, 4, False), _WEBP_VP8X)
+    animated = extended & tf.equal(data.uint(20, 1, False) // 2 % 2, 1)
+    return tf.where(animated, _ANIMATED, 0)
+
+
+def _bmp_refusal(data: _Bytes) -> tf.Tensor:
+    """A BMP TensorFlow decodes differently or not at all: other than 24 or 32 bits per pixel,
+    or 32 with an alpha mask (bit fields, in a header that has one), which Pillow honours."""
+    header_size, bits = data.uint(14, 4, False), data.uint(28, 2, False)
+    compression, alpha_mask = data.uint(30, 4, False), data.uint(54, 4, False)
+    alpha = (
+        tf.equal(bits, 32) & (header_size >= 56) & tf.not_equal(alpha_mask, 0)
+        & (tf.equal(compression, 3) | tf.equal(compression, 6))
+    )  # fmt: skip
+    other = tf.logical_not(tf.equal(bits, 24) | tf.equal(bits, 32)) | alpha
+    return tf.where(other, _OTHER_BMP, 0)
 
 
 def orientation(encoded: tf.Tensor, fmt: tf.Tensor) -> tf.Tensor:
@@ -206,20 +257,23 @@ def _jpeg_segments(data: _Bytes):
             (marker >= 0xC0) & (marker <= 0xCF) & tf.reduce_all(tf.not_equal(marker, _NOT_FRAMES))
         )
         is_frame &= tf.equal(components, 0)
-        fill = tf.equal(marker, 0xFF)
+        # As Pillow reads them: a byte that starts no marker is skipped, and so is a fill byte.
+        at_marker = tf.equal(data.uint(pos, 1, False), 0xFF)
+        is_exif &= at_marker
+        is_frame &= at_marker
+        skip = ~at_marker | tf.equal(marker, 0xFF)
         return (
-            tf.where(fill, pos + 1, pos + 2 + length),
+            tf.where(skip, pos + 1, pos + 2 + length),
             tf.where(is_exif, pos + 10, start),
             tf.where(is_exif, pos + 2 + length, end),
             tf.where(is_frame, data.uint(pos + 9, 1, False), components),
         )
 
     def more(pos, start, end, components):
-        return (
-            (pos + 4 <= data.size)
-            & tf.equal(data.uint(pos, 1, False), 0xFF)
-            & tf.not_equal(data.uint(pos + 1, 1, False), _SOS)
+        at_scan = tf.equal(data.uint(pos, 1, False), 0xFF) & tf.equal(
+            data.uint(pos + 1, 1, False), _SOS
         )
+        return (pos + 4 <= data.size) & ~at_scan
 
     minus_one = tf.constant(-1, tf.int64)
     _, start, end, components = tf.while_loop(
@@ -250,6 +304,11 @@ def _png_exif(data: _Bytes):
 
 
 def _webp_exif(data: _Bytes):
+    # libwebp (and so Pillow) reads EXIF only where the extended header's flag says it is there.
+    has_exif = tf.equal(data.uint(12, 4, False), _WEBP_VP8X) & tf.equal(
+        data.uint(20, 1, False) // 8 % 2, 1
+    )
+
     def step(pos, start, end):
         kind, length = data.uint(pos, 4, False), data.uint(pos + 4, 4, False)
         is_exif = tf.equal(kind, _WEBP_EXIF)
@@ -260,7 +319,7 @@ def _webp_exif(data: _Bytes):
         return pos + 8 + length + length % 2, start, end
 
     def more(pos, start, end):
-        return (start < 0) & (pos + 8 <= data.size)
+        return (start < 0) & (pos + 8 <= data.size) & has_exif
 
     _, start, end = tf.while_loop(
         more, step, (tf.constant(12, tf.int64), tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)),
@@ -270,7 +329,6 @@ def _webp_exif(data: _Bytes):
 
 
 _ORIENTATION_TAG, _SHORT, _LONG = 0x0112, 3, 4
-_MAX_IFD_ENTRIES = 4096  # IFD0 holds a few dozen; more is a malformed block, read as upright
 
 
 def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor) -> tf.Tensor:
@@ -280,7 +338,7 @@ def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor) -> tf.Tens
     ifd = start + data.either(start + 4, 4, big)
     count = data.either(ifd, 2, big)
     ok = (start >= 0) & (little | big) & (start + 8 <= end) & (ifd + 2 <= end)
-    ok &= (ifd + 2 + 12 * count <= end) & (count <= _MAX_IFD_ENTRIES)
+    ok &= ifd + 2 + 12 * count <= end  # a count is 16 bits: at most 65535 entries
     entries = ifd + 2 + 12 * tf.range(tf.where(ok, count, 0))
     tags = data.either(entries, 2, big)
     is_tag = tf.equal(tags, _ORIENTATION_TAG)

@@ -611,6 +611,13 @@ class InputFn:
         if hosts.jax_in_use():
             hosts.keep_tensorflow_off_accelerators()
         host = hosts.position(self.host_index, self.host_count)
+        config = self.config
+        if host and host[1] > 1 and not config.is_training and config.eval_remainder == "drop":
+            raise ValueError(
+                "eval_remainder='drop' with several hosts: each host drops its own remainder, "
+                "so hosts would run different numbers of batches and one would wait in a "
+                "collective for ever. Use eval_remainder='pad' (the default)."
+            )
         host_context = hosts.input_context(*host) if host else None
         if context is None:
             return build_dataset(self.config, host_context)

@@ -123,17 +123,16 @@ def model_inputs(image_bytes: tf.Tensor, config: ServingConfig) -> tf.Tensor:
                     "is not an image serving can decode: send JPEG, PNG, GIF, WebP or BMP bytes"),
     ]  # fmt: skip
     with tf.control_dependencies(checks):
-        height, width, transparent = _each_item(
+        height, width, refusal = _each_item(
             image_bytes, fmt, graph_normalise.header,
-            (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.bool)),
+            (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int32)),
             [names, "header cannot be read: the file is cut short or damaged"],
         )  # fmt: skip
     pixels = height * width
     checks = [
-        _first_item(transparent,
-                    "is a GIF with a transparent colour (or too many blocks to check for one), "
-                    "which TensorFlow decodes as black where "
-                    "the converter put white; send it as PNG"),
+        _first_item(tf.equal(refusal, code), reason)
+        for code, reason in enumerate(graph_normalise.REFUSALS) if code
+    ] + [
         _first_item(pixels > config.max_pixels,
                     f"pixels, more than the cap of {config.max_pixels} "
                     "(ServingConfig.max_pixels); send a smaller image",
