@@ -116,6 +116,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow  # a fresh process
 def test_a_tensorflow_program_is_not_taken_for_a_jax_one_because_tensorflow_imports_jax():
     code = (
         "import sys, tensorflow as tf\n"

@@ -75,6 +75,7 @@ def test_a_fresh_process_gets_the_same_answers_as_the_model_in_memory(exported, 
     assert result["class"] == [LABELS[i] for i in expected.argmax(axis=1)]
 
 
+@pytest.mark.slow  # exports or traces the whole signature again
 def test_png_and_jpeg_of_the_same_pixels_give_the_same_input():
     config = serving.ServingConfig(labels=LABELS, image_size=SIZE)
     files = tf.constant([png(40, 30, (10, 200, 90)), jpeg(40, 30, (10, 200, 90))])
@@ -123,6 +124,7 @@ def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(serve):
         serve(image_bytes=tf.constant([bomb]))
 
 
+@pytest.mark.slow  # exports or traces the whole signature again
 def test_the_pixel_cap_is_configurable_and_applies_to_png(tmp_path):
     export_dir = str(tmp_path / "export")
     config = serving.ServingConfig(labels=LABELS, image_size=SIZE, max_pixels=1000)
@@ -133,6 +135,7 @@ def test_the_pixel_cap_is_configurable_and_applies_to_png(tmp_path):
         serve(image_bytes=tf.constant([png(30, 40, (1, 2, 3))]))
 
 
+@pytest.mark.slow  # exports or traces the whole signature again
 def test_a_uint8_model_gets_uint8_pixels(tmp_path):
     model = small_model("uint8")
     export_dir = str(tmp_path / "export")
@@ -153,6 +156,7 @@ def test_config_errors_are_listed():
         serving.ServingConfig(labels=(), dtype="int8")
 
 
+@pytest.mark.slow  # exports or traces the whole signature again
 def test_files_crafted_to_make_the_header_walk_long_are_served_or_refused_promptly(serve):
     # The EXIF and transparency checks walk a file's segments, chunks or blocks; a walk is
     # capped, so millions of JPEG fill bytes or GIF comment blocks cannot hold the server.

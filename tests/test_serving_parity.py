@@ -118,6 +118,7 @@ def evaluated(encoded):
     return preprocess.eval_image(tf.constant(encoded), SIZE, "uint8").numpy().astype(int)
 
 
+@pytest.mark.slow  # a real conversion of the files first
 def test_every_file_the_converter_stored_is_served_as_its_record(converted):
     kept = {name: pair for name, pair in converted.items()
             if pair[1] is not None and name not in REFUSED_BY_SERVING}  # fmt: skip
@@ -134,6 +135,7 @@ def test_every_file_the_converter_stored_is_served_as_its_record(converted):
             )
 
 
+@pytest.mark.slow  # a real conversion of the files first
 def test_files_the_converter_rejected_are_refused_by_serving_too(converted):
     rejected = [name for name, (_, record) in converted.items() if record is None]
     assert sorted(rejected) == ["monkey12.jpg", "truncated_jpeg.jpg"]
@@ -142,6 +144,7 @@ def test_files_the_converter_rejected_are_refused_by_serving_too(converted):
             served([converted[name][0]])
 
 
+@pytest.mark.slow  # a real conversion of the files first
 @pytest.mark.parametrize("name", sorted(REFUSED_BY_SERVING))
 def test_what_serving_cannot_match_is_refused_with_the_reason(converted, name):
     data, record = converted[name]
@@ -150,6 +153,7 @@ def test_what_serving_cannot_match_is_refused_with_the_reason(converted, name):
         served([data])
 
 
+@pytest.mark.slow  # a real conversion of the files first
 def test_images_the_conversion_downscaled_are_downscaled_alike(tmp_path):
     src = tmp_path / "src" / "big"
     src.mkdir(parents=True)
