@@ -176,8 +176,6 @@ def test_keras_on_jax_and_plain_jax_learn_from_the_reader_and_export(tmp_path):
     assert example["accuracy"] == 1.0  # three solid colours
     assert example["predicted"] == ["red", "green", "blue"]  # the first three records' labels
     assert keras_run["backend"] == "jax"
-    assert keras_run["losses"][-1] < keras_run["losses"][0] / 2
-    assert keras_run["accuracy"] == 1.0
     assert keras_run["normalize_difference"] < 1e-5  # Normalize on JAX = the TensorFlow op
     assert keras_run["served"] == 3 and keras_run["served_difference"] < 1e-5
     # examples/jax_loop.py: plain JAX on numpy batches.

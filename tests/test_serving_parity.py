@@ -6,6 +6,7 @@ CMYK JPEGs (Pillow and TensorFlow round CMYK to RGB differently) and images the 
 downscaled to `max_side` (Pillow's Lanczos filter is not TensorFlow's).
 """
 
+import functools
 import io
 import random
 import struct
@@ -110,8 +111,15 @@ def converted(tmp_path_factory):
 UINT8 = serving.ServingConfig(labels=("odd",), image_size=SIZE, dtype="uint8")
 
 
+@functools.cache
+def signature(config: serving.ServingConfig):
+    """The serving preprocessing, traced once per config (a trace takes seconds)."""
+    spec = tf.TensorSpec([None], tf.string)
+    return tf.function(lambda files: serving.model_inputs(files, config), input_signature=[spec])
+
+
 def served(files, config=UINT8):
-    return tf.function(serving.model_inputs)(tf.constant(files), config).numpy().astype(int)
+    return signature(config)(tf.constant(files)).numpy().astype(int)
 
 
 def evaluated(encoded):

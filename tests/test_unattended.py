@@ -46,6 +46,20 @@ def config_for(src, out, **options) -> ConvertConfig:
     return sources.resolve_layout(config)
 
 
+def killed_after_moving(monkeypatch, config: ConvertConfig) -> None:
+    """Runs the job with a finalise that dies once it has moved the files into place."""
+    real_move = finalise._move
+
+    def dies_after_moving(moves):
+        real_move(moves)
+        raise OSError("worker lost after the moves")
+
+    monkeypatch.setattr(finalise, "_move", dies_after_moving)
+    with pytest.raises(Exception, match="worker lost after the moves"):
+        launch(config)
+    monkeypatch.setattr(finalise, "_move", real_move)
+
+
 @pytest.mark.slow
 def test_the_job_finalises_on_its_own_and_gives_up_the_launchers_claim(tmp_path):
     src = write_image_folder(tmp_path / "src", per_label=6, odd=ODD)
@@ -119,17 +133,8 @@ def test_an_overwrite_whose_finalise_is_retried_still_removes_the_old_datasets_f
     out = tmp_path / "out"
     launch(config_for(src, out, num_shards=3))
     old_files = {p.name for p in out.glob("*.tfrecord")}
-    real_move = finalise._move
-
-    def dies_after_moving(moves):
-        real_move(moves)
-        raise OSError("worker lost after the moves")
-
-    monkeypatch.setattr(finalise, "_move", dies_after_moving)
     config = config_for(src, out, num_shards=1, overwrite=True)
-    with pytest.raises(Exception, match="worker lost after the moves"):
-        launch(config)
-    monkeypatch.setattr(finalise, "_move", real_move)
+    killed_after_moving(monkeypatch, config)
     assert not (out / naming.MANIFEST_NAME).exists()  # the old one went first
     finalise.finalise(
         config, str(out / f"{finalise.TEMP_PREFIX}template"), tfrecord_pipe.__version__
@@ -222,16 +227,7 @@ def test_a_run_after_an_overwrite_killed_while_finalising_removes_what_it_left(
     src = write_image_folder(tmp_path / "src", per_label=6)
     out = tmp_path / "out"
     launch(config_for(src, out, num_shards=6))
-    real_move = finalise._move
-
-    def killed_after_moving(moves):
-        real_move(moves)
-        raise OSError("killed")
-
-    monkeypatch.setattr(finalise, "_move", killed_after_moving)
-    with pytest.raises(Exception, match="killed"):
-        launch(config_for(src, out, num_shards=3, overwrite=True))
-    monkeypatch.setattr(finalise, "_move", real_move)
+    killed_after_moving(monkeypatch, config_for(src, out, num_shards=3, overwrite=True))
     removed = finalise.clear_leftovers(str(out))  # what the next run does under the claim
     assert removed and not list(out.glob("*.tfrecord"))  # old 6 and the killed run's 3
     launch(config_for(src, out, num_shards=2, overwrite=True))
@@ -248,7 +244,6 @@ def test_a_finalise_cut_short_in_its_clean_up_finishes_it_and_gives_up_the_claim
     held = claim.Claim(str(out))
     with held:
         held.hand_over()
-    real_delete = storage.delete_folder
 
     def lost_while_deleting(folder):
         raise OSError("worker lost in the clean-up")
