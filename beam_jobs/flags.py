@@ -44,85 +44,40 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
     # As flags too: a Flex Template passes every parameter as --name=value.
     add("--source", dest="source_flag", metavar="SOURCE", help="SOURCE, given as a flag")
     add("--output", dest="output_flag", metavar="OUTPUT", help="OUTPUT, given as a flag")
-    add(
-        "--layout",
-        default=ConvertConfig.layout,
-        choices=LAYOUTS,
+    add("--layout", default=ConvertConfig.layout, choices=LAYOUTS,
         help="how SRC is organised; auto: split folders if every folder in SRC is named "
-        "train, validation or test, label folders if none is, else an error saying which",
-    )
-    add(
-        "--csv_header",
-        default=ConvertConfig.csv_header,
-        choices=CSV_HEADERS,
+        "train, validation or test, label folders if none is, else an error saying which")
+    add("--csv_header", default=ConvertConfig.csv_header, choices=CSV_HEADERS,
         help="whether the CSV's first line is a header; auto: when its path cell is a plain "
-        "name, no '/' or '.', that names no existing file",
-    )
-    add(
-        "--validation_fraction",
-        type=float,
-        default=ConvertConfig.validation_fraction,
-        help="share of inputs for validation when SRC does not split",
-    )
+        "name, no '/' or '.', that names no existing file")
+    add("--validation_fraction", type=float, default=ConvertConfig.validation_fraction,
+        help="share of inputs for validation when SRC does not split")
     add("--labels_file", help="label order, one per line (default: sorted names)")
-    add(
-        "--label_offset",
-        type=int,
-        default=ConvertConfig.label_offset,
-        help="added to label indices (1: index 0 is 'background', as Cloud TPU models expect)",
-    )
-    add(
-        "--num_shards",
-        type=int,
+    add("--label_offset", type=int, default=ConvertConfig.label_offset,
+        help="added to label indices (1: index 0 is 'background', as Cloud TPU models expect)")
+    add("--num_shards", type=int,
         help="shards per split (default: the least multiple of 64 within --shard_mb each, at "
-        "most one per record, so that up to 64 hosts read files of their own)",
-    )
-    add(
-        "--shard_mb",
-        type=float,
-        default=ConvertConfig.shard_bytes / (1 << 20),
-        help="largest shard size in MiB when --num_shards is not given",
-    )
-    add(
-        "--max_side",
-        type=int,
-        default=_POLICY.max_side,
-        help="downscale images whose longer side is larger (pixels; default: keep sizes)",
-    )
-    add(
-        "--max_pixels",
-        type=int,
-        default=_POLICY.max_pixels,
-        help="reject images with more pixels (decompression-bomb guard)",
-    )
-    add(
-        "--jpeg_quality", type=int, default=_POLICY.jpeg_quality, help="quality of re-encoded JPEGs"
-    )
-    add(
-        "--max_file_mb",
-        type=float,
-        default=_POLICY.max_file_bytes / (1 << 20),
-        help="reject input files larger than this (MiB), without reading them",
-    )
-    add(
-        "--reject_other_formats",
-        action="store_true",
-        help="reject PNG/GIF/WebP/BMP/TIFF instead of re-encoding them",
-    )
+        "most one per record, so that up to 64 hosts read files of their own)")
+    add("--shard_mb", type=float, default=ConvertConfig.shard_bytes / (1 << 20),
+        help="largest shard size in MiB when --num_shards is not given")
+    add("--max_side", type=int, default=_POLICY.max_side,
+        help="downscale images whose longer side is larger (pixels; default: keep sizes)")
+    add("--max_pixels", type=int, default=_POLICY.max_pixels,
+        help="reject images with more pixels (decompression-bomb guard)")
+    add("--jpeg_quality", type=int, default=_POLICY.jpeg_quality,
+        help="quality of re-encoded JPEGs")
+    add("--max_file_mb", type=float, default=_POLICY.max_file_bytes / (1 << 20),
+        help="reject input files larger than this (MiB), without reading them")
+    add("--reject_other_formats", action="store_true",
+        help="reject PNG/GIF/WebP/BMP/TIFF instead of re-encoding them")
     add("--compress", action="store_true", help="write GZIP-compressed shards")
     add("--overwrite", action="store_true", help="replace a dataset in OUTPUT")
-    add(
-        "--dedupe",
-        action="store_true",
+    add("--dedupe", action="store_true",
         help="of inputs with the same bytes, keep the first by path and reject the others as "
-        "duplicate_content (without it they are all written, and listed in duplicates.jsonl)",
-    )
-    add(
-        "--no_wait",
-        action="store_true",
+        "duplicate_content (without it they are all written, and listed in duplicates.jsonl)")
+    add("--no_wait", action="store_true",
         help="launch the job (Dataflow) and return: its last step finalises OUTPUT, and gives "
-        "up the claim on it; check the result with `tfrecord-pipe verify`",
-    )
+        "up the claim on it; check the result with `tfrecord-pipe verify`")
     add("--verbose", action="store_true", help="also show Beam's own log lines")
     return parser
 
