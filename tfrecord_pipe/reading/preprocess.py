@@ -103,16 +103,6 @@ def eval_image(encoded: tf.Tensor, image_size: int, dtype: str = "float32") -> t
     return _finish(_resize(image, image_size), image_size, dtype)
 
 
-def eval_pixels(image: tf.Tensor, image_size: int, dtype: str = "float32") -> tf.Tensor:
-    """`eval_image` for an already decoded H x W x 3 uint8 image, without the JPEG decoder's
-    DCT scaling."""
-    check_dtype(dtype)
-    shape = tf.shape(image)
-    top, left, height, width = tf.unstack(centre_window(shape[0], shape[1], image_size))
-    image = tf.image.crop_to_bounding_box(image, top, left, height, width)
-    return _finish(_resize(image, image_size), image_size, dtype)
-
-
 def centre_window(height: tf.Tensor, width: tf.Tensor, image_size: int) -> tf.Tensor:
     """[top, left, side, side] of the evaluation crop: a centred square of the shorter side."""
     side = tf.cast(
