@@ -100,10 +100,10 @@ class Claim:
         self._renewer.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *_) -> None:
         self._stop.set()
         self._renewer.join()
-        if not self._handed_over:
+        if not self._handed_over or kind is not None:  # a launch that failed keeps no claim
             self._store.release(self._me)
 
     @property
@@ -111,7 +111,7 @@ class Claim:
         return self._me.run
 
     def hand_over(self) -> None:
-        """Leaves the claim to the job just launched: no more renewals from here, a lease of
+        """Leaves the claim to the job about to be launched: no more renewals from here, a lease of
         JOB_LEASE_S, and the job's last step gives it up (`give_up`)."""
         self._stop.set()
         self._renewer.join()

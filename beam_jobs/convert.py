@@ -88,25 +88,14 @@ def run(
         if held is not None:
             _clear_under_claim(config, held)
         LOG.info("Converting %s (%s layout) into %s", config.source, config.layout, config.output)
-        job = beam.Pipeline(options=options)
-        progress = tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-")
-        pipeline.build_pipeline(
-            job, config, temp_dir, fixed_labels, progress.name if local else None,
-            flags.local_load_threads(options) if local else 1,
-            version=tfrecord_pipe.__version__, run=run_id if no_wait else None,
-        )  # fmt: skip
+        waits = not (template or no_wait)
+        if no_wait:
+            # Before the job starts, which may finish and give the claim up at once. Should
+            # the launch fail, leaving this block gives the claim up again.
+            held.hand_over()
         try:
-            shown = (
-                worker_progress.ProgressLine(progress.name) if local else contextlib.nullcontext()
-            )
-            with progress, shown:
-                result = job.run()
-                if template or no_wait:
-                    if held is not None:
-                        held.hand_over()  # the job's last step gives the claim up
-                    _say_launched(config, template, result)
-                    return None
-                result.wait_until_finish()
+            result = _run_pipeline(config, options, temp_dir, fixed_labels, local, waits,
+                                   run=run_id if no_wait else None)  # fmt: skip
         except (ValueError, FileNotFoundError, FileExistsError):
             raise  # bad input found while listing: its message says what to do
         except Exception as err:
@@ -118,9 +107,32 @@ def run(
                 f"was finalised: {config.output} has no new manifest. Run it again; what this "
                 "run left is removed then."
             ) from err
+        if not waits:
+            _say_launched(config, template, result)
+            return None
     found = finalise.read_manifest(config.output)
     print(finalise.summary_line(found, config.output, time.monotonic() - started), flush=True)
     return found
+
+
+def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: bool,
+                  run: str | None):  # fmt: skip
+    """Builds and starts the pipeline, waiting for it if `waits`; locally with a progress line
+    summed over workers. `run` is the claim's run, for the job to give it up (None: the
+    launcher gives it up). Returns Beam's result."""
+    with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
+        job = beam.Pipeline(options=options)
+        pipeline.build_pipeline(
+            job, config, temp_dir, fixed_labels, progress_dir if local else None,
+            flags.local_load_threads(options) if local else 1,
+            version=tfrecord_pipe.__version__, run=run,
+        )  # fmt: skip
+        shown = worker_progress.ProgressLine(progress_dir) if local else contextlib.nullcontext()
+        with shown:
+            result = job.run()
+            if waits:
+                result.wait_until_finish()
+        return result
 
 
 def _say_launched(config, template: str | None, result) -> None:

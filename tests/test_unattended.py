@@ -80,16 +80,16 @@ def test_the_job_finalises_on_its_own_into_gcs(gcs, tmp_path):
     from google.cloud import storage as gcs_storage
 
     src = write_image_folder(tmp_path / "src", per_label=4, odd=ODD)
-    out = gcs.url("unattended")
+    out = gcs.url("unattended[1]")  # brackets: taken literally, not as a pattern
     config = config_for(src, out, num_shards=2)
     job = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", *IN_PROCESS]))
     temp_dir = f"{out}/{finalise.TEMP_PREFIX}gcsrun"
     pipeline.build_pipeline(job, config, temp_dir, None, version=tfrecord_pipe.__version__)
     job.run().wait_until_finish()
     names = {
-        b.name for b in gcs_storage.Client().bucket(gcs.bucket).list_blobs(prefix="unattended/")
+        b.name for b in gcs_storage.Client().bucket(gcs.bucket).list_blobs(prefix="unattended[1]/")
     }
-    assert "unattended/manifest.json" in names
+    assert "unattended[1]/manifest.json" in names
     assert not [n for n in names if finalise.TEMP_PREFIX in n or storage.PART_PREFIX in n]
     assert run_cli("verify", src, out).returncode == 0
 
@@ -274,3 +274,12 @@ def test_an_empty_input_with_overwrite_fails_and_keeps_the_old_dataset(tmp_path)
     done = run_cli("convert", empty.parent, out, "--overwrite", *IN_PROCESS)
     assert done.returncode == 2 and "no input was found" in done.stderr
     assert {k: v for k, v in tree(out).items() if not k.startswith(".")} == before
+
+
+def test_a_no_wait_launch_that_fails_leaves_no_claim_behind(tmp_path):
+    # The claim passes to the job before it is launched; a launch that fails takes it back.
+    src = write_image_folder(tmp_path / "src", per_label=1)
+    out = tmp_path / "out"
+    done = run_cli("convert", src, out, "--no_wait", "--runner", "DataflowRunner")
+    assert done.returncode == 2 and "Missing required option: project" in done.stderr
+    assert not (out / claim.CLAIM_NAME).exists()
