@@ -187,15 +187,21 @@ def _beam_flags() -> frozenset[str]:
     return frozenset(flags)
 
 
-def pipeline_options(beam_args: list[str], save_main_session: bool) -> PipelineOptions:
-    """Beam options; locally, the FnApiRunner (one in-process worker unless the user chose)."""
+def pipeline_options(
+    beam_args: list[str],
+    save_main_session: bool,
+    worker_extras: tuple[str, ...] = packaging.CONVERSION_EXTRAS,
+) -> PipelineOptions:
+    """Beam options; locally, the FnApiRunner (one in-process worker unless the user chose).
+    Remote workers get a wheel of this project with the dependencies of `worker_extras`."""
     options = PipelineOptions(beam_args)
     standard = options.view_as(StandardOptions)
     if standard.runner in (None, "DirectRunner"):
         standard.runner = LOCAL_RUNNER
     elif not packaging.user_packaged(beam_args):
         # Remote workers need our package; ship a wheel of it unless the user chose a way.
-        wheel = packaging.build_wheel(tempfile.mkdtemp(prefix="tfrecord-pipe-wheel-"))
+        folder = tempfile.mkdtemp(prefix="tfrecord-pipe-wheel-")
+        wheel = packaging.build_wheel(folder, worker_extras)
         options.view_as(SetupOptions).extra_packages = [str(wheel)]
     # Our DoFns live in an importable package, so workers need nothing from __main__; keeping
     # the option lets a user's own script that wraps run() pickle its globals.

@@ -3,9 +3,10 @@
 The job's DoFns live in `beam_jobs` and `tfrecord_pipe`, so remote workers need both packages.
 We write a pure-Python wheel of them from the files this interpreter imports (works for both
 regular and editable installs, no network, no source tree needed), and hand it to Beam as an
-`--extra_package`; workers pip-install it with its declared dependencies, except TensorFlow:
-the job's worker code never imports it (tested), and installing it on every worker would
-cost minutes of start-up and gigabytes of disk.
+`--extra_package`; workers pip-install it with its declared dependencies, except TensorFlow for
+the conversion: its worker code never imports it (tested), and installing it on every worker
+would cost minutes of start-up and gigabytes of disk. `verify`'s workers decode records as the
+reader does, with TensorFlow: their wheel declares the reader's extra too.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import tfrecord_pipe
 DISTRIBUTION = "tfrecord-pipe"
 PACKAGES = (tfrecord_pipe, beam_jobs)
 
-# The extra whose requirements workers install with the core's: the job's. TensorFlow (the
-# reader's extra) is not among them: workers never import it.
-WORKER_EXTRA = "beam"
+# The extras whose requirements workers install with the core's. The conversion's: not
+# TensorFlow (the reader's extra), which its workers never import. verify's: both.
+CONVERSION_EXTRAS = ("beam",)
+VERIFY_EXTRAS = ("beam", "reader")
 
 # Flags with which the user already tells Beam how workers get our code.
 USER_PACKAGING_FLAGS = (
@@ -42,28 +44,32 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def _metadata(version: str) -> str:
+def _metadata(version: str, extras: tuple[str, ...]) -> str:
     lines = ["Metadata-Version: 2.1", f"Name: {DISTRIBUTION}", f"Version: {version}"]
     try:
         requires = importlib.metadata.requires(DISTRIBUTION) or []
     except importlib.metadata.PackageNotFoundError:
         requires = []
-    lines += [f"Requires-Dist: {_without_marker(r)}" for r in requires if _for_workers(r)]
+    lines += [f"Requires-Dist: {_without_marker(r)}" for r in requires if _for_workers(r, extras)]
     return "\n".join(lines) + "\n"
 
 
-def _for_workers(requirement: str) -> bool:
-    """The core's requirements, and the job's extra's."""
+def _for_workers(requirement: str, extras: tuple[str, ...]) -> bool:
+    """The core's requirements, and those of `extras`."""
     marker = requirement.partition(";")[2]
-    return "extra" not in marker or re.search(rf"extra\s*==\s*['\"]{WORKER_EXTRA}['\"]", marker)
+    wanted = "|".join(map(re.escape, extras))
+    return "extra" not in marker or re.search(rf"extra\s*==\s*['\"]({wanted})['\"]", marker)
 
 
 def _without_marker(requirement: str) -> str:
     return requirement.partition(";")[0].strip()
 
 
-def build_wheel(folder: str | pathlib.Path) -> pathlib.Path:
-    """Writes `tfrecord_pipe-<version>-py3-none-any.whl` into `folder`; returns its path."""
+def build_wheel(
+    folder: str | pathlib.Path, extras: tuple[str, ...] = CONVERSION_EXTRAS
+) -> pathlib.Path:
+    """Writes `tfrecord_pipe-<version>-py3-none-any.whl` into `folder`, requiring the core's
+    and `extras`' dependencies; returns its path."""
     version = tfrecord_pipe.__version__
     dist_info = f"tfrecord_pipe-{version}.dist-info"
     files: dict[str, bytes] = {}
@@ -71,7 +77,7 @@ def build_wheel(folder: str | pathlib.Path) -> pathlib.Path:
         root = pathlib.Path(package.__file__).parent
         for path in sorted(root.rglob("*.py")):
             files[f"{package.__name__}/{path.relative_to(root).as_posix()}"] = path.read_bytes()
-    files[f"{dist_info}/METADATA"] = _metadata(version).encode()
+    files[f"{dist_info}/METADATA"] = _metadata(version, extras).encode()
     files[f"{dist_info}/WHEEL"] = (
         "Wheel-Version: 1.0\nGenerator: tfrecord-pipe\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     ).encode()

@@ -113,3 +113,16 @@ def run_python(code: str, timeout: float = 120, env=None) -> Ran:
     except subprocess.TimeoutExpired as err:
         raise AssertionError(f"still running after {timeout} s (it hangs): {code}") from err
     return Ran(done.returncode, done.stdout, done.stderr)
+
+
+def verified_both_ways(source, dataset):
+    """`verify`'s report on this machine, once the Beam pipeline's (`verify_job`, on the local
+    runner) is shown to say the same: the same totals and the same problems."""
+    from tfrecord_pipe.tools import verify, verify_job
+
+    here = verify.verify(str(source), str(dataset))
+    beam = verify_job.run(str(source), str(dataset), ["--runner", "DirectRunner", *IN_PROCESS])
+    totals = ("sources", "records", "rejected", "num_problems")
+    assert [getattr(beam, name) for name in totals] == [getattr(here, name) for name in totals]
+    assert sorted(beam.problems) == sorted(here.problems)
+    return here

@@ -8,7 +8,7 @@ import pytest
 from beam_jobs import convert
 from tfrecord_pipe.core import images, naming
 
-from helpers import IN_PROCESS, jpeg_bytes, run_cli
+from helpers import IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways
 
 pytestmark = pytest.mark.slow  # each test runs the conversion job
 
@@ -70,8 +70,11 @@ def test_dedupe_keeps_the_first_by_path_and_rejects_the_others(leaky, tmp_path):
     assert run_cli("verify", leaky, out).returncode == 0
     # A picture added later that repeats a kept one: verify says the dataset is out of date.
     write(leaky / "train" / "cat" / "0.jpg", jpeg_bytes(11, 7, (200, 10, 10)))
-    report = run_cli("verify", leaky, out)
-    assert report.returncode == 1 and "duplicates.jsonl" in report.stdout
+    report = verified_both_ways(leaky, out)  # the Beam pipeline finds the same
+    assert not report.ok and any("duplicates.jsonl" in p for p in report.problems)
+    assert "train/cat/a.jpg: the same bytes as train/cat/0.jpg, yet stored (--dedupe)" in (
+        report.problems
+    )
 
 
 def test_verify_finds_a_report_that_no_longer_matches(leaky, tmp_path):
@@ -80,9 +83,19 @@ def test_verify_finds_a_report_that_no_longer_matches(leaky, tmp_path):
     (out / naming.DUPLICATES_NAME).write_text(
         (out / naming.DUPLICATES_NAME).read_text().splitlines()[0] + "\n"
     )
-    report = run_cli("verify", leaky, out)
-    assert report.returncode == 1
-    assert "train/cat/a.jpg (2) are not listed as one group" in report.stdout
+    report = verified_both_ways(leaky, out)  # the Beam pipeline finds the same
+    assert not report.ok
+    assert any("train/cat/a.jpg (2) are not listed as one group" in p for p in report.problems)
+    # A group whose files differ now: found both ways too.
+    (leaky / "validation" / "dog" / "leaked_too.jpg").write_bytes(jpeg_bytes(12, 7))
+    report = verified_both_ways(leaky, out)
+    assert "duplicates.jsonl: lists train/cat/leaked.jpg and others, which differ now" in (
+        report.problems
+    )
+    # Put back, for the overwrite below.
+    (leaky / "validation" / "dog" / "leaked_too.jpg").write_bytes(
+        (leaky / "train" / "cat" / "leaked.jpg").read_bytes()
+    )
     # Replaced by a dataset without duplicates: the old report goes with the old dataset.
     (leaky / "train" / "cat" / "b.jpg").unlink()
     (leaky / "validation" / "dog" / "leaked_too.jpg").unlink()

@@ -2,11 +2,13 @@
 
   convert SRC OUT [options] [Beam flags]   run the Beam conversion job (beam_jobs.convert)
   inspect PATH [--grid FILE.png]           what a dataset holds, with histograms and a picture
-  verify SRC OUT                           prove nothing was lost or changed
+  verify SRC OUT [Beam flags]              prove nothing was lost or changed (with Beam
+                                           flags: as a Beam pipeline, e.g. on Dataflow)
   bench PATH                               the reader's images/s next to the decode ceiling
 
-Exit codes: 0 success; 1 `verify` or `inspect --check` found problems; 2 bad input (a missing
-path, a folder that is not a dataset, ...), with one line on stderr saying what to do.
+Exit codes: 0 success; 1 `verify` or `inspect --check` found problems, or verify's Beam job
+failed; 2 bad input (a missing path, a folder that is not a dataset, ...), with one line on
+stderr saying what to do.
 """
 
 from __future__ import annotations
@@ -81,10 +83,15 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
         "source is in exactly one shard (matched by content hash) or in rejected/, no record "
         "appears twice, shard counts match the manifest, every record parses and its image "
         "decodes to the stated shape. Exits 1 and lists the problems otherwise. Streams: memory "
-        "stays flat however large the dataset.",
+        "stays flat however large the dataset. Given Beam flags, it runs the same checks as a "
+        "Beam pipeline on their runner and prints the same report.",
+        epilog="""on Dataflow (workers read the data; the report comes back here):
+  tfrecord-pipe verify gs://b/images gs://b/dataset --runner DataflowRunner \\
+      --project P --region R --temp_location gs://b/tmp""",
     )
     verify.add_argument("source", help="what was converted: the image folder or CSV list")
     verify.add_argument("dataset", help="the dataset folder written by `tfrecord-pipe convert`")
+    verify.set_defaults(own_flags=verify)  # what is not among them goes to Beam
     bench = commands.add_parser(
         "bench", **sub,
         help="time the reader's training and evaluation pipelines against the decode ceiling",
@@ -127,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         from beam_jobs import convert  # without TensorFlow: the job starts in a second
 
         return convert.main(argv[1:], prog="tfrecord-pipe convert")
-    args = parser.parse_args(argv)
+    if argv[0] == "verify":  # flags not its own go to Beam
+        args, args.beam_args = parser.parse_known_args(argv)
+    else:
+        args = parser.parse_args(argv)
     try:
         _start_tensorflow(args.verbose)
         return COMMANDS[args.command](args)
@@ -234,9 +244,22 @@ def _require_path(path: str) -> None:
 def _verify(args) -> int:
     from tfrecord_pipe.tools import verify
 
+    if args.beam_args:
+        from beam_jobs import flags
+
+        flags.check_beam_flags(args.beam_args, args.own_flags)
     _require_path(args.source)
     _require_path(args.dataset)
-    report = verify.verify(args.source, args.dataset)
+    if not args.beam_args:
+        report = verify.verify(args.source, args.dataset)
+    else:
+        from tfrecord_pipe.tools import verify_job
+
+        try:
+            report = verify_job.run(args.source, args.dataset, args.beam_args)
+        except verify_job.JobFailedError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_PROBLEMS
     print(report)
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 

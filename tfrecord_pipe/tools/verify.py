@@ -7,10 +7,12 @@ its split and label and the bytes `images.normalise` stores, or the reason it is
 Each record must parse, decode to its stated shape and match its source's outcome, in the
 right split's shard; each rejection line must give the reason the converter would give now;
 shards must hold the counts the manifest gives. The two sides are joined on the source's
-relative path.
+relative path, then the sources with the same bytes on their content hash.
 
-It streams: rows are spilled to bucket files on local disk by a hash of the path and each
-bucket is joined on its own, so memory stays flat however large the dataset.
+The rules live here once, and two drivers run them. `verify` (below) runs on this machine and
+streams: rows are spilled to bucket files on local disk by a hash of their key and each bucket
+is joined on its own, so memory stays flat however large the dataset. `verify_job` runs the
+same rules as a Beam pipeline (`--runner DataflowRunner`), its joins as GroupByKeys.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent import futures
 
 import tensorflow as tf
@@ -42,8 +44,14 @@ RETRY_WAIT_S = 0.5  # doubled after each failed attempt
 _LASTING = (tf.errors.DataLossError, tf.errors.NotFoundError, tf.errors.InvalidArgumentError,
             tf.errors.OutOfRangeError, tf.errors.PermissionDeniedError)  # fmt: skip
 MAX_PROBLEMS_KEPT = 1000  # problems listed in full; beyond that only counted
-_WORKERS = 8  # threads reading and decoding (I/O and decoders release the GIL)
+THREADS = 8  # threads reading and decoding (I/O and decoders release the GIL)
 _CHUNK = 256  # items handed to the threads at a time, so memory stays flat
+
+# What the readers of shards, rejection files and sources yield: (kind, value) with kind one
+# of these. A row goes into the join under its relative path; a problem is reported; a count
+# adds to the report's totals.
+SOURCE, RECORD, REJECTED, PROBLEM, COUNT = "source", "record", "rejected", "problem", "count"
+REPORTED = "reported"  # a group of duplicates.jsonl, joined on its content hash
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,49 +83,14 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-class _Problems:
-    def __init__(self):
-        self.kept, self.count = [], 0
-
-    def add(self, text: str) -> None:
-        self.count += 1
-        if len(self.kept) < MAX_PROBLEMS_KEPT:
-            self.kept.append(text)
+# The rules, for both drivers.
 
 
-class _Buckets:
-    """Rows spilled to JSON-lines files by a hash of their key; read back one bucket at a time."""
-
-    def __init__(self, folder: str, count: int):
-        os.makedirs(folder, exist_ok=True)
-        self.count = count
-        self._paths = [os.path.join(folder, f"bucket-{i:05d}.jsonl") for i in range(count)]
-        self._files = [open(path, "w") for path in self._paths]
-
-    def add(self, key: str, kind: str, row: dict) -> None:
-        index = int(hashlib.md5(key.encode()).hexdigest()[:8], 16) % len(self._files)
-        self._files[index].write(json.dumps([key, kind, row]) + "\n")
-
-    def groups(self) -> Iterator[tuple[str, dict[str, list[dict]]]]:
-        for handle in self._files:
-            handle.close()
-        for path in self._paths:
-            rows: dict[str, dict[str, list]] = collections.defaultdict(
-                lambda: {"source": [], "record": [], "rejected": []}
-            )
-            with open(path) as lines:
-                for line in lines:
-                    key, kind, row = json.loads(line)
-                    rows[key][kind].append(row)
-            yield from rows.items()
-            os.remove(path)
-
-
-def verify(source: str, dataset: str) -> VerifyReport:
-    """Checks dataset `dataset` against the inputs at `source` (as given to the converter).
+def read_conversion(dataset: str) -> manifest.Manifest:
+    """The dataset's manifest, which must record how the dataset was converted.
 
     Raises:
-      FileNotFoundError: `dataset` is not a finished dataset, or `source` lists nothing.
+      FileNotFoundError: `dataset` is not a finished dataset.
       ValueError: the manifest does not record how the dataset was converted.
     """
     found = dataset_lib.read_manifest(dataset)
@@ -126,74 +99,65 @@ def verify(source: str, dataset: str) -> VerifyReport:
             f"The manifest of {dataset} does not record how it was converted, so verify cannot "
             "redo the conversion. Convert the images again with this version to verify them."
         )
-    problems = _Problems()
-    _check_descriptions(dataset, found, problems)
-    listed = sum(info.listed for info in found.splits.values())
-    with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-") as work:
-        buckets = _Buckets(work, max(1, math.ceil(3 * listed / ROWS_PER_BUCKET)))
-        num_records = _add_records(dataset, found, buckets, problems)
-        num_rejected = _add_rejected(dataset, found, buckets, problems)
-        per_split = _add_sources(source, dataset, found, buckets, work)
-        for split, info in sorted(found.splits.items()):
-            if per_split.get(split, 0) != info.listed:
-                problems.add(
-                    f"split {split}: the manifest lists {info.listed} inputs, {source} now has "
-                    f"{per_split.get(split, 0)}"
-                )
-        dedupe = bool(found.conversion.get("dedupe"))
-        by_content = _Buckets(os.path.join(work, "by-content"), buckets.count)
-        for relpath, rows in buckets.groups():
-            _check(relpath, rows, problems, dedupe)
-            _add_content(relpath, rows, by_content)
-        _check_duplicates(dataset, found, by_content, problems, dedupe)
-    return VerifyReport(
-        sources=sum(per_split.values()),
-        records=num_records,
-        rejected=num_rejected,
-        problems=tuple(problems.kept),
-        num_problems=problems.count,
-    )
+    return found
 
 
-def _check_descriptions(dataset, found, problems) -> None:
+def source_config(source: str, dataset: str, found: manifest.Manifest):
+    """The conversion's configuration as the manifest recorded it, for these paths."""
+    recorded = flags.recorded_config(found.conversion)
+    return sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
+
+
+def check_descriptions(dataset: str, found: manifest.Manifest) -> list[str]:
     """labels.txt and TFDS's metadata must say what the manifest says (they are made from it)."""
+    problems = []
     older = not found.knows_duplicates  # written before TFDS metadata too
     for name, text in manifest.files_of(found):
         if name == naming.MANIFEST_NAME or (older and name in tfds_metadata.FILES):
             continue
         path = paths.join(dataset, name)
         if not tf.io.gfile.exists(path):
-            problems.add(f"{name}: missing (it is written with the manifest)")
+            problems.append(f"{name}: missing (it is written with the manifest)")
         elif tf.io.gfile.GFile(path, "rb").read() != text.encode("utf-8"):
-            problems.add(f"{name}: does not say what manifest.json says (changed after writing?)")
+            problems.append(
+                f"{name}: does not say what manifest.json says (changed after writing?)"
+            )
+    return problems
 
 
-def _add_records(dataset, found, buckets, problems) -> int:
-    """Reads every shard: counts against the manifest, each record parsed and decoded."""
-    total = 0
-    with futures.ThreadPoolExecutor(_WORKERS) as pool:
-        for split, info in sorted(found.splits.items()):
-            for name, expected in zip(info.files, info.shard_lengths):
-                path = paths.join(dataset, name)
-                if not tf.io.gfile.exists(path):
-                    problems.add(f"shard {name} is missing (the manifest lists {expected} records)")
+def shards_of(found: manifest.Manifest) -> list[tuple[str, str, int]]:
+    """(split, file name, records the manifest lists) for every shard."""
+    return [
+        (split, name, expected)
+        for split, info in sorted(found.splits.items())
+        for name, expected in zip(info.files, info.shard_lengths)
+    ]
+
+
+def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, int],
+               pool: futures.Executor) -> Iterator[tuple[str, object]]:  # fmt: skip
+    """One shard read whole: its records as RECORD rows, each parsed and decoded (on `pool`);
+    its count against the manifest's; then its COUNT of records."""
+    split, name, expected = shard
+    path = paths.join(dataset, name)
+    if not tf.io.gfile.exists(path):
+        yield PROBLEM, f"shard {name} is missing (the manifest lists {expected} records)"
+        return
+    count = 0
+    try:
+        for chunk in _chunks(_serialized(path, found.compression)):
+            for row in pool.map(lambda r: _record_row(r, found), chunk):
+                count += 1
+                if "problem" in row:
+                    yield PROBLEM, f"{name} record {count}: {row['problem']}"
                     continue
-                count = 0
-                try:
-                    for chunk in _chunks(_serialized(path, found.compression)):
-                        for row in pool.map(lambda r: _record_row(r, found), chunk):
-                            count += 1
-                            if "problem" in row:
-                                problems.add(f"{name} record {count}: {row['problem']}")
-                                continue
-                            row.update(shard=name, split=split)
-                            buckets.add(row.pop("relpath"), "record", row)
-                except tf.errors.OpError as err:
-                    problems.add(f"shard {name} is corrupt after {count} records: {err.message}")
-                if count != expected:
-                    problems.add(f"shard {name} holds {count} records, the manifest lists {expected}")
-                total += count
-    return total
+                row.update(shard=name, split=split)
+                yield RECORD, (row.pop("relpath"), row)
+    except tf.errors.OpError as err:
+        yield PROBLEM, f"shard {name} is corrupt after {count} records: {err.message}"
+    if count != expected:
+        yield PROBLEM, f"shard {name} holds {count} records, the manifest lists {expected}"
+    yield COUNT, count
 
 
 def _serialized(path: str, compression: str) -> Iterator[bytes]:
@@ -241,7 +205,9 @@ def _record_row(serialized: bytes, found) -> dict:
     if not 0 <= record.label_index < len(found.labels) or (
         found.labels[record.label_index] != record.label_text
     ):
-        problems.append(f"label {record.label_index} ({record.label_text!r}) does not match labels.txt")
+        problems.append(
+            f"label {record.label_index} ({record.label_text!r}) does not match labels.txt"
+        )
     return {
         "relpath": record.filename,
         "sha256": record.sha256,
@@ -251,67 +217,32 @@ def _record_row(serialized: bytes, found) -> dict:
     }
 
 
-def _add_rejected(dataset, found, buckets, problems) -> int:
-    """Reads the rejected-inputs file of every split the manifest says has rejections."""
-    total = 0
-    for split, info in sorted(found.splits.items()):
-        if not info.rejected:
-            continue
-        path = paths.join(dataset, naming.rejected_name(split))
-        if not tf.io.gfile.exists(path):
-            problems.add(f"{naming.rejected_name(split)} is missing ({info.rejected} rejected)")
-            continue
-        count = 0
-        with tf.io.gfile.GFile(path) as lines:
-            for line in lines:
-                if line.strip():
-                    row = json.loads(line)
-                    buckets.add(row.get("relpath") or row["path"], "rejected", row)
-                    count += 1
-        if count != info.rejected:
-            problems.add(
-                f"{naming.rejected_name(split)} holds {count} lines, the manifest counts "
-                f"{info.rejected} rejected"
-            )
-        total += count
-    return total
+def rejection_files(found: manifest.Manifest) -> list[tuple[str, int]]:
+    """(split, lines the manifest counts) for every split with rejections."""
+    return [(split, info.rejected) for split, info in sorted(found.splits.items()) if info.rejected]
 
 
-def _add_sources(source, dataset, found, buckets, work) -> dict[str, int]:
-    """Lists the inputs as the converter did and records what each should have become."""
-    recorded = flags.recorded_config(found.conversion)
-    config = sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
-    listed = sources.list_sources(config)
-    found_listed = sum(info.listed for info in found.splits.values())
-    if config.layout == "csv":  # a file listed twice is kept once, as the converter does
-        listed = _one_per_file(listed, work, max(1, math.ceil(found_listed / ROWS_PER_BUCKET)))
-    labels = set(found.labels)
-    per_split = collections.Counter()
-    with futures.ThreadPoolExecutor(_WORKERS) as pool:
-        for chunk in _chunks(listed):
-            for item, row in pool.map(lambda s: (s, _expected(s, labels, config.policy)), chunk):
-                per_split[item.split] += 1
-                buckets.add(item.relpath, "source", row)
-    return dict(per_split)
+def read_rejected(dataset: str, split: str, expected: int) -> Iterator[tuple[str, object]]:
+    """One split's rejected-inputs file: its lines as REJECTED rows, its count against the
+    manifest's, then its COUNT of lines."""
+    name = naming.rejected_name(split)
+    path = paths.join(dataset, name)
+    if not tf.io.gfile.exists(path):
+        yield PROBLEM, f"{name} is missing ({expected} rejected)"
+        return
+    count = 0
+    with tf.io.gfile.GFile(path) as lines:
+        for line in lines:
+            if line.strip():
+                row = json.loads(line)
+                yield REJECTED, (row.get("relpath") or row["path"], row)
+                count += 1
+    if count != expected:
+        yield PROBLEM, f"{name} holds {count} lines, the manifest counts {expected} rejected"
+    yield COUNT, count
 
 
-def _one_per_file(listed, work, count: int) -> Iterator[sources.SourceFile]:
-    """`listed`, with every listing of a file but the one kept marked as a duplicate
-    (`sources.one_per_file`); grouped on local disk, so memory stays flat."""
-    by_file = _Buckets(os.path.join(work, "by-file"), count)
-    for item in listed:
-        by_file.add(sources.identity(item), "source", dataclasses.asdict(item))
-    for _, rows in by_file.groups():
-        group = [
-            sources.SourceFile(**{**row, "problem": tuple(row["problem"] or ()) or None})
-            for row in rows["source"]
-        ]
-        kept, duplicates = sources.one_per_file(group)
-        yield kept
-        yield from duplicates
-
-
-def _expected(listed, labels, policy) -> dict:
+def expected_row(listed: sources.SourceFile, labels: frozenset[str], policy) -> dict:
     """What the converter should have made of one source: a record's hashes, or a rejection."""
     row = {"path": listed.path, "split": listed.split, "label": listed.label}
     if listed.problem is not None:
@@ -329,152 +260,330 @@ def _expected(listed, labels, policy) -> dict:
     return row
 
 
-def _check(relpath: str, rows: dict[str, list[dict]], problems: _Problems, dedupe: bool) -> None:
-    """The rules for one relative path: its sources, records and rejection lines agree.
+def count_problems(found: manifest.Manifest, source: str, listed: dict[str, int]) -> list[str]:
+    """Each split lists as many sources now as the manifest says it did."""
+    return [
+        f"split {split}: the manifest lists {info.listed} inputs, {source} now has "
+        f"{listed.get(split, 0)}"
+        for split, info in sorted(found.splits.items())
+        if listed.get(split, 0) != info.listed
+    ]
+
+
+def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[str]:
+    """The rules for one relative path: its SOURCE, RECORD and REJECTED rows agree.
 
     A source rejected as a duplicate of another's content is checked with that other
-    (`_check_duplicates`), when the conversion deduplicated.
+    (`check_content`), when the conversion deduplicated.
     """
-    listed, records, rejected = rows["source"], rows["record"], rows["rejected"]
-    if dedupe and not records and [r.get("reason") for r in rejected] == [
-        images.DUPLICATE_CONTENT
-    ] and [s.get("rejected") for s in listed] == [None]:
-        return
+    listed, records, rejected = rows[SOURCE], rows[RECORD], rows[REJECTED]
+    problems: list[str] = []
+    if (
+        dedupe
+        and not records
+        and [r.get("reason") for r in rejected] == [images.DUPLICATE_CONTENT]
+        and [s.get("rejected") for s in listed] == [None]
+    ):
+        return problems
     if not listed:
         where = [f"shard {r['shard']}" for r in records] + ["rejected/"] * len(rejected)
-        problems.add(f"{relpath}: in {', '.join(where)} but not among the sources")
-        return
+        return [f"{relpath}: in {', '.join(where)} but not among the sources"]
     if len(records) > 1:
         shards = ", ".join(record["shard"] for record in records)
-        problems.add(f"{relpath}: written {len(records)} times (shards {shards})")
+        problems.append(f"{relpath}: written {len(records)} times (shards {shards})")
     stored = [s for s in listed if "rejected" not in s]
     refused = [s for s in listed if "rejected" in s]
     if records and stored:
         _check_record(relpath, records[0], stored[0], problems)
     elif records:
         reasons = ", ".join(sorted({s["rejected"] for s in refused}))
-        problems.add(f"{relpath}: has a record, but the converter would reject it now ({reasons})")
+        problems.append(
+            f"{relpath}: has a record, but the converter would reject it now ({reasons})"
+        )
     elif stored:
         if rejected:
-            problems.add(
+            problems.append(
                 f"{relpath}: in rejected/ ({rejected[0].get('reason')}), but the converter "
                 "would store it now"
             )
         else:
-            problems.add(f"{relpath}: listed but in no shard and not in rejected/ (lost)")
+            problems.append(f"{relpath}: listed but in no shard and not in rejected/ (lost)")
     # A stored source's line in rejected/ was reported just above.
     lines = rejected[1:] if stored and not records and rejected else rejected
     _check_rejections(relpath, refused, lines, problems)
+    return problems
 
 
-def _add_content(relpath: str, rows: dict[str, list[dict]], by_content: _Buckets) -> None:
+def content_row(relpath: str, rows: dict[str, list[dict]]) -> tuple[str, dict] | None:
     """A source the converter would store, under its content hash, with what became of it."""
-    stored = [s for s in rows["source"] if "rejected" not in s]
-    if len(rows["source"]) != 1 or not stored:
-        return
-    became = "record" if rows["record"] else None
-    if not became and rows["rejected"]:
-        became = rows["rejected"][0].get("reason")
+    stored = [s for s in rows[SOURCE] if "rejected" not in s]
+    if len(rows[SOURCE]) != 1 or not stored:
+        return None
+    became = "record" if rows[RECORD] else None
+    if not became and rows[REJECTED]:
+        became = rows[REJECTED][0].get("reason")
     source = stored[0]
     row = {"relpath": relpath, "split": source["split"], "label": source["label"], "became": became}
-    by_content.add(source["sha256"], "source", row)
+    return source["sha256"], row
 
 
-def _check_duplicates(dataset, found, by_content: _Buckets, problems: _Problems,
-                      dedupe: bool) -> None:  # fmt: skip
-    """Sources with the same bytes: listed in duplicates.jsonl as they are, counted in the
-    manifest; with dedupe, the first by path is the one stored and the others are rejected."""
-    counted = found.knows_duplicates
-    reported = _reported_groups(dataset, found, problems)
-    groups = cross_split = 0
-    for sha256, rows in by_content.groups():
-        group = sorted(rows["source"], key=lambda row: row["relpath"])
-        if dedupe:
-            first, *others = group
-            if first["became"] != "record":
-                problems.add(f"{first['relpath']}: the first of its content (--dedupe) is not stored")
-            for other in others:
-                if other["became"] != images.DUPLICATE_CONTENT:
-                    problems.add(
-                        f"{other['relpath']}: the same bytes as {first['relpath']}, yet "
-                        f"{'stored' if other['became'] == 'record' else 'not rejected as such'}"
-                        " (--dedupe)"
-                    )  # fmt: skip
-        if len(group) < 2:
-            continue
-        groups += 1
-        cross_split += len({row["split"] for row in group}) > 1
-        if counted and reported.pop(sha256, None) != [row["relpath"] for row in group]:
-            problems.add(
-                f"{naming.DUPLICATES_NAME}: the inputs with the bytes of {group[0]['relpath']} "
-                f"({len(group)}) are not listed as one group"
+def check_content(rows: Iterable[dict], reported: list[str] | None, found: manifest.Manifest
+                  ) -> tuple[list[str], int, int]:  # fmt: skip
+    """The sources with the same bytes (`content_row`s), and the group duplicates.jsonl gives
+    for those bytes (None: none): listed there as they are; with dedupe, the first by path is
+    the one stored and the others are rejected.
+
+    Returns the problems, and 1 or 0 for: a group of duplicates, one across splits.
+    """
+    group = sorted(rows, key=lambda row: row["relpath"])
+    problems = []
+    if found.conversion.get("dedupe") and group:
+        first, *others = group
+        if first["became"] != "record":
+            problems.append(
+                f"{first['relpath']}: the first of its content (--dedupe) is not stored"
             )
-    for sha256, files in reported.items():
-        problems.add(f"{naming.DUPLICATES_NAME}: lists {files[0]} and others, which differ now")
-    in_manifest = (found.duplicates.get("groups", 0), found.duplicates.get("cross_split_groups", 0))
-    if counted and in_manifest != (groups, cross_split):
-        problems.add(
-            f"manifest.json counts {in_manifest[0]} duplicate groups ({in_manifest[1]} across "
-            f"splits); the sources have {groups} ({cross_split})"
+        for other in others:
+            if other["became"] != images.DUPLICATE_CONTENT:
+                problems.append(
+                    f"{other['relpath']}: the same bytes as {first['relpath']}, yet "
+                    f"{'stored' if other['became'] == 'record' else 'not rejected as such'}"
+                    " (--dedupe)"
+                )  # fmt: skip
+    if len(group) < 2:
+        if reported is not None:
+            problems.append(f"{naming.DUPLICATES_NAME}: lists {reported[0]} and others, which "
+                            "differ now")  # fmt: skip
+        return problems, 0, 0
+    if found.knows_duplicates and reported != [row["relpath"] for row in group]:
+        problems.append(
+            f"{naming.DUPLICATES_NAME}: the inputs with the bytes of {group[0]['relpath']} "
+            f"({len(group)}) are not listed as one group"
         )
+    return problems, 1, int(len({row["split"] for row in group}) > 1)
 
 
-def _reported_groups(dataset, found, problems) -> dict[str, list[str]]:
-    """duplicates.jsonl as {content hash: relative paths}; empty when the manifest has none."""
+def read_reported(dataset: str, found: manifest.Manifest) -> Iterator[tuple[str, object]]:
+    """duplicates.jsonl's groups as (content hash, relative paths), or its PROBLEM; nothing
+    when the manifest counts no groups."""
     if not found.duplicates.get("groups"):
-        return {}
+        return
     path = paths.join(dataset, naming.DUPLICATES_NAME)
     if not tf.io.gfile.exists(path):
-        problems.add(f"{naming.DUPLICATES_NAME} is missing ({found.duplicates['groups']} groups)")
-        return {}
+        yield PROBLEM, f"{naming.DUPLICATES_NAME} is missing ({found.duplicates['groups']} groups)"
+        return
     try:
         with tf.io.gfile.GFile(path) as lines:
             rows = [json.loads(line) for line in lines if line.strip()]
-        return {row["sha256"]: [f["relpath"] for f in row["files"]] for row in rows}
+        groups = [(row["sha256"], [f["relpath"] for f in row["files"]]) for row in rows]
     except (ValueError, KeyError, TypeError) as err:
-        problems.add(f"{naming.DUPLICATES_NAME} is not a duplicates report ({err})")
-        return {}
+        yield PROBLEM, f"{naming.DUPLICATES_NAME} is not a duplicates report ({err})"
+        return
+    for group in groups:
+        yield REPORTED, group
 
 
-def _check_record(relpath: str, record: dict, expected: dict, problems: _Problems) -> None:
+def group_count_problems(found: manifest.Manifest, groups: int, cross_split: int) -> list[str]:
+    """The manifest's duplicate counts are the sources' (when it counts them)."""
+    in_manifest = (found.duplicates.get("groups", 0), found.duplicates.get("cross_split_groups", 0))
+    if not found.knows_duplicates or in_manifest == (groups, cross_split):
+        return []
+    return [
+        (
+            f"manifest.json counts {in_manifest[0]} duplicate groups ({in_manifest[1]} across "
+            f"splits); the sources have {groups} ({cross_split})"
+        )
+    ]
+
+
+def _check_record(relpath: str, record: dict, expected: dict, problems: list[str]) -> None:
     where = f"{relpath} (shard {record['shard']})"
     for problem in record["record_problems"]:
-        problems.add(f"{where}: {problem}")
+        problems.append(f"{where}: {problem}")
     if record["split"] != expected["split"]:
-        problems.add(f"{where}: in split {record['split']}, but listed in {expected['split']}")
+        problems.append(f"{where}: in split {record['split']}, but listed in {expected['split']}")
     if record["sha256"] != expected["sha256"]:
-        problems.add(f"{relpath}: the source changed since conversion (content hash differs)")
+        problems.append(f"{relpath}: the source changed since conversion (content hash differs)")
     elif record["encoded_sha256"] != expected["encoded_sha256"]:
-        problems.add(
+        problems.append(
             f"{where}: the record's image is not what the converter writes for this source "
             "(modified record)"
         )
     if record["label"] != expected["label"]:
-        problems.add(f"{where}: label {record['label']!r}, the source says {expected['label']!r}")
+        problems.append(
+            f"{where}: label {record['label']!r}, the source says {expected['label']!r}"
+        )
 
 
-def _check_rejections(relpath, refused, rejected, problems) -> None:
+def _check_rejections(relpath, refused, rejected, problems: list[str]) -> None:
     """Each rejection the converter would make now has its line, with its reason and split."""
     lines = list(rejected)
     for expected in refused:
         line = next((r for r in lines if r.get("reason") == expected["rejected"]), None)
         if line is None and lines:
             line = lines[0]
-            problems.add(
+            problems.append(
                 f"{relpath}: rejected as {line.get('reason')}, but the converter would now say "
                 f"{expected['rejected']}"
             )
         if line is None:
-            problems.add(
+            problems.append(
                 f"{relpath}: should be rejected ({expected['rejected']}), but is in no shard and "
                 "not in rejected/ (lost)"
             )
             continue
         lines.remove(line)
         if line.get("split") != expected["split"]:
-            problems.add(
+            problems.append(
                 f"{relpath}: rejected in split {line.get('split')}, but listed in "
                 f"{expected['split']}"
             )
     for line in lines:
-        problems.add(f"{relpath}: an extra rejection line ({line.get('reason')})")
+        problems.append(f"{relpath}: an extra rejection line ({line.get('reason')})")
+
+
+# The local driver.
+
+
+class _Problems:
+    def __init__(self):
+        self.kept, self.count = [], 0
+
+    def add(self, text: str) -> None:
+        self.count += 1
+        if len(self.kept) < MAX_PROBLEMS_KEPT:
+            self.kept.append(text)
+
+    def extend(self, texts: Iterable[str]) -> None:
+        for text in texts:
+            self.add(text)
+
+
+class _Buckets:
+    """Rows spilled to JSON-lines files by a hash of their key; read back one bucket at a time."""
+
+    def __init__(self, folder: str, count: int):
+        os.makedirs(folder, exist_ok=True)
+        self.count = count
+        self._paths = [os.path.join(folder, f"bucket-{i:05d}.jsonl") for i in range(count)]
+        self._files = [open(path, "w") for path in self._paths]
+
+    def add(self, key: str, kind: str, row) -> None:
+        index = int(hashlib.md5(key.encode()).hexdigest()[:8], 16) % len(self._files)
+        self._files[index].write(json.dumps([key, kind, row]) + "\n")
+
+    def groups(self) -> Iterator[tuple[str, dict[str, list]]]:
+        for handle in self._files:
+            handle.close()
+        for path in self._paths:
+            rows: dict[str, dict[str, list]] = collections.defaultdict(
+                lambda: {SOURCE: [], RECORD: [], REJECTED: []}
+            )
+            with open(path) as lines:
+                for line in lines:
+                    key, kind, row = json.loads(line)
+                    rows[key][kind].append(row)
+            yield from rows.items()
+            os.remove(path)
+
+
+def verify(source: str, dataset: str) -> VerifyReport:
+    """Checks dataset `dataset` against the inputs at `source` (as given to the converter), on
+    this machine.
+
+    Raises:
+      FileNotFoundError: `dataset` is not a finished dataset, or `source` lists nothing.
+      ValueError: the manifest does not record how the dataset was converted.
+    """
+    found = read_conversion(dataset)
+    problems = _Problems()
+    problems.extend(check_descriptions(dataset, found))
+    listed = sum(info.listed for info in found.splits.values())
+    totals = collections.Counter()
+    with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-") as work:
+        buckets = _Buckets(work, max(1, math.ceil(3 * listed / ROWS_PER_BUCKET)))
+
+        def add(read: Iterable[tuple[str, object]], total: str) -> None:
+            for kind, value in read:
+                if kind == PROBLEM:
+                    problems.add(value)
+                elif kind == COUNT:
+                    totals[total] += value
+                else:
+                    key, row = value
+                    buckets.add(key, kind, row)
+
+        with futures.ThreadPoolExecutor(THREADS) as pool:
+            for shard in shards_of(found):
+                add(read_shard(dataset, found, shard, pool), RECORD)
+            for split, expected in rejection_files(found):
+                add(read_rejected(dataset, split, expected), REJECTED)
+            per_split = _add_sources(source, dataset, found, buckets, work, pool)
+        problems.extend(count_problems(found, source, per_split))
+        by_content = _Buckets(os.path.join(work, "by-content"), buckets.count)
+        dedupe = bool(found.conversion.get("dedupe"))
+        for relpath, rows in buckets.groups():
+            problems.extend(check_path(relpath, rows, dedupe))
+            same = content_row(relpath, rows)
+            if same is not None:
+                by_content.add(same[0], SOURCE, same[1])
+        _check_duplicates(dataset, found, by_content, problems)
+    return VerifyReport(
+        sources=sum(per_split.values()),
+        records=totals[RECORD],
+        rejected=totals[REJECTED],
+        problems=tuple(problems.kept),
+        num_problems=problems.count,
+    )
+
+
+def _add_sources(source, dataset, found, buckets, work, pool) -> dict[str, int]:
+    """Lists the inputs as the converter did and records what each should have become."""
+    config = source_config(source, dataset, found)
+    listed = sources.list_sources(config)
+    found_listed = sum(info.listed for info in found.splits.values())
+    if config.layout == "csv":  # a file listed twice is kept once, as the converter does
+        listed = _one_per_file(listed, work, max(1, math.ceil(found_listed / ROWS_PER_BUCKET)))
+    labels = frozenset(found.labels)
+    per_split = collections.Counter()
+    for chunk in _chunks(listed):
+        for item, row in pool.map(lambda s: (s, expected_row(s, labels, config.policy)), chunk):
+            per_split[item.split] += 1
+            buckets.add(item.relpath, SOURCE, row)
+    return dict(per_split)
+
+
+def _one_per_file(listed, work, count: int) -> Iterator[sources.SourceFile]:
+    """`listed`, with every listing of a file but the one kept marked as a duplicate
+    (`sources.one_per_file`); grouped on local disk, so memory stays flat."""
+    by_file = _Buckets(os.path.join(work, "by-file"), count)
+    for item in listed:
+        by_file.add(sources.identity(item), SOURCE, dataclasses.asdict(item))
+    for _, rows in by_file.groups():
+        kept, duplicates = sources.one_per_file([_source_file(row) for row in rows[SOURCE]])
+        yield kept
+        yield from duplicates
+
+
+def _source_file(row: dict) -> sources.SourceFile:
+    return sources.SourceFile(**{**row, "problem": tuple(row["problem"] or ()) or None})
+
+
+def _check_duplicates(dataset, found, by_content: _Buckets, problems: _Problems) -> None:
+    """Every group of sources with the same bytes, and every group duplicates.jsonl reports."""
+    reported = {}
+    for kind, value in read_reported(dataset, found):
+        if kind == PROBLEM:
+            problems.add(value)
+        else:
+            reported[value[0]] = value[1]
+    groups = cross_split = 0
+    for sha256, rows in by_content.groups():
+        found_problems, group, across = check_content(
+            rows[SOURCE], reported.pop(sha256, None), found
+        )
+        problems.extend(found_problems)
+        groups, cross_split = groups + group, cross_split + across
+    for files in reported.values():  # bytes no source has now
+        problems.extend(check_content([], files, found)[0])
+    problems.extend(group_count_problems(found, groups, cross_split))

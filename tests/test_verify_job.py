@@ -1,0 +1,179 @@
+"""`tfrecord-pipe verify SRC OUT --runner ...`: the same checks as a Beam pipeline, for
+datasets one machine should not re-read. Run here on Beam's local runner, on local folders
+and the test GCS; on Dataflow only its graph and staged wheel are checked (offline)."""
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+from apache_beam.portability.api import beam_runner_api_pb2
+from google.cloud import storage
+
+from beam_jobs import convert, flags, packaging
+from tfrecord_pipe.core import schema
+from tfrecord_pipe.reading import dataset
+from tfrecord_pipe.tools import verify, verify_job
+
+from helpers import IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways
+
+pytestmark = pytest.mark.slow  # each test runs Beam pipelines
+
+LOCAL = ["--runner", "DirectRunner", *IN_PROCESS]
+
+
+def rewrite_shard(path: pathlib.Path, change) -> None:
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in change(records):
+            writer.write(record)
+
+
+def test_the_pipeline_finds_every_problem_local_verify_finds(converted_copy):
+    src, out = converted_copy
+    found = dataset.read_manifest(str(out))
+    train, validation = (found.splits[name].files for name in ("train", "validation"))
+
+    def repaint(records):
+        record = schema.decode_example(records[0], label_offset=1)
+        changed = schema.ImageRecord(**{**record.__dict__, "encoded": jpeg_bytes(3, 3)})
+        return [schema.serialize(changed, label_offset=1), b"not a record", *records[1:]]
+
+    rewrite_shard(out / train[0], lambda records: records + records[:1])  # written twice
+    rewrite_shard(out / train[1], repaint)  # a modified record, and one that does not parse
+    (out / validation[1]).unlink()  # its sources lost
+    (src / "green" / "new.jpg").write_bytes(jpeg_bytes(9, 9, (0, 250, 0)))  # never converted
+    rejected = next((out / "rejected").iterdir())
+    line = json.loads(rejected.read_text().splitlines()[0])
+    with rejected.open("a") as lines:  # an extra line, for a file no source is
+        lines.write(json.dumps({**line, "relpath": "gone.jpg", "path": "gone.jpg"}) + "\n")
+    (out / "labels.txt").write_text("red\nblue\n")
+
+    report = verified_both_ways(src, out)
+    assert report.num_problems >= 8, report
+    for said in ("written 2 times", "(modified record)", "does not parse", "is missing",
+                 "(lost)", "green/new.jpg", "gone.jpg: in rejected/", "labels.txt"):  # fmt: skip
+        assert any(said in problem for problem in report.problems), (said, report)
+
+
+def test_the_command_runs_the_pipeline_given_beam_flags_and_exits_as_locally(converted_copy):
+    src, out = converted_copy
+    done = run_cli("verify", src, out, *LOCAL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "16 sources listed; 15 records in the shards; 1 rejected" in done.stdout
+    assert done.stdout.strip().endswith("OK")
+    (out / dataset.read_manifest(str(out)).splits["train"].files[0]).unlink()
+    done = run_cli("verify", src, out, *LOCAL)
+    assert done.returncode == 1 and "is missing" in done.stdout
+
+
+def test_only_the_first_problems_are_listed_and_all_are_counted(converted_copy, monkeypatch):
+    src, out = converted_copy
+    changed = sorted((src / "red").iterdir())
+    for i, path in enumerate(changed):  # a problem each: 5 changed, 1 no longer truncated
+        path.write_bytes(jpeg_bytes(5 + i, 5, (1, 1, 1)))
+    monkeypatch.setattr(verify, "MAX_PROBLEMS_KEPT", 2)
+    report = verify_job.run(str(src), str(out), LOCAL)
+    assert report.num_problems == len(changed) == 6 and len(report.problems) == 2
+    assert report.problems == tuple(sorted(report.problems))
+    assert "... and 4 more" in str(report)
+
+
+def test_bad_flags_are_refused_before_anything_runs(converted):
+    src, out = converted
+    misspelt = run_cli("verify", src, out, "--runer", "DirectRunner")
+    assert misspelt.returncode == 2 and "Did you mean --runner?" in misspelt.stderr
+    remote = run_cli("verify", src, out, "--runner", "DataflowRunner", "--project", "p")
+    assert remote.returncode == 2 and "--temp_location" in remote.stderr
+
+
+def test_a_failed_job_exits_1_with_one_line_and_leaves_nothing(converted, monkeypatch, tmp_path):
+    src, out = converted
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+
+    def storage_gone(*_):
+        raise OSError("the storage went away")
+
+    monkeypatch.setattr(verify, "expected_row", storage_gone)
+    done = run_cli("verify", src, out, *LOCAL)
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: The verify job failed") and "went away" in done.stderr
+    assert "nothing was proven either way" in done.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("tfrecord-pipe-verify-")]
+
+
+def test_on_gcs_the_pipeline_reads_both_sides_there(converted, gcs):
+    src, out = converted
+    for local, remote in ((src, gcs.url("vj", "src")), (out, gcs.url("vj", "out"))):
+        for path in local.rglob("*"):
+            if path.is_file():
+                tf.io.gfile.makedirs(f"{remote}/{path.parent.relative_to(local)}")
+                tf.io.gfile.copy(str(path), f"{remote}/{path.relative_to(local)}", overwrite=True)
+    bucket = storage.Client().bucket(gcs.bucket)
+    bucket.blob("vj/src/red/extra.jpg").upload_from_string(jpeg_bytes(7, 7))
+    report = verified_both_ways(gcs.url("vj", "src"), gcs.url("vj", "out"))
+    assert report.sources == 17 and report.records == 15 and report.num_problems == 2, report
+    assert "red/extra.jpg: listed but in no shard and not in rejected/ (lost)" in report.problems
+    assert any(p.startswith(f"split {split}: the manifest lists") for p in report.problems
+               for split in ("train", "validation"))  # fmt: skip
+
+
+def test_on_dataflow_the_job_stages_a_wheel_with_tensorflow_and_every_step(converted, gcs,
+                                                                           tmp_path):  # fmt: skip
+    # --template_location: the DataflowRunner checks the graph and stages it, without submitting.
+    src, out = converted
+    found = verify.read_conversion(str(out))
+    options = flags.pipeline_options(
+        ["--runner", "DataflowRunner", "--project", "test-project", "--region", "us-central1",
+         "--temp_location", gcs.url("vj-tmp"), "--staging_location", gcs.url("vj-staging"),
+         "--template_location", str(tmp_path / "template.json")],
+        False, worker_extras=packaging.VERIFY_EXTRAS,
+    )  # fmt: skip
+    import apache_beam as beam
+
+    job = beam.Pipeline(options=options)
+    config = verify.source_config(str(src), str(out), found)
+    _ = job | "Verify" >> verify_job.VerifyDataset(str(src), str(out), found, config, "unused")
+    job.run()
+    blobs = {
+        b.name.rsplit("/", 1)[-1]: b
+        for b in storage.Client().bucket(gcs.bucket).list_blobs(prefix="vj-staging/")
+    }
+    proto = beam_runner_api_pb2.Pipeline()
+    proto.ParseFromString(blobs["pipeline.pb"].download_as_bytes())
+    labels = {t.unique_name for t in proto.components.transforms.values()}
+    for step in ("ReadShards", "ReadRejected", "List/Walk", "Expect", "JoinByPath",
+                 "CheckPaths", "JoinByContent", "CheckContents", "WriteReport"):  # fmt: skip
+        assert any(step in label for label in labels), step
+    wheel = next(name for name in blobs if name.endswith(".whl"))
+    site = tmp_path / "site"
+    blobs[wheel].download_to_filename(tmp_path / wheel)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                    str(site), str(tmp_path / wheel)], check=True)  # fmt: skip
+    requires = (next(site.glob("*.dist-info")) / "METADATA").read_text()
+    assert "Requires-Dist: tensorflow" in requires and "Requires-Dist: apache-beam" in requires
+    assert (site / "tfrecord_pipe" / "tools" / "verify_job.py").exists()
+    shutil.rmtree(site)
+
+
+def test_a_csv_list_is_listed_as_the_converter_did_one_record_per_file(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    lines = ["path,label,split"]
+    for i, label in enumerate(("blue", "green", "red")):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(jpeg_bytes(9, 9 + i))
+        lines.append(f"imgs/{i}.jpg,{label},train")
+    lines += ["imgs/0.jpg,green,validation", "./imgs/1.jpg,red,train", "imgs/gone.jpg,red,train"]
+    listed = tmp_path / "list.csv"
+    listed.write_text("\n".join(lines) + "\n")
+    convert.run([str(listed), str(tmp_path / "out"), *IN_PROCESS])
+    report = verified_both_ways(listed, tmp_path / "out")
+    assert (report.sources, report.records, report.rejected, report.ok) == (6, 3, 3, True)
+    listed.write_text("\n".join(lines + ["imgs/2.jpg,blue,validation"]) + "\n")  # a line added
+    report = verified_both_ways(listed, tmp_path / "out")
+    assert "imgs/2.jpg: should be rejected (duplicate), but is in no shard and not in " in (
+        "".join(report.problems)
+    )

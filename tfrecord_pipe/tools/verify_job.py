@@ -1,0 +1,278 @@
+"""`verify` as a Beam pipeline, for datasets one machine should not re-read: the same rules
+(`verify`), run on workers, with the joins as GroupByKeys.
+
+`tfrecord-pipe verify SRC OUT --runner DataflowRunner --project P --region R --temp_location
+gs://bucket/tmp` reads the shards, the rejection files and the sources on Dataflow's workers.
+The job writes a small report (totals, the first problems in sorted order and how many there
+are) under the temp location; this launcher waits for it, adds the checks made from the
+manifest alone, prints it and deletes it. Beam counters show progress in Dataflow's console.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import uuid
+from concurrent import futures
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import GoogleCloudOptions, StandardOptions
+
+from beam_jobs import flags, packaging, sources, storage
+from tfrecord_pipe.core import manifest, paths
+from tfrecord_pipe.tools import verify
+from tfrecord_pipe.tools.verify import COUNT, PROBLEM, RECORD, REJECTED, REPORTED, SOURCE
+
+log = logging.getLogger(__name__)
+
+METRICS = "tfrecord_pipe_verify"  # Beam counters: records, rejection lines, sources, problems
+REPORT_NAME = "report.json"
+_CONTENT = "content"  # a stored source under its content hash (verify.content_row)
+_TOTALS = ("records", "rejected", "groups", "cross_split")  # summed besides sources per split
+
+
+class JobFailedError(RuntimeError):
+    """The verify job itself failed (storage, workers): nothing was proven either way."""
+
+
+def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
+    """Verifies `dataset` against `source` with a Beam pipeline run with `beam_args`
+    (`--runner`, `--project`, ...); waits for it.
+
+    Raises:
+      FileNotFoundError, ValueError: as `verify.verify`; a remote runner without
+        --temp_location.
+      JobFailedError: the job failed.
+    """
+    found = verify.read_conversion(dataset)
+    config = verify.source_config(source, dataset, found)
+    options = flags.pipeline_options(beam_args, False, worker_extras=packaging.VERIFY_EXTRAS)
+    local = options.view_as(StandardOptions).runner == flags.LOCAL_RUNNER
+    temp_location = options.view_as(GoogleCloudOptions).temp_location
+    if not local and not temp_location:
+        raise ValueError(
+            "A remote runner needs --temp_location (a gs:// folder its workers and this "
+            "machine can both reach): the job writes its report there."
+        )
+    work = tempfile.mkdtemp(prefix="tfrecord-pipe-verify-") if local else temp_location
+    folder = paths.join(work, f"tfrecord-pipe-verify-{uuid.uuid4().hex[:12]}")
+    report_path = paths.join(folder, REPORT_NAME)
+    try:
+        job = beam.Pipeline(options=options)
+        _ = job | "Verify" >> VerifyDataset(source, dataset, found, config, report_path)
+        try:
+            job.run().wait_until_finish()
+        except Exception as err:
+            raise JobFailedError(
+                f"The verify job failed ({type(err).__name__}: {_first_line(err)}); nothing "
+                "was proven either way. Run it again."
+            ) from err
+        with FileSystems.open(report_path) as f:
+            written = json.loads(f.read())
+    finally:
+        _remove(work if local else folder)
+    return _report(found, source, dataset, written)
+
+
+def _report(found, source: str, dataset: str, written: dict) -> verify.VerifyReport:
+    """The job's report, with the checks of what it counted against the manifest, and of the
+    files made from the manifest, first."""
+    tally = written["tally"]
+    listed = {split: n for (what, split), n in tally if what == SOURCE}
+    totals = {what: n for (what, _), n in tally if what != SOURCE}
+    first = (
+        verify.check_descriptions(dataset, found)
+        + verify.count_problems(found, source, listed)
+        + verify.group_count_problems(found, totals.get("groups", 0), totals.get("cross_split", 0))
+    )
+    kept = (first + written["problems"])[: verify.MAX_PROBLEMS_KEPT]
+    return verify.VerifyReport(
+        sources=sum(listed.values()),
+        records=totals.get("records", 0),
+        rejected=totals.get("rejected", 0),
+        problems=tuple(kept),
+        num_problems=len(first) + written["num_problems"],
+    )
+
+
+class VerifyDataset(beam.PTransform):
+    """Joins what each source should have become with the shards' records and the rejection
+    lines, by relative path, then the stored sources by content hash with duplicates.jsonl;
+    writes the report (JSON: `problems`, the first MAX_PROBLEMS_KEPT sorted; `num_problems`;
+    `tally`, [[what, split], n] pairs) to `report_path`."""
+
+    def __init__(self, source: str, dataset: str, found: manifest.Manifest, config,
+                 report_path: str):  # fmt: skip
+        super().__init__()
+        self._source, self._dataset, self._found = source, dataset, found
+        self._config, self._report_path = config, report_path
+
+    def expand(self, pbegin):
+        dataset, found, config = self._dataset, self._found, self._config
+        shards = (
+            pbegin
+            | "Shards" >> beam.Create(verify.shards_of(found))
+            | "SpreadShards" >> beam.Reshuffle()
+            | "ReadShards" >> beam.ParDo(_ReadShards(dataset, found)).with_outputs(*_KINDS)
+        )
+        rejected = (
+            pbegin
+            | "RejectionFiles" >> beam.Create(verify.rejection_files(found))
+            | "ReadRejected"
+            >> beam.FlatMapTuple(
+                lambda split, n: _tagged(verify.read_rejected(dataset, split, n), "rejected")
+            ).with_outputs(*_KINDS)
+        )
+        listed = pbegin | "List" >> sources.ListSources(config)
+        if config.layout == "csv":  # a file listed twice is kept once, as the converter does
+            listed = (
+                listed
+                | "KeyByFile" >> beam.Map(lambda s: (sources.identity(s), s))
+                | "GroupByFile" >> beam.GroupByKey()
+                | "OnePerFile" >> beam.FlatMapTuple(lambda _, group: _one_per_file(group))
+            )
+        else:
+            listed = listed | "Spread" >> beam.Reshuffle()
+        expected = listed | "Expect" >> beam.ParDo(_Expect(found, config.policy)).with_outputs(
+            COUNT, main=SOURCE
+        )
+        checked = (
+            {SOURCE: expected[SOURCE], RECORD: shards[RECORD], REJECTED: rejected[REJECTED]}
+            | "JoinByPath" >> beam.CoGroupByKey()
+            | "CheckPaths"
+            >> beam.FlatMap(_check_path, bool(found.conversion.get("dedupe"))).with_outputs(
+                _CONTENT, main=PROBLEM
+            )
+        )
+        reported = (
+            pbegin
+            | "Start" >> beam.Create([None])
+            | "ReadReported"
+            >> beam.FlatMap(lambda _: _tagged(verify.read_reported(dataset, found))).with_outputs(
+                *_KINDS
+            )
+        )
+        contents = (
+            {SOURCE: checked[_CONTENT], REPORTED: reported[REPORTED]}
+            | "JoinByContent" >> beam.CoGroupByKey()
+            | "CheckContents"
+            >> beam.FlatMap(_check_content, found).with_outputs(COUNT, main=PROBLEM)
+        )
+        problems = (
+            shards[PROBLEM], rejected[PROBLEM], checked[PROBLEM], reported[PROBLEM],
+            contents[PROBLEM],
+        ) | "Problems" >> beam.Flatten()  # fmt: skip
+        tally = (
+            (shards[COUNT], rejected[COUNT], expected[COUNT], contents[COUNT])
+            | "Tallies" >> beam.Flatten()
+            | "SumTallies" >> beam.CombinePerKey(sum)
+        )
+        first = problems | "FirstProblems" >> beam.combiners.Top.Smallest(verify.MAX_PROBLEMS_KEPT)
+        counted = problems | "CountProblems" >> beam.combiners.Count.Globally()
+        return (
+            pbegin
+            | "ReportStart" >> beam.Create([self._report_path])
+            | "WriteReport"
+            >> beam.Map(
+                _write_report,
+                first=beam.pvalue.AsSingleton(first),
+                counted=beam.pvalue.AsSingleton(counted),
+                tally=beam.pvalue.AsList(tally),
+            )
+        )
+
+
+_KINDS = (SOURCE, RECORD, REJECTED, REPORTED, PROBLEM, COUNT)
+
+
+def _tagged(read, total: str | None = None):
+    """verify's (kind, value) pairs as Beam's tagged outputs; a COUNT as a tally of `total`."""
+    for kind, value in read:
+        if kind == PROBLEM:
+            Metrics.counter(METRICS, "problems").inc()
+        elif kind == COUNT:
+            Metrics.counter(METRICS, total).inc(value)
+            value = ((total, None), value)
+        yield beam.pvalue.TaggedOutput(kind, value)
+
+
+class _ReadShards(beam.DoFn):
+    """Reads shards whole (verify.read_shard); decodes on threads set up once per worker."""
+
+    def __init__(self, dataset: str, found: manifest.Manifest):
+        self._dataset, self._found = dataset, found
+
+    def setup(self):
+        self._pool = futures.ThreadPoolExecutor(verify.THREADS)
+
+    def process(self, shard):
+        yield from _tagged(
+            verify.read_shard(self._dataset, self._found, shard, self._pool), "records"
+        )
+
+    def teardown(self):
+        self._pool.shutdown()
+
+
+class _Expect(beam.DoFn):
+    """What each source should have become (verify.expected_row), keyed by relative path."""
+
+    def __init__(self, found: manifest.Manifest, policy):
+        self._labels, self._policy = frozenset(found.labels), policy
+
+    def process(self, listed):
+        Metrics.counter(METRICS, "sources").inc()
+        yield listed.relpath, verify.expected_row(listed, self._labels, self._policy)
+        yield beam.pvalue.TaggedOutput(COUNT, ((SOURCE, listed.split), 1))
+
+
+def _one_per_file(group):
+    kept, duplicates = sources.one_per_file(list(group))
+    return [kept, *duplicates]
+
+
+def _check_path(joined, dedupe: bool):
+    relpath, grouped = joined
+    rows = {kind: list(grouped[kind]) for kind in (SOURCE, RECORD, REJECTED)}
+    for problem in verify.check_path(relpath, rows, dedupe):
+        Metrics.counter(METRICS, "problems").inc()
+        yield problem
+    same = verify.content_row(relpath, rows)
+    if same is not None:
+        yield beam.pvalue.TaggedOutput(_CONTENT, same)
+
+
+def _check_content(joined, found):
+    _, grouped = joined
+    reported = list(grouped[REPORTED])
+    found_problems, group, across = verify.check_content(
+        grouped[SOURCE], reported[0] if reported else None, found
+    )
+    yield from found_problems
+    yield beam.pvalue.TaggedOutput(COUNT, (("groups", None), group))
+    yield beam.pvalue.TaggedOutput(COUNT, (("cross_split", None), across))
+
+
+def _write_report(path: str, first, counted: int, tally) -> None:
+    report = {"problems": list(first), "num_problems": counted, "tally": list(tally)}
+    storage.write_bytes(path, json.dumps(report).encode("utf-8"), mime_type="application/json")
+
+
+def _remove(folder: str) -> None:
+    """The job's own folder; what cannot be removed is left for the temp location's lifecycle."""
+    try:
+        if paths.is_remote(folder):
+            FileSystems.delete([folder])
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+    except Exception as err:  # noqa: BLE001 - the report is read; leftovers are harmless
+        log.warning("Could not remove %s: %s", folder, err)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else "")[:500]
