@@ -181,12 +181,12 @@ def test_the_container_recipes_install_the_job_without_tensorflow():
     done = subprocess.run([sys.executable, str(ROOT / entry), "--help"], capture_output=True,
                           text=True, cwd="/", timeout=120)  # fmt: skip
     assert done.returncode == 0 and "--no_wait" in done.stdout, done.stderr[-2000:]
-    for recipe in (launcher, worker):
+    for recipe, extra in ((launcher, "[beam]"), (worker, "[${EXTRAS}]")):
         installs = [line for line in recipe.splitlines() if line.startswith("RUN pip install")]
-        assert installs and all('[beam]"' in line and "tensorflow" not in line for line in installs)
-    assert (
-        "beam"
-        in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    )
+        assert installs and all(f'{extra}"' in line and "tensorflow" not in line for line in installs)
+    # The workers' image: the conversion's extra unless built for verify's (all).
+    assert re.search(r"^ARG EXTRAS=beam$", worker, re.M) and "EXTRAS=all" in worker
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"beam", "all"} <= set(extras)
     beam_version = re.search(r"beam_python3\.\d+_sdk:(\S+)", worker).group(1)
     assert beam_version == importlib.metadata.version("apache-beam")
