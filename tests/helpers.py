@@ -115,13 +115,14 @@ def run_python(code: str, timeout: float = 120, env=None) -> Ran:
     return Ran(done.returncode, done.stdout, done.stderr)
 
 
-def verified_both_ways(source, dataset):
+def verified_both_ways(source, dataset, *beam_args):
     """`verify`'s report on this machine, once the Beam pipeline's (`verify_job`, on the local
-    runner) is shown to say the same: the same totals and the same problems."""
+    runner, with `beam_args` too) is shown to say the same: the same totals and problems."""
     from tfrecord_pipe.tools import verify, verify_job
 
     here = verify.verify(str(source), str(dataset))
-    beam = verify_job.run(str(source), str(dataset), ["--runner", "DirectRunner", *IN_PROCESS])
+    local_runner = ["--runner", "DirectRunner", *IN_PROCESS, *beam_args]
+    beam = verify_job.run(str(source), str(dataset), local_runner)
     totals = ("sources", "records", "rejected", "num_problems")
     assert [getattr(beam, name) for name in totals] == [getattr(here, name) for name in totals]
     assert sorted(beam.problems) == sorted(here.problems)

@@ -5,7 +5,6 @@ import json
 import pathlib
 import shutil
 
-import pytest
 import tensorflow as tf
 
 from beam_jobs import convert
@@ -178,24 +177,6 @@ def test_verify_catches_a_good_source_moved_into_rejected(converted_copy):
     assert f"{record.filename}: in rejected/ (truncated), but the converter would store it now" in (
         done.stdout
     )
-
-
-@pytest.mark.slow
-def test_inspect_and_verify_on_gcs(converted, gcs):
-    src, out = converted
-    for local, remote in ((src, gcs.url("cli", "src")), (out, gcs.url("cli", "out"))):
-        for path in local.rglob("*"):
-            if path.is_file():
-                tf.io.gfile.makedirs(f"{remote}/{path.parent.relative_to(local)}")
-                tf.io.gfile.copy(str(path), f"{remote}/{path.relative_to(local)}", overwrite=True)
-    inspected = run_cli("inspect", gcs.url("cli", "out"))
-    assert inspected.returncode == 0, inspected.stderr
-    assert "rejected: 1 (truncated 1)" in inspected.stdout
-    verified = run_cli("verify", gcs.url("cli", "src"), gcs.url("cli", "out"))
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert verified.stdout.strip().endswith("OK")
-    missing = run_cli("inspect", "gs://no-such-bucket/data")
-    assert missing.returncode == 2 and missing.errors
 
 
 def test_copying_a_dataset_elsewhere_keeps_it_verifiable(converted, tmp_path):

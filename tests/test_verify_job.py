@@ -14,6 +14,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from google.cloud import storage
 
 from beam_jobs import convert, flags, packaging
+from beam_jobs import storage as beam_storage
 from tfrecord_pipe.core import schema
 from tfrecord_pipe.reading import dataset
 from tfrecord_pipe.tools import verify, verify_job
@@ -88,6 +89,8 @@ def test_bad_flags_are_refused_before_anything_runs(converted):
     assert misspelt.returncode == 2 and "Did you mean --runner?" in misspelt.stderr
     remote = run_cli("verify", src, out, "--runner", "DataflowRunner", "--project", "p")
     assert remote.returncode == 2 and "--temp_location" in remote.stderr
+    template = run_cli("verify", src, out, *LOCAL, "--template_location", "t.json")
+    assert template.returncode == 2 and "--template_location" in template.stderr
 
 
 def test_a_failed_job_exits_1_with_one_line_and_leaves_nothing(converted, monkeypatch, tmp_path):
@@ -106,16 +109,29 @@ def test_a_failed_job_exits_1_with_one_line_and_leaves_nothing(converted, monkey
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("tfrecord-pipe-verify-")]
 
 
-def test_on_gcs_the_pipeline_reads_both_sides_there(converted, gcs):
+def test_on_gcs_inspect_and_both_verifies_read_both_sides_there(converted, gcs, monkeypatch):
     src, out = converted
     for local, remote in ((src, gcs.url("vj", "src")), (out, gcs.url("vj", "out"))):
         for path in local.rglob("*"):
             if path.is_file():
                 tf.io.gfile.makedirs(f"{remote}/{path.parent.relative_to(local)}")
                 tf.io.gfile.copy(str(path), f"{remote}/{path.relative_to(local)}", overwrite=True)
+    inspected = run_cli("inspect", gcs.url("vj", "out"))
+    assert inspected.returncode == 0, inspected.stderr
+    assert "rejected: 1 (truncated 1)" in inspected.stdout
+    missing = run_cli("inspect", "gs://no-such-bucket/data")
+    assert missing.returncode == 2 and missing.errors
     bucket = storage.Client().bucket(gcs.bucket)
     bucket.blob("vj/src/red/extra.jpg").upload_from_string(jpeg_bytes(7, 7))
-    report = verified_both_ways(gcs.url("vj", "src"), gcs.url("vj", "out"))
+    # The report goes through --temp_location on the test GCS, as on Dataflow, and is removed.
+    temp, read = gcs.url("vj-tmp"), []
+    real_read = beam_storage.read_text
+    monkeypatch.setattr(
+        beam_storage, "read_text", lambda path: read.append(path) or real_read(path)
+    )
+    report = verified_both_ways(gcs.url("vj", "src"), gcs.url("vj", "out"), "--temp_location", temp)
+    assert read and all(path.startswith(temp + "/") for path in read)
+    assert not list(bucket.list_blobs(prefix="vj-tmp/"))
     assert report.sources == 17 and report.records == 15 and report.num_problems == 2, report
     assert "red/extra.jpg: listed but in no shard and not in rejected/ (lost)" in report.problems
     assert any(p.startswith(f"split {split}: the manifest lists") for p in report.problems

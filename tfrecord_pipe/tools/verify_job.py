@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
+import sys
 import tempfile
 import uuid
 from concurrent import futures
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, StandardOptions
 
@@ -45,36 +44,49 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
 
     Raises:
       FileNotFoundError, ValueError: as `verify.verify`; a remote runner without
-        --temp_location.
+        --temp_location; --template_location.
       JobFailedError: the job failed.
     """
     found = verify.read_conversion(dataset)
     config = verify.source_config(source, dataset, found)
     options = flags.pipeline_options(beam_args, False, worker_extras=packaging.VERIFY_EXTRAS)
     local = options.view_as(StandardOptions).runner == flags.LOCAL_RUNNER
-    temp_location = options.view_as(GoogleCloudOptions).temp_location
+    cloud = options.view_as(GoogleCloudOptions)
+    if cloud.template_location:
+        raise ValueError(
+            "verify waits for its job's report; --template_location would only write a "
+            "template. Leave it out."
+        )
+    temp_location = cloud.temp_location
     if not local and not temp_location:
         raise ValueError(
             "A remote runner needs --temp_location (a gs:// folder its workers and this "
             "machine can both reach): the job writes its report there."
         )
-    work = tempfile.mkdtemp(prefix="tfrecord-pipe-verify-") if local else temp_location
+    # The report's folder: under --temp_location when given (the local runner too), else in a
+    # local temporary folder of its own.
+    work = temp_location or tempfile.mkdtemp(prefix="tfrecord-pipe-verify-")
     folder = paths.join(work, f"tfrecord-pipe-verify-{uuid.uuid4().hex[:12]}")
     report_path = paths.join(folder, REPORT_NAME)
     try:
         job = beam.Pipeline(options=options)
         _ = job | "Verify" >> VerifyDataset(source, dataset, found, config, report_path)
         try:
-            job.run().wait_until_finish()
+            result = job.run()
+            if not local:  # minutes of silence otherwise
+                job_id = getattr(result, "job_id", lambda: None)()
+                print(f"Verify job{f' {job_id}' if job_id else ''} launched; waiting for its "
+                      f"report (its counters, under {METRICS}, show progress).",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            result.wait_until_finish()
         except Exception as err:
             raise JobFailedError(
                 f"The verify job failed ({type(err).__name__}: {_first_line(err)}); nothing "
                 "was proven either way. Run it again."
             ) from err
-        with FileSystems.open(report_path) as f:
-            written = json.loads(f.read())
+        written = json.loads(storage.read_text(report_path))
     finally:
-        _remove(work if local else folder)
+        _remove(folder if temp_location else work)
     return _report(found, source, dataset, written)
 
 
@@ -263,13 +275,10 @@ def _write_report(path: str, first, counted: int, tally) -> None:
 
 
 def _remove(folder: str) -> None:
-    """The job's own folder; what cannot be removed is left for the temp location's lifecycle."""
+    """The job's own folder. What cannot be removed is left, and said: the report is read."""
     try:
-        if paths.is_remote(folder):
-            FileSystems.delete([folder])
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
-    except Exception as err:  # noqa: BLE001 - the report is read; leftovers are harmless
+        storage.delete_folder(folder)
+    except Exception as err:  # noqa: BLE001 - a leftover report harms nothing
         log.warning("Could not remove %s: %s", folder, err)
 
 
