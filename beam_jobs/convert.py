@@ -128,10 +128,13 @@ def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: b
             version=tfrecord_pipe.__version__, run=run,
         )  # fmt: skip
         shown = worker_progress.ProgressLine(progress_dir) if local else contextlib.nullcontext()
-        with shown:
-            result = job.run()
-            if waits:
-                result.wait_until_finish()
+        try:
+            with shown:
+                result = job.run()
+                if waits:
+                    result.wait_until_finish()
+        finally:
+            flags.remove_wheel(options)  # staged by run()
         return result
 
 

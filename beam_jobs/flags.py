@@ -11,6 +11,7 @@ import difflib
 import functools
 import math
 import os
+import shutil
 import sys
 import tempfile
 
@@ -26,6 +27,7 @@ from beam_jobs.config import CSV_HEADERS, LAYOUTS, ConvertConfig
 from tfrecord_pipe.core import help_format, images
 
 LOCAL_RUNNER = "FnApiRunner"  # what DirectRunner runs on; naming it skips the Prism attempt
+_WHEEL_FOLDER = "tfrecord-pipe-wheel-"
 _POLICY = images.ImagePolicy  # its class attributes are the defaults
 
 
@@ -150,8 +152,10 @@ def recorded_config(record: dict) -> ConvertConfig:
     return config_from_args(argparse.Namespace(**{**defaults, **known}))
 
 
-def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser) -> None:
-    """Raises ValueError for a flag that is neither ours nor Beam's, naming the closest.
+def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser,
+                     whose: str = "the converter's") -> None:  # fmt: skip
+    """Raises ValueError for a flag that is neither ours (`parser`'s, `whose`) nor Beam's,
+    naming the closest.
 
     Beam itself only logs a warning and drops it: `--validaton_fraction 0.2` would write a
     dataset without the validation split.
@@ -165,8 +169,8 @@ def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser) -> N
             close = difflib.get_close_matches(flag.lstrip("-"), names, n=1, cutoff=0.75)
             hint = f" Did you mean --{close[0]}?" if close else ""
             raise ValueError(
-                f"Unknown flag {flag}: it is neither the converter's nor Beam's.{hint} "
-                "(--help lists the converter's flags.)"
+                f"Unknown flag {flag}: it is neither {whose} nor Beam's.{hint} "
+                f"(--help lists {whose} flags.)"
             )
 
 
@@ -196,17 +200,31 @@ def pipeline_options(
     Remote workers get a wheel of this project with the dependencies of `worker_extras`."""
     options = PipelineOptions(beam_args)
     standard = options.view_as(StandardOptions)
-    if standard.runner in (None, "DirectRunner"):
+    if runs_here(options):
         standard.runner = LOCAL_RUNNER
     elif not packaging.user_packaged(beam_args):
         # Remote workers need our package; ship a wheel of it unless the user chose a way.
-        folder = tempfile.mkdtemp(prefix="tfrecord-pipe-wheel-")
+        folder = tempfile.mkdtemp(prefix=_WHEEL_FOLDER)
         wheel = packaging.build_wheel(folder, worker_extras)
         options.view_as(SetupOptions).extra_packages = [str(wheel)]
     # Our DoFns live in an importable package, so workers need nothing from __main__; keeping
     # the option lets a user's own script that wraps run() pickle its globals.
     options.view_as(SetupOptions).save_main_session = save_main_session
     return options
+
+
+def runs_here(options: PipelineOptions) -> bool:
+    """Whether the runner is Beam's local one (named as Beam accepts it, in any case)."""
+    runner = options.view_as(StandardOptions).runner
+    return runner is None or runner.lower() in ("direct", "directrunner", LOCAL_RUNNER.lower())
+
+
+def remove_wheel(options: PipelineOptions) -> None:
+    """The wheel `pipeline_options` built, once the job has staged it."""
+    for wheel in options.view_as(SetupOptions).extra_packages or ():
+        folder = os.path.dirname(wheel)
+        if os.path.basename(folder).startswith(_WHEEL_FOLDER):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def local_load_threads(options: PipelineOptions) -> int:

@@ -3,7 +3,9 @@ datasets one machine should not re-read. Run here on Beam's local runner, on loc
 and the test GCS; on Dataflow only its graph and staged wheel are checked (offline)."""
 
 import json
+import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -62,7 +64,7 @@ def test_the_pipeline_finds_every_problem_local_verify_finds(converted_copy):
 
 def test_the_command_runs_the_pipeline_given_beam_flags_and_exits_as_locally(converted_copy):
     src, out = converted_copy
-    done = run_cli("verify", src, out, *LOCAL)
+    done = run_cli("verify", src, out, "--runner=direct", *IN_PROCESS)  # Beam's names, any case
     assert done.returncode == 0, done.stdout + done.stderr
     assert "16 sources listed; 15 records in the shards; 1 rejected" in done.stdout
     assert done.stdout.strip().endswith("OK")
@@ -71,24 +73,82 @@ def test_the_command_runs_the_pipeline_given_beam_flags_and_exits_as_locally(con
     assert done.returncode == 1 and "is missing" in done.stdout
 
 
-def test_only_the_first_problems_are_listed_and_all_are_counted(converted_copy, monkeypatch):
+def test_the_same_first_problems_are_listed_both_ways_those_of_files_first(
+    converted_copy, monkeypatch
+):
     src, out = converted_copy
     changed = sorted((src / "red").iterdir())
     for i, path in enumerate(changed):  # a problem each: 5 changed, 1 no longer truncated
         path.write_bytes(jpeg_bytes(5 + i, 5, (1, 1, 1)))
+    shard = dataset.read_manifest(str(out)).splits["validation"].files[0]
+    (out / shard).unlink()  # a file's problem, and its records' sources lost
     monkeypatch.setattr(verify, "MAX_PROBLEMS_KEPT", 2)
-    report = verify_job.run(str(src), str(out), LOCAL)
-    assert report.num_problems == len(changed) == 6 and len(report.problems) == 2
-    assert report.problems == tuple(sorted(report.problems))
-    assert "... and 4 more" in str(report)
+    report = verified_both_ways(src, out)
+    assert report.num_problems > len(changed) + 1 and len(report.problems) == 2
+    assert report.problems[0].startswith(f"shard {shard} is missing"), report
+    assert f"... and {report.num_problems - 2} more" in str(report)
 
 
-def test_bad_flags_are_refused_before_anything_runs(converted):
+def test_damaged_rejection_and_duplicate_files_are_problems_not_crashes(converted_copy):
+    src, out = converted_copy
+    found = dataset.read_manifest(str(out))
+    (split,) = [name for name, info in found.splits.items() if info.rejected]
+    other = ({"train", "validation"} - {split}).pop()
+    with (out / "rejected" / f"rejected-{split}.jsonl").open("a") as lines:
+        lines.write("not json\n" + json.dumps({"reason": "truncated"}) + "\n[1, 2]\n")
+    # A file the manifest counts no rejections in, claiming a stored input.
+    stored = schema.decode_example(
+        next(iter(tf.data.TFRecordDataset(str(out / found.splits[other].files[0])))).numpy(),
+        label_offset=1,
+    ).filename
+    (out / "rejected" / f"rejected-{other}.jsonl").write_text(
+        json.dumps({"path": stored, "relpath": stored, "split": other, "reason": "truncated"})
+        + "\n"
+    )
+    (out / "duplicates.jsonl").write_text(json.dumps({"sha256": ["a"], "files": []}) + "\n")
+    # The end of a shard cut off: what it holds before the cut is still checked.
+    shard = out / found.splits["train"].files[0]
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[: len(whole) * 2 // 3])
+    # A stored input that the converter would reject now: one line says so, not two.
+    relpath = schema.decode_example(
+        next(
+            iter(tf.data.TFRecordDataset(str(out / found.splits["validation"].files[-1])))
+        ).numpy(),
+        label_offset=1,
+    ).filename
+    (src / relpath).unlink()
+    os.mkfifo(src / relpath)
+
+    report = verified_both_ways(src, out)
+    said = "\n".join(report.problems)
+    for line in (2, 3, 4):
+        assert f"rejected-{split}.jsonl line {line} is not a rejection" in said
+    assert f"rejected-{other}.jsonl holds 1 lines, the manifest counts 0 rejected" in said
+    assert f"{stored}: an extra rejection line (truncated)" in said
+    assert "duplicates.jsonl is not a duplicates report" in said
+    cut = re.search(rf"shard {shard.name} is corrupt after (\d+) records", said)
+    assert cut and int(cut.group(1)) > 0, said
+    assert [p for p in report.problems if p.startswith(relpath)] == [
+        f"{relpath}: has a record, but the converter would reject it now (not_a_regular_file)"
+    ]
+
+
+def test_bad_flags_are_refused_before_anything_runs(converted, tmp_path, monkeypatch):
     src, out = converted
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
     misspelt = run_cli("verify", src, out, "--runer", "DirectRunner")
     assert misspelt.returncode == 2 and "Did you mean --runner?" in misspelt.stderr
-    remote = run_cli("verify", src, out, "--runner", "DataflowRunner", "--project", "p")
-    assert remote.returncode == 2 and "--temp_location" in remote.stderr
+    assert "neither verify's nor Beam's" in misspelt.stderr
+    for where in ([], ["--temp_location", str(tmp_path)]):  # none, or not on gs://
+        remote = run_cli("verify", src, out, "--runner", "DataflowRunner", "--project", "p", *where)
+        assert remote.returncode == 2 and "--temp_location gs://" in remote.stderr
+    assert not list(tmp_path.iterdir())  # no wheel built for a job that will not run
+    first = run_cli("verify", "--runner", "DirectRunner", src, out)
+    assert first.returncode == 2 and "Give SRC and OUT first" in first.stderr
+    stray = run_cli("verify", src, out, "--runner", "DirectRunner", "extra")
+    assert stray.returncode == 2 and "Unexpected argument 'extra'" in stray.stderr
     template = run_cli("verify", src, out, *LOCAL, "--template_location", "t.json")
     assert template.returncode == 2 and "--template_location" in template.stderr
 

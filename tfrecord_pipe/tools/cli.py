@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         return convert.main(argv[1:], prog="tfrecord-pipe convert")
     if argv[0] == "verify":  # flags not its own go to Beam
         args, args.beam_args = parser.parse_known_args(argv)
+        args.argv = argv[1:]
     else:
         args = parser.parse_args(argv)
     try:
@@ -247,7 +248,8 @@ def _verify(args) -> int:
     if args.beam_args:
         from beam_jobs import flags
 
-        flags.check_beam_flags(args.beam_args, args.own_flags)
+        _check_verify_order(args)
+        flags.check_beam_flags(args.beam_args, args.own_flags, whose="verify's")
     _require_path(args.source)
     _require_path(args.dataset)
     if not args.beam_args:
@@ -262,6 +264,18 @@ def _verify(args) -> int:
             return EXIT_PROBLEMS
     print(report)
     return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def _check_verify_order(args) -> None:
+    """Beam's flags are not known here: a flag's value before SRC would be taken for SRC, and
+    a stray word after them for one of Beam's. Both are refused, saying how to give them."""
+    words = [word for word in args.argv if word != "--verbose"]
+    if any(word.startswith("-") for word in words[:2]):
+        raise ValueError("Give SRC and OUT first, then Beam's flags: "
+                         "tfrecord-pipe verify SRC OUT --runner ...")  # fmt: skip
+    for before, word in zip([""] + args.beam_args, args.beam_args):
+        if not word.startswith("-") and not (before.startswith("-") and "=" not in before):
+            raise ValueError(f"Unexpected argument {word!r}: verify takes SRC and OUT, then flags.")
 
 
 def _bench(args) -> int:

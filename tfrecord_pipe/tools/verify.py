@@ -52,6 +52,10 @@ _CHUNK = 256  # items handed to the threads at a time, so memory stays flat
 # adds to the report's totals.
 SOURCE, RECORD, REJECTED, PROBLEM, COUNT = "source", "record", "rejected", "problem", "count"
 REPORTED = "reported"  # a group of duplicates.jsonl, joined on its content hash
+# Problems are listed in this order: those of the dataset's files (shards, rejection files,
+# the manifest's counts), then those of single inputs; alphabetically within each. The first
+# MAX_PROBLEMS_KEPT are kept, the same ones by both drivers.
+FILES, INPUTS = 0, 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,12 +120,15 @@ def check_descriptions(dataset: str, found: manifest.Manifest) -> list[str]:
         if name == naming.MANIFEST_NAME or (older and name in tfds_metadata.FILES):
             continue
         path = paths.join(dataset, name)
-        if not tf.io.gfile.exists(path):
-            problems.append(f"{name}: missing (it is written with the manifest)")
-        elif tf.io.gfile.GFile(path, "rb").read() != text.encode("utf-8"):
-            problems.append(
-                f"{name}: does not say what manifest.json says (changed after writing?)"
-            )
+        try:
+            if not tf.io.gfile.exists(path):
+                problems.append(f"{name}: missing (it is written with the manifest)")
+            elif tf.io.gfile.GFile(path, "rb").read() != text.encode("utf-8"):
+                problems.append(
+                    f"{name}: does not say what manifest.json says (changed after writing?)"
+                )
+        except tf.errors.OpError as err:
+            problems.append(f"{name}: cannot be read: {err.message}")
     return problems
 
 
@@ -143,18 +150,17 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     if not tf.io.gfile.exists(path):
         yield PROBLEM, f"shard {name} is missing (the manifest lists {expected} records)"
         return
-    count = 0
-    try:
-        for chunk in _chunks(_serialized(path, found.compression)):
-            for row in pool.map(lambda r: _record_row(r, found), chunk):
-                count += 1
-                if "problem" in row:
-                    yield PROBLEM, f"{name} record {count}: {row['problem']}"
-                    continue
-                row.update(shard=name, split=split)
-                yield RECORD, (row.pop("relpath"), row)
-    except tf.errors.OpError as err:
-        yield PROBLEM, f"shard {name} is corrupt after {count} records: {err.message}"
+    count, failed = 0, None
+    for chunk, failed in _chunks_until_error(_serialized(path, found.compression)):
+        for row in pool.map(lambda r: _record_row(r, found), chunk):
+            count += 1
+            if "problem" in row:
+                yield PROBLEM, f"{name} record {count}: {row['problem']}"
+                continue
+            row.update(shard=name, split=split)
+            yield RECORD, (row.pop("relpath"), row)
+    if failed is not None:
+        yield PROBLEM, f"shard {name} is corrupt after {count} records: {failed.message}"
     if count != expected:
         yield PROBLEM, f"shard {name} holds {count} records, the manifest lists {expected}"
     yield COUNT, count
@@ -190,6 +196,25 @@ def _chunks(items, size: int = _CHUNK):
         yield chunk
 
 
+def _chunks_until_error(records: Iterator[bytes], size: int = _CHUNK):
+    """(chunk, None) pairs, then the records read before a read error with that error: what a
+    damaged shard holds up to the damage is still checked."""
+    while True:
+        chunk = []
+        try:
+            for record in records:
+                chunk.append(record)
+                if len(chunk) == size:
+                    break
+        except tf.errors.OpError as err:
+            yield chunk, err
+            return
+        if chunk:
+            yield chunk, None
+        if len(chunk) < size:
+            return
+
+
 def _record_row(serialized: bytes, found) -> dict:
     try:
         record = schema.decode_example(serialized, label_offset=found.label_offset)
@@ -218,8 +243,9 @@ def _record_row(serialized: bytes, found) -> dict:
 
 
 def rejection_files(found: manifest.Manifest) -> list[tuple[str, int]]:
-    """(split, lines the manifest counts) for every split with rejections."""
-    return [(split, info.rejected) for split, info in sorted(found.splits.items()) if info.rejected]
+    """(split, lines the manifest counts) for every split: a file the manifest counts none in
+    is read too, if it is there."""
+    return [(split, info.rejected) for split, info in sorted(found.splits.items())]
 
 
 def read_rejected(dataset: str, split: str, expected: int) -> Iterator[tuple[str, object]]:
@@ -227,19 +253,41 @@ def read_rejected(dataset: str, split: str, expected: int) -> Iterator[tuple[str
     manifest's, then its COUNT of lines."""
     name = naming.rejected_name(split)
     path = paths.join(dataset, name)
-    if not tf.io.gfile.exists(path):
-        yield PROBLEM, f"{name} is missing ({expected} rejected)"
-        return
     count = 0
-    with tf.io.gfile.GFile(path) as lines:
-        for line in lines:
-            if line.strip():
-                row = json.loads(line)
-                yield REJECTED, (row.get("relpath") or row["path"], row)
+    try:
+        if not tf.io.gfile.exists(path):
+            if expected:
+                yield PROBLEM, f"{name} is missing ({expected} rejected)"
+            return
+        with tf.io.gfile.GFile(path) as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
                 count += 1
+                row = _rejection(line)
+                if row is None:
+                    yield PROBLEM, f"{name} line {number} is not a rejection (JSON with a path)"
+                    continue
+                yield REJECTED, (row.get("relpath") or row["path"], row)
+    except (tf.errors.OpError, UnicodeDecodeError) as err:
+        yield PROBLEM, f"{name} cannot be read after {count} lines: {_message(err)}"
     if count != expected:
         yield PROBLEM, f"{name} holds {count} lines, the manifest counts {expected} rejected"
     yield COUNT, count
+
+
+def _rejection(line: str) -> dict | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(row, dict) or not isinstance(row.get("relpath") or row.get("path"), str):
+        return None
+    return row
+
+
+def _message(err: Exception) -> str:
+    return getattr(err, "message", None) or str(err)
 
 
 def expected_row(listed: sources.SourceFile, labels: frozenset[str], policy) -> dict:
@@ -276,7 +324,10 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
     A source rejected as a duplicate of another's content is checked with that other
     (`check_content`), when the conversion deduplicated.
     """
-    listed, records, rejected = rows[SOURCE], rows[RECORD], rows[REJECTED]
+    # In a fixed order: the joins deliver rows in any order.
+    listed, records, rejected = (
+        sorted(rows[kind], key=_order) for kind in (SOURCE, RECORD, REJECTED)
+    )
     problems: list[str] = []
     if (
         dedupe
@@ -308,10 +359,15 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
             )
         else:
             problems.append(f"{relpath}: listed but in no shard and not in rejected/ (lost)")
-    # A stored source's line in rejected/ was reported just above.
+    # A stored source's line in rejected/ was reported just above, and so was a record of a
+    # source that would be rejected now (it has no rejection line to miss).
     lines = rejected[1:] if stored and not records and rejected else rejected
-    _check_rejections(relpath, refused, lines, problems)
+    _check_rejections(relpath, refused if stored or not records else [], lines, problems)
     return problems
+
+
+def _order(row: dict) -> str:
+    return json.dumps(row, sort_keys=True)
 
 
 def content_row(relpath: str, rows: dict[str, list[dict]]) -> tuple[str, dict] | None:
@@ -321,22 +377,26 @@ def content_row(relpath: str, rows: dict[str, list[dict]]) -> tuple[str, dict] |
         return None
     became = "record" if rows[RECORD] else None
     if not became and rows[REJECTED]:
-        became = rows[REJECTED][0].get("reason")
+        became = min(rows[REJECTED], key=_order).get("reason")
     source = stored[0]
     row = {"relpath": relpath, "split": source["split"], "label": source["label"], "became": became}
     return source["sha256"], row
 
 
-def check_content(rows: Iterable[dict], reported: list[str] | None, found: manifest.Manifest
+def check_content(rows: Iterable[dict], reported: list[list[str]], found: manifest.Manifest
                   ) -> tuple[list[str], int, int]:  # fmt: skip
-    """The sources with the same bytes (`content_row`s), and the group duplicates.jsonl gives
-    for those bytes (None: none): listed there as they are; with dedupe, the first by path is
-    the one stored and the others are rejected.
+    """The sources with the same bytes (`content_row`s), and the groups duplicates.jsonl gives
+    for those bytes (one, or none): listed there as they are; with dedupe, the first by path
+    is the one stored and the others are rejected.
 
     Returns the problems, and 1 or 0 for: a group of duplicates, one across splits.
     """
     group = sorted(rows, key=lambda row: row["relpath"])
+    reported = sorted(reported)
     problems = []
+    if len(reported) > 1:
+        problems.append(f"{naming.DUPLICATES_NAME}: lists the bytes of {reported[0][0]} "
+                        f"{len(reported)} times")  # fmt: skip
     if found.conversion.get("dedupe") and group:
         first, *others = group
         if first["became"] != "record":
@@ -351,11 +411,11 @@ def check_content(rows: Iterable[dict], reported: list[str] | None, found: manif
                     " (--dedupe)"
                 )  # fmt: skip
     if len(group) < 2:
-        if reported is not None:
-            problems.append(f"{naming.DUPLICATES_NAME}: lists {reported[0]} and others, which "
-                            "differ now")  # fmt: skip
+        if reported:
+            problems.append(f"{naming.DUPLICATES_NAME}: lists {reported[0][0]} and others, "
+                            "which differ now")  # fmt: skip
         return problems, 0, 0
-    if found.knows_duplicates and reported != [row["relpath"] for row in group]:
+    if found.knows_duplicates and reported[:1] != [[row["relpath"] for row in group]]:
         problems.append(
             f"{naming.DUPLICATES_NAME}: the inputs with the bytes of {group[0]['relpath']} "
             f"({len(group)}) are not listed as one group"
@@ -364,20 +424,25 @@ def check_content(rows: Iterable[dict], reported: list[str] | None, found: manif
 
 
 def read_reported(dataset: str, found: manifest.Manifest) -> Iterator[tuple[str, object]]:
-    """duplicates.jsonl's groups as (content hash, relative paths), or its PROBLEM; nothing
-    when the manifest counts no groups."""
-    if not found.duplicates.get("groups"):
-        return
+    """duplicates.jsonl's groups as REPORTED (content hash, relative paths), or its PROBLEM.
+    Read whenever it is there: a report the manifest counts no groups in is checked too."""
     path = paths.join(dataset, naming.DUPLICATES_NAME)
-    if not tf.io.gfile.exists(path):
-        yield PROBLEM, f"{naming.DUPLICATES_NAME} is missing ({found.duplicates['groups']} groups)"
-        return
     try:
+        if not tf.io.gfile.exists(path):
+            if found.duplicates.get("groups"):
+                yield (
+                    PROBLEM,
+                    (f"{naming.DUPLICATES_NAME} is missing ({found.duplicates['groups']} groups)"),
+                )
+            return
         with tf.io.gfile.GFile(path) as lines:
             rows = [json.loads(line) for line in lines if line.strip()]
         groups = [(row["sha256"], [f["relpath"] for f in row["files"]]) for row in rows]
-    except (ValueError, KeyError, TypeError) as err:
-        yield PROBLEM, f"{naming.DUPLICATES_NAME} is not a duplicates report ({err})"
+        if not all(isinstance(sha, str) and files and all(isinstance(f, str) for f in files)
+                   for sha, files in groups):  # fmt: skip
+            raise TypeError("a group without a content hash or files")
+    except (ValueError, KeyError, TypeError, tf.errors.OpError) as err:
+        yield PROBLEM, f"{naming.DUPLICATES_NAME} is not a duplicates report ({_message(err)})"
         return
     for group in groups:
         yield REPORTED, group
@@ -445,18 +510,31 @@ def _check_rejections(relpath, refused, rejected, problems: list[str]) -> None:
 # The local driver.
 
 
+def first_problems(ranked: Iterable[tuple[int, str]]) -> list[str]:
+    """The problems listed: the first MAX_PROBLEMS_KEPT of (rank, text) pairs in order."""
+    return [text for _, text in sorted(ranked)[:MAX_PROBLEMS_KEPT]]
+
+
 class _Problems:
+    """All problems counted; the first MAX_PROBLEMS_KEPT in order kept, in bounded memory."""
+
     def __init__(self):
-        self.kept, self.count = [], 0
+        self._ranked: list[tuple[int, str]] = []
+        self.count = 0
 
-    def add(self, text: str) -> None:
+    def add(self, text: str, rank: int = INPUTS) -> None:
         self.count += 1
-        if len(self.kept) < MAX_PROBLEMS_KEPT:
-            self.kept.append(text)
+        self._ranked.append((rank, text))
+        if len(self._ranked) >= 2 * MAX_PROBLEMS_KEPT:
+            self._ranked = sorted(self._ranked)[:MAX_PROBLEMS_KEPT]
 
-    def extend(self, texts: Iterable[str]) -> None:
+    def extend(self, texts: Iterable[str], rank: int = INPUTS) -> None:
         for text in texts:
-            self.add(text)
+            self.add(text, rank)
+
+    @property
+    def kept(self) -> list[str]:
+        return first_problems(self._ranked)
 
 
 class _Buckets:
@@ -497,7 +575,7 @@ def verify(source: str, dataset: str) -> VerifyReport:
     """
     found = read_conversion(dataset)
     problems = _Problems()
-    problems.extend(check_descriptions(dataset, found))
+    problems.extend(check_descriptions(dataset, found), FILES)
     listed = sum(info.listed for info in found.splits.values())
     totals = collections.Counter()
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-") as work:
@@ -506,7 +584,7 @@ def verify(source: str, dataset: str) -> VerifyReport:
         def add(read: Iterable[tuple[str, object]], total: str) -> None:
             for kind, value in read:
                 if kind == PROBLEM:
-                    problems.add(value)
+                    problems.add(value, FILES)
                 elif kind == COUNT:
                     totals[total] += value
                 else:
@@ -519,7 +597,7 @@ def verify(source: str, dataset: str) -> VerifyReport:
             for split, expected in rejection_files(found):
                 add(read_rejected(dataset, split, expected), REJECTED)
             per_split = _add_sources(source, dataset, found, buckets, work, pool)
-        problems.extend(count_problems(found, source, per_split))
+        problems.extend(count_problems(found, source, per_split), FILES)
         by_content = _Buckets(os.path.join(work, "by-content"), buckets.count)
         dedupe = bool(found.conversion.get("dedupe"))
         for relpath, rows in buckets.groups():
@@ -571,19 +649,17 @@ def _source_file(row: dict) -> sources.SourceFile:
 
 def _check_duplicates(dataset, found, by_content: _Buckets, problems: _Problems) -> None:
     """Every group of sources with the same bytes, and every group duplicates.jsonl reports."""
-    reported = {}
+    reported = collections.defaultdict(list)
     for kind, value in read_reported(dataset, found):
         if kind == PROBLEM:
-            problems.add(value)
+            problems.add(value, FILES)
         else:
-            reported[value[0]] = value[1]
+            reported[value[0]].append(value[1])
     groups = cross_split = 0
     for sha256, rows in by_content.groups():
-        found_problems, group, across = check_content(
-            rows[SOURCE], reported.pop(sha256, None), found
-        )
+        found_problems, group, across = check_content(rows[SOURCE], reported.pop(sha256, []), found)
         problems.extend(found_problems)
         groups, cross_split = groups + group, cross_split + across
     for files in reported.values():  # bytes no source has now
         problems.extend(check_content([], files, found)[0])
-    problems.extend(group_count_problems(found, groups, cross_split))
+    problems.extend(group_count_problems(found, groups, cross_split), FILES)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import tempfile
 import uuid
@@ -19,12 +20,21 @@ from concurrent import futures
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
-from apache_beam.options.pipeline_options import GoogleCloudOptions, StandardOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from beam_jobs import flags, packaging, sources, storage
 from tfrecord_pipe.core import manifest, paths
 from tfrecord_pipe.tools import verify
-from tfrecord_pipe.tools.verify import COUNT, PROBLEM, RECORD, REJECTED, REPORTED, SOURCE
+from tfrecord_pipe.tools.verify import (
+    COUNT,
+    FILES,
+    INPUTS,
+    PROBLEM,
+    RECORD,
+    REJECTED,
+    REPORTED,
+    SOURCE,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,33 +53,27 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
     (`--runner`, `--project`, ...); waits for it.
 
     Raises:
-      FileNotFoundError, ValueError: as `verify.verify`; a remote runner without
-        --temp_location; --template_location.
+      FileNotFoundError, ValueError: as `verify.verify`; options Beam refuses; a remote runner
+        without a gs:// --temp_location; --template_location.
       JobFailedError: the job failed.
     """
     found = verify.read_conversion(dataset)
     config = verify.source_config(source, dataset, found)
+    given = PipelineOptions(beam_args)
+    local = flags.runs_here(given)
+    temp_location = _check_options(given, local)
+    descriptions = verify.check_descriptions(dataset, found)  # before minutes of job
     options = flags.pipeline_options(beam_args, False, worker_extras=packaging.VERIFY_EXTRAS)
-    local = options.view_as(StandardOptions).runner == flags.LOCAL_RUNNER
-    cloud = options.view_as(GoogleCloudOptions)
-    if cloud.template_location:
-        raise ValueError(
-            "verify waits for its job's report; --template_location would only write a "
-            "template. Leave it out."
-        )
-    temp_location = cloud.temp_location
-    if not local and not temp_location:
-        raise ValueError(
-            "A remote runner needs --temp_location (a gs:// folder its workers and this "
-            "machine can both reach): the job writes its report there."
-        )
     # The report's folder: under --temp_location when given (the local runner too), else in a
     # local temporary folder of its own.
     work = temp_location or tempfile.mkdtemp(prefix="tfrecord-pipe-verify-")
     folder = paths.join(work, f"tfrecord-pipe-verify-{uuid.uuid4().hex[:12]}")
     report_path = paths.join(folder, REPORT_NAME)
     try:
-        job = beam.Pipeline(options=options)
+        try:
+            job = beam.Pipeline(options=options)
+        except ValueError as err:  # Beam's check of the options: a line each
+            raise ValueError(" ".join(str(err).split())) from None
         _ = job | "Verify" >> VerifyDataset(source, dataset, found, config, report_path)
         try:
             result = job.run()
@@ -79,35 +83,54 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
                       f"report (its counters, under {METRICS}, show progress).",
                       file=sys.stderr, flush=True)  # fmt: skip
             result.wait_until_finish()
+            written = json.loads(storage.read_text(report_path))
         except Exception as err:
             raise JobFailedError(
                 f"The verify job failed ({type(err).__name__}: {_first_line(err)}); nothing "
-                "was proven either way. Run it again."
+                "was proven either way."
             ) from err
-        written = json.loads(storage.read_text(report_path))
     finally:
+        flags.remove_wheel(options)
         _remove(folder if temp_location else work)
-    return _report(found, source, dataset, written)
+    return _report(found, source, written, descriptions)
 
 
-def _report(found, source: str, dataset: str, written: dict) -> verify.VerifyReport:
-    """The job's report, with the checks of what it counted against the manifest, and of the
-    files made from the manifest, first."""
+def _check_options(given: PipelineOptions, local: bool) -> str | None:
+    """The options verify itself depends on; returns --temp_location."""
+    cloud = given.view_as(GoogleCloudOptions)
+    if cloud.template_location:
+        raise ValueError(
+            "verify waits for its job's report; --template_location would only write a "
+            "template. Leave it out."
+        )
+    temp_location = cloud.temp_location
+    if not local and not (temp_location and paths.is_remote(temp_location)):
+        raise ValueError(
+            "A remote runner needs --temp_location gs://BUCKET/FOLDER (a folder its workers and "
+            "this machine can both reach): the job writes its report there."
+        )
+    if temp_location and not paths.is_remote(temp_location) and os.path.isfile(temp_location):
+        raise ValueError(f"--temp_location {temp_location} is a file; give a folder.")
+    return temp_location
+
+
+def _report(found, source: str, written: dict, descriptions: list[str]) -> verify.VerifyReport:
+    """The job's report, with what it counted checked against the manifest."""
     tally = written["tally"]
     listed = {split: n for (what, split), n in tally if what == SOURCE}
     totals = {what: n for (what, _), n in tally if what != SOURCE}
-    first = (
-        verify.check_descriptions(dataset, found)
+    here = (
+        descriptions
         + verify.count_problems(found, source, listed)
         + verify.group_count_problems(found, totals.get("groups", 0), totals.get("cross_split", 0))
     )
-    kept = (first + written["problems"])[: verify.MAX_PROBLEMS_KEPT]
+    ranked = [(FILES, text) for text in here] + [tuple(pair) for pair in written["problems"]]
     return verify.VerifyReport(
         sources=sum(listed.values()),
         records=totals.get("records", 0),
         rejected=totals.get("rejected", 0),
-        problems=tuple(kept),
-        num_problems=len(first) + written["num_problems"],
+        problems=tuple(verify.first_problems(ranked)),
+        num_problems=len(here) + written["num_problems"],
     )
 
 
@@ -206,6 +229,7 @@ def _tagged(read, total: str | None = None):
     for kind, value in read:
         if kind == PROBLEM:
             Metrics.counter(METRICS, "problems").inc()
+            value = (FILES, value)
         elif kind == COUNT:
             Metrics.counter(METRICS, total).inc(value)
             value = ((total, None), value)
@@ -252,7 +276,7 @@ def _check_path(joined, dedupe: bool):
     rows = {kind: list(grouped[kind]) for kind in (SOURCE, RECORD, REJECTED)}
     for problem in verify.check_path(relpath, rows, dedupe):
         Metrics.counter(METRICS, "problems").inc()
-        yield problem
+        yield INPUTS, problem
     same = verify.content_row(relpath, rows)
     if same is not None:
         yield beam.pvalue.TaggedOutput(_CONTENT, same)
@@ -260,11 +284,12 @@ def _check_path(joined, dedupe: bool):
 
 def _check_content(joined, found):
     _, grouped = joined
-    reported = list(grouped[REPORTED])
     found_problems, group, across = verify.check_content(
-        grouped[SOURCE], reported[0] if reported else None, found
+        grouped[SOURCE], list(grouped[REPORTED]), found
     )
-    yield from found_problems
+    for problem in found_problems:
+        Metrics.counter(METRICS, "problems").inc()
+        yield INPUTS, problem
     yield beam.pvalue.TaggedOutput(COUNT, (("groups", None), group))
     yield beam.pvalue.TaggedOutput(COUNT, (("cross_split", None), across))
 
