@@ -39,7 +39,9 @@ def main(dataset_dir):
     per_replica = [t.shape.as_list() for t in strategy.experimental_local_results(images)]
     model = train.train(strategy, dataset_dir, config)
     evaluated = train.evaluate(strategy, model, dataset_dir, config)
+    # Measured before the fit below trains the model further.
     loss_before_fit = loss_on(model, dataset_dir, config.image_size)
+    accuracy_before_fit = accuracy_on(model, dataset_dir, config.image_size)
     looped = custom_loop.run(strategy, dataset_dir, config)
     # The padded evaluation's loss at batch sizes that pad by a few and by most of a batch,
     # through `evaluate` and through `fit`'s validation.
@@ -66,7 +68,7 @@ def main(dataset_dir):
                 ],
                 "per_replica_images": per_replica,
                 "fit_accuracy": evaluated["accuracy"],
-                "accuracy_on_every_record": accuracy_on(model, dataset_dir, config.image_size),
+                "accuracy_on_every_record": accuracy_before_fit,
                 "custom_loop_images": looped["images"],
                 "fit_loss": evaluated["loss"],
                 "losses_by_batch": losses,
