@@ -174,21 +174,32 @@ def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser,
             )
 
 
-@functools.cache
 def _beam_flags() -> frozenset[str]:
     """Every flag of Beam's pipeline options (the runners' and Dataflow's included)."""
+    return frozenset(flag for flags in _beam_options().values() for flag in flags)
+
+
+def beam_switches() -> frozenset[str]:
+    """Beam's flags that take no value (`--save_main_session`)."""
+    return frozenset(flag for switch, flags in _beam_options().items() if switch for flag in flags)
+
+
+@functools.cache
+def _beam_options() -> dict[bool, frozenset[str]]:
+    """Beam's flags, by whether they take no value."""
 
     def subclasses(cls):
         for sub in cls.__subclasses__():
             yield sub
             yield from subclasses(sub)
 
-    flags = set()
+    flags = {True: set(), False: set()}
     for options in set(subclasses(PipelineOptions)):
         parser = argparse.ArgumentParser(add_help=False, conflict_handler="resolve")
         options._add_argparse_args(parser)
-        flags.update(flag for action in parser._actions for flag in action.option_strings)
-    return frozenset(flags)
+        for action in parser._actions:
+            flags[action.nargs == 0].update(action.option_strings)
+    return {switch: frozenset(names) for switch, names in flags.items()}
 
 
 def pipeline_options(

@@ -94,6 +94,7 @@ def test_damaged_rejection_and_duplicate_files_are_problems_not_crashes(converte
     other = ({"train", "validation"} - {split}).pop()
     with (out / "rejected" / f"rejected-{split}.jsonl").open("a") as lines:
         lines.write("not json\n" + json.dumps({"reason": "truncated"}) + "\n[1, 2]\n")
+        lines.write("[" * 100_000 + "\n")  # nested past Python's recursion limit
     # A file the manifest counts no rejections in, claiming a stored input.
     stored = schema.decode_example(
         next(iter(tf.data.TFRecordDataset(str(out / found.splits[other].files[0])))).numpy(),
@@ -120,7 +121,7 @@ def test_damaged_rejection_and_duplicate_files_are_problems_not_crashes(converte
 
     report = verified_both_ways(src, out)
     said = "\n".join(report.problems)
-    for line in (2, 3, 4):
+    for line in (2, 3, 4, 5):
         assert f"rejected-{split}.jsonl line {line} is not a rejection" in said
     assert f"rejected-{other}.jsonl holds 1 lines, the manifest counts 0 rejected" in said
     assert f"{stored}: an extra rejection line (truncated)" in said
@@ -145,8 +146,9 @@ def test_bad_flags_are_refused_before_anything_runs(converted, tmp_path, monkeyp
     assert not list(tmp_path.iterdir())  # no wheel built for a job that will not run
     first = run_cli("verify", "--runner", "DirectRunner", src, out)
     assert first.returncode == 2 and "Give SRC and OUT first" in first.stderr
-    stray = run_cli("verify", src, out, "--runner", "DirectRunner", "extra")
-    assert stray.returncode == 2 and "Unexpected argument 'extra'" in stray.stderr
+    for after in (["--runner", "DirectRunner"], ["--runner=DirectRunner", "--save_main_session"]):
+        stray = run_cli("verify", src, out, *after, "extra")
+        assert stray.returncode == 2 and "Unexpected argument 'extra'" in stray.stderr
     template = run_cli("verify", src, out, *LOCAL, "--template_location", "t.json")
     assert template.returncode == 2 and "--template_location" in template.stderr
 

@@ -273,8 +273,13 @@ def _check_verify_order(args) -> None:
     if any(word.startswith("-") for word in words[:2]):
         raise ValueError("Give SRC and OUT first, then Beam's flags: "
                          "tfrecord-pipe verify SRC OUT --runner ...")  # fmt: skip
+    from beam_jobs import flags
+
+    def takes_value(flag: str) -> bool:
+        return flag.startswith("-") and "=" not in flag and flag not in flags.beam_switches()
+
     for before, word in zip([""] + args.beam_args, args.beam_args):
-        if not word.startswith("-") and not (before.startswith("-") and "=" not in before):
+        if not word.startswith("-") and not takes_value(before):
             raise ValueError(f"Unexpected argument {word!r}: verify takes SRC and OUT, then flags.")
 
 

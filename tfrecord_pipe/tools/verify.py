@@ -279,7 +279,7 @@ def read_rejected(dataset: str, split: str, expected: int) -> Iterator[tuple[str
 def _rejection(line: str) -> dict | None:
     try:
         row = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: brackets nested past Python's limit
         return None
     if not isinstance(row, dict) or not isinstance(row.get("relpath") or row.get("path"), str):
         return None
@@ -441,7 +441,7 @@ def read_reported(dataset: str, found: manifest.Manifest) -> Iterator[tuple[str,
         if not all(isinstance(sha, str) and files and all(isinstance(f, str) for f in files)
                    for sha, files in groups):  # fmt: skip
             raise TypeError("a group without a content hash or files")
-    except (ValueError, KeyError, TypeError, tf.errors.OpError) as err:
+    except (ValueError, KeyError, TypeError, RecursionError, tf.errors.OpError) as err:
         yield PROBLEM, f"{naming.DUPLICATES_NAME} is not a duplicates report ({_message(err)})"
         return
     for group in groups:

@@ -69,6 +69,7 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
     work = temp_location or tempfile.mkdtemp(prefix="tfrecord-pipe-verify-")
     folder = paths.join(work, f"tfrecord-pipe-verify-{uuid.uuid4().hex[:12]}")
     report_path = paths.join(folder, REPORT_NAME)
+    launched = False
     try:
         try:
             job = beam.Pipeline(options=options)
@@ -76,6 +77,7 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
             raise ValueError(" ".join(str(err).split())) from None
         _ = job | "Verify" >> VerifyDataset(source, dataset, found, config, report_path)
         try:
+            launched = True
             result = job.run()
             if not local:  # minutes of silence otherwise
                 job_id = getattr(result, "job_id", lambda: None)()
@@ -91,7 +93,8 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
             ) from err
     finally:
         flags.remove_wheel(options)
-        _remove(folder if temp_location else work)
+        if launched or not temp_location:  # else nothing was written (and gs:// may hang)
+            _remove(folder if temp_location else work)
     return _report(found, source, written, descriptions)
 
 
