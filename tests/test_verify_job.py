@@ -105,6 +105,7 @@ def test_damaged_rejection_and_duplicate_files_are_problems_not_crashes(converte
         + "\n"
     )
     (out / "duplicates.jsonl").write_text(json.dumps({"sha256": ["a"], "files": []}) + "\n")
+    (out / "rejected" / "rejected-nosuch.jsonl").write_text("{}\n")  # of no split
     # The end of a shard cut off: what it holds before the cut is still checked.
     shard = out / found.splits["train"].files[0]
     whole = shard.read_bytes()
@@ -126,6 +127,7 @@ def test_damaged_rejection_and_duplicate_files_are_problems_not_crashes(converte
     assert f"rejected-{other}.jsonl holds 1 lines, the manifest counts 0 rejected" in said
     assert f"{stored}: an extra rejection line (truncated)" in said
     assert "duplicates.jsonl is not a duplicates report" in said
+    assert "rejected/rejected-nosuch.jsonl: not a split of the manifest" in said
     cut = re.search(rf"shard {shard.name} is corrupt after (\d+) records", said)
     assert cut and int(cut.group(1)) > 0, said
     assert [p for p in report.problems if p.startswith(relpath)] == [

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import logging
 import math
 import os
+import posixpath
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -130,6 +132,26 @@ def check_descriptions(dataset: str, found: manifest.Manifest) -> list[str]:
         except tf.errors.OpError as err:
             problems.append(f"{name}: cannot be read: {err.message}")
     return problems
+
+
+def check_rejection_files(dataset: str, found: manifest.Manifest) -> list[str]:
+    """rejected/ holds no rejections file of a split the manifest does not have (it would go
+    unread). Other files there are the user's."""
+    expected = {naming.rejected_name(split) for split in found.splits}
+    folder = paths.join(dataset, naming.REJECTED_DIR)
+    try:
+        names = tf.io.gfile.listdir(folder) if tf.io.gfile.isdir(folder) else []
+    except tf.errors.OpError as err:
+        return [f"{naming.REJECTED_DIR}/ cannot be listed: {err.message}"]
+    found_names = {
+        f"{naming.REJECTED_DIR}/{name}"
+        for name in names
+        if fnmatch.fnmatchcase(name, posixpath.basename(naming.rejected_name("*")))
+    }
+    return [
+        f"{name}: not a split of the manifest ({', '.join(sorted(found.splits))})"
+        for name in sorted(found_names - expected)
+    ]
 
 
 def shards_of(found: manifest.Manifest) -> list[tuple[str, str, int]]:
@@ -576,6 +598,7 @@ def verify(source: str, dataset: str) -> VerifyReport:
     found = read_conversion(dataset)
     problems = _Problems()
     problems.extend(check_descriptions(dataset, found), FILES)
+    problems.extend(check_rejection_files(dataset, found), FILES)
     listed = sum(info.listed for info in found.splits.values())
     totals = collections.Counter()
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-") as work:

@@ -62,7 +62,9 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
     given = PipelineOptions(beam_args)
     local = flags.runs_here(given)
     temp_location = _check_options(given, local)
-    descriptions = verify.check_descriptions(dataset, found)  # before minutes of job
+    # Checks of the dataset's small files, here, before minutes of job.
+    descriptions = verify.check_descriptions(dataset, found)
+    descriptions += verify.check_rejection_files(dataset, found)
     options = flags.pipeline_options(beam_args, False, worker_extras=packaging.VERIFY_EXTRAS)
     # The report's folder: under --temp_location when given (the local runner too), else in a
     # local temporary folder of its own.
