@@ -33,7 +33,7 @@ import uuid
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions, StandardOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 import tfrecord_pipe
 from beam_jobs import claim, finalise, flags, pipeline, sources, worker_progress
@@ -66,12 +66,12 @@ def run(
         config = sources.resolve_layout(flags.config_from_args(args))
         finalise.check_output(config)
         fixed_labels = _read_labels(config.labels_file) if config.labels_file else None
-    options = flags.pipeline_options(beam_args, save_main_session)
-    local = options.view_as(StandardOptions).runner == flags.LOCAL_RUNNER
+    given = PipelineOptions(beam_args)  # to check; the job's are made when it is launched
+    local = flags.runs_here(given)
     if args.no_wait and local:
         raise ValueError("--no_wait is for a runner that runs the job elsewhere (Dataflow); "
                          "the local runner runs it in this process.")  # fmt: skip
-    template = options.view_as(GoogleCloudOptions).template_location
+    template = given.view_as(GoogleCloudOptions).template_location
     # In a Flex Template's launcher: submit and return (it must not wait), and the job, not
     # this process, holds the output's claim.
     if args.no_wait and template:
@@ -94,6 +94,7 @@ def run(
             # the launch fail, leaving this block gives the claim up again.
             held.hand_over()
         try:
+            options = flags.pipeline_options(beam_args, save_main_session)
             result = _run_pipeline(config, options, temp_dir, fixed_labels, local, waits,
                                    run=run_id if no_wait else None)  # fmt: skip
         except (ValueError, FileNotFoundError, FileExistsError):
@@ -103,7 +104,7 @@ def run(
             if said is not None:
                 raise finalise.NothingWrittenError(said) from None
             raise JobFailedError(
-                f"The conversion job failed ({type(err).__name__}: {_first_line(err)}). Nothing "
+                f"The conversion job failed ({type(err).__name__}: {first_line(err)}). Nothing "
                 f"was finalised: {config.output} has no new manifest. Run it again; what this "
                 "run left is removed then."
             ) from err
@@ -119,23 +120,23 @@ def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: b
                   run: str | None):  # fmt: skip
     """Builds and starts the pipeline, waiting for it if `waits`; locally with a progress line
     summed over workers. `run` is the claim's run, for the job to give it up (None: the
-    launcher gives it up). Returns Beam's result."""
-    with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
-        job = beam.Pipeline(options=options)
-        pipeline.build_pipeline(
-            job, config, temp_dir, fixed_labels, progress_dir if local else None,
-            flags.local_load_threads(options) if local else 1,
-            version=tfrecord_pipe.__version__, run=run,
-        )  # fmt: skip
-        shown = worker_progress.ProgressLine(progress_dir) if local else contextlib.nullcontext()
-        try:
-            with shown:
+    launcher gives it up). Returns Beam's result. The wheel `options` ship is removed after."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
+            job = beam.Pipeline(options=options)
+            pipeline.build_pipeline(
+                job, config, temp_dir, fixed_labels, progress_dir if local else None,
+                flags.local_load_threads(options) if local else 1,
+                version=tfrecord_pipe.__version__, run=run,
+            )  # fmt: skip
+            shown = worker_progress.ProgressLine(progress_dir) if local else None
+            with shown or contextlib.nullcontext():
                 result = job.run()
                 if waits:
                     result.wait_until_finish()
-        finally:
-            flags.remove_wheel(options)  # staged by run()
-        return result
+            return result
+    finally:
+        flags.remove_wheel(options)  # staged by job.run()
 
 
 def _say_launched(config, template: str | None, result) -> None:
@@ -158,14 +159,16 @@ def _cloud_errors_said_plainly(what: str):
     try:
         yield
     except cloud.GoogleAPIError as err:
-        raise ConnectionError(f"Cannot reach {what}: {_first_line(err)}") from err
+        raise ConnectionError(f"Cannot reach {what}: {first_line(err)}") from err
 
 
 class JobFailedError(RuntimeError):
     """The job itself failed (storage, workers): nothing was finalised."""
 
 
-def _first_line(err: Exception) -> str:
+def first_line(err: Exception) -> str:
+    """An error's first line, at most 500 characters: what a one-line `error:` can say (cloud
+    client and Beam errors run to pages)."""
     text = str(err).strip()
     return (text.splitlines()[0] if text else "")[:500]
 

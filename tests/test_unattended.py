@@ -276,10 +276,15 @@ def test_an_empty_input_with_overwrite_fails_and_keeps_the_old_dataset(tmp_path)
     assert {k: v for k, v in tree(out).items() if not k.startswith(".")} == before
 
 
-def test_a_no_wait_launch_that_fails_leaves_no_claim_behind(tmp_path):
-    # The claim passes to the job before it is launched; a launch that fails takes it back.
+def test_a_no_wait_launch_that_fails_leaves_no_claim_behind(tmp_path, monkeypatch):
+    # The claim passes to the job before it is launched; a launch that fails takes it back,
+    # and the wheel built for its workers goes too.
     src = write_image_folder(tmp_path / "src", per_label=1)
     out = tmp_path / "out"
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr("tempfile.tempdir", None)
     done = run_cli("convert", src, out, "--no_wait", "--runner", "DataflowRunner")
     assert done.returncode == 2 and "Missing required option: project" in done.stderr
     assert not (out / claim.CLAIM_NAME).exists()
+    assert not list((tmp_path / "tmp").iterdir())
