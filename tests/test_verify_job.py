@@ -215,8 +215,11 @@ def test_on_dataflow_the_job_stages_a_wheel_with_tensorflow_and_every_step(conve
 
     job = beam.Pipeline(options=options)
     config = verify.source_config(str(src), str(out), found)
-    _ = job | "Verify" >> verify_job.VerifyDataset(str(src), str(out), found, config, "unused")
-    job.run()
+    _ = job | "Verify" >> verify_job.VerifyDataset(str(out), found, config, "unused")
+    try:
+        job.run()
+    finally:
+        flags.remove_wheel(options)
     blobs = {
         b.name.rsplit("/", 1)[-1]: b
         for b in storage.Client().bucket(gcs.bucket).list_blobs(prefix="vj-staging/")

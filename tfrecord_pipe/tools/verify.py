@@ -346,9 +346,10 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
     A source rejected as a duplicate of another's content is checked with that other
     (`check_content`), when the conversion deduplicated.
     """
-    # In a fixed order: the joins deliver rows in any order.
+    # In a fixed order: the joins deliver rows in any order (one row, the usual case, is).
     listed, records, rejected = (
-        sorted(rows[kind], key=_order) for kind in (SOURCE, RECORD, REJECTED)
+        sorted(rows[kind], key=_order) if len(rows[kind]) > 1 else list(rows[kind])
+        for kind in (SOURCE, RECORD, REJECTED)
     )
     problems: list[str] = []
     if (

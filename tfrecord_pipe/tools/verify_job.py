@@ -3,9 +3,10 @@
 
 `tfrecord-pipe verify SRC OUT --runner DataflowRunner --project P --region R --temp_location
 gs://bucket/tmp` reads the shards, the rejection files and the sources on Dataflow's workers.
-The job writes a small report (totals, the first problems in sorted order and how many there
-are) under the temp location; this launcher waits for it, adds the checks made from the
-manifest alone, prints it and deletes it. Beam counters show progress in Dataflow's console.
+The job writes a small report (totals, the first problems and how many there are) under
+--temp_location (else a local temporary folder); this launcher waits for it, adds the checks
+of the manifest's counts and small files, prints it and deletes it. Beam counters show
+progress in Dataflow's console.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from beam_jobs import flags, packaging, sources, storage
+from beam_jobs import convert, flags, packaging, sources, storage
 from tfrecord_pipe.core import manifest, paths
 from tfrecord_pipe.tools import verify
 from tfrecord_pipe.tools.verify import (
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 METRICS = "tfrecord_pipe_verify"  # Beam counters: records, rejection lines, sources, problems
 REPORT_NAME = "report.json"
 _CONTENT = "content"  # a stored source under its content hash (verify.content_row)
-_TOTALS = ("records", "rejected", "groups", "cross_split")  # summed besides sources per split
 
 
 class JobFailedError(RuntimeError):
@@ -77,7 +77,7 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
             job = beam.Pipeline(options=options)
         except ValueError as err:  # Beam's check of the options: a line each
             raise ValueError(" ".join(str(err).split())) from None
-        _ = job | "Verify" >> VerifyDataset(source, dataset, found, config, report_path)
+        _ = job | "Verify" >> VerifyDataset(dataset, found, config, report_path)
         try:
             launched = True
             result = job.run()
@@ -90,7 +90,7 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
             written = json.loads(storage.read_text(report_path))
         except Exception as err:
             raise JobFailedError(
-                f"The verify job failed ({type(err).__name__}: {_first_line(err)}); nothing "
+                f"The verify job failed ({type(err).__name__}: {convert.first_line(err)}); nothing "
                 "was proven either way."
             ) from err
     finally:
@@ -142,13 +142,13 @@ def _report(found, source: str, written: dict, descriptions: list[str]) -> verif
 class VerifyDataset(beam.PTransform):
     """Joins what each source should have become with the shards' records and the rejection
     lines, by relative path, then the stored sources by content hash with duplicates.jsonl;
-    writes the report (JSON: `problems`, the first MAX_PROBLEMS_KEPT sorted; `num_problems`;
-    `tally`, [[what, split], n] pairs) to `report_path`."""
+    writes the report (JSON: `problems`, the first MAX_PROBLEMS_KEPT [rank, text] pairs in
+    order; `num_problems`; `tally`, [[what, split], n] pairs) to `report_path`. `config` is
+    the conversion's, as `verify.source_config` makes it."""
 
-    def __init__(self, source: str, dataset: str, found: manifest.Manifest, config,
-                 report_path: str):  # fmt: skip
+    def __init__(self, dataset: str, found: manifest.Manifest, config, report_path: str):
         super().__init__()
-        self._source, self._dataset, self._found = source, dataset, found
+        self._dataset, self._found = dataset, found
         self._config, self._report_path = config, report_path
 
     def expand(self, pbegin):
@@ -310,8 +310,3 @@ def _remove(folder: str) -> None:
         storage.delete_folder(folder)
     except Exception as err:  # noqa: BLE001 - a leftover report harms nothing
         log.warning("Could not remove %s: %s", folder, err)
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return (text.splitlines()[0] if text else "")[:500]
