@@ -16,7 +16,7 @@ import tensorflow as tf  # noqa: E402
 
 def main(export_dir, *files):
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-    out = serve(image_bytes=tf.constant([pathlib.Path(f).read_bytes() for f in files]))
+    out = serve(image_bytes=tf.constant([pathlib.Path(f).read_bytes() for f in files], tf.string))
     print("RESULT " + json.dumps({
         "inputs": {name: spec.dtype.name for name, spec in serve.structured_input_signature[1].items()},
         "probabilities": out["probabilities"].numpy().tolist(),

@@ -112,6 +112,21 @@ def test_an_empty_request_gets_an_empty_answer(serve):
     assert out["probabilities"].shape == (0, len(LABELS)) and out["class"].shape == (0,)
 
 
+# TensorFlow's CPU kernels differ by CPU: oneDNN's are the default on AVX-512 CPUs, and failed
+# on an empty batch. Both are forced here, in a fresh server process each, on any CPU.
+@pytest.mark.slow
+@pytest.mark.parametrize("onednn", ["0", "1"], ids=["oneDNN-off", "oneDNN-on"])
+def test_an_empty_request_is_answered_with_and_without_onednn(exported, onednn):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "serve_check.py"), exported[1]],
+        capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), TF_ENABLE_ONEDNN_OPTS=onednn),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(li for li in done.stdout.splitlines() if li.startswith("RESULT "))[7:])
+    assert result["probabilities"] == [] and result["class"] == []
+
+
 def with_declared_size(data: bytes, height: int, width: int) -> bytes:
     """A JPEG whose SOF header claims another size (a decompression-bomb shape)."""
     sof = data.index(b"\xff\xc0")

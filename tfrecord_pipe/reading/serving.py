@@ -99,7 +99,13 @@ class ServingModule(tf.Module):
     def serve(self, image_bytes):
         """{"probabilities": [N, C] float32, "classid": [N] int64, "class": [N] string}."""
         images = model_inputs(image_bytes, self._config)
-        outputs = tf.cast(self.model.outputs(images), tf.float32)
+        # An empty request skips the model: oneDNN's kernels (TensorFlow's CPU default on
+        # AVX-512 machines) fail on an empty batch ("Matrix size-incompatible: In[0]: [0,3]").
+        outputs = tf.cond(
+            tf.size(image_bytes) > 0,
+            lambda: tf.cast(self.model.outputs(images), tf.float32),
+            lambda: tf.zeros([0, len(self._config.labels)], tf.float32),
+        )
         probabilities = tf.nn.softmax(outputs) if self._config.from_logits else outputs
         classid = tf.argmax(probabilities, axis=-1)
         return {

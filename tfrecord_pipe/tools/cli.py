@@ -147,12 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
-# TensorFlow's start-up lines on a machine without a GPU: nothing a user needs to act on.
+# TensorFlow's start-up lines on a machine without a GPU: nothing a user needs to act on. The
+# oneDNN note comes on CPUs where TensorFlow turns oneDNN on by default (AVX-512 ones), twice.
 _START_UP_NOISE = re.compile(
     r"WARNING: All log messages before absl::InitializeLog|"
     r"[IWE]\d{4} [\d:. ]+\d+ (cudart_stub|cuda_platform|cuda_executor|cuda_dnn|cuda_fft|"
     r"cuda_blas|cpu_feature_guard)\.cc|"
-    r"To enable the following instructions:|This TensorFlow binary is optimized"
+    r"To enable the following instructions:|This TensorFlow binary is optimized|"
+    r"[IWE]\d{4} [\d:. ]+\d+ port\.cc:\d+\] oneDNN custom operations are on"
 )
 
 
