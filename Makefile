@@ -1,20 +1,24 @@
 # Two commands do all the set-up on a fresh clone: `make demo` and `make test`.
-# Both create (or reuse) .venv in the checkout and install the project into it.
+# Both create (or reuse) .venv in the checkout and install the project into it, with every
+# package at the version in constraints.txt: the versions the suite passed with.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Re-install when the project's declared dependencies change.
-STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+CONSTRAINTS := constraints.txt
+# pip itself, pinned with the rest (pip freeze leaves it out).
+PIP_VERSION := 26.3
+# Re-install when the declared dependencies or their pinned versions change.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo clean
+.PHONY: install test test-fast test-latest lock demo clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet "pip==$(PIP_VERSION)"
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -24,13 +28,36 @@ test: $(STAMP)
 	  if [ $$rc -eq 5 ]; then echo "make test: no tests were collected; failing." >&2; fi; \
 	  exit $$rc
 
-# The fast part (no end-to-end runs), for a developer's own loop: about 80 s on 2 cores
-# (every TensorFlow import also imports jax, which the test extra installs).
+# The fast part (no end-to-end runs), for a developer's own loop.
 test-fast: $(STAMP)
 	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The suite against the newest release of every dependency, upper bounds lifted, in a venv of
+# its own (.venv-latest): upstream breaks show here before users meet them. Not part of CI.
+test-latest:
+	@test -x .venv-latest/bin/python || $(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/python -m pip install --quiet --upgrade pip
+	.venv-latest/bin/python dev/requirements.py --unbounded > .venv-latest/requirements.txt
+	.venv-latest/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager \
+	  -r .venv-latest/requirements.txt
+	.venv-latest/bin/python -m pip install --quiet --no-deps -e .
+	.venv-latest/bin/python -m pip freeze --exclude-editable > .venv-latest/versions.txt
+	@echo "make test-latest: versions in .venv-latest/versions.txt"
+	.venv-latest/bin/python -m pytest $(PYTEST_ARGS)
+
+# Writes constraints.txt anew: the newest versions within pyproject.toml's ranges, resolved in
+# a fresh venv. Run `make test` after it, and commit both only if the suite passes.
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install --quiet "pip==$(PIP_VERSION)"
+	.venv-lock/bin/python -m pip install --quiet -e ".[test]"
+	{ .venv-lock/bin/python dev/requirements.py --header; \
+	  .venv-lock/bin/python -m pip freeze --exclude-editable; } > $(CONSTRAINTS)
+	rm -rf .venv-lock
 
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
 
 clean:
-	rm -rf $(VENV) demo-output *.egg-info
+	rm -rf $(VENV) .venv-latest .venv-lock demo-output *.egg-info

@@ -1,10 +1,11 @@
 # Workers with everything installed, for --sdk_container_image: needed with
 # --no_use_public_ips (workers without a public IP cannot pip-install from PyPI), and it
 # makes every worker start faster. Use the Beam SDK image of the apache-beam version you
-# launch with (2.77.0 here) and your Python. The conversion's workers need the [beam] extra;
+# launch with (constraints.txt's, 2.77.0 here) and your Python; packages install at the
+# versions the suite passed with. The conversion's workers need the [beam] extra;
 # `verify`'s decode records with TensorFlow: build with --build-arg EXTRAS=all for those.
 FROM apache/beam_python3.11_sdk:2.77.0
 ARG EXTRAS=beam
 
 COPY . /src
-RUN pip install --no-cache-dir "/src[${EXTRAS}]"
+RUN pip install --no-cache-dir -c /src/constraints.txt "/src[${EXTRAS}]"

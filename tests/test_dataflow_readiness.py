@@ -5,7 +5,6 @@ files to `--staging_location` (on the test GCS) and write the template JSON.
 """
 
 import argparse
-import importlib.metadata
 import json
 import pathlib
 import re
@@ -108,7 +107,7 @@ def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_pa
     )
     assert out.returncode == 0, out.stderr
     assert str(target) in out.stdout
-    assert "apache-beam[gcp]>=2.60" in out.stdout and "google-crc32c" in out.stdout
+    assert re.search(r"apache-beam\[gcp\]\S*>=2\.60", out.stdout) and "google-crc32c" in out.stdout
     # Workers never import TensorFlow: the wheel does not make them install it.
     assert "tensorflow" not in out.stdout
 
@@ -184,9 +183,14 @@ def test_the_container_recipes_install_the_job_without_tensorflow():
     for recipe, extra in ((launcher, "[beam]"), (worker, "[${EXTRAS}]")):
         installs = [line for line in recipe.splitlines() if line.startswith("RUN pip install")]
         assert installs and all(f'{extra}"' in line and "tensorflow" not in line for line in installs)
+        # At the versions the suite passed with, as `make test` installs them.
+        assert all(re.search(r" -c \S+/constraints\.txt ", line) for line in installs)
     # The workers' image: the conversion's extra unless built for verify's (all).
     assert re.search(r"^ARG EXTRAS=beam$", worker, re.M) and "EXTRAS=all" in worker
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert {"beam", "all"} <= set(extras)
+    # The SDK image must match the Beam that launches the job: the pinned one (not whatever
+    # is installed here, which `make test-latest` changes).
     beam_version = re.search(r"beam_python3\.\d+_sdk:(\S+)", worker).group(1)
-    assert beam_version == importlib.metadata.version("apache-beam")
+    pinned = re.search(r"^apache-beam==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)
+    assert beam_version == pinned.group(1)
