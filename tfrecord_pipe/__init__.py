@@ -9,9 +9,12 @@ conversion job (`beam_jobs`) sits beside `reading/`, on the core alone:
             serving, TPU-readiness checks. What training code imports.
   tools/    the `tfrecord-pipe` command: inspect, verify, bench, and convert (`beam_jobs`).
 
-The public modules are importable from here, loaded when first used (so that importing the
-core never loads TensorFlow):
+The public modules sit at the top (`tfrecord_pipe.reader`, ...: docs/api.md lists them and
+their names); each re-exports its part of the layers below. Any import form works, and the
+core ones (`schema`, `manifest`, `images`) never load TensorFlow:
 
+    import tfrecord_pipe.reader
+    from tfrecord_pipe.reader import make_input_fn
     from tfrecord_pipe import reader, serving
 """
 
@@ -21,25 +24,19 @@ import importlib
 
 __version__ = "0.3.0"
 
-_PUBLIC = {
-    "schema": "tfrecord_pipe.core.schema",
-    "manifest": "tfrecord_pipe.core.manifest",
-    "images": "tfrecord_pipe.core.images",
-    "dataset": "tfrecord_pipe.reading.dataset",
-    "reader": "tfrecord_pipe.reading.reader",
-    "preprocess": "tfrecord_pipe.reading.preprocess",
-    "serving": "tfrecord_pipe.reading.serving",
-    "distribute": "tfrecord_pipe.reading.distribute",
-    "hosts": "tfrecord_pipe.reading.hosts",
-    "tpu_ready": "tfrecord_pipe.reading.tpu_ready",
-}
+# The public modules, loaded when first used as attributes (`tfrecord_pipe.reader` after
+# `import tfrecord_pipe`), so that importing the package never loads TensorFlow.
+PUBLIC_MODULES = (
+    "schema", "manifest", "images",  # the core: no TensorFlow
+    "dataset", "reader", "preprocess", "serving", "distribute", "hosts", "tpu_ready",
+)  # fmt: skip
 
 
 def __getattr__(name: str):
-    if name in _PUBLIC:
-        return importlib.import_module(_PUBLIC[name])
+    if name in PUBLIC_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'tfrecord_pipe' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted([*globals(), *_PUBLIC])
+    return sorted([*globals(), *PUBLIC_MODULES])

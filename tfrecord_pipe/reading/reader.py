@@ -22,6 +22,7 @@ service workers.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 import os
@@ -29,7 +30,7 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import naming, schema
+from tfrecord_pipe.core import keywords, naming, schema
 from tfrecord_pipe.reading import dataset as dataset_lib
 from tfrecord_pipe.reading import file_share, hosts, preprocess, records, service
 
@@ -53,6 +54,7 @@ EVAL_REMAINDERS = ("pad", "drop")
 MAX_IMAGE_SIZE = 8192
 
 
+@keywords.suggest_on_typo
 @dataclasses.dataclass(frozen=True)
 class ReaderConfig:
     """What to read and how.
@@ -639,8 +641,6 @@ def make_input_fn(
     *,
     is_training: bool | None = None,
     mode: str | None = None,
-    image_size: int = 224,
-    transpose_input: bool = False,
     host_index: int | None = None,
     host_count: int | None = None,
     **options,
@@ -652,16 +652,17 @@ def make_input_fn(
       split: which split of a dataset folder (default "train" or "validation" by mode).
       is_training: training (shuffle, repeat, augment) or evaluation. Give this or `mode`.
       mode: "train" or "eval" (what `tf.estimator.ModeKeys` held), instead of is_training.
-      image_size: side of the square images.
-      transpose_input: HWCN image batches.
       host_index, host_count: this host's position, for programs that feed each host
         themselves (JAX); default: JAX's process index and count when JAX is in use, else
         one host (`hosts`). Not with tf.distribute, whose InputContext gives the position.
-      **options: any other ReaderConfig field (batch_size, dtype, seed, ...).
+      **options: every other ReaderConfig field (batch_size, image_size, dtype, seed, ...),
+        shown with its default in this function's signature; `help(ReaderConfig)` says what
+        each does. A name that is not one is a TypeError naming the closest.
 
     Returns:
       An InputFn: `input_fn(input_context)`, `input_fn(params)` or `input_fn()`.
     """
+    keywords.check("make_input_fn()", options, [*_OPTIONS, *_OWN_KEYWORDS])
     if (is_training is None) == (mode is None):
         raise ValueError("Pass exactly one of is_training=True/False or mode='train'/'eval'.")
     if mode is not None:
@@ -669,12 +670,27 @@ def make_input_fn(
         if mode not in modes:
             raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
         is_training = modes[mode]
-    config = ReaderConfig(
-        data=data,
-        split=split,
-        is_training=is_training,
-        image_size=image_size,
-        transpose_input=transpose_input,
-        **options,
-    )
+    config = ReaderConfig(data=data, split=split, is_training=is_training, **options)
     return InputFn(config, host_index, host_count)
+
+
+# make_input_fn's options are ReaderConfig's fields; its signature lists them, with their
+# defaults, for help() and editors, from the one definition above.
+_OPTIONS = {
+    field.name: field
+    for field in dataclasses.fields(ReaderConfig)
+    if field.name not in ("data", "split", "is_training")
+}
+_own = inspect.signature(make_input_fn)
+_OWN_KEYWORDS = [p.name for p in _own.parameters.values() if p.kind == inspect.Parameter.KEYWORD_ONLY]
+make_input_fn.__signature__ = _own.replace(
+    parameters=[
+        *(p for p in _own.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD),
+        *(
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=field.default,
+                              annotation=field.type)
+            for name, field in _OPTIONS.items()
+        ),
+    ]
+)  # fmt: skip
+del _own

@@ -21,7 +21,7 @@ import tempfile
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import images
+from tfrecord_pipe.core import images, keywords
 from tfrecord_pipe.reading import dataset, graph_normalise, preprocess
 
 INPUT_NAME = "image_bytes"
@@ -32,6 +32,7 @@ SIGNATURE = "serving_default"
 DEFAULT_MAX_REQUEST_PIXELS = 40_000_000
 
 
+@keywords.suggest_on_typo
 @dataclasses.dataclass(frozen=True)
 class ServingConfig:
     """How the exported signature turns bytes into the model's input and back into answers.

@@ -1,0 +1,83 @@
+"""The public API: modules importable in every form, docs/api.md saying exactly what they
+export, misspelt options named, help() showing every option, the package typed."""
+
+import dataclasses
+import importlib
+import importlib.resources
+import pathlib
+import pydoc
+import re
+
+import pytest
+
+import tfrecord_pipe
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def documented() -> dict[str, set[str]]:
+    """Module name to the names docs/api.md lists for it (the first column of its table)."""
+    found, module = {}, None
+    for line in (ROOT / "docs" / "api.md").read_text().splitlines():
+        heading = re.match(r"## `tfrecord_pipe\.(\w+)`", line)
+        if heading:
+            module = heading.group(1)
+            found[module] = set()
+        elif module and line.startswith("| `"):
+            found[module] |= set(re.findall(r"`(\w+)`", line.split("|")[1]))
+    return found
+
+
+def test_the_api_page_lists_every_public_module_and_exactly_what_each_exports():
+    pages = documented()
+    assert set(pages) == set(tfrecord_pipe.PUBLIC_MODULES)
+    for name in tfrecord_pipe.PUBLIC_MODULES:
+        module = importlib.import_module(f"tfrecord_pipe.{name}")
+        assert set(module.__all__) == pages[name], name
+        for export in module.__all__:
+            assert hasattr(module, export), f"tfrecord_pipe.{name}.{export}"
+
+
+@pytest.mark.parametrize("name", tfrecord_pipe.PUBLIC_MODULES)
+def test_every_import_form_works(name):
+    exported = importlib.import_module(f"tfrecord_pipe.{name}").__all__[0]
+    namespace = {}
+    exec(f"import tfrecord_pipe.{name}", namespace)
+    exec(f"from tfrecord_pipe.{name} import {exported}", namespace)
+    exec(f"from tfrecord_pipe import {name} as module", namespace)
+    assert namespace["module"] is getattr(tfrecord_pipe, name)
+    assert getattr(namespace["module"], exported) is namespace[exported]
+
+
+def test_make_input_fn_names_the_closest_option_for_a_misspelt_one():
+    from tfrecord_pipe.reader import ReaderConfig, make_input_fn
+
+    with pytest.raises(TypeError, match=r"'batchsize'; did you mean 'batch_size'\?"):
+        make_input_fn("data", is_training=True, batchsize=32)
+    with pytest.raises(TypeError, match=r"'hostindex'; did you mean 'host_index'\?"):
+        make_input_fn("data", is_training=True, hostindex=0)
+    with pytest.raises(TypeError, match=r"'zzz'; the options are: autotune, batch_size"):
+        make_input_fn("data", is_training=True, zzz=1)
+    with pytest.raises(TypeError, match=r"ReaderConfig\(\) .*'shufle_buffer'; did you mean"):
+        ReaderConfig(data="data", shufle_buffer=10)
+
+
+def test_serving_config_names_the_closest_option_too():
+    from tfrecord_pipe.serving import ServingConfig
+
+    with pytest.raises(TypeError, match=r"'imagesize'; did you mean 'image_size'\?"):
+        ServingConfig(labels=("a",), imagesize=32)
+
+
+def test_help_shows_every_reader_option_with_its_default():
+    from tfrecord_pipe.reader import ReaderConfig, make_input_fn
+
+    shown = pydoc.render_doc(make_input_fn, renderer=pydoc.plaintext)
+    for field in dataclasses.fields(ReaderConfig):
+        if field.name not in ("data", "split", "is_training"):
+            assert f"{field.name}: " in shown and f"= {field.default!r}" in shown, field.name
+    assert "**options" not in shown.splitlines()[2]  # the signature line lists them instead
+
+
+def test_the_package_is_typed():
+    assert importlib.resources.files("tfrecord_pipe").joinpath("py.typed").is_file()

@@ -1,0 +1,18 @@
+"""The strategy for this machine (TPU, GPUs or CPU) and the reader's datasets distributed
+over it. See docs/api.md; the implementation is `tfrecord_pipe.reading.distribute`."""
+
+from tfrecord_pipe.reading.distribute import (
+    TpuUnavailableError,
+    describe,
+    distribute,
+    per_replica_batch_size,
+    resolve_strategy,
+)
+
+__all__ = [
+    "TpuUnavailableError",
+    "describe",
+    "distribute",
+    "per_replica_batch_size",
+    "resolve_strategy",
+]

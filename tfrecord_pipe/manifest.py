@@ -1,0 +1,6 @@
+"""A dataset folder's manifest.json (`Manifest`, `SplitInfo`), without TensorFlow. See
+docs/api.md; the implementation is `tfrecord_pipe.core.manifest`."""
+
+from tfrecord_pipe.core.manifest import Manifest, SplitInfo, parse_labels
+
+__all__ = ["Manifest", "SplitInfo", "parse_labels"]

@@ -1,0 +1,42 @@
+"""The record format: feature keys, `ImageRecord`, `serialize` and `decode_example`, without
+TensorFlow. See docs/api.md; the implementation is `tfrecord_pipe.core.schema`."""
+
+from tfrecord_pipe.core.schema import (
+    CHANNELS,
+    COLORSPACE,
+    DEFAULT_LABEL_OFFSET,
+    ENCODED,
+    FEATURES,
+    FILENAME,
+    FORMAT,
+    FORMAT_VERSION,
+    HEIGHT,
+    LABEL,
+    SHA256,
+    SYNSET,
+    WIDTH,
+    ImageRecord,
+    decode_example,
+    parse_features,
+    serialize,
+)
+
+__all__ = [
+    "CHANNELS",
+    "COLORSPACE",
+    "DEFAULT_LABEL_OFFSET",
+    "ENCODED",
+    "FEATURES",
+    "FILENAME",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "HEIGHT",
+    "LABEL",
+    "SHA256",
+    "SYNSET",
+    "WIDTH",
+    "ImageRecord",
+    "decode_example",
+    "parse_features",
+    "serialize",
+]
