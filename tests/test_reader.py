@@ -207,6 +207,77 @@ def test_fewer_files_than_pipelines_shares_records_with_a_warning(tmp_path, capl
     assert all(seen), "a pipeline got nothing"
 
 
+@pytest.mark.slow  # a subprocess: a regression would hang, and a test must not
+def test_more_pipelines_than_shards_gives_every_host_records_or_one_error_never_a_hang(tmp_path):
+    # 10 shards of 2 records for 11 hosts: dealing each file's own records left hosts with
+    # nothing, and their training spun for ever. 40 one-record shards for 64 pipelines
+    # cannot give every pipeline a record: every pipeline stops with the same error.
+    ten, forty = str(tmp_path / "ten"), str(tmp_path / "forty")
+    write_dataset(ten, {"train": [[i % 3, (i + 1) % 3] for i in range(10)]})
+    write_dataset(forty, {"train": [[i % 3] for i in range(40)]})
+    code = f"""
+import tensorflow as tf
+from tfrecord_pipe import reader
+for index in range(11):
+    input_fn = reader.make_input_fn({ten!r}, is_training=True, image_size=8, batch_size=11,
+                                    host_index=index, host_count=11)
+    images, labels = next(iter(input_fn()))
+    print("HOST", index, labels.shape[0])
+    fn = reader.make_input_fn({ten!r}, is_training=True, image_size=8, batch_size=11)
+    print("PARAMS", index, next(iter(fn({{"batch_size": 1}})))[1].shape[0])
+for how in ("context", "hosts", "jax-like params"):
+    for index in (0, 1, 63):
+        try:
+            fn = reader.make_input_fn({forty!r}, is_training=True, image_size=8, batch_size=64)
+            if how == "context":
+                fn(tf.distribute.InputContext(64, index, 64))
+            else:
+                reader.make_input_fn({forty!r}, is_training=True, image_size=8, batch_size=64,
+                                     host_index=index, host_count=64)()
+        except ValueError as err:
+            print("REFUSED", how, index, err)
+"""
+    done = run_python(code, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    hosts = [line for line in done.stdout.splitlines() if line.startswith("HOST")]
+    assert hosts == [f"HOST {i} 1" for i in range(11)]
+    assert done.stdout.count("PARAMS") == 11
+    refused = [line for line in done.stdout.splitlines() if line.startswith("REFUSED")]
+    assert len(refused) == 9, done.stdout
+    assert all("holds 40 record(s) for 64 input pipelines" in line for line in refused)
+    assert all("at most 40 pipelines" in line for line in refused)
+
+
+def test_every_record_goes_to_exactly_one_of_more_hosts_than_shards(tmp_path):
+    folder = str(tmp_path / "ds")
+    write_dataset(folder, {"train": [[0, 1], [2], [0, 1, 2], [1]], "validation": [[0], [1, 2]]})
+    for split, hosts in (("train", 5), ("train", 7), ("validation", 3)):
+        seen = []
+        for index in range(hosts):
+            config = reader.ReaderConfig(folder, split=split, is_training=False)
+            context = tf.distribute.InputContext(hosts, index, hosts)
+            seen += [bytes(r) for r in reader.read_records(config, context).as_numpy_iterator()]
+        everything = reader.read_records(reader.ReaderConfig(folder, split, is_training=False))
+        assert sorted(seen) == sorted(everything.as_numpy_iterator()), (split, hosts)
+
+
+@pytest.mark.slow  # a subprocess: a regression would spin for ever
+def test_skip_corrupt_with_nothing_readable_stops_naming_the_files(tmp_path):
+    folder = tmp_path / "ds"
+    write_dataset(str(folder), {"train": [[0, 1, 2]]})
+    (folder / "train-00000-of-00001.tfrecord").write_bytes(b"")
+    code = f"""
+from tfrecord_pipe import reader
+ds = reader.make_input_fn({str(folder)!r}, is_training=True, image_size=8, batch_size=2,
+                          skip_corrupt=True)()
+next(iter(ds))
+"""
+    done = run_python(code, timeout=120)
+    assert done.returncode != 0
+    assert "gave no record" in done.stderr and "train-00000-of-00001.tfrecord" in done.stderr
+    assert done.stderr.count("WARNING tfrecord-pipe") == 1, "one warning, not one per spin"
+
+
 def test_a_truncated_shard_stops_with_an_error_naming_the_file(tmp_path):
     folder = tmp_path / "ds"
     write_dataset(str(folder), {"validation": [[0, 1, 2, 0], [1, 2, 1]]})

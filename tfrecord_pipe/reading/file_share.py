@@ -1,10 +1,13 @@
-"""Which files (or records) each input pipeline reads: one pipeline per host, or per
+"""Which records each input pipeline reads: one pipeline per host, or per
 `tf.distribute.InputContext`.
 
 Pipelines own whole files, dealt round-robin, so that each reads sequentially and no two read
-the same record. With fewer files than pipelines some would get nothing: then every pipeline
-reads every file and keeps every n-th record (correct, but each byte is read n times; the
-reader warns).
+the same record. With fewer files than pipelines (or empty files) some would get nothing: then
+the records are dealt instead, as one stream in file order: pipeline i of n keeps records i, i+n, i+2n, ... of
+the split (correct, but every pipeline reads every file; the reader warns). Dealing by each
+file's own record numbers would starve pipelines when files hold fewer records than there
+are pipelines: a split of one-record files left all but pipeline 0 with nothing, and their
+training spun for ever.
 """
 
 from __future__ import annotations
@@ -19,16 +22,19 @@ class PipelineShare:
     """The part of a split that one input pipeline reads.
 
     Attributes:
-      files: the files this pipeline opens.
+      files: the files this pipeline opens, in split order.
       record_counts: records per file in the file (not the share), or None when unknown.
-      record_shard: (num_pipelines, index) when there are fewer files than pipelines: every
-        pipeline opens every file and keeps every num_pipelines-th record from `index`.
-        None when the pipeline owns whole files.
+      record_shard: (num_pipelines, index) when there are fewer files than pipelines: this
+        pipeline keeps records index, index + num_pipelines, ... of `files` read one after
+        another. None when the pipeline owns whole files.
+      firsts: with record_shard and known counts, the first record each file gives this
+        pipeline (then every num_pipelines-th): what lets each file be read on its own.
     """
 
     files: tuple[str, ...]
     record_counts: tuple[int, ...] | None
     record_shard: tuple[int, int] | None = None
+    firsts: tuple[int, ...] | None = None
 
     @property
     def num_examples(self) -> int | None:
@@ -37,8 +43,11 @@ class PipelineShare:
             return None
         if self.record_shard is None:
             return sum(self.record_counts)
-        num, index = self.record_shard
-        return sum(len(range(index, count, num)) for count in self.record_counts)
+        stride = self.record_shard[0]
+        return sum(
+            len(range(first, count, stride))
+            for first, count in zip(self.firsts, self.record_counts)
+        )
 
 
 def share(split: dataset.Split, num_pipelines: int = 1, index: int = 0) -> PipelineShare:
@@ -46,8 +55,44 @@ def share(split: dataset.Split, num_pipelines: int = 1, index: int = 0) -> Pipel
     files, record_counts = split.files, split.record_counts
     if not 0 <= index < num_pipelines:
         raise ValueError(f"input pipeline {index} does not exist among {num_pipelines}")
-    if len(files) >= num_pipelines:
+    if len(files) >= num_pipelines and not _some_file_share_is_empty(record_counts, num_pipelines):
         picked = range(index, len(files), num_pipelines)
         counts = None if record_counts is None else tuple(record_counts[i] for i in picked)
         return PipelineShare(files=tuple(files[i] for i in picked), record_counts=counts)
-    return PipelineShare(files, record_counts, (num_pipelines, index))
+    if record_counts is None:
+        return PipelineShare(files, None, (num_pipelines, index))
+    # Record r of the split (counting across files) goes to pipeline r % num_pipelines.
+    kept, counts, firsts, start = [], [], [], 0
+    for file, count in zip(files, record_counts):
+        first = (index - start) % num_pipelines
+        if first < count:  # files that give this pipeline nothing are not opened
+            kept.append(file)
+            counts.append(count)
+            firsts.append(first)
+        start += count
+    return PipelineShare(tuple(kept), tuple(counts), (num_pipelines, index), tuple(firsts))
+
+
+def _some_file_share_is_empty(record_counts, num_pipelines: int) -> bool:
+    """Whether dealing whole files leaves a pipeline without records (empty files) while the
+    split has enough for all: then records are dealt instead."""
+    if record_counts is None or sum(record_counts) < num_pipelines:
+        return False
+    return any(sum(record_counts[i::num_pipelines]) == 0 for i in range(num_pipelines))
+
+
+def empty_pipelines_problem(split: dataset.Split, num_pipelines: int) -> str | None:
+    """Why training on `num_pipelines` pipelines cannot work, when some would get no record;
+    None when each gets at least one, or when the counts are unknown.
+
+    Every pipeline works it out from the same facts, so every host stops with the same error
+    instead of one spinning on nothing while the others wait for it in a collective.
+    """
+    total = split.num_examples
+    if total is None or total >= num_pipelines:
+        return None
+    return (
+        f"Split {split.name!r} holds {total} record(s) for {num_pipelines} input pipelines "
+        "(hosts, or replicas reading their own input): training needs at least one record per "
+        f"pipeline. Train on at most {total} pipelines (fewer hosts), or add images."
+    )

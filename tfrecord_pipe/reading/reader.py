@@ -277,7 +277,7 @@ def read_records(
     `source`: `resolve_source(config)`, when the caller has it already.
     """
     source = source or resolve_source(config)
-    share = file_share.share(source.split, *_pipeline_position(input_context))
+    share = _share(config, source, input_context)
     return _records(config, source, share).with_options(data_options(config))
 
 
@@ -311,16 +311,8 @@ def build_dataset(
       (images, labels) batches, plus weights when `config.padded`; labels are int32, 0-based.
     """
     source = source or resolve_source(config)
-    num_pipelines, index = _pipeline_position(input_context)
     batch = _pipeline_batch_size(config, input_context, batch_size)
-    share = file_share.share(source.split, num_pipelines, index)
-    if share.record_shard is not None:
-        log.warning(
-            "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d "
-            "of the records. Write at least %d shards (--num_shards) to read each once.",
-            len(source.split.files), num_pipelines, num_pipelines, num_pipelines,
-        )  # fmt: skip
-
+    share = _share(config, source, input_context)
     serialized = _records(config, source, share)
     parse = _parse_fn(config, source, image_fn)
     if config.padded:
@@ -347,6 +339,24 @@ def build_dataset(
     return examples.with_options(data_options(config))
 
 
+def _share(config, source, input_context) -> file_share.PipelineShare:
+    """This pipeline's share of the split; refused when training would leave a pipeline
+    with nothing to read (it would spin for ever, and the others wait for it)."""
+    num_pipelines, index = _pipeline_position(input_context)
+    if config.is_training:
+        problem = file_share.empty_pipelines_problem(source.split, num_pipelines)
+        if problem:
+            raise ValueError(problem)
+    share = file_share.share(source.split, num_pipelines, index)
+    if share.record_shard is not None:
+        log.warning(
+            "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d "
+            "of the records. Write at least %d shards (--num_shards) to read each once.",
+            len(source.split.files), num_pipelines, num_pipelines, num_pipelines,
+        )  # fmt: skip
+    return share
+
+
 def _pipeline_position(input_context) -> tuple[int, int]:
     """(number of input pipelines, this one's index)."""
     if input_context is None:
@@ -370,43 +380,64 @@ def _pipeline_batch_size(config, input_context, batch_size) -> int:
 
 
 def _records(config, source, share) -> tf.data.Dataset:
-    """Serialized records of this pipeline's files: parallel interleave, then shuffle."""
-    names = tf.constant(share.files)
+    """Serialized records of this pipeline's share: parallel interleave, then shuffle."""
     counts = share.record_counts if share.record_counts is not None else [-1] * len(share.files)
-    files = tf.data.Dataset.from_tensor_slices((names, tf.constant(counts, tf.int64)))
-    if config.is_training:
-        # Shuffle before repeat: a new file order every epoch, each file once per epoch.
-        files = files.shuffle(len(share.files), seed=config.seed, reshuffle_each_iteration=True)
-        files = files.repeat()
-    # Each time a file is opened: one that disappeared would otherwise hang the reader.
-    files = files.filter(records.present(config.skip_corrupt))
-    serialized = files.interleave(
-        _file_reader(config, source, share.record_shard),
-        cycle_length=min(config.cycle_length, len(share.files)),
-        block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=config.is_deterministic,
+    firsts = share.firsts if share.firsts is not None else [0] * len(share.files)
+    files = tf.data.Dataset.from_tensor_slices(
+        (tf.constant(share.files), tf.constant(counts, tf.int64), tf.constant(firsts, tf.int64))
     )
-    if config.is_training:
-        # After the interleave: mixes records of different shards, not just shard order. A
-        # buffer larger than an epoch would only mix epochs and hold memory: cap it there.
-        buffer = min(config.shuffle_buffer, share.num_examples or config.shuffle_buffer)
-        serialized = serialized.shuffle(buffer, seed=config.seed)
-    return serialized
+    # Dealt records without counts: the files are one stream, read in order, then dealt.
+    in_order = share.record_shard is not None and share.firsts is None
+    read = _file_reader(config, source, share)
+
+    def one_pass(files):
+        # Each time a file is opened: one that disappeared would otherwise hang the reader.
+        present = records.present(config.skip_corrupt)
+        files = files.filter(lambda name, expected, first: present(name, expected))
+        if in_order:
+            return files.flat_map(read).shard(*share.record_shard)
+        return files.interleave(
+            read,
+            cycle_length=min(config.cycle_length, len(share.files)),
+            block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=config.is_deterministic,
+        )
+
+    if not config.is_training:
+        return one_pass(files)
+    if not in_order:  # a new file order every pass, each file once per pass
+        files = files.shuffle(len(share.files), seed=config.seed, reshuffle_each_iteration=True)
+    serialized = records.repeat_while_nonempty(one_pass(files), _nothing_read(share))
+    # After the interleave: mixes records of different shards, not just shard order. A
+    # buffer larger than an epoch would only mix epochs and hold memory: cap it there.
+    buffer = min(config.shuffle_buffer, share.num_examples or config.shuffle_buffer)
+    return serialized.shuffle(buffer, seed=config.seed)
 
 
-def _file_reader(config, source, record_shard):
-    """A function from (file name, expected record count) to the records this pipeline keeps."""
+def _nothing_read(share) -> str:
+    shown = ", ".join(share.files[:3]) + (", ..." if len(share.files) > 3 else "")
+    return (
+        f"A whole pass over this input pipeline's {len(share.files)} file(s) ({shown}) gave "
+        "no record: each is missing, empty, or (with skip_corrupt) corrupt from its start. "
+        "Check them with `tfrecord-pipe verify`, or convert again."
+    )
+
+
+def _file_reader(config, source, share):
+    """A function from (file name, expected record count, first record kept) to the records
+    this pipeline keeps of that file."""
     read_shard = records.shard_reader(
         source.compression,
         config.read_buffer_bytes,
         config.skip_corrupt,
         counted=source.split.record_counts is not None,
     )
+    stride = share.record_shard[0] if share.firsts is not None else 1
 
-    def read(filename, expected):
-        shard = read_shard(filename, expected)
-        return shard if record_shard is None else shard.shard(*record_shard)
+    def read(filename, expected, first):
+        shard = read_shard(filename, expected)  # counts checked over the whole file
+        return shard if stride == 1 else shard.skip(first).shard(stride, 0)
 
     return read
 

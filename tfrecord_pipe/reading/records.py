@@ -115,6 +115,31 @@ def _file_end(filename, seen, expected, skip_corrupt):
         return tf.constant(False)
 
 
+def repeat_while_nonempty(one_pass: tf.data.Dataset, problem: str) -> tf.data.Dataset:
+    """`one_pass` repeated for ever, stopping with `problem` as the error when a whole pass
+    gives no record: a plain `repeat()` would spin on nothing, at full CPU, without a word.
+
+    The stream ends at the empty pass, so no later pass is read (and warned about again).
+    """
+    end = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True)))
+    marked = one_pass.map(lambda record: (record, tf.constant(False))).concatenate(end)
+
+    def count(seen, element):
+        record, is_end = element
+        return tf.where(is_end, tf.constant(0, tf.int64), seen + 1), (record, is_end, seen)
+
+    def fail(record, is_end, seen):
+        check = tf.debugging.Assert(False, [problem])
+        with tf.control_dependencies([check]):
+            return tf.identity(record), is_end, seen
+
+    counted = marked.repeat().scan(tf.constant(0, tf.int64), count)
+    healthy = counted.take_while(lambda record, is_end, seen: ~(is_end & tf.equal(seen, 0)))
+    failed = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True), tf.constant(0, tf.int64)))
+    stream = healthy.concatenate(failed.map(fail))
+    return stream.filter(lambda record, is_end, seen: ~is_end).map(lambda r, is_end, seen: r)
+
+
 def _warn_false(problem, done: str):
     # One joined string: tf.print would quote a string tensor printed among others.
     text = tf.strings.join(["WARNING tfrecord-pipe: ", problem, f"; {done} (skip_corrupt=True)"])
