@@ -48,7 +48,11 @@ def check_dtype(dtype: str) -> None:
 
 
 def train_image(
-    encoded: tf.Tensor, image_size: int, dtype: str = "float32", color_jitter: float = 0.0
+    encoded: tf.Tensor,
+    image_size: int,
+    dtype: str = "float32",
+    color_jitter: float = 0.0,
+    seed: tf.Tensor | None = None,
 ) -> tf.Tensor:
     """A random crop of a JPEG, flipped at random, as image_size x image_size x 3.
 
@@ -58,14 +62,17 @@ def train_image(
       dtype: one of DTYPES (see the module docstring).
       color_jitter: 0 for none; else the strength (0..1) of random brightness, contrast and
         saturation changes.
+      seed: a [2] int tensor: every random choice (crop box, flip, jitter) is then a function
+        of it alone (TensorFlow's stateless random ops), so the same seed gives the same
+        pixels. None: fresh randomness on every call.
 
     Returns:
       A [image_size, image_size, 3] tensor of `dtype`.
     """
     check_dtype(dtype)
+    crop_seed, flip_seed, jitter_seed = _seeds(seed, 3)
     shape = tf.image.extract_jpeg_shape(encoded)
-    begin, size, _ = tf.image.sample_distorted_bounding_box(
-        shape,
+    box = dict(
         bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
         min_object_covered=CROP_MIN_OBJECT_COVERED,
         aspect_ratio_range=CROP_ASPECT_RANGE,
@@ -73,14 +80,31 @@ def train_image(
         max_attempts=CROP_MAX_ATTEMPTS,
         use_image_if_no_bounding_boxes=True,
     )
+    if seed is None:
+        begin, size, _ = tf.image.sample_distorted_bounding_box(shape, **box)
+    else:
+        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+            shape, seed=crop_seed, **box
+        )
     window = tf.stack([begin[0], begin[1], size[0], size[1]])
     # Flipped before resizing: bilinear resizing commutes with a mirror, and the uint8 crop
     # is a quarter of the bytes of the float32 output.
-    image = tf.image.random_flip_left_right(_decode_crop(encoded, window, image_size))
+    image = _decode_crop(encoded, window, image_size)
+    if seed is None:
+        image = tf.image.random_flip_left_right(image)
+    else:
+        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
     image = _resize(image, image_size)
     if color_jitter:
-        image = _jitter(image, color_jitter)
+        image = _jitter(image, color_jitter, jitter_seed)
     return _finish(image, image_size, dtype)
+
+
+def _seeds(seed: tf.Tensor | None, count: int) -> list[tf.Tensor | None]:
+    """`count` independent [2] seeds made from `seed` (Nones without one)."""
+    if seed is None:
+        return [None] * count
+    return list(tf.unstack(tf.random.experimental.stateless_split(seed, count)))
 
 
 def eval_image(encoded: tf.Tensor, image_size: int, dtype: str = "float32") -> tf.Tensor:
@@ -185,11 +209,19 @@ def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
     return tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BILINEAR)
 
 
-def _jitter(image: tf.Tensor, strength: float) -> tf.Tensor:
-    """Random brightness, contrast and saturation, on the 0..255 float scale, clipped back."""
-    image = tf.image.random_brightness(image, max_delta=strength * 255 * 0.4)
-    image = tf.image.random_contrast(image, 1 - 0.4 * strength, 1 + 0.4 * strength)
-    image = tf.image.random_saturation(image, 1 - 0.4 * strength, 1 + 0.4 * strength)
+def _jitter(image: tf.Tensor, strength: float, seed: tf.Tensor | None = None) -> tf.Tensor:
+    """Random brightness, contrast and saturation, on the 0..255 float scale, clipped back;
+    from `seed` alone when given (stateless ops)."""
+    delta, low, high = strength * 255 * 0.4, 1 - 0.4 * strength, 1 + 0.4 * strength
+    if seed is None:
+        image = tf.image.random_brightness(image, max_delta=delta)
+        image = tf.image.random_contrast(image, low, high)
+        image = tf.image.random_saturation(image, low, high)
+    else:
+        brightness, contrast, saturation = _seeds(seed, 3)
+        image = tf.image.stateless_random_brightness(image, delta, brightness)
+        image = tf.image.stateless_random_contrast(image, low, high, contrast)
+        image = tf.image.stateless_random_saturation(image, low, high, saturation)
     return tf.clip_by_value(image, 0.0, 255.0)
 
 

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from tfrecord_pipe.core import keywords, naming, schema
 from tfrecord_pipe.reading import dataset as dataset_lib
-from tfrecord_pipe.reading import file_share, hosts, preprocess, records, service
+from tfrecord_pipe.reading import epochs, file_share, hosts, preprocess, records, service
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,13 @@ class ReaderConfig:
         records; count records with `weights > 0`. "drop": the last partial batch is dropped.
       shuffle_buffer: records held for shuffling (training); at most one epoch of this
         pipeline's records when the manifest gives the counts.
-      seed: seeds the file and record shuffles; None for a different order on every run.
+      seed: training: every random choice (file order, record order, crop box, flip, colour
+        jitter) is a function of the seed, the epoch and the record's place in it, so two
+        runs with one seed give bit-identical batches, each epoch is a permutation of the
+        pipeline's records, and the iterator checkpoints as a position (`epochs.py`). Needs
+        a dataset folder (its manifest's counts). None: fresh randomness on every run.
       deterministic: element order independent of thread timing. Default: False when
-        training (faster), True for evaluation.
+        training without a seed (faster), True otherwise; a seed needs True.
       cycle_length: shards read in parallel per pipeline.
       read_buffer_bytes: read buffer per open shard.
       color_jitter: 0 for none, else the strength (0..1) of random brightness, contrast and
@@ -110,6 +114,9 @@ class ReaderConfig:
         only, and without `seed` or `deterministic=True`: workers reading in one fixed order
         would repeat each other's batches, and batches arrive in the order the workers
         finish them.
+      with_keys: seeded training only: each batch gets one more element, the records' keys
+        (int64: a record's number in the split, 0..N-1, in shard order), to audit what was
+        trained on: the keys of one epoch are the split's (this pipeline's share), once each.
     """
 
     data: str
@@ -132,6 +139,7 @@ class ReaderConfig:
     skip_corrupt: bool = False
     autotune: bool = False
     data_service: str | None = None
+    with_keys: bool = False
 
     def __post_init__(self):
         problems = []
@@ -165,6 +173,21 @@ class ReaderConfig:
             problems.append(f"color_jitter must be in [0, 1], got {self.color_jitter}")
         if self.data_service is not None:
             problems.extend(self._data_service_problems())
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            problems.append(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.seed is not None and self.is_training and self.deterministic is False:
+            problems.append(
+                "seed with deterministic=False: the order would depend on thread timing; "
+                "leave deterministic unset"
+            )
+        if self.seed is not None and self.is_training and self.skip_corrupt:
+            problems.append(
+                "seed with skip_corrupt=True: a skipped record would move every record after "
+                "it, so a seeded run could not resume where it was; repair the dataset "
+                "(`tfrecord-pipe verify` names the damage) or leave seed=None"
+            )
+        if self.with_keys and not (self.is_training and self.seed is not None):
+            problems.append("with_keys is for seeded training: set seed= (and is_training)")
         if problems:
             raise ValueError("Invalid ReaderConfig: " + "; ".join(problems))
 
@@ -196,7 +219,14 @@ class ReaderConfig:
 
     @property
     def is_deterministic(self) -> bool:
-        return (not self.is_training) if self.deterministic is None else self.deterministic
+        if self.deterministic is not None:
+            return self.deterministic
+        return not self.is_training or self.seed is not None
+
+    @property
+    def seeded(self) -> bool:
+        """Training in the seeded, position-addressable order of `epochs.py`."""
+        return self.is_training and self.seed is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,6 +323,7 @@ def build_dataset(
     image_fn: Callable[[tf.Tensor], tf.Tensor] | None = None,
     *,
     source: Source | None = None,
+    start_batches: int = 0,
 ) -> tf.data.Dataset:
     """The batched dataset of one input pipeline.
 
@@ -306,13 +337,28 @@ def build_dataset(
         record (a scalar string tensor) and returns its image, [image_size, image_size, 3] of
         `config.dtype`. For your own augmentation; evaluation and serving should keep ours.
       source: `resolve_source(config)`, when the caller has it already.
+      start_batches: seeded training: batches of this pipeline already trained on; the
+        stream starts after them, skipping without decoding (`resume.py`).
 
     Returns:
-      (images, labels) batches, plus weights when `config.padded`; labels are int32, 0-based.
+      (images, labels) batches, plus weights when `config.padded`, plus keys with
+      `config.with_keys`; labels are int32, 0-based.
     """
     source = source or resolve_source(config)
     batch = _pipeline_batch_size(config, input_context, batch_size)
     share = _share(config, source, input_context)
+    if config.seeded:
+        layout = seeded_layout(config, source, share)
+        start = epochs.Position.after(start_batches * batch, layout)
+        elements = epochs.stream(layout, _piece_reader(config, source, layout), start)
+        parse = _seeded_parse_fn(config, source, layout, image_fn)
+        examples = elements.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        examples = examples.batch(batch, drop_remainder=True)
+        if config.transpose_input:
+            examples = examples.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
+        return examples.prefetch(prefetch_size(config)).with_options(data_options(config))
+    if start_batches:
+        raise ValueError("start_batches is for seeded training (ReaderConfig.seed)")
     serialized = _records(config, source, share)
     parse = _parse_fn(config, source, image_fn)
     if config.padded:
@@ -415,6 +461,60 @@ def _records(config, source, share) -> tf.data.Dataset:
     return serialized.shuffle(buffer, seed=config.seed)
 
 
+def seeded_layout(config: ReaderConfig, source: Source, share) -> epochs.Layout:
+    """The order of a seeded training pipeline's records (`epochs.Layout`)."""
+    if share.record_counts is None:
+        raise ValueError(
+            f"seed= needs the record counts a dataset folder's manifest gives, and {config.data} "
+            "has none: read the dataset folder, not a file pattern, or leave seed=None."
+        )
+    starts, start = {}, 0
+    for file, count in zip(source.split.files, source.split.record_counts):
+        starts[file] = start
+        start += count
+    firsts = share.firsts or (0,) * len(share.files)
+    stride = share.record_shard[0] if share.firsts is not None else 1
+    kept = [
+        i for i, (first, count) in enumerate(zip(firsts, share.record_counts)) if first < count
+    ]  # empty files give nothing, and are not opened
+    if not kept:
+        raise ValueError(_nothing_read(share))
+    total = sum(len(range(firsts[i], share.record_counts[i], stride)) for i in kept)
+    return epochs.Layout(
+        files=tuple(share.files[i] for i in kept),
+        counts=tuple(share.record_counts[i] for i in kept),
+        firsts=tuple(firsts[i] for i in kept),
+        starts=tuple(starts[share.files[i]] for i in kept),
+        stride=stride,
+        cycle=min(config.cycle_length, len(kept)),
+        window=min(config.shuffle_buffer, total),
+        seed=config.seed,
+    )
+
+
+# Records each piece reads ahead in a seeded pipeline (which reads its pieces in turn, on one
+# thread): reading then overlaps across the pieces of a group, as a parallel interleave's does.
+PIECE_READ_AHEAD = 16
+
+
+def _piece_reader(config, source, layout):
+    """(file, count, first, start, skip) to the (key, record) pairs the piece gives."""
+    read_file = records.shard_reader(
+        source.compression, config.read_buffer_bytes, False, counted=True, catch=False
+    )
+    stride = layout.stride
+
+    def read(file, count, first, start, skip):
+        passed = skip * stride  # the file's records before this piece's next one
+        kept = read_file(file, count, passed)
+        if stride > 1:
+            kept = kept.skip(first).shard(stride, 0)
+        keys = tf.data.Dataset.range(start + passed + first, start + count, stride)
+        return tf.data.Dataset.zip((keys, kept)).prefetch(PIECE_READ_AHEAD)
+
+    return read
+
+
 def _nothing_read(share) -> str:
     shown = ", ".join(share.files[:3]) + (", ..." if len(share.files) > 3 else "")
     return (
@@ -442,20 +542,21 @@ def _file_reader(config, source, share):
     return read
 
 
-def _parse_fn(config, source, image_fn=None):
-    """Record to (image, label[, weight]): parse the two keys needed, decode, preprocess."""
+def _parse_fn(config, source, image_fn=None, seeded=False):
+    """Record to (image, label[, weight]): parse the two keys needed, decode, preprocess.
+    `seeded`: the function takes the example's augmentation seed too."""
     spec = records.parse_spec(schema.ENCODED, schema.LABEL)
     offset = source.label_offset
     num_classes = source.num_classes
 
-    def parse(record):
+    def parse(record, seed=None):
         features = tf.io.parse_single_example(record, spec)
         encoded = features[schema.ENCODED]
         if image_fn is not None:
             image = _checked_image(image_fn(encoded), config)
         elif config.is_training:
             image = preprocess.train_image(
-                encoded, config.image_size, config.dtype, config.color_jitter
+                encoded, config.image_size, config.dtype, config.color_jitter, seed
             )
         else:
             image = preprocess.eval_image(encoded, config.image_size, config.dtype)
@@ -480,6 +581,18 @@ def _parse_fn(config, source, image_fn=None):
         return image, label
 
     return parse
+
+
+def _seeded_parse_fn(config, source, layout, image_fn=None):
+    """(epoch, index, key, record) to (image, label[, key]), the augmentation drawn from the
+    example's seed (its epoch and place)."""
+    parse = _parse_fn(config, source, image_fn, seeded=True)
+
+    def parse_placed(epoch, index, key, record):
+        image, label = parse(record, epochs.example_seed(layout, epoch, index))
+        return (image, label, key) if config.with_keys else (image, label)
+
+    return parse_placed
 
 
 def _checked_image(image, config):
@@ -594,6 +707,11 @@ def data_options(config: ReaderConfig) -> tf.data.Options:
     """The tf.data options of `config`'s pipelines (and of anything timed against them)."""
     options = tf.data.Options()
     options.deterministic = config.is_deterministic
+    if config.seeded:
+        # A checkpoint of the iterator holds where each stage is in its input, not what the
+        # stages hold (shuffle windows, prefetched batches): `epochs.py` makes every element
+        # a function of its position, so it is made again after a restore.
+        options.experimental_symbolic_checkpoint = True
     # The pipeline shards its own files per InputContext; tf.distribute must not shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     if not config.autotune:

@@ -51,7 +51,9 @@ def present(skip_corrupt: bool):
     return exists
 
 
-def shard_reader(compression: str, buffer_size: int, skip_corrupt: bool, counted: bool):
+def shard_reader(
+    compression: str, buffer_size: int, skip_corrupt: bool, counted: bool, catch: bool = True
+):
     """A function from (file name, expected record count) to that file's records, for an
     interleave over shard files.
 
@@ -61,23 +63,36 @@ def shard_reader(compression: str, buffer_size: int, skip_corrupt: bool, counted
       skip_corrupt: a corrupt or short file ends with a warning instead of an error.
       counted: the expected counts are known (from a manifest) and checked; without them a
         read error ends the file (skip_corrupt) or stops the pipeline with TensorFlow's error.
+      catch: read errors are caught, to name the file (and to skip the rest of it with
+        skip_corrupt). False for pipelines checkpointed as positions, which TensorFlow's
+        error catcher does not support: a damaged record then stops the pipeline with
+        TensorFlow's own error ("corrupted record at 5085"), and a file cut short between
+        records still with the count check's, naming it.
     """
+    if not catch and skip_corrupt:
+        raise ValueError("skip_corrupt needs read errors caught")
 
-    def read(filename: tf.Tensor, expected: tf.Tensor) -> tf.data.Dataset:
+    def read(filename: tf.Tensor, expected: tf.Tensor, skip=None) -> tf.data.Dataset:
+        """`skip`: records at the file's start to pass over unread (TensorFlow seeks past
+        them); counted in the check."""
         records = tf.data.TFRecordDataset(
             filename, compression_type=compression, buffer_size=buffer_size
         )
+        if skip is not None:
+            records = records.skip(skip)
         if counted:
-            return _checked(records, filename, expected, skip_corrupt)
+            return _checked(records, filename, expected, skip_corrupt, skip, catch)
         return records.ignore_errors(log_warning=True) if skip_corrupt else records
 
     return read
 
 
-def _checked(records, filename, expected, skip_corrupt):
-    """`records` with read errors caught and the count checked when the file ends."""
+def _checked(records, filename, expected, skip_corrupt, skipped=None, catch=True):
+    """`records` with read errors caught (`catch`) and the count checked when the file ends
+    (the `skipped` records before them counted in)."""
     end = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True)))
-    tagged = records.ignore_errors().map(lambda r: (r, tf.constant(False))).concatenate(end)
+    records = records.ignore_errors() if catch else records
+    tagged = records.map(lambda r: (r, tf.constant(False))).concatenate(end)
 
     def count(seen, element):
         record, is_end = element
@@ -89,7 +104,8 @@ def _checked(records, filename, expected, skip_corrupt):
             is_end, lambda: _file_end(filename, seen, expected, skip_corrupt), lambda: True
         )
 
-    counted = tagged.scan(tf.constant(0, tf.int64), count)
+    initial = tf.constant(0, tf.int64) if skipped is None else tf.cast(skipped, tf.int64)
+    counted = tagged.scan(initial, count)
     return counted.filter(keep).map(lambda record, is_end, seen: record)
 
 

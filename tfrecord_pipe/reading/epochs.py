@@ -1,0 +1,212 @@
+"""The seeded training stream: each epoch a permutation of one pipeline's records, every choice
+a function of (seed, epoch, position), and a stream that starts at any position.
+
+One epoch, for a seed:
+
+  the pipeline's files ("pieces": whole files, or every n-th record of them) in an order drawn
+  from (seed, epoch) ─► groups of `cycle` pieces, each group read round-robin, one record of
+  each piece in turn ─► windows of `window` records, each permuted by a draw from (seed,
+  epoch, window number) ─► (epoch, index in the epoch, key, record)
+
+Epochs follow each other without a gap. Nothing in it depends on thread timing or on what was
+read before, so the records at a position can be worked out from the counts alone: a stream
+started at (epoch, index) skips whole files without opening them, seeks inside the files of
+the current group, re-reads at most one window, and decodes nothing it skips. The key is the
+record's place in the split (its file's first record's number plus its place in the file),
+0..N-1 over the split.
+
+A record moves at most `window` places from where the group reading puts it (within a group,
+records of its pieces alternate): the order is a draw of the file order, then a shuffle inside
+windows (benchmarks/RESULTS.md, "Exact epochs").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+# Streams of seeds, each folded into the epoch's seed: what each draw is made from.
+_PIECE_ORDER, _WINDOW, _EXAMPLE = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How one input pipeline's records are ordered.
+
+    Attributes:
+      files: the pieces' files.
+      counts: records in each file (the whole file).
+      firsts: the first record of each file this pipeline keeps; then every `stride`-th.
+      starts: the number, in the split, of each file's first record (keys count from it).
+      stride: 1 when the pipeline owns whole files, else the number of pipelines.
+      cycle: pieces read round-robin at a time.
+      window: records permuted together.
+      seed: the run's seed.
+    """
+
+    files: tuple[str, ...]
+    counts: tuple[int, ...]
+    firsts: tuple[int, ...]
+    starts: tuple[int, ...]
+    stride: int
+    cycle: int
+    window: int
+    seed: int
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Records each piece gives this pipeline."""
+        return tuple(
+            len(range(first, count, self.stride)) for first, count in zip(self.firsts, self.counts)
+        )
+
+    @property
+    def records_per_epoch(self) -> int:
+        return sum(self.sizes)
+
+
+def seed_pair(seed: int) -> tf.Tensor:
+    """The [2] int64 seed of TensorFlow's stateless ops for a run's integer seed."""
+    return tf.constant([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF], tf.int64)
+
+
+def draw_seed(layout: Layout, epoch, stream: int, number=None) -> tf.Tensor:
+    """The seed of one draw: from the run's seed, the epoch, the kind of draw and its number."""
+    fold = tf.random.experimental.stateless_fold_in
+    seed = fold(seed_pair(layout.seed), tf.cast(epoch, tf.int64))
+    seed = fold(seed, tf.constant(stream, tf.int64))
+    if number is not None:
+        seed = fold(seed, tf.cast(number, tf.int64))
+    return seed
+
+
+def example_seed(layout: Layout, epoch, index) -> tf.Tensor:
+    """The seed of one example's augmentation: its epoch and place in it."""
+    return draw_seed(layout, epoch, _EXAMPLE, index)
+
+
+def _permutation(size, seed) -> tf.Tensor:
+    return tf.argsort(tf.random.stateless_uniform([size], seed), stable=True)
+
+
+def piece_order(layout: Layout, epoch) -> tf.Tensor:
+    """The pieces' order in `epoch`: a permutation of range(len(files))."""
+    return _permutation(len(layout.files), draw_seed(layout, epoch, _PIECE_ORDER))
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where a stream is: `index` records of epoch `epoch` given out."""
+
+    epoch: int
+    index: int
+
+    @classmethod
+    def after(cls, records: int, layout: Layout) -> Position:
+        """The position after `records` records from the start of epoch 0."""
+        epoch, index = divmod(records, layout.records_per_epoch)
+        return cls(epoch, index)
+
+
+# (file, count, first, start, skip) -> (key, record) of the records a piece gives, `skip`
+# of them already given.
+PieceReader = Callable[..., tf.data.Dataset]
+
+
+def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0, 0)):
+    """(epoch, index, key, record) for ever, from `start`."""
+    first = _epoch(layout, read_piece, start.epoch, start.index)
+    later = tf.data.Dataset.range(start.epoch + 1, np.iinfo(np.int64).max)
+    return first.concatenate(later.flat_map(lambda epoch: _epoch(layout, read_piece, epoch)))
+
+
+def _epoch(layout: Layout, read_piece: PieceReader, epoch, index: int = 0) -> tf.data.Dataset:
+    """One epoch's (epoch, index, key, record) from `index`; `epoch` may be a tensor when
+    `index` is 0."""
+    window = layout.window
+    first_window = index // window
+    records = _records_from(layout, read_piece, epoch, first_window * window)
+    windows = records.batch(window).enumerate(start=first_window)
+
+    def permute(number, batch):
+        keys, serialized = batch
+        order = _permutation(tf.shape(keys)[0], draw_seed(layout, epoch, _WINDOW, number))
+        return tf.gather(keys, order), tf.gather(serialized, order)
+
+    shuffled = windows.map(permute).unbatch()
+    placed = shuffled.enumerate(start=first_window * window).skip(index - first_window * window)
+    epoch = tf.cast(epoch, tf.int64)
+    return placed.map(lambda i, element: (epoch, i, *element))
+
+
+def _records_from(layout: Layout, read_piece: PieceReader, epoch, given: int) -> tf.data.Dataset:
+    """(key, record) of the group reading of `epoch`, after its first `given` records."""
+    order = piece_order(layout, epoch)
+    groups = _Groups(layout, read_piece, order)
+    if given == 0:
+        return tf.data.Dataset.range(groups.count).flat_map(groups.whole)
+    # Where `given` records leave the epoch, from the counts alone: the group it is in, and
+    # how far each of that group's pieces has got.
+    sizes = np.asarray(layout.sizes)
+    order = order.numpy()
+    for number in range(groups.count):
+        members = order[number * layout.cycle : (number + 1) * layout.cycle]
+        in_group = int(sizes[members].sum())
+        if given < in_group:
+            left, skips = round_robin_resume(sizes[members].tolist(), given)
+            current = groups.read(tf.constant(members[left]), tf.constant(skips, tf.int64))
+            rest = tf.data.Dataset.range(number + 1, groups.count).flat_map(groups.whole)
+            return current.concatenate(rest)
+        given -= in_group
+    return tf.data.Dataset.range(0).flat_map(groups.whole)  # the epoch's end: nothing left
+
+
+class _Groups:
+    """The groups of one epoch's pieces, read round-robin, one group after another."""
+
+    def __init__(self, layout: Layout, read_piece: PieceReader, order: tf.Tensor):
+        self.layout, self.read_piece, self.order = layout, read_piece, order
+        self.count = -(-len(layout.files) // layout.cycle)
+        self.columns = (
+            tf.constant(layout.files),
+            tf.constant(layout.counts, tf.int64),
+            tf.constant(layout.firsts, tf.int64),
+            tf.constant(layout.starts, tf.int64),
+        )
+
+    def read(self, members: tf.Tensor, skips: tf.Tensor) -> tf.data.Dataset:
+        """The pieces `members` (indices into the layout's files) read round-robin, each
+        after its first `skips` records."""
+        pieces = tuple(tf.gather(column, members) for column in self.columns)
+        inputs = tf.data.Dataset.from_tensor_slices((*pieces, skips))
+        return inputs.interleave(self.read_piece, cycle_length=self.layout.cycle, block_length=1)
+
+    def whole(self, number: tf.Tensor) -> tf.data.Dataset:
+        """Group `number`, from its start."""
+        cycle = tf.cast(self.layout.cycle, number.dtype)
+        members = self.order[number * cycle : (number + 1) * cycle]
+        return self.read(members, tf.zeros(tf.shape(members), tf.int64))
+
+
+def round_robin_resume(sizes: list[int], given: int) -> tuple[list[int], list[int]]:
+    """How to go on with a round-robin reading of pieces of `sizes` (one record of each in
+    turn; a finished piece drops out) after `given` records: which pieces (by position in
+    `sizes`), in which order, and how many records each has given already.
+
+    Reading those pieces round-robin from their skips gives exactly the records that follow.
+    """
+    rounds = 0  # full rounds: every piece with records left gave one in each
+    while sum(min(size, rounds + 1) for size in sizes) <= given:
+        rounds += 1
+    gave = [min(size, rounds) for size in sizes]
+    active = [j for j, size in enumerate(sizes) if size > rounds]
+    rest = given - sum(gave)
+    for j in active[:rest]:
+        gave[j] += 1
+    start = active[rest] if rest < len(active) else 0
+    rotated = [(start + offset) % len(sizes) for offset in range(len(sizes))]
+    left = [j for j in rotated if gave[j] < sizes[j]]
+    return left, [gave[j] for j in left]
