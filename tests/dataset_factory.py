@@ -23,6 +23,7 @@ def write_dataset(
     label_offset: int = 1,
     compression: str = "",
     size: tuple[int, int] = (48, 36),
+    noisy: bool = False,
 ) -> manifest.Manifest:
     """Writes shards whose records carry the given 0-based label indices, then the manifest.
 
@@ -33,6 +34,7 @@ def write_dataset(
       label_offset: added to each label index on write.
       compression: "" or "GZIP".
       size: (width, height) of every image.
+      noisy: images of random pixels (JPEGs of realistic size) instead of one colour.
 
     Returns:
       The manifest written.
@@ -51,7 +53,8 @@ def write_dataset(
                     serial += 1
                     filename = f"{labels[index]}/{serial}.jpg"
                     record = schema.ImageRecord(
-                        encoded=jpeg_bytes(*size, colours[index % len(colours)]),
+                        encoded=(noise_jpeg(size, serial) if noisy
+                                 else jpeg_bytes(*size, colours[index % len(colours)])),
                         height=size[1],
                         width=size[0],
                         label_index=index,
@@ -79,6 +82,19 @@ def write_dataset(
     )
     dataset.write_manifest(folder, result)
     return result
+
+
+def noise_jpeg(size: tuple[int, int], seed: int) -> bytes:
+    """A JPEG of random pixels: it compresses about as badly as a photo does."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=90)
+    return out.getvalue()
 
 
 def read_split(folder: str, split: str) -> list[schema.ImageRecord]:

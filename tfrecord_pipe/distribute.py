@@ -7,6 +7,7 @@ from tfrecord_pipe.reading.distribute import (
     distribute,
     per_replica_batch_size,
     resolve_strategy,
+    resumable_iterator,
 )
 
 __all__ = [
@@ -15,4 +16,5 @@ __all__ = [
     "distribute",
     "per_replica_batch_size",
     "resolve_strategy",
+    "resumable_iterator",
 ]

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfrecord_pipe.core import network
+from tfrecord_pipe.reading import resume
 
 log = logging.getLogger(__name__)
 
@@ -178,3 +179,16 @@ def distribute(
         per_pipeline = max(1, context.num_replicas_in_sync // context.num_input_pipelines)
         distributed._cardinality = batches // per_pipeline  # one global step takes one each
     return distributed
+
+
+def resumable_iterator(strategy: tf.distribute.Strategy, input_fn) -> resume.DistributedIterator:
+    """An iterator over a seeded training input's steps under `strategy` that
+    `tf.train.Checkpoint` can save and restore (TensorFlow's own cannot):
+
+        iterator = distribute.resumable_iterator(strategy, input_fn)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, iterator=iterator)
+    """
+    config = getattr(input_fn, "config", None)
+    if config is not None and config.batch_size is not None:
+        per_replica_batch_size(config.batch_size, strategy)
+    return resume.DistributedIterator(strategy, input_fn)

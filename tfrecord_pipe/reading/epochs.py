@@ -23,6 +23,7 @@ windows (benchmarks/RESULTS.md, "Exact epochs").
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 
 import numpy as np
@@ -116,11 +117,42 @@ class Position:
 PieceReader = Callable[..., tf.data.Dataset]
 
 
+def fingerprint(layout: Layout) -> str:
+    """What a position means: the pieces (file names, counts, which records), the grouping,
+    the window and the seed. A position is only restored into a layout of the same one."""
+    names = [file.rsplit("/", 1)[-1] for file in layout.files]
+    facts = repr((names, layout.counts, layout.firsts, layout.starts, layout.stride,
+                  layout.cycle, layout.window, layout.seed))  # fmt: skip
+    return hashlib.sha256(facts.encode()).hexdigest()[:16]
+
+
+# The stream counts its records in a range that starts at the layout's fingerprint, shifted
+# left: a TensorFlow checkpoint of the iterator holds the counter, and a restore into another
+# layout (another host count, dataset, seed or window) finds the wrong fingerprint in it.
+_COUNT_BITS = 40
+_FINGERPRINT_BITS = 22
+MISMATCH = (
+    "This input pipeline's checkpoint was saved by a pipeline that reads other records (another "
+    "dataset, seed, host count, batch or shuffle settings), so its position means nothing here. "
+    "Restore it with the settings it was saved with, or start the input afresh."
+)
+
+
 def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0, 0)):
     """(epoch, index, key, record) for ever, from `start`."""
     first = _epoch(layout, read_piece, start.epoch, start.index)
     later = tf.data.Dataset.range(start.epoch + 1, np.iinfo(np.int64).max)
-    return first.concatenate(later.flat_map(lambda epoch: _epoch(layout, read_piece, epoch)))
+    records = first.concatenate(later.flat_map(lambda epoch: _epoch(layout, read_piece, epoch)))
+    mark = int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)
+    # Open-ended: a restored count past a range's end would end the stream without a word.
+    counter = tf.data.Dataset.range(mark << _COUNT_BITS, 1 << (_COUNT_BITS + _FINGERPRINT_BITS))
+
+    def checked(count, element):
+        same = tf.equal(tf.bitwise.right_shift(count, _COUNT_BITS), mark)
+        with tf.control_dependencies([tf.debugging.Assert(same, [MISMATCH])]):
+            return tuple(tf.identity(part) for part in element)
+
+    return tf.data.Dataset.zip((counter, records)).map(checked)
 
 
 def _epoch(layout: Layout, read_piece: PieceReader, epoch, index: int = 0) -> tf.data.Dataset:

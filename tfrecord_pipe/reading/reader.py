@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from tfrecord_pipe.core import keywords, naming, schema
 from tfrecord_pipe.reading import dataset as dataset_lib
-from tfrecord_pipe.reading import epochs, file_share, hosts, preprocess, records, service
+from tfrecord_pipe.reading import epochs, file_share, hosts, preprocess, records, resume, service
 
 log = logging.getLogger(__name__)
 
@@ -403,6 +403,16 @@ def _share(config, source, input_context) -> file_share.PipelineShare:
     return share
 
 
+def pipeline_layout(
+    config: ReaderConfig, input_context: tf.distribute.InputContext | None = None
+) -> epochs.Layout:
+    """The order of a seeded training pipeline's records: what its positions mean."""
+    if not config.seeded:
+        raise ValueError("Positions are for seeded training: set seed= (and is_training).")
+    source = resolve_source(config)
+    return seeded_layout(config, source, _share(config, source, input_context))
+
+
 def _pipeline_position(input_context) -> tuple[int, int]:
     """(number of input pipelines, this one's index)."""
     if input_context is None:
@@ -746,14 +756,15 @@ class InputFn:
         self.config = config
         self.host_index, self.host_count = host_index, host_count
 
-    def __call__(self, context=None) -> tf.data.Dataset:
+    def __call__(self, context=None, *, start_batches: int = 0) -> tf.data.Dataset:
+        """`start_batches`: seeded training: batches this pipeline has trained on already."""
         if isinstance(context, tf.distribute.InputContext):
             if self.host_count is not None:
                 raise ValueError(
                     "This input_fn was given host_index/host_count, and tf.distribute's "
                     "InputContext gives a position too. Use one of the two."
                 )
-            return build_dataset(self.config, context)
+            return build_dataset(self.config, context, start_batches=start_batches)
         if context is not None and not isinstance(context, Mapping):
             raise TypeError(
                 "input_fn takes a tf.distribute.InputContext, a params dict with 'batch_size', "
@@ -769,14 +780,28 @@ class InputFn:
                 "so hosts would run different numbers of batches and one would wait in a "
                 "collective for ever. Use eval_remainder='pad' (the default)."
             )
-        host_context = hosts.input_context(*host) if host else None
+        host_context = self.host_context()
         if context is None:
-            return build_dataset(self.config, host_context)
+            return build_dataset(self.config, host_context, start_batches=start_batches)
         if "batch_size" not in context:
             raise ValueError(
                 f"input_fn(params) needs params['batch_size']; got keys {sorted(context)}"
             )
-        return build_dataset(self.config, host_context, batch_size=context["batch_size"])
+        return build_dataset(
+            self.config, host_context, batch_size=context["batch_size"],
+            start_batches=start_batches,
+        )  # fmt: skip
+
+    def host_context(self) -> tf.distribute.InputContext | None:
+        """This host's InputContext when a host position is given or JAX is in use."""
+        host = hosts.position(self.host_index, self.host_count)
+        return hosts.input_context(*host) if host else None
+
+    def numpy_batches(self) -> resume.BatchIterator:
+        """This host's batches as numpy arrays, for JAX, with a small state to save beside the
+        model and restore after a preemption (`get_state` / `set_state`, as Grain's
+        iterators have): seeded training only."""
+        return resume.BatchIterator(self)
 
     def __repr__(self):
         return (

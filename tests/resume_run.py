@@ -1,0 +1,138 @@
+"""A training run that checkpoints its input as a real one would, and can be killed: what the
+preemption tests run in fresh processes, once killed with SIGKILL mid-epoch and once resumed.
+
+    python tests/resume_run.py MODE DATASET WORKDIR STEPS [KILL_AT]
+
+MODE:
+  loop      a custom loop, tf.train.CheckpointManager over model, optimizer, step and the
+            tf.data iterator (every 5 steps)
+  mirrored  the same under a MirroredStrategy of two logical CPUs, checkpointing the
+            distributed iterator
+  jax0/jax1 host 0 or 1 of 2 feeding JAX: numpy batches, their state saved beside the step
+            in a JSON file (every 5 steps)
+
+Each step appends "STEP s KEYS k,k,... PIXELS sha" to WORKDIR/log; the run kills itself with
+SIGKILL right after step KILL_AT.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+SIZE, BATCH, SEED, EVERY = 16, 4, 11, 5
+
+
+def log_step(workdir, step, keys, images):
+    pixels = hashlib.sha256(np.ascontiguousarray(images).tobytes()).hexdigest()[:16]
+    with open(os.path.join(workdir, "log"), "a") as log:
+        log.write(f"STEP {step} KEYS {','.join(map(str, keys))} PIXELS {pixels}\n")
+        log.flush()
+        os.fsync(log.fileno())
+
+
+def model():
+    inputs = tf.keras.Input((SIZE, SIZE, 3))
+    x = tf.keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(3)(x))
+
+
+def tensorflow_run(mode, dataset, workdir, steps, kill_at):
+    from tfrecord_pipe import distribute, reader
+
+    if mode == "mirrored":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+        )
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    else:
+        strategy = tf.distribute.get_strategy()
+    input_fn = reader.make_input_fn(
+        dataset, is_training=True, image_size=SIZE, batch_size=BATCH, seed=SEED, with_keys=True
+    )
+    with strategy.scope():
+        net, optimizer = model(), tf.keras.optimizers.SGD(0.01)
+        step = tf.Variable(0, dtype=tf.int64)
+    if mode == "mirrored":
+        iterator = distribute.resumable_iterator(strategy, input_fn)
+    else:
+        iterator = iter(input_fn())
+    checkpoint = tf.train.Checkpoint(model=net, optimizer=optimizer, step=step, iterator=iterator)
+    manager = tf.train.CheckpointManager(checkpoint, os.path.join(workdir, "ckpt"), max_to_keep=2)
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_consumed()
+        print("RESTORED", int(step.numpy()), flush=True)
+
+    def train_step(images, labels):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(
+                tf.keras.losses.sparse_categorical_crossentropy(labels, net(images), True)
+            )
+        optimizer.apply_gradients(zip(tape.gradient(loss, net.trainable_variables),
+                                      net.trainable_variables))  # fmt: skip
+
+    @tf.function
+    def distributed_step(images, labels):
+        strategy.run(train_step, args=(images, labels))
+
+    while step.numpy() < steps:
+        images, labels, keys = next(iterator)
+        distributed_step(images, labels)
+        local = strategy.experimental_local_results
+        log_step(workdir, int(step.numpy()),
+                 np.concatenate([k.numpy() for k in local(keys)]),
+                 np.concatenate([i.numpy() for i in local(images)]))  # fmt: skip
+        step.assign_add(1)
+        if step.numpy() % EVERY == 0:
+            manager.save()
+        if step.numpy() == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def jax_run(host, dataset, workdir, steps, kill_at):
+    import jax.numpy as jnp
+
+    from tfrecord_pipe import reader
+
+    input_fn = reader.make_input_fn(
+        dataset, is_training=True, image_size=SIZE, batch_size=BATCH, seed=SEED,
+        with_keys=True, host_index=host, host_count=2,
+    )  # fmt: skip
+    batches = input_fn.numpy_batches()
+    saved = os.path.join(workdir, "state.json")
+    step = 0
+    if os.path.exists(saved):
+        with open(saved) as f:
+            state = json.load(f)
+        step = state["step"]
+        batches.set_state(state["input"])
+        print("RESTORED", step, flush=True)
+    for images, labels, keys in batches:
+        float(jnp.mean(jnp.asarray(images)))  # a real JAX computation on the batch
+        log_step(workdir, step, keys, images)
+        step += 1
+        if step % EVERY == 0:
+            with open(saved + ".tmp", "w") as f:
+                json.dump({"step": step, "input": batches.get_state()}, f)
+            os.replace(saved + ".tmp", saved)
+        if step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step >= steps:
+            break
+
+
+if __name__ == "__main__":
+    mode, dataset, workdir, steps = sys.argv[1:5]
+    kill_at = int(sys.argv[5]) if len(sys.argv) > 5 else -1
+    if mode.startswith("jax"):
+        jax_run(int(mode[3:]), dataset, workdir, int(steps), kill_at)
+    else:
+        tensorflow_run(mode, dataset, workdir, int(steps), kill_at)

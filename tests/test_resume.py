@@ -1,0 +1,266 @@
+"""Seeded training that survives preemption: reproducible batches, exact epochs, positions
+that restore through TensorFlow's checkpoints and as a JSON state, and killed runs that go
+on at the next batch."""
+
+import glob
+import hashlib
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfrecord_pipe.reading import epochs, reader
+
+from dataset_factory import write_dataset
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SIZE = 16
+# 3 shards of 11, 12 and 11 records: an epoch is 8.5 batches of 4, so batches straddle epochs.
+SHARDS = {"train": [[i % 3 for i in range(n)] for n in (11, 12, 11)]}
+RECORDS = 34
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("resume") / "ds")
+    write_dataset(path, SHARDS)
+    return path
+
+
+def seeded(folder, start_batches=0, **options):
+    settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=5, with_keys=True,
+                    shuffle_buffer=8, cycle_length=2)  # fmt: skip
+    settings.update(options)
+    config = reader.ReaderConfig(folder, **settings)
+    return reader.build_dataset(config, start_batches=start_batches)
+
+
+def digest(batch):
+    """(keys, a hash of the pixels, labels) of one batch: what must be equal, bit for bit."""
+    images, labels, keys = (part.numpy() for part in batch)
+    return keys.tolist(), hashlib.sha256(images.tobytes()).hexdigest()[:16], labels.tolist()
+
+
+def digests(dataset, count):
+    return [digest(batch) for batch in dataset.take(count)]
+
+
+def test_one_seed_gives_bit_identical_batches_and_another_seed_others(folder):
+    first = digests(seeded(folder), 12)
+    assert digests(seeded(folder), 12) == first
+    other = digests(seeded(folder, seed=6), 12)
+    assert [keys for keys, _, _ in other] != [keys for keys, _, _ in first]
+    # Not only the order: the augmentation is drawn from the seed too.
+    same_order = digests(seeded(folder, seed=5, color_jitter=0.5), 12)
+    assert [d[0] for d in same_order] == [d[0] for d in first]
+    assert [d[1] for d in same_order] != [d[1] for d in first]
+
+
+def test_each_epoch_is_a_permutation_of_the_split_in_a_new_order(folder):
+    keys = [key for keys, _, _ in digests(seeded(folder), 34) for key in keys]  # 4 epochs
+    epochs_seen = [keys[i * RECORDS : (i + 1) * RECORDS] for i in range(4)]
+    for epoch in epochs_seen:
+        assert sorted(epoch) == list(range(RECORDS)), "a record missing or twice in an epoch"
+    assert len({tuple(epoch) for epoch in epochs_seen}) == 4, "epochs in the same order"
+
+
+def test_keys_name_the_records_the_labels_came_from(folder):
+    labels_by_key = [label for shard in SHARDS["train"] for label in shard]
+    for keys, _, labels in digests(seeded(folder), 10):
+        assert labels == [labels_by_key[key] for key in keys]
+
+
+@pytest.mark.parametrize("start", [1, 4, 8, 9, 17, 25])  # mid-window, epoch ends, later epochs
+def test_a_stream_started_at_a_position_goes_on_exactly(folder, start):
+    reference = digests(seeded(folder), 30)
+    assert digests(seeded(folder, start), 30 - start) == reference[start:]
+
+
+def test_a_restart_decodes_nothing_it_skips(folder):
+    decoded = tf.Variable(0, dtype=tf.int64)
+
+    def counting(encoded):
+        decoded.assign_add(1)
+        return tf.image.resize(tf.io.decode_jpeg(encoded, channels=3), [SIZE, SIZE])
+
+    config = reader.ReaderConfig(folder, is_training=True, image_size=SIZE, batch_size=4, seed=5)
+    dataset = reader.build_dataset(config, image_fn=counting, start_batches=60)  # 7 epochs in
+    next(iter(dataset))
+    assert 4 <= int(decoded.numpy()) < 60, "the skipped batches were decoded"
+
+
+@pytest.mark.parametrize("sizes", [[3, 1, 4], [5, 5], [1], [2, 7, 1, 1, 6], [4, 4, 4, 3]])
+def test_round_robin_resume_gives_what_follows(sizes):
+    # The reference: a round-robin over pieces, one record each in turn, as tf.data's
+    # interleave reads a group.
+    def reading(pieces):
+        queues = [list(range(first, size)) for _, first, size in pieces]
+        out = []
+        while any(queues):
+            for (piece, _, _), queue in zip(pieces, queues):
+                if queue:
+                    out.append((piece, queue.pop(0)))
+        return out
+
+    whole = reading([(j, 0, size) for j, size in enumerate(sizes)])
+    for given in range(sum(sizes)):
+        left, skips = epochs.round_robin_resume(sizes, given)
+        assert reading([(j, skip, sizes[j]) for j, skip in zip(left, skips)]) == whole[given:]
+
+
+def test_the_iterator_checkpoints_as_a_small_position_and_restores_exactly(tmp_path):
+    # Images of random pixels and a window holding the whole split (several MB): a checkpoint
+    # that held the window or the prefetched batches would be that large.
+    folder = str(tmp_path / "big")
+    write_dataset(folder, {"train": [[0, 1, 2] * 8] * 4}, size=(256, 256), noisy=True)
+    data_bytes = sum(os.path.getsize(p) for p in glob.glob(f"{folder}/train-*"))
+    assert data_bytes > 4 << 20
+    dataset = lambda: seeded(folder, image_size=64, shuffle_buffer=10_000)  # noqa: E731
+    reference = digests(dataset(), 40)
+    iterator = iter(dataset())
+    for _ in range(13):
+        next(iterator)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "ckpt" / "it"))
+    size = sum(os.path.getsize(p) for p in glob.glob(path + "*"))
+    assert size < 64 << 10, f"a {size}-byte checkpoint: it holds images, not a position"
+    restored = iter(dataset())
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    assert [digest(next(restored)) for _ in range(27)] == reference[13:]
+
+
+def test_a_checkpoint_restored_into_other_settings_is_refused(folder, tmp_path):
+    iterator = iter(seeded(folder))
+    next(iterator)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "it"))
+    for other in (dict(seed=6), dict(shuffle_buffer=9)):
+        restored = iter(seeded(folder, **other))
+        tf.train.Checkpoint(iterator=restored).read(path)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="reads other records"):
+            next(restored)
+
+
+def test_the_numpy_batches_state_is_small_json_and_restores_exactly(folder):
+    input_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4,
+                                    seed=5, with_keys=True, host_index=1, host_count=2)  # fmt: skip
+    reference = [keys.tolist() for _, (_, _, keys) in zip(range(12), input_fn.numpy_batches())]
+    batches = input_fn.numpy_batches()
+    for _ in range(7):
+        next(batches)
+    state = json.loads(json.dumps(batches.get_state()))
+    assert len(json.dumps(state)) < 1000 and state["batches"] == 7 and state["host"] == [1, 2]
+    again = input_fn.numpy_batches()
+    again.set_state(state)
+    assert [next(again)[2].tolist() for _ in range(5)] == reference[7:]
+
+
+@pytest.mark.parametrize(
+    "other, said",
+    [(dict(host_index=0), "host: saved \\[1, 2\\], here \\[0, 2\\]"),
+     (dict(host_index=0, host_count=1), "fingerprint: saved"),
+     (dict(seed=6), "fingerprint: saved"),
+     (dict(batch_size=2), "batch_size: saved 2, here 1")],
+)  # fmt: skip
+def test_a_state_from_another_host_count_dataset_or_batch_is_refused(folder, other, said):
+    settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=5, host_index=1,
+                    host_count=2)  # fmt: skip
+    batches = reader.make_input_fn(folder, **settings).numpy_batches()
+    next(batches)
+    state = batches.get_state()
+    elsewhere = reader.make_input_fn(folder, **{**settings, **other}).numpy_batches()
+    with pytest.raises(ValueError, match=f"reads other records \\(.*{said}"):
+        elsewhere.set_state(state)
+    with pytest.raises(ValueError, match="Not a tfrecord-pipe position state"):
+        elsewhere.set_state({"batches": 3})
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [(dict(seed=1, skip_corrupt=True), "seed with skip_corrupt=True"),
+     (dict(seed=1, deterministic=False), "seed with deterministic=False"),
+     (dict(with_keys=True), "with_keys is for seeded training"),
+     (dict(seed=-1), "seed must be in")],
+)  # fmt: skip
+def test_settings_a_seeded_run_cannot_honour_are_refused(folder, options, message):
+    with pytest.raises(ValueError, match=message):
+        reader.ReaderConfig(folder, is_training=True, batch_size=4, **options)
+
+
+def test_a_seed_needs_the_counts_of_a_manifest(folder, tmp_path):
+    shard = "train-00000-of-00003.tfrecord"
+    (tmp_path / shard).write_bytes(pathlib.Path(folder, shard).read_bytes())  # no manifest
+    config = reader.ReaderConfig(f"{tmp_path}/train-*", is_training=True, batch_size=4, seed=1,
+                                 label_offset=1)  # fmt: skip
+    with pytest.raises(ValueError, match="seed= needs the record counts"):
+        reader.build_dataset(config)
+    unseeded = reader.make_input_fn(folder, is_training=True, batch_size=4)
+    with pytest.raises(ValueError, match="only a seeded pipeline"):
+        unseeded.numpy_batches()
+
+
+def as_logged(batches):
+    """What resume_run.py logs of one step's batches (one per replica): keys, pixel hash."""
+    images = np.concatenate([batch[0].numpy() for batch in batches])
+    keys = np.concatenate([batch[2].numpy() for batch in batches])
+    return ",".join(map(str, keys)), hashlib.sha256(images.tobytes()).hexdigest()[:16]
+
+
+# Fresh processes killed with SIGKILL mid-epoch and started again, as a preempted TPU VM is.
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["loop", "mirrored", "jax1"])
+def test_a_killed_run_goes_on_at_the_next_batch(folder, tmp_path, mode):
+    steps, kill_at, saved_at = 24, 17, 15
+    # The uninterrupted run's batches, from the same settings as resume_run.py's.
+    settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=11, with_keys=True)
+    if mode == "jax1":
+        dataset = reader.make_input_fn(folder, host_index=1, host_count=2, **settings)()
+    else:
+        dataset = reader.make_input_fn(folder, **settings)(
+            {"batch_size": 2} if mode == "mirrored" else None
+        )
+    replicas = 2 if mode == "mirrored" else 1  # one pipeline, its batches dealt in turn
+    batches = list(dataset.take(steps * replicas))
+    reference = [as_logged(batches[i : i + replicas]) for i in range(0, len(batches), replicas)]
+
+    command = [sys.executable, str(ROOT / "tests" / "resume_run.py"), mode, folder,
+               str(tmp_path), str(steps)]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
+    killed = subprocess.run([*command, str(kill_at)], capture_output=True, text=True,
+                            env=env, timeout=300)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"RESTORED {saved_at}" in resumed.stdout
+
+    logged = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
+    steps_logged = [int(fields[1]) for fields in logged]
+    assert steps_logged == [*range(kill_at), *range(saved_at, steps)]
+    for fields, step in zip(logged, steps_logged):
+        assert (fields[3], fields[5]) == reference[step], (mode, step)
+
+
+def test_the_resumable_distributed_iterator_restores_and_refuses_other_settings(folder, tmp_path):
+    from tfrecord_pipe import distribute
+
+    strategy = tf.distribute.get_strategy()
+    settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=5, with_keys=True)
+    make = lambda **other: distribute.resumable_iterator(  # noqa: E731
+        strategy, reader.make_input_fn(folder, **{**settings, **other})
+    )
+    reference = [next(iterator)[2].numpy().tolist() for iterator in [make()] for _ in range(9)]
+    iterator = make()
+    for _ in range(4):
+        next(iterator)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "it"))
+    restored = make()
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    assert [next(restored)[2].numpy().tolist() for _ in range(5)] == reference[4:]
+    elsewhere = make(seed=6)
+    tf.train.Checkpoint(iterator=elsewhere).read(path)
+    with pytest.raises(ValueError, match="reads other records"):
+        next(elsewhere)

@@ -1,0 +1,166 @@
+"""Where a seeded training pipeline is, as a small JSON-able state, for programs that save it
+themselves (JAX with orbax or a file, as Grain's iterators are saved).
+
+A seeded pipeline's batches are a function of their position (`epochs.py`), so the state is
+the number of batches given out and what that number means: the layout's fingerprint (the
+files, counts, host position, seed, window) and the batch size. Restoring builds the pipeline
+again from that position; nothing is decoded to get there. TensorFlow programs can instead
+checkpoint the tf.data iterator itself (`tf.train.Checkpoint(iterator=...)`), which holds the
+same kind of position.
+
+    batches = input_fn.numpy_batches()
+    for step, (images, labels) in zip(range(steps), batches):
+        ...
+        save(step, model, batches.get_state())      # a dict of a few numbers and strings
+    # after a preemption:
+    batches = input_fn.numpy_batches()
+    batches.set_state(saved_state)                  # the next batch is the one after the save
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+FORMAT = "tfrecord-pipe/position"
+VERSION = 1
+
+
+class BatchIterator:
+    """Numpy batches of one host's seeded training pipeline, with `get_state` / `set_state`."""
+
+    def __init__(self, input_fn):
+        config = input_fn.config
+        if not config.seeded:
+            raise ValueError(
+                "numpy_batches() keeps a position, which only a seeded pipeline has: give "
+                "seed= to make_input_fn (with is_training=True). Without one, iterate "
+                "input_fn().as_numpy_iterator()."
+            )
+        self._input_fn = input_fn
+        self._given = 0
+        self._iterator = None
+        self._facts = None
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __next__(self):
+        if self._iterator is None:
+            dataset = self._input_fn(start_batches=self._given)
+            self._iterator = dataset.as_numpy_iterator()
+        batch = next(self._iterator)
+        self._given += 1
+        return batch
+
+    def _pipeline(self) -> dict[str, Any]:
+        """What a state is valid for: this host's layout and batch."""
+        if self._facts is None:
+            from tfrecord_pipe.reading import epochs, reader
+
+            context = self._input_fn.host_context()
+            layout = reader.pipeline_layout(self._input_fn.config, context)
+            hosts = (context.input_pipeline_id, context.num_input_pipelines) if context else (0, 1)
+            config = self._input_fn.config
+            batch = context.get_per_replica_batch_size(config.batch_size) if context else None
+            self._facts = {
+                "fingerprint": epochs.fingerprint(layout),
+                "host": list(hosts),
+                "batch_size": batch or config.batch_size,
+            }
+        return self._facts
+
+    def get_state(self) -> dict[str, Any]:
+        """The position after the last batch given: JSON-able, a few hundred bytes."""
+        return {"format": FORMAT, "version": VERSION, "batches": self._given, **self._pipeline()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Goes on after the batch `state` was taken at.
+
+        Raises:
+          ValueError: not such a state, or one of a pipeline that reads other records
+            (another dataset, seed, host position or count, batch or shuffle settings).
+        """
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise ValueError(f"Not a tfrecord-pipe position state: {str(state)[:200]}")
+        if state.get("version") != VERSION:
+            raise ValueError(
+                f"A position state of version {state.get('version')}; this tfrecord-pipe reads "
+                f"version {VERSION}."
+            )
+        here = self._pipeline()
+        differ = [name for name in here if state.get(name) != here[name]]
+        if differ:
+            said = "; ".join(f"{name}: saved {state.get(name)}, here {here[name]}" for name in differ)
+            raise ValueError(
+                f"This position state was saved by a pipeline that reads other records ({said}): "
+                "its position means nothing here. Restore it with the dataset, seed, host "
+                "position and count, batch and shuffle settings it was saved with, or start "
+                "the input afresh."
+            )
+        batches = state.get("batches")
+        if not isinstance(batches, int) or batches < 0:
+            raise ValueError(f"A position state with batches={batches!r}")
+        self._given = batches
+        self._iterator = None
+
+
+class DistributedIterator(tf.Module):
+    """A seeded training input under a tf.distribute strategy, as an iterator that
+    `tf.train.Checkpoint` saves and restores: TensorFlow's own distributed iterator cannot be
+    checkpointed (it is not trackable). What is saved is the number of steps given out and
+    the fingerprint of this worker's layout; after a restore the next step is the one after
+    the save, and nothing skipped is decoded.
+
+    `next(iterator)` gives a step's per-replica batches; call it outside your `tf.function`
+    and pass the batches in (`distribute.resumable_iterator` makes one).
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, input_fn):
+        super().__init__(name="tfrecord_pipe_input")
+        if not input_fn.config.seeded:
+            raise ValueError(
+                "A resumable iterator keeps a position, which only a seeded pipeline has: give "
+                "seed= to make_input_fn (with is_training=True)."
+            )
+        self._strategy, self._input_fn = strategy, input_fn
+        self._contexts = []
+        self._iterator, self._at = self._build(0), 0
+        from tfrecord_pipe.reading import epochs, reader
+
+        context = self._contexts[0]
+        layout = reader.pipeline_layout(input_fn.config, context)
+        self._fingerprint = int(epochs.fingerprint(layout), 16) >> 1  # fits an int64
+        with tf.init_scope():  # plain variables, whichever strategy scope this is made in
+            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
+            self.fingerprint = tf.Variable(
+                self._fingerprint, dtype=tf.int64, trainable=False, name="fingerprint"
+            )
+
+    def _build(self, steps: int):
+        def pipeline(context):
+            self._contexts.append(context)
+            per_pipeline = max(1, context.num_replicas_in_sync // context.num_input_pipelines)
+            return self._input_fn(context, start_batches=steps * per_pipeline)
+
+        return iter(self._strategy.distribute_datasets_from_function(pipeline))
+
+    def __iter__(self) -> DistributedIterator:
+        return self
+
+    def __next__(self):
+        steps = int(self.steps.numpy())
+        if steps != self._at:  # restored from a checkpoint: start again from there
+            if int(self.fingerprint.numpy()) != self._fingerprint:
+                raise ValueError(
+                    "This input's checkpoint was saved by a pipeline that reads other records "
+                    "(another dataset, seed, host count, batch or shuffle settings), so its "
+                    "position means nothing here. Restore it with the settings it was saved "
+                    "with, or start the input afresh."
+                )
+            self._iterator, self._at = self._build(steps), steps
+        batch = next(self._iterator)
+        self.steps.assign_add(1)
+        self._at += 1
+        return batch
