@@ -32,7 +32,7 @@ def steps(image_size: int):
     """(name, function of one JPEG string tensor) for each row, in order."""
     import tensorflow as tf
 
-    from tfrecord_pipe import preprocess
+    from tfrecord_pipe.reading import preprocess
 
     def window(encoded):
         shape = tf.image.extract_jpeg_shape(encoded)

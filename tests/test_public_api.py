@@ -1,6 +1,7 @@
 """The public API: modules importable in every form, docs/api.md saying exactly what they
 export, misspelt options named, help() showing every option, the package typed."""
 
+import ast
 import dataclasses
 import importlib
 import importlib.resources
@@ -81,3 +82,19 @@ def test_help_shows_every_reader_option_with_its_default():
 
 def test_the_package_is_typed():
     assert importlib.resources.files("tfrecord_pipe").joinpath("py.typed").is_file()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.name)
+def test_the_examples_use_only_the_public_api(path):
+    used, public = set(), {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfrecord_pipe"):
+            assert node.module == "tfrecord_pipe", f"{path.name} imports {node.module}"
+            public |= {alias.asname or alias.name: alias.name for alias in node.names}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id in public:
+                used.add((public[node.value.id], node.attr))
+    assert set(public.values()) <= set(tfrecord_pipe.PUBLIC_MODULES)
+    for module, name in used:
+        assert name in importlib.import_module(f"tfrecord_pipe.{module}").__all__, (module, name)
