@@ -2,7 +2,6 @@
 steps under the default strategy and under MirroredStrategy with two replicas."""
 
 import json
-import logging
 import math
 import os
 import pathlib
@@ -39,12 +38,13 @@ def test_choose_prefers_a_named_or_present_tpu_then_gpus_then_cpu(
     assert choice.reason
 
 
-def test_without_accelerators_the_default_strategy_is_used_and_logged(caplog, monkeypatch):
+def test_without_accelerators_the_default_strategy_is_used_and_said(capsys, monkeypatch):
+    # Said without logging set up: which strategy, and how many replicas, is what users check.
     monkeypatch.delenv("TPU_NAME", raising=False)
-    with caplog.at_level(logging.INFO, logger=distribute.__name__):
-        strategy = distribute.resolve_strategy()
+    strategy = distribute.resolve_strategy()
     assert strategy.num_replicas_in_sync == 1
-    assert "no TPU and no GPU" in caplog.text and "1 replica" in caplog.text
+    said = capsys.readouterr().err
+    assert "using default strategy (1 replica)" in said and "no TPU and no GPU" in said
 
 
 def test_an_unreachable_tpu_address_fails_fast_with_what_to_check():

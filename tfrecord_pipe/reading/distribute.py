@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import logging
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -20,8 +20,6 @@ import tensorflow as tf
 
 from tfrecord_pipe.core import network
 from tfrecord_pipe.reading import resume
-
-log = logging.getLogger(__name__)
 
 TPU, GPUS, CPU = "tpu", "gpus", "cpu"
 # Device files of a Cloud TPU VM's local chips (/dev/accel* up to v4, /dev/vfio/* from v5).
@@ -41,7 +39,7 @@ class Choice:
     Attributes:
       kind: TPU, GPUS or CPU.
       tpu: what to pass to TPUClusterResolver (a name, "local", or grpc://host:port); TPU only.
-      reason: one line for the log.
+      reason: one line saying why, printed with the strategy.
     """
 
     kind: str
@@ -91,7 +89,9 @@ def resolve_strategy(tpu: str | None = None) -> tf.distribute.Strategy:
         strategy = tf.distribute.MirroredStrategy()
     else:
         strategy = tf.distribute.get_strategy()
-    log.info("Using %s: %s", describe(strategy), choice.reason)
+    # Printed, not logged: which strategy and how many replicas is what a user checks first,
+    # and Python's logging shows nothing below a warning until the program sets it up.
+    print(f"tfrecord-pipe: using {describe(strategy)}: {choice.reason}", file=sys.stderr)
     return strategy
 
 
