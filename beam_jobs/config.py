@@ -60,8 +60,11 @@ class ConvertConfig:
             problems.append(f"csv_header must be one of {CSV_HEADERS}, got {self.csv_header!r}")
         if not 0.0 <= self.validation_fraction < 1.0:
             problems.append(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
-        if self.label_offset < 0:
-            problems.append(f"label_offset must be >= 0, got {self.label_offset}")
+        if not 0 <= self.label_offset <= schema.MAX_LABEL_OFFSET:
+            problems.append(
+                f"label_offset must be in 0..{schema.MAX_LABEL_OFFSET}, got {self.label_offset} "
+                "(0 for 0-based labels, 1 as the Cloud TPU models expect)"
+            )
         if self.num_shards is not None and self.num_shards < 1:
             problems.append(f"num_shards must be >= 1, got {self.num_shards}")
         if self.shard_bytes < 1:

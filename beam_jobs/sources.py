@@ -135,7 +135,8 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
 
     Raises:
       ValueError: with split folders, a file outside them or a split folder's name that
-        cannot name shard files (the job stops at listing, before loading anything).
+        cannot name shard files; a label folder's name that cannot be a line of labels.txt
+        (the job stops at listing, before loading anything).
     """
     parts = entry.relpath.split("/")
     if config.layout == "splits":
@@ -151,6 +152,7 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
     else:
         label = parts[0] if len(parts) >= 2 else None
         split = split_by_hash(entry.relpath, config.validation_fraction)
+    _check_label(label, f"{entry.path}: its", "rename the folder")
     return SourceFile(entry.path, entry.relpath, label, split, entry.problem)
 
 
@@ -231,7 +233,8 @@ def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
     A line without a path comes out with its problem, so that it is rejected, not dropped.
 
     Raises:
-      ValueError: a split that cannot name shard files (the job stops at listing).
+      ValueError: a split that cannot name shard files, or a label that cannot be a line of
+        labels.txt (the job stops at listing).
     """
     cells = _cells(line)
     if not any(cells):
@@ -242,6 +245,7 @@ def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
     if split is None:
         split = split_by_hash(relpath, config.validation_fraction)
     _check_split_name(split, f"{config.source}: line {line!r}: split", "change it")
+    _check_label(label, f"{config.source}: line {line!r}: its", "write it without them")
     problem = None if cells[0] else (images.UNREADABLE, f"the line has no path: {line!r}")
     return [SourceFile(path, relpath, label, split, problem)]
 
@@ -277,6 +281,14 @@ def identity(source: SourceFile) -> str:
 def _check_split_name(split: str, where: str, fix: str) -> None:
     """Raises ValueError unless `split` can be part of shard file names."""
     problem = naming.split_name_problem(split)
+    if problem:
+        raise ValueError(f"{where} {problem}; {fix}.")
+
+
+def _check_label(label: str | None, where: str, fix: str) -> None:
+    """Raises ValueError unless `label` can be a line of labels.txt (the job stops at
+    listing, before loading anything)."""
+    problem = label and naming.label_problem(label)
     if problem:
         raise ValueError(f"{where} {problem}; {fix}.")
 

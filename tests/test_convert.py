@@ -13,7 +13,7 @@ from beam_jobs import convert, pipeline, shard_plan, sources
 from tfrecord_pipe.core import manifest, schema
 from tfrecord_pipe.reading import dataset
 
-from helpers import IN_PROCESS, RGB, jpeg_bytes, write_image_folder
+from helpers import IN_PROCESS, RGB, jpeg_bytes, run_cli, write_image_folder
 
 ODD = ("truncated_jpeg.jpg", "monkey12.jpg", "pil_sample_cmyk.jpg", "hopper.png")
 
@@ -381,3 +381,46 @@ def test_checking_on_threads_writes_the_same_dataset_and_counts_every_input(tmp_
     assert counted["images_rejected"] == 2 and counted["images_reencoded"] == 2  # CMYK, PNG
     assert counted["images_stored_unchanged"] + counted["images_reencoded"] + 2 == listed
     assert counted["bytes_read"] == sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("offset", ["10001", "-1", str(2**63 - 1), "100000000000000000000"])
+def test_a_label_offset_out_of_bounds_is_refused_before_any_work(tmp_path, offset):
+    # 10**20 hung after the shards were moved in; 2**63-1 with --compress wrapped the labels.
+    (tmp_path / "src" / "cat").mkdir(parents=True)
+    (tmp_path / "src" / "cat" / "a.jpg").write_bytes(jpeg_bytes(8, 8))
+    result = run_cli("convert", tmp_path / "src", tmp_path / "out", "--label_offset", offset)
+    assert result.returncode == 2 and "label_offset must be in 0..10000" in result.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_tfds_class_names_for_the_largest_offset_take_no_time():
+    from tfrecord_pipe.core import manifest, schema, tfds_metadata
+
+    found = manifest.Manifest(labels=("offset_3", "cat"), label_offset=schema.MAX_LABEL_OFFSET,
+                              compression="", splits={})  # fmt: skip
+    names = tfds_metadata.class_names(found)
+    assert len(names) == len(set(names)) == schema.MAX_LABEL_OFFSET + 2
+    assert names[3] == "_offset_3" and names[-2:] == ["offset_3", "cat"]
+
+
+@pytest.mark.parametrize("label", ["ca\nt", " cat", "cat ", "ca\u2028t"])
+def test_a_label_labels_txt_cannot_hold_stops_the_job_at_listing(tmp_path, label):
+    # A line break made two labels of one in labels.txt (shifting every label after it, and
+    # adding a phantom class when reused as --labels_file); end spaces were lost.
+    (tmp_path / "src" / label).mkdir(parents=True)
+    (tmp_path / "src" / label / "a.jpg").write_bytes(jpeg_bytes(8, 8))
+    (tmp_path / "src" / "dog").mkdir()
+    (tmp_path / "src" / "dog" / "b.jpg").write_bytes(jpeg_bytes(8, 8))
+    result = run_cli("convert", tmp_path / "src", tmp_path / "out")
+    assert result.returncode == 2, result.stderr
+    assert repr(label) in result.stderr and "rename the folder" in result.stderr
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_csv_label_with_a_unicode_line_break_stops_the_job_naming_the_line(tmp_path):
+    # CSV lines end at \n and \r only; U+2028 is a line break to every reader of labels.txt.
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes(8, 8))
+    (tmp_path / "list.csv").write_text("a.jpg,ca\u2028t\n", encoding="utf-8")
+    result = run_cli("convert", tmp_path / "list.csv", tmp_path / "out")
+    assert result.returncode == 2
+    assert "list.csv: line" in result.stderr and "has a line break" in result.stderr

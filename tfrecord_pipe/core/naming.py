@@ -63,6 +63,17 @@ def split_name_problem(split: str) -> str | None:
     )
 
 
+def label_problem(label: str) -> str | None:
+    """Why `label` cannot be a label, or None: labels.txt holds one label a line, as written,
+    so a line break would make two labels of one (shifting every label after it) and spaces at
+    the ends would be lost by readers that strip lines."""
+    if label.splitlines() != [label]:
+        return f"label {label!r} has a line break, which would make two lines of labels.txt"
+    if label != label.strip():
+        return f"label {label!r} has spaces at its ends, which readers of labels.txt lose"
+    return None
+
+
 def split_order(name: str) -> tuple[int, str]:
     """Sort key: train, validation, test, then other splits by name."""
     return (SPLIT_ORDER.index(name) if name in SPLIT_ORDER else len(SPLIT_ORDER), name)

@@ -21,6 +21,10 @@ FORMAT_VERSION = 1
 
 # The Cloud TPU reference ResNet reads labels 1..1000 and subtracts 1; 0 was "background".
 DEFAULT_LABEL_OFFSET = 1
+# The largest offset the converter writes: far above any real use (0 for 0-based labels, 1 as
+# the Cloud TPU models expect, a few thousand to merge label spaces), and small enough that the
+# placeholder class names TFDS gets below it stay a small file and a stored label cannot wrap.
+MAX_LABEL_OFFSET = 10_000
 
 ENCODED = "image/encoded"
 FORMAT = "image/format"

@@ -36,10 +36,9 @@ def problem(found: Manifest) -> str | None:
     """Why TFDS could not read this dataset as written, or None."""
     if found.compression:
         return "its shards are GZIP-compressed, which TFDS does not read"
-    for label in found.labels:
-        if label.splitlines() != [label] or label != label.strip():
-            return (f"label {label!r} has spaces at its ends or a line break, which TFDS's "
-                    "label file loses")  # fmt: skip
+    for label in found.labels:  # converted by an older version, which let such labels in
+        if naming.label_problem(label):
+            return naming.label_problem(label)
     for split in found.splits:
         if naming.split_name_problem(split):
             return f"split {split!r} cannot be named in TFDS's file template"
@@ -49,11 +48,12 @@ def problem(found: Manifest) -> str | None:
 def class_names(found: Manifest) -> list[str]:
     """The ClassLabel's names, indexed by the stored label: placeholders below the offset."""
     names = list(found.labels)
-    placeholders = []
+    taken, placeholders = set(names), []  # sets: a list made this quadratic in the offset
     for index in range(found.label_offset):
         name = f"offset_{index}"
-        while name in names or name in placeholders:
+        while name in taken:
             name = "_" + name
+        taken.add(name)
         placeholders.append(name)
     return placeholders + names
 
