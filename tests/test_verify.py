@@ -68,6 +68,34 @@ def test_verify_catches_a_modified_record(converted_copy):
     assert "(modified record)" in done.stdout
 
 
+def length_delimited(field: int, payload: bytes) -> bytes:
+    size, varint = len(payload), b""
+    while True:
+        varint += bytes([(size & 0x7F) | (0x80 if size > 0x7F else 0)])
+        size >>= 7
+        if not size:
+            return bytes([field << 3 | 2]) + varint + payload
+
+
+def test_verify_judges_a_record_as_tensorflow_parses_it(converted_copy):
+    # A label feature holding a bytes list and then the right int64 list: protobuf's rules
+    # (ours) keep the last list, TensorFlow's parser refuses the record, and the reader
+    # stopped on it with an error naming no file, while verify said OK.
+    src, out = converted_copy
+
+    def craft(records):
+        record = schema.decode_example(records[0], label_offset=1)
+        lists = (length_delimited(1, length_delimited(1, b"x"))
+                 + length_delimited(3, length_delimited(1, bytes([record.label_index + 1]))))
+        entry = length_delimited(1, schema.LABEL.encode()) + length_delimited(2, lists)
+        return [records[0] + length_delimited(1, length_delimited(1, entry))] + records[1:]
+
+    rewrite_shard(first_shard(out), craft)
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    assert "TensorFlow cannot parse it, so the reader would stop on it" in done.stdout
+
+
 def test_verify_catches_a_source_in_neither_shards_nor_rejected(converted_copy):
     src, out = converted_copy
     (src / "green" / "999.jpg").write_bytes(jpeg_bytes(9, 9, (0, 250, 0)))  # never converted
