@@ -152,8 +152,35 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
     else:
         label = parts[0] if len(parts) >= 2 else None
         split = split_by_hash(entry.relpath, config.validation_fraction)
+    if not _is_utf8(entry.relpath):
+        return _not_utf8(entry, label, split)
     _check_label(label, f"{entry.path}: its", "rename the folder")
     return SourceFile(entry.path, entry.relpath, label, split, entry.problem)
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether a name Python read from the filesystem was valid UTF-8 (else it holds
+    surrogate escapes, which no record, manifest or Beam coder can carry)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _escaped(text: str) -> str:
+    """A name's bytes, undecodable ones written as \\xNN: `caf\\xe9.jpg`."""
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
+
+
+def _not_utf8(entry: listing.Entry, label: str | None, split: str) -> SourceFile:
+    """A file whose name is not UTF-8 (common in old archives): one rejection, named with its
+    bytes escaped, never the end of the job."""
+    relpath = _escaped(entry.relpath)
+    return SourceFile(
+        _escaped(entry.path), relpath, label and _escaped(label), split,
+        (images.UNREADABLE, f"its name is not valid UTF-8 ({relpath}): rename it"),
+    )  # fmt: skip
 
 
 _PLAIN_NAME = re.compile(r"[\w -]+")

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import pathlib
 
 import apache_beam as beam
@@ -424,3 +425,23 @@ def test_a_csv_label_with_a_unicode_line_break_stops_the_job_naming_the_line(tmp
     result = run_cli("convert", tmp_path / "list.csv", tmp_path / "out")
     assert result.returncode == 2
     assert "list.csv: line" in result.stderr and "has a line break" in result.stderr
+
+
+def test_names_that_are_not_utf8_are_rejected_with_their_bytes_escaped(tmp_path):
+    # One such name (common in old archives) aborted the whole job, and verify with it.
+    src = tmp_path / "src"
+    for folder in (b"cat", b"caf\xe9", b"dog"):
+        os.makedirs(os.path.join(os.fsencode(src), folder))
+    for name in (b"cat/caf\xe9.jpg", b"cat/a.jpg", b"caf\xe9/b.jpg", b"dog/c.jpg"):
+        with open(os.path.join(os.fsencode(src), name), "wb") as f:
+            f.write(jpeg_bytes(8, 8, (len(name), 3, 4)))
+    result = run_cli("convert", src, tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert "train: 2 in" in result.stdout and "2 rejected (unreadable 2)" in result.stdout
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rejected" / "rejected-train.jsonl")
+            .read_text().splitlines()]  # fmt: skip
+    assert sorted(row["relpath"] for row in rows) == ["caf\\xe9/b.jpg", "cat/caf\\xe9.jpg"]
+    assert all("not valid UTF-8" in row["error"] for row in rows)
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["labels"] == ["cat", "dog"]
+    verified = run_cli("verify", src, tmp_path / "out")
+    assert verified.returncode == 0 and verified.stdout.strip().endswith("OK"), verified.stdout
