@@ -126,15 +126,18 @@ def fingerprint(layout: Layout) -> str:
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 
-# The stream counts its records in a range that starts at the layout's fingerprint, shifted
-# left: a TensorFlow checkpoint of the iterator holds the counter, and a restore into another
-# layout (another host count, dataset, seed or window) finds the wrong fingerprint in it.
+# The stream counts its records in a range whose high bits are the layout's fingerprint and
+# low bits the place of the record in the whole stream (epoch * records_per_epoch + index).
+# A TensorFlow checkpoint of the iterator holds the counter; a restore into another layout
+# (another host count, dataset, seed or window), or into a stream built from another start
+# (start_batches), finds a count that is not the place of the records that come: an error.
 _COUNT_BITS = 40
 _FINGERPRINT_BITS = 22
 MISMATCH = (
     "This input pipeline's checkpoint was saved by a pipeline that reads other records (another "
-    "dataset, seed, host count, batch or shuffle settings), so its position means nothing here. "
-    "Restore it with the settings it was saved with, or start the input afresh."
+    "dataset, seed, host count, batch or shuffle setting), or that was built from another start "
+    "(start_batches), so its position means nothing here. Restore it into the pipeline it was "
+    "saved from, built with start_batches=0 (the checkpoint holds the position), or start afresh."
 )
 
 
@@ -143,12 +146,16 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
     first = _epoch(layout, read_piece, start.epoch, start.index)
     later = tf.data.Dataset.range(start.epoch + 1, np.iinfo(np.int64).max)
     records = first.concatenate(later.flat_map(lambda epoch: _epoch(layout, read_piece, epoch)))
-    mark = int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)
+    per_epoch = layout.records_per_epoch
+    mark = (int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)) << _COUNT_BITS
     # Open-ended: a restored count past a range's end would end the stream without a word.
-    counter = tf.data.Dataset.range(mark << _COUNT_BITS, 1 << (_COUNT_BITS + _FINGERPRINT_BITS))
+    counter = tf.data.Dataset.range(
+        mark + start.epoch * per_epoch + start.index, 1 << (_COUNT_BITS + _FINGERPRINT_BITS)
+    )
 
     def checked(count, element):
-        same = tf.equal(tf.bitwise.right_shift(count, _COUNT_BITS), mark)
+        epoch, index = element[0], element[1]
+        same = tf.equal(count, mark + epoch * per_epoch + index)
         with tf.control_dependencies([tf.debugging.Assert(same, [MISMATCH])]):
             return tuple(tf.identity(part) for part in element)
 
@@ -168,7 +175,9 @@ def _epoch(layout: Layout, read_piece: PieceReader, epoch, index: int = 0) -> tf
         order = _permutation(tf.shape(keys)[0], draw_seed(layout, epoch, _WINDOW, number))
         return tf.gather(keys, order), tf.gather(serialized, order)
 
-    shuffled = windows.map(permute).unbatch()
+    # One window ahead: the next is read while this one is decoded (else reading a window and
+    # decoding it take turns). Memory: two windows of serialized records.
+    shuffled = windows.map(permute).prefetch(1).unbatch()
     placed = shuffled.enumerate(start=first_window * window).skip(index - first_window * window)
     epoch = tf.cast(epoch, tf.int64)
     return placed.map(lambda i, element: (epoch, i, *element))

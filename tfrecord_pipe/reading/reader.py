@@ -338,7 +338,9 @@ def build_dataset(
         `config.dtype`. For your own augmentation; evaluation and serving should keep ours.
       source: `resolve_source(config)`, when the caller has it already.
       start_batches: seeded training: batches of this pipeline already trained on; the
-        stream starts after them, skipping without decoding (`resume.py`).
+        stream starts after them, skipping without decoding (`resume.py`). Not with a
+        TensorFlow checkpoint of the iterator, which holds the position itself: restore that
+        into a pipeline built with 0 (another start is refused).
 
     Returns:
       (images, labels) batches, plus weights when `config.padded`, plus keys with
@@ -347,6 +349,8 @@ def build_dataset(
     source = source or resolve_source(config)
     batch = _pipeline_batch_size(config, input_context, batch_size)
     share = _share(config, source, input_context)
+    if start_batches < 0:
+        raise ValueError(f"start_batches must be >= 0, got {start_batches}")
     if config.seeded:
         layout = seeded_layout(config, source, share)
         start = epochs.Position.after(start_batches * batch, layout)
@@ -527,10 +531,16 @@ def _piece_reader(config, source, layout):
 
 def _nothing_read(share) -> str:
     shown = ", ".join(share.files[:3]) + (", ..." if len(share.files) > 3 else "")
+    dealt = (
+        f" (or, dealt among {share.record_shard[0]} pipelines, they hold fewer records than "
+        "there are pipelines: train on fewer)"
+        if share.record_shard
+        else ""
+    )
     return (
         f"A whole pass over this input pipeline's {len(share.files)} file(s) ({shown}) gave "
-        "no record: each is missing, empty, or (with skip_corrupt) corrupt from its start. "
-        "Check them with `tfrecord-pipe verify`, or convert again."
+        "no record: each is missing, empty, or (with skip_corrupt) corrupt from its start"
+        f"{dealt}. Check them with `tfrecord-pipe verify`, or convert again."
     )
 
 

@@ -19,6 +19,7 @@ same kind of position.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import tensorflow as tf
@@ -110,8 +111,8 @@ class DistributedIterator(tf.Module):
     """A seeded training input under a tf.distribute strategy, as an iterator that
     `tf.train.Checkpoint` saves and restores: TensorFlow's own distributed iterator cannot be
     checkpointed (it is not trackable). What is saved is the number of steps given out and
-    the fingerprint of this worker's layout; after a restore the next step is the one after
-    the save, and nothing skipped is decoded.
+    the fingerprint of this worker's layout and batch; after a restore the next step is the
+    one after the save, and nothing skipped is decoded.
 
     `next(iterator)` gives a step's per-replica batches; call it outside your `tf.function`
     and pass the batches in (`distribute.resumable_iterator` makes one).
@@ -124,43 +125,55 @@ class DistributedIterator(tf.Module):
                 "A resumable iterator keeps a position, which only a seeded pipeline has: give "
                 "seed= to make_input_fn (with is_training=True)."
             )
-        self._strategy, self._input_fn = strategy, input_fn
-        self._contexts = []
-        self._iterator, self._at = self._build(0), 0
+        # Not tracked (a plain holder): only the two variables below make the checkpoint. The
+        # tf.data iterator's own state would tie it to the start it was built from.
+        self._held = _Held(strategy, input_fn)
+        self._held.build(0)
         from tfrecord_pipe.reading import epochs, reader
 
-        context = self._contexts[0]
+        context = self._held.contexts[0]
         layout = reader.pipeline_layout(input_fn.config, context)
-        self._fingerprint = int(epochs.fingerprint(layout), 16) >> 1  # fits an int64
+        batch = context.get_per_replica_batch_size(input_fn.config.batch_size)
+        facts = f"{epochs.fingerprint(layout)}/{batch}/{context.num_replicas_in_sync}"
+        self._fingerprint = int(hashlib.sha256(facts.encode()).hexdigest()[:15], 16)
         with tf.init_scope():  # plain variables, whichever strategy scope this is made in
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
             self.fingerprint = tf.Variable(
                 self._fingerprint, dtype=tf.int64, trainable=False, name="fingerprint"
             )
 
-    def _build(self, steps: int):
-        def pipeline(context):
-            self._contexts.append(context)
-            per_pipeline = max(1, context.num_replicas_in_sync // context.num_input_pipelines)
-            return self._input_fn(context, start_batches=steps * per_pipeline)
-
-        return iter(self._strategy.distribute_datasets_from_function(pipeline))
-
     def __iter__(self) -> DistributedIterator:
         return self
 
     def __next__(self):
+        if int(self.fingerprint.numpy()) != self._fingerprint:
+            raise ValueError(
+                "This input's checkpoint was saved by a pipeline that reads other records "
+                "(another dataset, seed, host count, batch or shuffle settings), so its "
+                "position means nothing here. Restore it with the settings it was saved "
+                "with, or start the input afresh."
+            )
         steps = int(self.steps.numpy())
-        if steps != self._at:  # restored from a checkpoint: start again from there
-            if int(self.fingerprint.numpy()) != self._fingerprint:
-                raise ValueError(
-                    "This input's checkpoint was saved by a pipeline that reads other records "
-                    "(another dataset, seed, host count, batch or shuffle settings), so its "
-                    "position means nothing here. Restore it with the settings it was saved "
-                    "with, or start the input afresh."
-                )
-            self._iterator, self._at = self._build(steps), steps
-        batch = next(self._iterator)
+        if steps != self._held.at:  # restored from a checkpoint: start again from there
+            self._held.build(steps)
+        batch = next(self._held.iterator)
         self.steps.assign_add(1)
-        self._at += 1
+        self._held.at += 1
         return batch
+
+
+class _Held:
+    """What a DistributedIterator holds without saving it."""
+
+    def __init__(self, strategy, input_fn):
+        self.strategy, self.input_fn = strategy, input_fn
+        self.contexts, self.iterator, self.at = [], None, 0
+
+    def build(self, steps: int) -> None:
+        def pipeline(context):
+            self.contexts.append(context)
+            per_pipeline = max(1, context.num_replicas_in_sync // context.num_input_pipelines)
+            return self.input_fn(context, start_batches=steps * per_pipeline)
+
+        self.iterator = iter(self.strategy.distribute_datasets_from_function(pipeline))
+        self.at = steps
