@@ -356,7 +356,12 @@ def build_dataset(
         start = epochs.Position.after(start_batches * batch, layout)
         elements = epochs.stream(layout, _piece_reader(config, source, layout), start)
         parse = _seeded_parse_fn(config, source, layout, image_fn)
-        examples = elements.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        # In order, a slow decode holds back those behind it: twice a call per core in flight
+        # hides it (benchmarks/RESULTS.md, "Reader: seeded training").
+        examples = elements.map(
+            parse, num_parallel_calls=SEEDED_CALLS_PER_CORE * (os.cpu_count() or 1),
+            deterministic=True,
+        )  # fmt: skip
         examples = examples.batch(batch, drop_remainder=True)
         if config.transpose_input:
             examples = examples.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
@@ -506,6 +511,8 @@ def seeded_layout(config: ReaderConfig, source: Source, share) -> epochs.Layout:
     )
 
 
+# Parse-and-decode calls in flight per core in a seeded pipeline, whose order is fixed.
+SEEDED_CALLS_PER_CORE = 2
 # Records each piece reads ahead in a seeded pipeline (which reads its pieces in turn, on one
 # thread): reading then overlaps across the pieces of a group, as a parallel interleave's does.
 PIECE_READ_AHEAD = 16
