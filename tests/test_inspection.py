@@ -35,6 +35,15 @@ def test_inspect_grid_draws_every_sample_with_its_label(converted, tmp_path):
     assert sheet.size == (6 * 132 + 4, 2 * (128 + 30 + 4) + 4)  # 8 tiles: two rows of six
 
 
+def test_a_long_file_name_keeps_the_split_in_its_caption():
+    # The name's end was kept and the split cut off, on every long name.
+    label, where = inspection.drawn_caption(
+        ("daisy (3)", "validation IMG_20240101_123456_very_long_name.jpg"), 128
+    )
+    assert where.startswith("validation ...") and where.endswith("ame.jpg")
+    assert len(where) <= 128 // 6 and label == "daisy (3)"
+
+
 def test_the_grid_says_each_records_label_split_and_file(converted, tmp_path):
     _, out = converted
     captions = inspection.contact_sheet(str(out), str(tmp_path / "grid.png"), count=30)

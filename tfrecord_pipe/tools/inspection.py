@@ -364,8 +364,8 @@ def contact_sheet(
         x = 4 + (i % columns) * (thumb + 4)
         y = 4 + (i // columns) * (thumb + caption + 4)
         sheet.paste(image, (x, y))
-        for n, (text, colour) in enumerate(zip(lines, ("black", "dimgray"))):
-            pen.text((x + 2, y + thumb + 3 + n * line_height), _fit(text, thumb), fill=colour)
+        for n, (text, colour) in enumerate(zip(drawn_caption(lines, thumb), ("black", "dimgray"))):
+            pen.text((x + 2, y + thumb + 3 + n * line_height), text, fill=colour)
     buffer = io.BytesIO()
     sheet.save(buffer, format="PNG")
     try:
@@ -376,10 +376,19 @@ def contact_sheet(
     return [caption for _, caption in tiles]
 
 
-def _fit(text: str, width: int) -> str:
-    """`text` cut to what fits under a thumbnail (Pillow's default font: about 6 px a
-    character), keeping its end, where file names differ."""
-    most = width // 6
+def drawn_caption(caption: tuple[str, str], width: int) -> tuple[str, str]:
+    """The two lines drawn under a thumbnail `width` px wide: the label, and the split then
+    the file name, each cut to fit; the split is kept whole (what a reader checks first), the
+    name keeps its end."""
+    label, where = caption
+    split = where.split(" ", 1)[0] + " "
+    return _fit(label, width), split + _fit(where[len(split) :], width, split)
+
+
+def _fit(text: str, width: int, after: str = "") -> str:
+    """`text` cut to what fits under a thumbnail after `after` (Pillow's default font: about
+    6 px a character), keeping its end, where file names differ."""
+    most = max(width // 6 - len(after), 4)
     return text if len(text) <= most else "..." + text[-(most - 3) :]
 
 
