@@ -357,4 +357,13 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
         reasons = sorted(result.rejected_reasons.items())
         rejected += " (" + ", ".join(f"{k} {v}" for k, v in reasons) + ")"
     line = f"Converted into {out} in {seconds:.1f} s: " + "; ".join(parts) + f"; {rejected}."
-    return line + (f"\nWARNING: {result.duplicates_line()}" if result.duplicates else "")
+    if result.duplicates:
+        line += f"\nWARNING: {result.duplicates_line()}"
+    alike = naming.look_alike_labels(result.labels)
+    if alike:
+        shown = "; ".join(" / ".join(ascii(label) for label in group) for group in alike)
+        line += (
+            f"\nWARNING: labels that print alike are separate classes ({shown}): folders named "
+            "in another Unicode form or case. Merge them if they are one class"
+        )
+    return line

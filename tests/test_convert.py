@@ -445,3 +445,15 @@ def test_names_that_are_not_utf8_are_rejected_with_their_bytes_escaped(tmp_path)
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["labels"] == ["cat", "dog"]
     verified = run_cli("verify", src, tmp_path / "out")
     assert verified.returncode == 0 and verified.stdout.strip().endswith("OK"), verified.stdout
+
+
+def test_labels_that_print_alike_are_kept_apart_with_a_warning(tmp_path):
+    # café typed two ways (NFC and NFD) and Dog/dog: separate classes that look like one.
+    for label in ("caf\u00e9", "cafe\u0301", "Dog", "dog", "cat"):
+        (tmp_path / "src" / label).mkdir(parents=True)
+        (tmp_path / "src" / label / "a.jpg").write_bytes(jpeg_bytes(8, 8, (len(label), 1, 2)))
+    result = run_cli("convert", tmp_path / "src", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    warning = next(line for line in result.stdout.splitlines() if "print alike" in line)
+    assert "'cafe\\u0301' / 'caf\\xe9'" in warning and "'Dog' / 'dog'" in warning
+    assert "cat" not in warning

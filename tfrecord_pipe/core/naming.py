@@ -12,6 +12,7 @@ parse names with them.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from tfrecord_pipe.core import paths
 
@@ -72,6 +73,15 @@ def label_problem(label: str) -> str | None:
     if label != label.strip():
         return f"label {label!r} has spaces at its ends, which readers of labels.txt lose"
     return None
+
+
+def look_alike_labels(labels) -> list[tuple[str, ...]]:
+    """Groups of labels that are different classes but print alike: the same text in another
+    Unicode normalisation (`café` typed as one character or as e and an accent) or case."""
+    groups = {}
+    for label in labels:
+        groups.setdefault(unicodedata.normalize("NFC", label).casefold(), []).append(label)
+    return [tuple(group) for group in groups.values() if len(group) > 1]
 
 
 def split_order(name: str) -> tuple[int, str]:
