@@ -10,6 +10,9 @@ PIP_VERSION := 26.3
 # Re-install when the declared dependencies or their pinned versions change.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): two keep both cores of a small machine busy (much of the
+# suite waits on subprocesses and TensorFlow starting). Each worker starts its own test GCS.
+PYTEST_WORKERS ?= 2
 
 .PHONY: install test test-fast test-latest lock demo clean
 
@@ -24,13 +27,13 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 # pytest exits 5 when it collects nothing; that is a failure here, said out loud.
 test: $(STAMP)
-	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: no tests were collected; failing." >&2; fi; \
 	  exit $$rc
 
 # The fast part (no end-to-end runs), for a developer's own loop.
 test-fast: $(STAMP)
-	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 # The suite against the newest release of every dependency, upper bounds lifted, in a venv of
 # its own (.venv-latest): upstream breaks show here before users meet them. Not part of CI.
@@ -43,7 +46,7 @@ test-latest:
 	.venv-latest/bin/python -m pip install --quiet --no-deps -e .
 	.venv-latest/bin/python -m pip freeze --exclude-editable > .venv-latest/versions.txt
 	@echo "make test-latest: versions in .venv-latest/versions.txt"
-	.venv-latest/bin/python -m pytest $(PYTEST_ARGS)
+	.venv-latest/bin/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # Writes constraints.txt anew: the newest versions within pyproject.toml's ranges, resolved in
 # a fresh venv. Run `make test` after it, and commit both only if the suite passes.
