@@ -223,17 +223,18 @@ for index in range(11):
                                     host_index=index, host_count=11)
     images, labels = next(iter(input_fn()))
     print("HOST", index, labels.shape[0])
-    fn = reader.make_input_fn({ten!r}, is_training=True, image_size=8, batch_size=11)
-    print("PARAMS", index, next(iter(fn({{"batch_size": 1}})))[1].shape[0])
-for how in ("context", "hosts", "jax-like params"):
+    # TPUEstimator-style params: this host's batch size, the host's position as above.
+    print("PARAMS", index, next(iter(input_fn({{"batch_size": 1}})))[1].shape[0])
+for how in ("context", "hosts", "params"):
     for index in (0, 1, 63):
         try:
-            fn = reader.make_input_fn({forty!r}, is_training=True, image_size=8, batch_size=64)
             if how == "context":
+                fn = reader.make_input_fn({forty!r}, is_training=True, image_size=8, batch_size=64)
                 fn(tf.distribute.InputContext(64, index, 64))
             else:
-                reader.make_input_fn({forty!r}, is_training=True, image_size=8, batch_size=64,
-                                     host_index=index, host_count=64)()
+                fn = reader.make_input_fn({forty!r}, is_training=True, image_size=8, batch_size=64,
+                                          host_index=index, host_count=64)
+                fn() if how == "hosts" else fn({{"batch_size": 1}})
         except ValueError as err:
             print("REFUSED", how, index, err)
 """
@@ -241,7 +242,9 @@ for how in ("context", "hosts", "jax-like params"):
     assert done.returncode == 0, done.stderr[-3000:]
     hosts = [line for line in done.stdout.splitlines() if line.startswith("HOST")]
     assert hosts == [f"HOST {i} 1" for i in range(11)]
-    assert done.stdout.count("PARAMS") == 11
+    assert [line for line in done.stdout.splitlines() if line.startswith("PARAMS")] == [
+        f"PARAMS {i} 1" for i in range(11)
+    ]
     refused = [line for line in done.stdout.splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 9, done.stdout
     assert all("holds 40 record(s) for 64 input pipelines" in line for line in refused)

@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 import pathlib
-import random
+import re
 import subprocess
 import sys
 
@@ -18,6 +18,7 @@ import tensorflow as tf
 from tfrecord_pipe.reading import epochs, reader
 
 from dataset_factory import write_dataset
+from helpers import run_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIZE = 16
@@ -162,6 +163,45 @@ def test_a_checkpoint_restored_into_a_stream_built_from_another_start_is_refused
     assert "another start" in str(raised.value) or "definition has not changed" in str(
         raised.value
     )
+
+
+@pytest.mark.slow
+def test_a_seeded_dataset_on_gcs_reads_and_resumes_as_on_disk(gcs, folder):
+    # Seeks inside files and skipped files go through TensorFlow's GCS filesystem there.
+    remote = gcs.url("resume", "ds")
+    write_dataset(remote, SHARDS)
+    reference = digests(seeded(folder), 14)
+    assert digests(seeded(remote), 14) == reference
+    assert digests(seeded(remote, 9), 5) == reference[9:]
+
+
+@pytest.mark.slow  # subprocesses: a regression would hang, and a test must not
+def test_a_seeded_pipeline_stops_on_a_vanishing_or_cut_shard_never_hangs(tmp_path):
+    # In a folder with [brackets], read as named. The seeded path reads without TensorFlow's
+    # error catcher (`records.shard_reader(catch=False)`): a missing shard is TensorFlow's
+    # NotFoundError naming it; a cut shard the count check names, or, when a record is cut
+    # in the middle of a read, TensorFlow's DataLossError, which does not (a known limit).
+    folder = tmp_path / "set[1]" / "ds"
+    write_dataset(str(folder), {"train": [[0, 1, 2, 0], [1, 2, 0], [2, 2]]})
+    last = folder / "train-00002-of-00003.tfrecord"
+    for damage, said in (("os.remove(last)", "train-00002-of-00003.tfrecord; No such file"),
+                         ("open(last, 'wb').write(open(last, 'rb').read()[:-30])",
+                          "DataLossError|Corrupt or truncated TFRecord file .*train-00002")):  # fmt: skip
+        write_dataset(str(folder), {"train": [[0, 1, 2, 0], [1, 2, 0], [2, 2]]})
+        code = f"""
+import os
+from tfrecord_pipe import reader
+last = {str(last)!r}
+fn = reader.make_input_fn({str(folder)!r}, is_training=True, image_size=8, batch_size=2,
+                          seed=1, cycle_length=1, shuffle_buffer=1)
+iterator = iter(fn())
+next(iterator)
+{damage}
+for _ in range(20):
+    next(iterator)
+"""
+        done = run_python(code, timeout=120)
+        assert done.returncode != 0 and re.search(said, done.stderr), done.stderr[-2000:]
 
 
 def test_a_negative_start_is_refused(folder):
