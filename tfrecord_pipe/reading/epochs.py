@@ -133,11 +133,19 @@ def fingerprint(layout: Layout) -> str:
 # (start_batches), finds a count that is not the place of the records that come: an error.
 _COUNT_BITS = 40
 _FINGERPRINT_BITS = 22
-MISMATCH = (
-    "This input pipeline's checkpoint was saved by a pipeline that reads other records (another "
-    "dataset, seed, host count, batch or shuffle setting), or that was built from another start "
-    "(start_batches), so its position means nothing here. Restore it into the pipeline it was "
-    "saved from, built with start_batches=0 (the checkpoint holds the position), or start afresh."
+def other_records(saved: str, what: str) -> str:
+    """The refusal of a position saved by a pipeline that reads other records."""
+    return (
+        f"{saved} was saved by a pipeline that reads other records ({what}), so its position "
+        "means nothing here. Restore it with the settings it was saved with, or start the "
+        "input afresh."
+    )
+
+
+MISMATCH = other_records(
+    "This input pipeline's checkpoint",
+    "another dataset, seed, host count, batch or shuffle setting, or a stream built from "
+    "another start: build it with start_batches=0, the checkpoint holds the position",
 )
 
 

@@ -37,15 +37,21 @@ class PipelineShare:
     firsts: tuple[int, ...] | None = None
 
     @property
+    def stride(self) -> int:
+        """Every how many records of a file this pipeline keeps (1: whole files). Only dealt
+        records with known counts are kept per file; without counts they are dealt from the
+        files read as one stream."""
+        return self.record_shard[0] if self.firsts is not None else 1
+
+    @property
     def num_examples(self) -> int | None:
         """Records this pipeline yields in one pass, when the counts are known."""
         if self.record_counts is None:
             return None
         if self.record_shard is None:
             return sum(self.record_counts)
-        stride = self.record_shard[0]
         return sum(
-            len(range(first, count, stride))
+            len(range(first, count, self.stride))
             for first, count in zip(self.firsts, self.record_counts)
         )
 

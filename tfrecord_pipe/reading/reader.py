@@ -491,8 +491,7 @@ def seeded_layout(config: ReaderConfig, source: Source, share) -> epochs.Layout:
     for file, count in zip(source.split.files, source.split.record_counts):
         starts[file] = start
         start += count
-    firsts = share.firsts or (0,) * len(share.files)
-    stride = share.record_shard[0] if share.firsts is not None else 1
+    firsts, stride = share.firsts or (0,) * len(share.files), share.stride
     kept = [
         i for i, (first, count) in enumerate(zip(firsts, share.record_counts)) if first < count
     ]  # empty files give nothing, and are not opened
@@ -560,18 +559,17 @@ def _file_reader(config, source, share):
         config.skip_corrupt,
         counted=source.split.record_counts is not None,
     )
-    stride = share.record_shard[0] if share.firsts is not None else 1
 
     def read(filename, expected, first):
         shard = read_shard(filename, expected)  # counts checked over the whole file
-        return shard if stride == 1 else shard.skip(first).shard(stride, 0)
+        return shard if share.stride == 1 else shard.skip(first).shard(share.stride, 0)
 
     return read
 
 
-def _parse_fn(config, source, image_fn=None, seeded=False):
-    """Record to (image, label[, weight]): parse the two keys needed, decode, preprocess.
-    `seeded`: the function takes the example's augmentation seed too."""
+def _parse_fn(config, source, image_fn=None):
+    """Record (and, seeded, the example's augmentation seed) to (image, label[, weight]):
+    parse the two keys needed, decode, preprocess."""
     spec = records.parse_spec(schema.ENCODED, schema.LABEL)
     offset = source.label_offset
     num_classes = source.num_classes
@@ -613,7 +611,7 @@ def _parse_fn(config, source, image_fn=None, seeded=False):
 def _seeded_parse_fn(config, source, layout, image_fn=None):
     """(epoch, index, key, record) to (image, label[, key]), the augmentation drawn from the
     example's seed (its epoch and place)."""
-    parse = _parse_fn(config, source, image_fn, seeded=True)
+    parse = _parse_fn(config, source, image_fn)
 
     def parse_placed(epoch, index, key, record):
         image, label = parse(record, epochs.example_seed(layout, epoch, index))
@@ -797,7 +795,7 @@ class InputFn:
                 "so hosts would run different numbers of batches and one would wait in a "
                 "collective for ever. Use eval_remainder='pad' (the default)."
             )
-        host_context = self.host_context()
+        host_context = hosts.input_context(*host) if host else None
         if context is None:
             return build_dataset(self.config, host_context, start_batches=start_batches)
         if "batch_size" not in context:

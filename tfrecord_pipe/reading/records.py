@@ -151,8 +151,8 @@ def repeat_while_nonempty(one_pass: tf.data.Dataset, problem: str) -> tf.data.Da
 
     counted = marked.repeat().scan(tf.constant(0, tf.int64), count)
     healthy = counted.take_while(lambda record, is_end, seen: ~(is_end & tf.equal(seen, 0)))
-    failed = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True), tf.constant(0, tf.int64)))
-    stream = healthy.concatenate(failed.map(fail))
+    failed = tf.data.Dataset.from_tensors((b"", True, tf.constant(0, tf.int64))).map(fail)
+    stream = healthy.concatenate(failed)
     return stream.filter(lambda record, is_end, seen: ~is_end).map(lambda r, is_end, seen: r)
 
 

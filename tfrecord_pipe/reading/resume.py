@@ -24,6 +24,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfrecord_pipe.reading import epochs
+
 FORMAT = "tfrecord-pipe/position"
 VERSION = 1
 
@@ -58,7 +60,7 @@ class BatchIterator:
     def _pipeline(self) -> dict[str, Any]:
         """What a state is valid for: this host's layout and batch."""
         if self._facts is None:
-            from tfrecord_pipe.reading import epochs, reader
+            from tfrecord_pipe.reading import reader  # which imports this module
 
             context = self._input_fn.host_context()
             layout = reader.pipeline_layout(self._input_fn.config, context)
@@ -94,12 +96,7 @@ class BatchIterator:
         differ = [name for name in here if state.get(name) != here[name]]
         if differ:
             said = "; ".join(f"{name}: saved {state.get(name)}, here {here[name]}" for name in differ)
-            raise ValueError(
-                f"This position state was saved by a pipeline that reads other records ({said}): "
-                "its position means nothing here. Restore it with the dataset, seed, host "
-                "position and count, batch and shuffle settings it was saved with, or start "
-                "the input afresh."
-            )
+            raise ValueError(epochs.other_records("This position state", said))
         batches = state.get("batches")
         if not isinstance(batches, int) or batches < 0:
             raise ValueError(f"A position state with batches={batches!r}")
@@ -129,7 +126,7 @@ class DistributedIterator(tf.Module):
         # tf.data iterator's own state would tie it to the start it was built from.
         self._held = _Held(strategy, input_fn)
         self._held.build(0)
-        from tfrecord_pipe.reading import epochs, reader
+        from tfrecord_pipe.reading import reader  # which imports this module
 
         context = self._held.contexts[0]
         layout = reader.pipeline_layout(input_fn.config, context)
@@ -148,10 +145,9 @@ class DistributedIterator(tf.Module):
     def __next__(self):
         if int(self.fingerprint.numpy()) != self._fingerprint:
             raise ValueError(
-                "This input's checkpoint was saved by a pipeline that reads other records "
-                "(another dataset, seed, host count, batch or shuffle settings), so its "
-                "position means nothing here. Restore it with the settings it was saved "
-                "with, or start the input afresh."
+                epochs.other_records(
+                    "This input's checkpoint", "another dataset, seed, host count, batch or shuffle"
+                )
             )
         steps = int(self.steps.numpy())
         if steps != self._held.at:  # restored from a checkpoint: start again from there
