@@ -1,6 +1,7 @@
 """The record format round-trips: what the writer stores is what both readers get back."""
 
 import hashlib
+import itertools
 
 import pytest
 import tensorflow as tf
@@ -135,3 +136,39 @@ def test_invalid_record_lists_every_problem():
 def test_negative_label_offset_is_refused():
     with pytest.raises(ValueError, match="label_offset"):
         schema.serialize(make_record(), label_offset=-1)
+
+
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    size, varint = len(payload), b""
+    while True:
+        varint += bytes([(size & 0x7F) | (0x80 if size > 0x7F else 0)])
+        size >>= 7
+        if not size:
+            return bytes([field << 3 | 2]) + varint + payload
+
+
+@pytest.mark.parametrize("dtype", [tf.int64, tf.string])
+def test_malformed_features_are_read_as_tensorflows_parser_reads_them(dtype):
+    # Every Feature of one to three lists (empty, one or two values, packed or not, of each
+    # kind): ours and TensorFlow's parser agree on which a scalar feature accepts and its
+    # value. Protobuf's own rule (the last list's kind, lists joined) let verify pass records
+    # the reader stopped on.
+    ld = _length_delimited
+    lists = {
+        "b0": ld(1, b""), "b1": ld(1, ld(1, b"x")), "b2": ld(1, ld(1, b"x") + ld(1, b"y")),
+        "f1": ld(2, tf.train.FloatList(value=[1.0]).SerializeToString()),
+        "i0": ld(3, b""), "i1": ld(3, tf.train.Int64List(value=[5]).SerializeToString()),
+        "i2": ld(3, tf.train.Int64List(value=[5, 6]).SerializeToString()), "i1u": ld(3, b"\x08\x07"),
+    }  # fmt: skip
+    spec = {"k": tf.io.FixedLenFeature([], dtype)}
+    wanted = schema.INT64 if dtype == tf.int64 else schema.BYTES
+    for count in (1, 2, 3):
+        for combo in itertools.product(lists, repeat=count):
+            example = ld(1, ld(1, ld(1, b"k") + ld(2, b"".join(lists[c] for c in combo))))
+            try:
+                theirs = tf.io.parse_single_example(example, spec)["k"].numpy()
+            except tf.errors.InvalidArgumentError:
+                theirs = None
+            kind, values = schema.parse_features(example)["k"]
+            ours = values[0] if kind == wanted and len(values) == 1 else None
+            assert ours == theirs, combo

@@ -187,7 +187,8 @@ def parse_features(serialized: bytes) -> dict[str, tuple[str, list]]:
     """Every feature of a serialized `tf.train.Example`: key -> (kind, values).
 
     `kind` is BYTES, FLOATS or INT64 ("empty" for a feature holding no list); any Example
-    parses, ours or not, as protobuf parses it (a repeated key: the last one counts).
+    parses, ours or not, as TensorFlow's parser reads it (a repeated key: the last one counts;
+    a feature's first list, `_feature`).
 
     Raises:
       ValueError: the bytes are not a protobuf message of the Example's shape.
@@ -214,16 +215,14 @@ def parse_features(serialized: bytes) -> dict[str, tuple[str, list]]:
 
 
 def _feature(data: memoryview) -> tuple[str, list]:
-    kind, values = "empty", []
+    """A Feature's (kind, values), as TensorFlow's parser (what the reader runs) reads it: the
+    first list decides, and any list after it is passed over. (Protobuf's own rule, the last
+    kind and its lists joined, let verify pass records the reader then stopped on.)"""
     for number, wire, value in _fields(data):
-        if number not in _FIELD_OF_KIND:
-            continue
-        _expect_length(wire, "a Feature's list")
-        this = _FIELD_OF_KIND[number]
-        parsed = _list_values(this, value)
-        values = values + parsed if this == kind else parsed  # one kind at a time: the last
-        kind = this
-    return kind, values
+        if number in _FIELD_OF_KIND:
+            _expect_length(wire, "a Feature's list")
+            return _FIELD_OF_KIND[number], _list_values(_FIELD_OF_KIND[number], value)
+    return "empty", []
 
 
 def _list_values(kind: str, data: memoryview) -> list:

@@ -36,7 +36,6 @@ import tensorflow as tf
 from beam_jobs import flags, sources, storage
 from tfrecord_pipe.core import images, manifest, naming, paths, schema, tfds_metadata
 from tfrecord_pipe.reading import dataset as dataset_lib
-from tfrecord_pipe.reading import records
 
 log = logging.getLogger(__name__)
 
@@ -238,38 +237,11 @@ def _chunks_until_error(records: Iterator[bytes], size: int = _CHUNK):
             return
 
 
-# Every key, as the reader parses them: a record passes only if TensorFlow reads it as we do.
-_TENSORFLOW_SPEC = records.parse_spec()
-
-
-def _tensorflow_disagrees(serialized: bytes) -> str | None:
-    """What TensorFlow's parser makes of a record that ours does not, or None.
-
-    The two differ on malformed protos: TensorFlow refuses a feature whose lists are of two
-    kinds (ours kept the last), and takes the first of a list given twice (ours joins them).
-    The reader parses with TensorFlow, so its reading is the one that counts.
-    """
-    try:
-        parsed = tf.io.parse_single_example(serialized, _TENSORFLOW_SPEC)
-    except (tf.errors.OpError, UnicodeDecodeError) as err:
-        said = getattr(err, "message", str(err)).splitlines()[0][:200]
-        return f"TensorFlow cannot parse it, so the reader would stop on it ({said})"
-    ours = schema.parse_features(serialized)
-    for key in schema.FEATURES:
-        theirs = parsed[key].numpy()
-        if theirs != ours[key][1][0]:
-            return f"TensorFlow reads {key} as {theirs!r:.60}, tfrecord-pipe as {ours[key][1][0]!r:.60}"
-    return None
-
-
 def _record_row(serialized: bytes, found) -> dict:
     try:
         record = schema.decode_example(serialized, label_offset=found.label_offset)
     except ValueError as err:
         return {"problem": f"does not parse: {err}"}
-    differs = _tensorflow_disagrees(serialized)
-    if differs:
-        return {"problem": f"{record.filename}: {differs}"}
     try:
         shape = tuple(tf.io.decode_jpeg(record.encoded, channels=3).shape)
     except tf.errors.OpError as err:
