@@ -127,3 +127,13 @@ def verified_both_ways(source, dataset, *beam_args):
     assert [getattr(beam, name) for name in totals] == [getattr(here, name) for name in totals]
     assert beam.problems == here.problems  # the same ones kept, in the same order
     return here
+
+
+def length_delimited(field: int, payload: bytes) -> bytes:
+    """One protobuf length-delimited field: for crafting malformed records by hand."""
+    size, varint = len(payload), b""
+    while True:
+        varint += bytes([(size & 0x7F) | (0x80 if size > 0x7F else 0)])
+        size >>= 7
+        if not size:
+            return bytes([field << 3 | 2]) + varint + payload

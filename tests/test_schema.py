@@ -9,7 +9,7 @@ import tensorflow as tf
 from tfrecord_pipe.core import schema
 from tfrecord_pipe.reading import records
 
-from helpers import jpeg_bytes
+from helpers import jpeg_bytes, length_delimited
 
 
 def make_record(**overrides) -> schema.ImageRecord:
@@ -138,22 +138,13 @@ def test_negative_label_offset_is_refused():
         schema.serialize(make_record(), label_offset=-1)
 
 
-def _length_delimited(field: int, payload: bytes) -> bytes:
-    size, varint = len(payload), b""
-    while True:
-        varint += bytes([(size & 0x7F) | (0x80 if size > 0x7F else 0)])
-        size >>= 7
-        if not size:
-            return bytes([field << 3 | 2]) + varint + payload
-
-
 @pytest.mark.parametrize("dtype", [tf.int64, tf.string])
 def test_malformed_features_are_read_as_tensorflows_parser_reads_them(dtype):
     # Every Feature of one to three lists (empty, one or two values, packed or not, of each
     # kind): ours and TensorFlow's parser agree on which a scalar feature accepts and its
     # value. Protobuf's own rule (the last list's kind, lists joined) let verify pass records
     # the reader stopped on.
-    ld = _length_delimited
+    ld = length_delimited
     lists = {
         "b0": ld(1, b""), "b1": ld(1, ld(1, b"x")), "b2": ld(1, ld(1, b"x") + ld(1, b"y")),
         "f1": ld(2, tf.train.FloatList(value=[1.0]).SerializeToString()),

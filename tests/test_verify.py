@@ -12,7 +12,7 @@ from tfrecord_pipe.core import schema
 from tfrecord_pipe.reading import dataset
 from tfrecord_pipe.tools import verify
 
-from helpers import COLOURS, IN_PROCESS, jpeg_bytes, run_cli
+from helpers import COLOURS, IN_PROCESS, jpeg_bytes, length_delimited, run_cli
 
 
 def test_verify_passes_on_an_untouched_conversion(converted):
@@ -66,15 +66,6 @@ def test_verify_catches_a_modified_record(converted_copy):
     done = run_cli("verify", src, out)
     assert done.returncode == 1
     assert "(modified record)" in done.stdout
-
-
-def length_delimited(field: int, payload: bytes) -> bytes:
-    size, varint = len(payload), b""
-    while True:
-        varint += bytes([(size & 0x7F) | (0x80 if size > 0x7F else 0)])
-        size >>= 7
-        if not size:
-            return bytes([field << 3 | 2]) + varint + payload
 
 
 def test_verify_judges_a_record_as_tensorflow_parses_it(converted_copy):
