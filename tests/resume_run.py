@@ -10,11 +10,16 @@ MODE:
             distributed iterator
   jax0/jax1 host 0 or 1 of 2 feeding JAX: numpy batches, their state saved beside the step
             in a JSON file (every 5 steps)
+  fit       Keras fit, epochs of 6 steps, 2 steps per execution, BackupAndRestore(save_freq=3)
+            with FitResume beside it
+  fit_mirrored  the same under a MirroredStrategy of two logical CPUs, 1 step per execution
 
-Each step appends "STEP s KEYS k,k,... PIXELS sha" to WORKDIR/log; the run kills itself with
-SIGKILL right after step KILL_AT.
+Each step appends "STEP s KEYS k,k,... PIXELS sha" to WORKDIR/log (under fit_mirrored one line
+per replica, with "REPLICA r" after it; fit also logs "EPOCH e ENDS s" at each epoch's end);
+the run kills itself with SIGKILL right after step KILL_AT.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,12 +34,25 @@ import tensorflow as tf  # noqa: E402
 SIZE, BATCH, SEED, EVERY = 16, 4, 11, 5
 
 
-def log_step(workdir, step, keys, images):
+def log_step(workdir, step, keys, images, replica=None):
     pixels = hashlib.sha256(np.ascontiguousarray(images).tobytes()).hexdigest()[:16]
+    which = "" if replica is None else f" REPLICA {replica}"
+    log_line(workdir, f"STEP {step} KEYS {','.join(map(str, keys))} PIXELS {pixels}{which}")
+
+
+def log_line(workdir, line):
     with open(os.path.join(workdir, "log"), "a") as log:
-        log.write(f"STEP {step} KEYS {','.join(map(str, keys))} PIXELS {pixels}\n")
+        log.write(line + "\n")
         log.flush()
         os.fsync(log.fileno())
+
+
+def mirrored_cpus():
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def model():
@@ -47,14 +65,7 @@ def model():
 def tensorflow_run(mode, dataset, workdir, steps, kill_at):
     from tfrecord_pipe import distribute, reader
 
-    if mode == "mirrored":
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
-        )
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    else:
-        strategy = tf.distribute.get_strategy()
+    strategy = mirrored_cpus() if mode == "mirrored" else tf.distribute.get_strategy()
     input_fn = reader.make_input_fn(
         dataset, is_training=True, image_size=SIZE, batch_size=BATCH, seed=SEED, with_keys=True
     )
@@ -97,6 +108,52 @@ def tensorflow_run(mode, dataset, workdir, steps, kill_at):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def fit_run(mode, dataset, workdir, steps, kill_at):
+    from tfrecord_pipe import distribute, reader
+
+    strategy = mirrored_cpus() if mode == "fit_mirrored" else None
+    per_execution = 1 if strategy else 2  # Keras fails with more under MirroredStrategy
+    input_fn = reader.make_input_fn(
+        dataset, is_training=True, image_size=SIZE, batch_size=BATCH, seed=SEED, with_keys=True
+    )
+
+    class Logged(tf.keras.Model):
+        """Logs the keys and pixels of each step's batch, as it trains on it."""
+
+        def train_step(self, data):
+            images, labels, keys = data
+            context = tf.distribute.get_replica_context()
+            replica = context.replica_id_in_sync_group if strategy else -1
+            tf.py_function(self.log, [self.optimizer.iterations, keys, images, replica], [])
+            return super().train_step((images, labels))
+
+        def log(self, step, keys, images, replica):
+            replica = int(replica) if int(replica) >= 0 else None
+            log_step(workdir, int(step), keys.numpy(), images.numpy(), replica)
+
+    class Ends(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def on_epoch_end(self, epoch, logs=None):
+            log_line(workdir, f"EPOCH {epoch} ENDS {int(self.model.optimizer.iterations.numpy())}")
+
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        base = model()
+        net = Logged(base.inputs, base.outputs)
+        net.compile(optimizer=tf.keras.optimizers.SGD(0.01), jit_compile=False,
+                    steps_per_execution=per_execution,
+                    loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
+    backup = tf.keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup"), save_freq=3)
+    resume = distribute.FitResume(backup, steps_per_epoch=6)
+    data = resume.restore(net, input_fn, strategy)
+    if resume.restored_steps:
+        print("RESTORED", resume.restored_steps, flush=True)
+    net.fit(data, epochs=steps // 6, steps_per_epoch=6, verbose=0, shuffle=False,
+            callbacks=[backup, resume, Ends()])  # fmt: skip
+
+
 def jax_run(host, dataset, workdir, steps, kill_at):
     import jax.numpy as jnp
 
@@ -134,5 +191,7 @@ if __name__ == "__main__":
     kill_at = int(sys.argv[5]) if len(sys.argv) > 5 else -1
     if mode.startswith("jax"):
         jax_run(int(mode[3:]), dataset, workdir, int(steps), kill_at)
+    elif mode.startswith("fit"):
+        fit_run(mode, dataset, workdir, int(steps), kill_at)
     else:
         tensorflow_run(mode, dataset, workdir, int(steps), kill_at)

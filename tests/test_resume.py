@@ -275,21 +275,29 @@ def as_logged(batches):
 
 
 # Fresh processes killed with SIGKILL mid-epoch and started again, as a preempted TPU VM is.
+# (mode, the step after which it is killed, the last step saved before that)
+KILLED_RUNS = [("loop", 17, 15), ("mirrored", 17, 15), ("jax1", 17, 15),
+               ("fit", 18, 16), ("fit_mirrored", 17, 15)]  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["loop", "mirrored", "jax1"])
-def test_a_killed_run_goes_on_at_the_next_batch(folder, tmp_path, mode):
-    steps, kill_at, saved_at = 24, 17, 15
+@pytest.mark.parametrize("mode, kill_at, saved_at", KILLED_RUNS, ids=[r[0] for r in KILLED_RUNS])
+def test_a_killed_run_goes_on_at_the_next_batch(folder, tmp_path, mode, kill_at, saved_at):
+    steps = 24
     # The uninterrupted run's batches, from the same settings as resume_run.py's.
     settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=11, with_keys=True)
+    replicas = 2 if "mirrored" in mode else 1  # one pipeline, its batches dealt in turn
     if mode == "jax1":
         dataset = reader.make_input_fn(folder, host_index=1, host_count=2, **settings)()
     else:
         dataset = reader.make_input_fn(folder, **settings)(
-            {"batch_size": 2} if mode == "mirrored" else None
+            {"batch_size": 4 // replicas} if replicas > 1 else None
         )
-    replicas = 2 if mode == "mirrored" else 1  # one pipeline, its batches dealt in turn
     batches = list(dataset.take(steps * replicas))
-    reference = [as_logged(batches[i : i + replicas]) for i in range(0, len(batches), replicas)]
+    if mode == "fit_mirrored":  # a line per replica
+        reference = [as_logged([batch]) for batch in batches]
+    else:
+        reference = [as_logged(batches[i : i + replicas]) for i in range(0, len(batches), replicas)]
 
     command = [sys.executable, str(ROOT / "tests" / "resume_run.py"), mode, folder,
                str(tmp_path), str(steps)]  # fmt: skip
@@ -301,11 +309,21 @@ def test_a_killed_run_goes_on_at_the_next_batch(folder, tmp_path, mode):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"RESTORED {saved_at}" in resumed.stdout
 
-    logged = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
-    steps_logged = [int(fields[1]) for fields in logged]
-    assert steps_logged == [*range(kill_at), *range(saved_at, steps)]
-    for fields, step in zip(logged, steps_logged):
-        assert (fields[3], fields[5]) == reference[step], (mode, step)
+    lines = (tmp_path / "log").read_text().splitlines()
+    logged = [line.split() for line in lines if line.startswith("STEP")]
+    if mode == "fit_mirrored":
+        places = [int(fields[1]) * 2 + int(fields[7]) for fields in logged]
+        assert places == [*range(kill_at * 2), *range(saved_at * 2, steps * 2)]
+    else:
+        places = [int(fields[1]) for fields in logged]
+        assert places == [*range(kill_at), *range(saved_at, steps)]
+    for fields, place in zip(logged, places):
+        assert (fields[3], fields[5]) == reference[place], (mode, place)
+    if mode.startswith("fit"):
+        # The interrupted epoch ends where it would have: Keras's epochs are 6 steps, the
+        # epoch cut at step 16 or 18 is not replayed from its start.
+        ends = [line for line in lines if line.startswith("EPOCH")]
+        assert ends == ["EPOCH 0 ENDS 6", "EPOCH 1 ENDS 12", "EPOCH 2 ENDS 18", "EPOCH 3 ENDS 24"]
 
 
 def test_the_resumable_distributed_iterator_restores_and_refuses_other_settings(folder, tmp_path):
@@ -337,3 +355,53 @@ def test_the_resumable_distributed_iterator_restores_and_refuses_other_settings(
         tf.train.Checkpoint(iterator=elsewhere).read(path)
         with pytest.raises(ValueError, match="reads other records"):
             next(elsewhere)
+
+
+def small_model(steps_per_execution=1):
+    inputs = tf.keras.Input((SIZE, SIZE, 3))
+    x = tf.keras.layers.GlobalAveragePooling2D()(inputs)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(x))
+    model.compile(optimizer="sgd", steps_per_execution=steps_per_execution,
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
+    return model
+
+
+def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp_path):
+    from tfrecord_pipe import distribute
+
+    train_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4, seed=3)
+    backup_dir = str(tmp_path / "backup")
+
+    def resumed(model, callbacks=None, steps=3, epochs=3):
+        backup = tf.keras.callbacks.BackupAndRestore(backup_dir, save_freq=3, delete_checkpoint=False)
+        resume = distribute.FitResume(backup, steps_per_epoch=3)
+        data = resume.restore(model, train_fn)
+        history = model.fit(data, epochs=epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
+                            callbacks=callbacks or [backup, resume])  # fmt: skip
+        return resume, history
+
+    model = small_model()
+    resumed(model, epochs=1)  # the backup saved after step 3, the epoch's last
+    model = small_model()
+    resume, history = resumed(model)
+    # Keras's own restore would run epoch 0 again (the backup's file says epoch 0).
+    assert resume.restored_steps == 3
+    assert len(history.history["loss"]) == 2 and int(model.optimizer.iterations.numpy()) == 9
+
+    with pytest.raises(RuntimeError, match="after BackupAndRestore"):
+        backup = tf.keras.callbacks.BackupAndRestore(backup_dir, save_freq=3)
+        resume = distribute.FitResume(backup, steps_per_epoch=3)
+        data = resume.restore(small_model(), train_fn)
+        resume._restored_into.fit(data, epochs=4, steps_per_epoch=3, verbose=0, shuffle=False,
+                                  callbacks=[resume, backup])
+    with pytest.raises(ValueError, match="same steps_per_epoch"):
+        resumed(small_model(), steps=4)
+    with pytest.raises(ValueError, match="not a multiple of steps_per_execution=2"):
+        resumed(small_model(steps_per_execution=2))
+    with pytest.raises(RuntimeError, match="before fit"):
+        backup = tf.keras.callbacks.BackupAndRestore(backup_dir, save_freq=3)
+        small_model().fit(train_fn(), epochs=1, steps_per_epoch=3, verbose=0,
+                          callbacks=[backup, distribute.FitResume(backup, steps_per_epoch=3)])  # fmt: skip
+    unseeded = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4)
+    with pytest.raises(ValueError, match="seeded training input"):
+        distribute.FitResume(backup, steps_per_epoch=3).restore(small_model(), unseeded)

@@ -1,6 +1,7 @@
 """The strategy for this machine (TPU, GPUs or CPU) and the reader's datasets distributed
 over it. See docs/api.md; the implementation is `tfrecord_pipe.reading.distribute`."""
 
+from tfrecord_pipe.reading.fit_resume import FitResume
 from tfrecord_pipe.reading.distribute import (
     TpuUnavailableError,
     describe,
@@ -11,6 +12,7 @@ from tfrecord_pipe.reading.distribute import (
 )
 
 __all__ = [
+    "FitResume",
     "TpuUnavailableError",
     "describe",
     "distribute",

@@ -152,11 +152,15 @@ def per_replica_batch_size(global_batch_size: int, strategy: tf.distribute.Strat
 def distribute(
     strategy: tf.distribute.Strategy,
     input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+    *,
+    start_steps: int = 0,
 ) -> tf.distribute.DistributedDataset:
     """`strategy.distribute_datasets_from_function(input_fn)`: one pipeline per host (worker).
 
     Each pipeline reads its own files and makes per-replica batches; the reader's input_fn
-    gets both from the InputContext. Checks the batch splits evenly first.
+    gets both from the InputContext. Checks the batch splits evenly first. `start_steps`:
+    seeded training: global steps already trained on (each pipeline starts after its
+    batches of them).
 
     A finite dataset (evaluation) also gets its length in global steps right: TensorFlow
     reports a pipeline's batches, and Keras 3 runs that many steps. With several replicas per
@@ -170,6 +174,8 @@ def distribute(
 
     def recorded(context):
         contexts.append(context)
+        if start_steps:
+            return input_fn(context, start_batches=resume.pipeline_batches(context, start_steps))
         return input_fn(context)
 
     distributed = strategy.distribute_datasets_from_function(recorded)

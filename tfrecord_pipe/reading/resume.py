@@ -104,6 +104,12 @@ class BatchIterator:
         self._iterator = None
 
 
+def pipeline_batches(context: tf.distribute.InputContext, steps: int) -> int:
+    """The batches one input pipeline gives in `steps` global steps: one per replica it
+    feeds."""
+    return steps * max(1, context.num_replicas_in_sync // context.num_input_pipelines)
+
+
 class DistributedIterator(tf.Module):
     """A seeded training input under a tf.distribute strategy, as an iterator that
     `tf.train.Checkpoint` saves and restores: TensorFlow's own distributed iterator cannot be
@@ -168,8 +174,7 @@ class _Held:
     def build(self, steps: int) -> None:
         def pipeline(context):
             self.contexts.append(context)
-            per_pipeline = max(1, context.num_replicas_in_sync // context.num_input_pipelines)
-            return self.input_fn(context, start_batches=steps * per_pipeline)
+            return self.input_fn(context, start_batches=pipeline_batches(context, steps))
 
         self.iterator = iter(self.strategy.distribute_datasets_from_function(pipeline))
         self.at = steps
