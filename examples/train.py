@@ -5,8 +5,11 @@ Copy from it. Each stage is one function; `main` runs them in order:
 
     python -m examples.train IMAGES_DIR WORK_DIR [--tpu NAME] [--epochs 5] [--batch_size 64]
 
-IMAGES_DIR holds one sub-folder per label. WORK_DIR receives dataset/ and export/. With no TPU
-named or detected, all local GPUs are used, else the CPU (tfrecord_pipe.distribute).
+IMAGES_DIR holds one sub-folder per label. WORK_DIR receives dataset/, backup/ and export/.
+With no TPU named or detected, all local GPUs are used, else the CPU (tfrecord_pipe.distribute).
+
+Preemptible: training backs itself up every few steps, and a run started again after a kill
+goes on from the last backup at the exact next batch (seeded input, `distribute.FitResume`).
 
 Keras 3 on JAX runs it too (`KERAS_BACKEND=jax python -m examples.train ...`): there is no
 tf.distribute strategy then; JAX places the work, and the reader reads this host's share
@@ -36,6 +39,9 @@ class TrainConfig:
     steps_per_execution: training steps per call into the accelerator; TPUs need many (the
       host's Python loop is far slower than a TPU step), 1 is fine on CPU.
     learning_rate: Adam's.
+    seed: the input's seed: the same batches every run, and a resumed run's are the ones an
+      uninterrupted run would have had.
+    backup_every: steps between backups of the weights (and with them the input's position).
     """
 
     image_size: int = 64
@@ -43,6 +49,8 @@ class TrainConfig:
     epochs: int = 12
     steps_per_execution: int = 4
     learning_rate: float = 3e-3
+    seed: int = 2026
+    backup_every: int = 20
 
 
 def convert_images(images_dir: str, dataset_dir: str) -> manifest.Manifest:
@@ -78,12 +86,13 @@ def feed(strategy, input_fn):
     return distribute.distribute(strategy, input_fn) if strategy else input_fn()
 
 
-def train(strategy, dataset_dir: str, config: TrainConfig) -> tf.keras.Model:
-    """Keras fit on the distributed training dataset."""
+def train(strategy, dataset_dir: str, backup_dir: str, config: TrainConfig) -> tf.keras.Model:
+    """Keras fit on the distributed training dataset, backed up to `backup_dir` and resumed
+    from it after a kill."""
     found = dataset.read_manifest(dataset_dir)
     input_fn = reader.make_input_fn(
         dataset_dir, is_training=True, image_size=config.image_size,
-        batch_size=config.global_batch_size,
+        batch_size=config.global_batch_size, seed=config.seed,
     )  # fmt: skip
     steps_per_execution = config.steps_per_execution
     if isinstance(strategy, tf.distribute.MirroredStrategy) and strategy.num_replicas_in_sync > 1:
@@ -101,13 +110,23 @@ def train(strategy, dataset_dir: str, config: TrainConfig) -> tf.keras.Model:
             weighted_metrics=["accuracy"],
             steps_per_execution=steps_per_execution,
         )
-    steps = max(1, found.splits["train"].num_examples // config.global_batch_size)
+    # The training dataset repeats: an epoch is counted in steps, whole executions of them.
+    steps = found.splits["train"].num_examples // config.global_batch_size
+    steps = max(1, steps // steps_per_execution) * steps_per_execution
+    backup = tf.keras.callbacks.BackupAndRestore(backup_dir, save_freq=config.backup_every)
+    resume = distribute.FitResume(backup, steps_per_epoch=steps)
+    data = resume.restore(model, input_fn, strategy)  # after a kill: weights and position
+    if resume.restored_steps:
+        epoch, step = divmod(resume.restored_steps, steps)
+        print(f"      resumed from {backup_dir} after step {resume.restored_steps} "
+              f"(epoch {epoch + 1}, step {step} of {steps})")  # fmt: skip
     model.fit(
-        feed(strategy, input_fn),
+        data,
         epochs=config.epochs,
-        steps_per_epoch=steps,  # the training dataset repeats: an epoch is counted in steps
+        steps_per_epoch=steps,
         verbose=2,
         shuffle=False,  # the reader shuffles
+        callbacks=[backup, resume],
     )
     return model
 
@@ -153,19 +172,22 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=TrainConfig.epochs)
     parser.add_argument("--batch_size", type=int, default=TrainConfig.global_batch_size)
     parser.add_argument("--image_size", type=int, default=TrainConfig.image_size)
+    parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     args = parser.parse_args(argv)
     config = TrainConfig(
-        image_size=args.image_size, global_batch_size=args.batch_size, epochs=args.epochs
-    )
+        image_size=args.image_size, global_batch_size=args.batch_size, epochs=args.epochs,
+        seed=args.seed,
+    )  # fmt: skip
     work = pathlib.Path(args.work_dir)
     dataset_dir, export_dir = str(work / "dataset"), str(work / "export")
+    backup_dir = str(work / "backup")
 
     print(f"[1/5] converting {args.images_dir} with the Beam job")
     convert_images(args.images_dir, dataset_dir)
     strategy = resolve_strategy(args.tpu)
     where = distribute.describe(strategy) if strategy else f"Keras on {tf.keras.backend.backend()}"
     print(f"[2/5] training under {where}")
-    model = train(strategy, dataset_dir, config)
+    model = train(strategy, dataset_dir, backup_dir, config)
     result = evaluate(strategy, model, dataset_dir, config)
     print(f"[3/5] validation: accuracy {result['accuracy']:.3f} on all {result['images']} "
           f"images ({result['batches']} padded batches)")  # fmt: skip

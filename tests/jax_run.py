@@ -68,7 +68,7 @@ def example_steps(dataset_dir, work_dir):
     """examples/train.py after its conversion, as `main` runs it, with Keras on JAX."""
     config = train.TrainConfig(image_size=SIZE, global_batch_size=BATCH, epochs=3)
     strategy = train.resolve_strategy(None)
-    model = train.train(strategy, dataset_dir, config)
+    model = train.train(strategy, dataset_dir, os.path.join(work_dir, "backup"), config)
     result = train.evaluate(strategy, model, dataset_dir, config)
     export_dir = train.export(model, dataset_dir, os.path.join(work_dir, "example"), config)
     files = []

@@ -8,6 +8,7 @@ prints what the test asserts on as one JSON line.
 import json
 import os
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -37,7 +38,7 @@ def main(dataset_dir):
     distributed = strategy.distribute_datasets_from_function(recording)
     images, _ = next(iter(distributed))
     per_replica = [t.shape.as_list() for t in strategy.experimental_local_results(images)]
-    model = train.train(strategy, dataset_dir, config)
+    model = train.train(strategy, dataset_dir, tempfile.mkdtemp(), config)
     evaluated = train.evaluate(strategy, model, dataset_dir, config)
     # Measured before the fit below trains the model further.
     loss_before_fit = loss_on(model, dataset_dir, config.image_size)

@@ -85,10 +85,10 @@ def dataset(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_fit_evaluate_and_custom_loop_under_the_default_strategy(dataset):
+def test_fit_evaluate_and_custom_loop_under_the_default_strategy(dataset, tmp_path):
     strategy = tf.distribute.get_strategy()
     config = train.TrainConfig(image_size=16, global_batch_size=4, epochs=1, steps_per_execution=2)
-    model = train.train(strategy, dataset, config)
+    model = train.train(strategy, dataset, str(tmp_path / "backup"), config)
     evaluated = train.evaluate(strategy, model, dataset, config)
     # Padded evaluation scores exactly the 11 records, each once.
     assert evaluated["images"] == 11

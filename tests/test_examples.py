@@ -2,8 +2,10 @@
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -11,15 +13,26 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_the_demo_converts_trains_evaluates_exports_and_predicts(tmp_path):
+def test_the_demo_converts_trains_evaluates_exports_and_predicts_and_survives_a_kill(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run(
-        [sys.executable, "-m", "examples.demo", "--out", str(tmp_path / "demo")],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+    command = [sys.executable, "-m", "examples.demo", "--out", str(tmp_path / "demo")]
+    # Preempted: killed with SIGKILL once training has backed itself up.
+    backed_up = tmp_path / "demo" / "backup" / "training_metadata.json"
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 300
+        while not backed_up.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        first.kill()
+        first.wait()
+    assert backed_up.exists(), (tmp_path / "first.log").read_text()[-4000:]
+
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     out = done.stdout
+    assert re.search(r"resumed from \S+ after step [1-9]\d* \(epoch \d+, step \d+ of 12\)", out), out
     assert "1 rejected ({'truncated': 1}), none lost" in out
     assert "[5/5] predictions of the loaded SavedModel:" in out
     assert "demo: OK" in out
     assert (tmp_path / "demo" / "export" / "saved_model.pb").exists()
+    assert not (tmp_path / "demo" / "backup").exists(), "a finished run leaves no backup"
