@@ -280,50 +280,102 @@ KILLED_RUNS = [("loop", 17, 15), ("mirrored", 17, 15), ("jax1", 17, 15),
                ("fit", 18, 16), ("fit_mirrored", 17, 15)]  # fmt: skip
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode, kill_at, saved_at", KILLED_RUNS, ids=[r[0] for r in KILLED_RUNS])
-def test_a_killed_run_goes_on_at_the_next_batch(folder, tmp_path, mode, kill_at, saved_at):
-    steps = 24
-    # The uninterrupted run's batches, from the same settings as resume_run.py's.
+def uninterrupted(folder, mode, steps):
+    """The uninterrupted run's batches as resume_run.py logs them, from the same settings."""
     settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=11, with_keys=True)
     replicas = 2 if "mirrored" in mode else 1  # one pipeline, its batches dealt in turn
-    if mode == "jax1":
-        dataset = reader.make_input_fn(folder, host_index=1, host_count=2, **settings)()
+    if mode.startswith("jax"):
+        dataset = reader.make_input_fn(folder, host_index=int(mode[3:]), host_count=2, **settings)()
     else:
         dataset = reader.make_input_fn(folder, **settings)(
             {"batch_size": 4 // replicas} if replicas > 1 else None
         )
     batches = list(dataset.take(steps * replicas))
     if mode == "fit_mirrored":  # a line per replica
-        reference = [as_logged([batch]) for batch in batches]
-    else:
-        reference = [as_logged(batches[i : i + replicas]) for i in range(0, len(batches), replicas)]
+        return [as_logged([batch]) for batch in batches]
+    return [as_logged(batches[i : i + replicas]) for i in range(0, len(batches), replicas)]
 
-    command = [sys.executable, str(ROOT / "tests" / "resume_run.py"), mode, folder,
-               str(tmp_path), str(steps)]  # fmt: skip
+
+def killed_and_resumed(folder, workdirs, modes, steps, kill_at):
+    """Runs resume_run.py in each mode at once (as the hosts of a pod are preempted
+    together), kills them with SIGKILL after step `kill_at`, runs them again to `steps`;
+    returns what each resumed run printed."""
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
-    killed = subprocess.run([*command, str(kill_at)], capture_output=True, text=True,
-                            env=env, timeout=300)  # fmt: skip
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"RESTORED {saved_at}" in resumed.stdout
 
-    lines = (tmp_path / "log").read_text().splitlines()
-    logged = [line.split() for line in lines if line.startswith("STEP")]
+    def run_all(*extra):
+        runs = [
+            subprocess.Popen([sys.executable, str(ROOT / "tests" / "resume_run.py"), mode, folder,
+                              str(workdir), str(steps), *extra],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for mode, workdir in zip(modes, workdirs)
+        ]  # fmt: skip
+        printed = [run.communicate(timeout=300) for run in runs]
+        return [(run.returncode, *out) for run, out in zip(runs, printed)]
+
+    for returncode, _, stderr in run_all(str(kill_at)):
+        assert returncode == -9, stderr[-3000:]
+    resumed = run_all()
+    for returncode, _, stderr in resumed:
+        assert returncode == 0, stderr[-3000:]
+    return [stdout for _, stdout, _ in resumed]
+
+
+def logged_places(workdir, mode):
+    """The steps (under fit_mirrored: step * 2 + replica) logged, in order, with their lines."""
+    logged = [line.split() for line in (workdir / "log").read_text().splitlines()
+              if line.startswith("STEP")]  # fmt: skip
     if mode == "fit_mirrored":
-        places = [int(fields[1]) * 2 + int(fields[7]) for fields in logged]
-        assert places == [*range(kill_at * 2), *range(saved_at * 2, steps * 2)]
-    else:
-        places = [int(fields[1]) for fields in logged]
-        assert places == [*range(kill_at), *range(saved_at, steps)]
+        return [int(fields[1]) * 2 + int(fields[7]) for fields in logged], logged
+    return [int(fields[1]) for fields in logged], logged
+
+
+# Fresh processes killed with SIGKILL mid-epoch and started again, as a preempted TPU VM is.
+# (mode, the step after which it is killed, the last step saved before that)
+KILLED_RUNS = [("loop", 17, 15), ("mirrored", 17, 15), ("fit", 18, 16), ("fit_mirrored", 17, 15)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, kill_at, saved_at", KILLED_RUNS, ids=[r[0] for r in KILLED_RUNS])
+def test_a_killed_run_goes_on_at_the_next_batch(folder, tmp_path, mode, kill_at, saved_at):
+    steps = 24
+    reference = uninterrupted(folder, mode, steps)
+    [printed] = killed_and_resumed(folder, [tmp_path], [mode], steps, kill_at)
+    assert f"RESTORED {saved_at}" in printed
+
+    places, logged = logged_places(tmp_path, mode)
+    per_step = 2 if mode == "fit_mirrored" else 1
+    assert places == [*range(kill_at * per_step), *range(saved_at * per_step, steps * per_step)]
     for fields, place in zip(logged, places):
         assert (fields[3], fields[5]) == reference[place], (mode, place)
     if mode.startswith("fit"):
         # The interrupted epoch ends where it would have: Keras's epochs are 6 steps, the
-        # epoch cut at step 16 or 18 is not replayed from its start.
-        ends = [line for line in lines if line.startswith("EPOCH")]
+        # epoch cut at step 15 or 16 is not replayed from its start.
+        ends = [line for line in (tmp_path / "log").read_text().splitlines() if "ENDS" in line]
         assert ends == ["EPOCH 0 ENDS 6", "EPOCH 1 ENDS 12", "EPOCH 2 ENDS 18", "EPOCH 3 ENDS 24"]
+
+
+@pytest.mark.slow
+def test_two_hosts_killed_together_each_go_on_at_their_next_batch(folder, tmp_path):
+    steps, kill_at, saved_at = 24, 17, 15
+    modes, workdirs = ["jax0", "jax1"], [tmp_path / "host0", tmp_path / "host1"]
+    for workdir in workdirs:
+        workdir.mkdir()
+    printed = killed_and_resumed(folder, workdirs, modes, steps, kill_at)
+    keys_of_first_epoch = []
+    for mode, workdir, said in zip(modes, workdirs, printed):
+        assert f"RESTORED {saved_at}" in said
+        reference = uninterrupted(folder, mode, steps)
+        places, logged = logged_places(workdir, mode)
+        assert places == [*range(kill_at), *range(saved_at, steps)]
+        for fields, place in zip(logged, places):
+            assert (fields[3], fields[5]) == reference[place], (mode, place)
+        input_fn = reader.make_input_fn(folder, is_training=True, seed=11, host_index=int(mode[3:]),
+                                        host_count=2)  # fmt: skip
+        share = reader.pipeline_layout(input_fn.config, input_fn.host_context()).records_per_epoch
+        keys = [int(key) for fields in logged for key in fields[3].split(",")]
+        keys_of_first_epoch += keys[:share]
+    # Each host read its own share of the split; together, every record once.
+    assert sorted(keys_of_first_epoch) == list(range(RECORDS))
 
 
 def test_the_resumable_distributed_iterator_restores_and_refuses_other_settings(folder, tmp_path):
