@@ -30,7 +30,7 @@ from benchmarks import reader_bench
 def first_batch_seconds(data: str, start_batches: int, batch: int) -> float:
     """Seconds from building a seeded training pipeline to its first batch."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from tfrecord_pipe.reading import reader
+    from tfrecord_pipe import reader
 
     config = reader.ReaderConfig(data, is_training=True, batch_size=batch, seed=1)
     began = time.perf_counter()
@@ -42,14 +42,15 @@ def stored_order_keys(data: str, seeded: bool, count: int, buffer: int) -> list[
     """The first `count` records of a training pipeline, as their places in stored order."""
     import tensorflow as tf
 
-    from tfrecord_pipe import schema
-    from tfrecord_pipe.reading import epochs, reader
+    from tfrecord_pipe import reader, schema
+    from tfrecord_pipe.reading import epochs
+    from tfrecord_pipe.reading.seeded import pipeline_layout
 
     config = reader.ReaderConfig(data, is_training=True, batch_size=1,
                                  seed=1 if seeded else None, shuffle_buffer=buffer)  # fmt: skip
     source = reader.resolve_source(config)
     if seeded:
-        layout = reader.pipeline_layout(config)
+        layout = pipeline_layout(config)
 
         def read_piece(file, count_, first, start, skip):
             keys = tf.data.Dataset.range(start + skip, start + count_)

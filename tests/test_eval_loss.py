@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe.reading import reader
+from tfrecord_pipe import reader
 
 from dataset_factory import write_dataset
 

@@ -15,7 +15,8 @@ import sys
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe.reading import hosts, reader
+from tfrecord_pipe import reader
+from tfrecord_pipe.reading import hosts
 
 from dataset_factory import write_dataset
 

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe.reading import epochs, reader
+from tfrecord_pipe import reader
+from tfrecord_pipe.reading import epochs
+from tfrecord_pipe.reading.seeded import pipeline_layout
 
 from dataset_factory import write_dataset
 from helpers import run_python
@@ -371,7 +373,7 @@ def test_two_hosts_killed_together_each_go_on_at_their_next_batch(folder, tmp_pa
             assert (fields[3], fields[5]) == reference[place], (mode, place)
         input_fn = reader.make_input_fn(folder, is_training=True, seed=11, host_index=int(mode[3:]),
                                         host_count=2)  # fmt: skip
-        share = reader.pipeline_layout(input_fn.config, input_fn.host_context()).records_per_epoch
+        share = pipeline_layout(input_fn.config, input_fn.host_context()).records_per_epoch
         keys = [int(key) for fields in logged for key in fields[3].split(",")]
         keys_of_first_epoch += keys[:share]
     # Each host read its own share of the split; together, every record once.

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe.reading import reader, tpu_ready
+from tfrecord_pipe import reader
+from tfrecord_pipe.reading import tpu_ready
 
 from dataset_factory import write_dataset
 from helpers import run_cli

@@ -3,7 +3,8 @@
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe.reading import reader, tpu_ready
+from tfrecord_pipe import reader
+from tfrecord_pipe.reading import tpu_ready
 
 from dataset_factory import write_dataset
 

@@ -13,8 +13,13 @@ training spun for ever.
 from __future__ import annotations
 
 import dataclasses
+import logging
+
+import tensorflow as tf
 
 from tfrecord_pipe.reading import dataset
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,4 +106,46 @@ def empty_pipelines_problem(split: dataset.Split, num_pipelines: int) -> str | N
         f"Split {split.name!r} holds {total} record(s) for {num_pipelines} input pipelines "
         "(hosts, or replicas reading their own input): training needs at least one record per "
         f"pipeline. Train on at most {total} pipelines (fewer hosts), or add images."
+    )
+
+
+def pipeline_position(input_context) -> tuple[int, int]:
+    """(number of input pipelines, this one's index)."""
+    if input_context is None:
+        return 1, 0
+    return input_context.num_input_pipelines, input_context.input_pipeline_id
+
+
+def pipeline_share(
+    split: dataset.Split, input_context: tf.distribute.InputContext | None, training: bool
+) -> PipelineShare:
+    """This pipeline's share of the split; refused when training would leave a pipeline
+    with nothing to read (it would spin for ever, and the others wait for it)."""
+    num_pipelines, index = pipeline_position(input_context)
+    if training:
+        problem = empty_pipelines_problem(split, num_pipelines)
+        if problem:
+            raise ValueError(problem)
+    kept = share(split, num_pipelines, index)
+    if kept.record_shard is not None:
+        log.warning(
+            "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d "
+            "of the records. Write at least %d shards (--num_shards) to read each once.",
+            len(split.files), num_pipelines, num_pipelines, num_pipelines,
+        )  # fmt: skip
+    return kept
+
+
+def nothing_read(share) -> str:
+    shown = ", ".join(share.files[:3]) + (", ..." if len(share.files) > 3 else "")
+    dealt = (
+        f" (or, dealt among {share.record_shard[0]} pipelines, they hold fewer records than "
+        "there are pipelines: train on fewer)"
+        if share.record_shard
+        else ""
+    )
+    return (
+        f"A whole pass over this input pipeline's {len(share.files)} file(s) ({shown}) gave "
+        "no record: each is missing, empty, or (with skip_corrupt) corrupt from its start"
+        f"{dealt}. Check them with `tfrecord-pipe verify`, or convert again."
     )

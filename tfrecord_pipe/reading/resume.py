@@ -24,7 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfrecord_pipe.reading import epochs
+from tfrecord_pipe.reading import epochs, seeded
 
 FORMAT = "tfrecord-pipe/position"
 VERSION = 1
@@ -60,10 +60,8 @@ class BatchIterator:
     def _pipeline(self) -> dict[str, Any]:
         """What a state is valid for: this host's layout and batch."""
         if self._facts is None:
-            from tfrecord_pipe.reading import reader  # which imports this module
-
             context = self._input_fn.host_context()
-            layout = reader.pipeline_layout(self._input_fn.config, context)
+            layout = seeded.pipeline_layout(self._input_fn.config, context)
             hosts = (context.input_pipeline_id, context.num_input_pipelines) if context else (0, 1)
             config = self._input_fn.config
             batch = context.get_per_replica_batch_size(config.batch_size) if context else None
@@ -132,10 +130,8 @@ class DistributedIterator(tf.Module):
         # tf.data iterator's own state would tie it to the start it was built from.
         self._held = _Held(strategy, input_fn)
         self._held.build(0)
-        from tfrecord_pipe.reading import reader  # which imports this module
-
         context = self._held.contexts[0]
-        layout = reader.pipeline_layout(input_fn.config, context)
+        layout = seeded.pipeline_layout(input_fn.config, context)
         batch = context.get_per_replica_batch_size(input_fn.config.batch_size)
         facts = f"{epochs.fingerprint(layout)}/{batch}/{context.num_replicas_in_sync}"
         self._fingerprint = int(hashlib.sha256(facts.encode()).hexdigest()[:15], 16)
