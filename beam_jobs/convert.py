@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -41,6 +42,8 @@ from beam_jobs.config import ConvertConfig
 from tfrecord_pipe.core import manifest, paths
 
 LOG = logging.getLogger("beam_jobs.convert")
+# Where Beam logs a failed step's traceback (in-process runner, and SDK workers).
+BEAM_FAILURE_LOGGERS = ("apache_beam.runners.common", "apache_beam.runners.worker.sdk_worker")
 FLEX_LAUNCHER = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in a Flex Template's launcher container
 
 
@@ -60,8 +63,11 @@ def run(
     parser = flags.make_parser(prog)
     args, beam_args = flags.parse(parser, argv)
     flags.check_beam_flags(beam_args, parser)
-    # Beam's INFO lines are worker chatter, not progress (the progress line is ours).
+    # Beam's INFO lines are worker chatter, not progress (the progress line is ours); a failed
+    # step's traceback, which Beam logs before it stops, is said in one line by our error.
     logging.getLogger("apache_beam").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    for name in BEAM_FAILURE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if args.verbose else logging.CRITICAL)
     with _cloud_errors_said_plainly(f"{args.source} or {args.output}"):
         config = sources.resolve_layout(flags.config_from_args(args))
         finalise.check_output(config)
@@ -103,17 +109,29 @@ def run(
             said = finalise.nothing_written(temp_dir)  # the job's last step found no dataset
             if said is not None:
                 raise finalise.NothingWrittenError(said) from None
-            raise JobFailedError(
-                f"The conversion job failed ({type(err).__name__}: {first_line(err)}). Nothing "
-                f"was finalised: {config.output} has no new manifest. Run it again; what this "
-                "run left is removed then."
-            ) from err
+            raise JobFailedError(_failed(config, temp_dir, err)) from err
         if not waits:
             _say_launched(config, template, result)
             return None
     found = finalise.read_manifest(config.output)
     print(finalise.summary_line(found, config.output, time.monotonic() - started), flush=True)
     return found
+
+
+def _failed(config: ConvertConfig, temp_dir: str, err: Exception) -> str:
+    """What a failed job left, and what to do."""
+    what = f"The conversion job failed ({type(err).__name__}: {first_line(err)})."
+    if finalise.began(temp_dir):
+        return (
+            f"{what} It failed while finalising: some of its files may be in {config.output} "
+            "already, but there is no manifest, so that folder holds no dataset (not the new, "
+            "and not one it replaced). Run the same command again: it removes what this run "
+            "left and converts again."
+        )
+    return (
+        f"{what} Nothing was finalised: {config.output} is as it was. Run it again; what this "
+        "run left is removed then."
+    )
 
 
 def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: bool,
@@ -201,17 +219,33 @@ def _read_labels(path: str) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert") -> int:
     """Command-line entry: exit 0 on success, 2 with a one-line error for bad input, 1 with one
-    for a job that failed (the storage, the workers)."""
+    for a job that failed (the storage, the workers), 130 when interrupted (Ctrl-C)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    interrupted = []
+
+    def interrupt(signum, frame):
+        interrupted.append(signum)  # Beam may wrap the KeyboardInterrupt in its own error
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
     try:
         run(argv, prog=prog)
     except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except JobFailedError as err:
+    except (JobFailedError, KeyboardInterrupt) as err:
+        if interrupted or isinstance(err, KeyboardInterrupt):
+            print(
+                "\nerror: interrupted before the conversion finished. Run the same command "
+                "again; what this run left is removed then.",
+                file=sys.stderr,
+            )
+            return 130
         LOG.debug("The job's own error", exc_info=err.__cause__)
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {err} (--verbose shows Beam's traceback)", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return 0
 
 

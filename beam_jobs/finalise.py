@@ -54,9 +54,16 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
     except NotADirectoryError as err:
         raise ValueError(f"{err}: the output must be a folder (a new one, or a dataset's).")
     old = read_manifest(out) if naming.MANIFEST_NAME in files else None
-    found = sorted(name for name in files if naming.split_of(name) or name == naming.MANIFEST_NAME)
+    # What a failed or killed finalise moved in is no dataset: the next run removes it.
+    unfinished = {name for folder in _leftovers(out, folders) for name in _orphans(out, folder)}
+    found = sorted(
+        name for name in files
+        if (naming.split_of(name) or name == naming.MANIFEST_NAME) and name not in unfinished
+    )  # fmt: skip
     if naming.REJECTED_DIR in folders:
-        found.append(naming.REJECTED_DIR + "/")
+        _, rejected = storage.children(paths.join(out, naming.REJECTED_DIR))
+        if {f"{naming.REJECTED_DIR}/{name}" for name in rejected} - unfinished:
+            found.append(naming.REJECTED_DIR + "/")
     if found and not config.overwrite:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
         raise FileExistsError(
@@ -92,7 +99,7 @@ def clear_leftovers(out: str) -> list[str]:
     except NotADirectoryError:
         return []
     out = paths.folder(out)
-    leftovers = sorted(paths.join(out, name) for name in folders if name.startswith(TEMP_PREFIX))
+    leftovers = _leftovers(out, folders)
     for folder in leftovers:
         # A run killed while finalising moved some of its files in, and the manifest of the
         # dataset it replaced may be gone: only its temporary folder knows those files.
@@ -104,11 +111,21 @@ def clear_leftovers(out: str) -> list[str]:
     return leftovers + parts
 
 
+def _leftovers(out: str, folders) -> list[str]:
+    """The temporary folders of runs in `out` (its sub-folders `folders`)."""
+    return sorted(paths.join(out, name) for name in folders if name.startswith(TEMP_PREFIX))
+
+
+def began(temp_dir: str) -> bool:
+    """Whether a run's finalise had begun to change the output folder."""
+    return FileSystems.exists(paths.join(temp_dir, PLAN_NAME))
+
+
 def _orphans(out: str, temp_dir: str) -> list[str]:
     """Files in `out` that a killed finalise left without a manifest to describe them: those
     of the dataset it replaced and its own, less what the manifest now in `out` lists."""
-    if not FileSystems.exists(paths.join(temp_dir, PLAN_NAME)):
-        return []  # it had not begun to change the output folder
+    if not began(temp_dir):
+        return []
     named = set()
     kept = _read_json(temp_dir, PLAN_NAME)["old"]
     if kept is not None:

@@ -2,14 +2,17 @@
 overwrite replaces exactly the old dataset; what killed runs left is cleared and said."""
 
 import logging
+import signal
+import subprocess
+import time
 
 import pytest
 
-from beam_jobs import convert, finalise
+from beam_jobs import claim, convert, finalise
 from tfrecord_pipe.core import manifest, naming
 from tfrecord_pipe.reading import dataset
 
-from helpers import IN_PROCESS, jpeg_bytes, run_cli, write_image_folder
+from helpers import COMMAND, IN_PROCESS, jpeg_bytes, run_cli, run_command, write_image_folder
 
 pytestmark = pytest.mark.slow  # whole conversions
 
@@ -112,3 +115,44 @@ def test_an_image_of_a_strange_shape_is_drawn_in_the_grid(tmp_path):
     done = run_cli("inspect", tmp_path / "out", "--grid", tmp_path / "grid.png")
     assert done.returncode == 0, done.stderr
     assert "contact sheet of 1 records" in done.stdout
+
+
+def test_a_finalise_that_fails_midway_says_so_and_the_same_command_again_finishes(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=6)
+    out = tmp_path / "out"
+    blocked = out / "validation-00001-of-00002.tfrecord"  # a folder: its shard cannot move in
+    blocked.mkdir(parents=True)
+    command = ["convert", src, out, "--num_shards", 2, "--validation_fraction", 0.4, *IN_PROCESS]
+    failed = run_command(*command)
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert (out / "train-00000-of-00002.tfrecord").exists()  # moved in before the failure
+    assert "while finalising" in failed.stderr and "Run the same command again" in failed.stderr
+    # One line says it; Beam's traceback of the failed step is not printed before it.
+    assert "Traceback" not in failed.stderr and "ERROR" not in failed.stderr, failed.stderr
+
+    blocked.rmdir()
+    again = run_command(*command)  # no --overwrite: what the failed run moved in is no dataset
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Removed 1 temporary folder(s) left by runs that did not finish" in again.stderr
+    assert not list(out.glob(f"{finalise.TEMP_PREFIX}*"))
+    assert run_cli("verify", src, out).returncode == 0
+
+
+def test_ctrl_c_says_interrupted_and_the_same_command_again_converts(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=100)
+    out = tmp_path / "out"
+    command = [COMMAND, "convert", str(src), str(out), *IN_PROCESS]
+    running = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / claim.CLAIM_NAME).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    running.send_signal(signal.SIGINT)  # as Ctrl-C does, once the job holds the output
+    _, stderr = running.communicate(timeout=120)
+    assert running.returncode == 130, stderr[-3000:]
+    assert "error: interrupted before the conversion finished" in stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert not (out / naming.MANIFEST_NAME).exists()
+    again = run_command(*command[1:])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert run_cli("verify", src, out).returncode == 0
+
