@@ -117,7 +117,16 @@ def read_input(path: str, max_bytes: int) -> bytes:
                 raise images.Rejected(images.NOT_A_FILE, "not a regular file: not read")
             if info.st_size > max_bytes:
                 raise images.Rejected(images.FILE_TOO_LARGE, _too_large(info.st_size, max_bytes))
+            if info.st_size == 0:
+                # Kernel files (/proc, /sys) say 0 bytes whatever they give; reading one may
+                # wait, or take what it gives from others (/proc/kmsg).
+                raise images.Rejected(
+                    images.EMPTY_FILE, "0 bytes (empty, or a kernel file such as /proc/...): "
+                    "not read"
+                )  # fmt: skip
             data = f.read(max_bytes + 1)
+            if data is None:  # a kernel file with nothing to give without waiting
+                raise images.Rejected(images.NOT_A_FILE, "gives no data without waiting: not read")
     if len(data) > max_bytes:  # a remote file, or one that grew since fstat
         raise images.Rejected(images.FILE_TOO_LARGE, _too_large(None, max_bytes))
     return data

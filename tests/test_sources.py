@@ -1,6 +1,7 @@
 """sources.py: what the job takes as its inputs, and the rules a user can rely on (layout,
 CSV headers, one record per file however its path is spelled); `verify` lists the same way."""
 
+import collections
 import json
 import os
 
@@ -8,7 +9,7 @@ import pytest
 
 from beam_jobs import convert, sources
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe.core import images
+from tfrecord_pipe.core import images, naming
 
 from helpers import COLOURS, IN_PROCESS, jpeg_bytes, run_cli, write_image_folder
 
@@ -140,11 +141,19 @@ def test_symlinks_broken_links_and_fifos_in_a_folder_conversion(tmp_path):
 def test_special_files_and_files_over_the_cap_are_not_read(tmp_path):
     (tmp_path / "big.jpg").write_bytes(jpeg_bytes(64, 64, COLOURS["red"]))
     (tmp_path / "ok.jpg").write_bytes(jpeg_bytes(8, 8, COLOURS["red"]))
-    (tmp_path / "list.csv").write_text("/dev/zero,red\nbig.jpg,red\nok.jpg,red\n")
+    # Kernel files say 0 bytes: /proc/kmsg used to end in "'NoneType' has no len()" (or to take
+    # the kernel's messages from the system log), /proc/self/status to be read.
+    (tmp_path / "list.csv").write_text(
+        "/dev/zero,red\nbig.jpg,red\nok.jpg,red\n/proc/self/status,red\n/proc/kmsg,red\n"
+    )
     size = (tmp_path / "big.jpg").stat().st_size
     result = convert_(tmp_path / "list.csv", tmp_path / "out", "--max_file_mb", size / 2**20 - 1e-6)
-    assert result.rejected_reasons == {images.NOT_A_FILE: 1, images.FILE_TOO_LARGE: 1}
+    kmsg = images.EMPTY_FILE if os.access("/proc/kmsg", os.R_OK) else images.UNREADABLE
+    reasons = collections.Counter([images.NOT_A_FILE, images.FILE_TOO_LARGE, images.EMPTY_FILE, kmsg])
+    assert result.rejected_reasons == dict(reasons)
     assert result.splits["train"].num_examples == 1
+    said = (tmp_path / "out" / naming.rejected_name("train")).read_text()
+    assert "kernel file" in said
 
 
 @pytest.mark.parametrize(
