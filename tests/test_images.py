@@ -47,6 +47,23 @@ def test_other_formats_become_jpegs_that_look_like_the_original(name):
     assert np.abs(decoded - reference).mean() < 12
 
 
+def test_colour_profiles_are_kept_never_applied_whatever_the_format():
+    # One rule for every format: a JPEG is stored with its profile, a PNG with the same profile
+    # used to lose it on re-encoding (the same picture then looked different by format).
+    profile = Image.open(io.BytesIO(odd("pil_sample_rgb.jpg"))).info["icc_profile"]
+    assert profile[16:20] == b"RGB "
+    hopper = Image.open(io.BytesIO(odd("hopper.png"))).convert("RGB")
+    with_profile = images.normalise(encode(hopper, "PNG", icc_profile=profile))
+    without = images.normalise(encode(hopper, "PNG"))
+    assert Image.open(io.BytesIO(with_profile.encoded)).info["icc_profile"] == profile
+    # The samples are the input's: the profile is not applied.
+    assert np.array_equal(pixels(with_profile.encoded), pixels(without.encoded))
+    # A grey image's profile would not describe the RGB samples it becomes: dropped.
+    grey = images.normalise(encode(hopper.convert("L"), "PNG", icc_profile=profile[:16] + b"GRAY"
+                                   + profile[20:]))  # fmt: skip
+    assert "icc_profile" not in Image.open(io.BytesIO(grey.encoded)).info
+
+
 def test_other_formats_can_be_refused_by_policy():
     with pytest.raises(images.Rejected) as err:
         images.normalise(odd("hopper.png"), images.ImagePolicy(allow_other_formats=False))

@@ -69,6 +69,9 @@ def made_files() -> dict[str, bytes]:
         "turned5.webp": encode(hopper, "WEBP", exif=exif(5)),
         "transparent.gif": encode(with_transparent_corner(), "GIF", transparency=0),
         "opaque.gif": encode(palette, "GIF"),
+        # Kept in the record, applied by no decoder: served as converted.
+        "icc_profile.png": encode(hopper, "PNG", icc_profile=Image.open(
+            ODD_IMAGES / "pil_sample_rgb.jpg").info["icc_profile"]),
     }
     for orientation in range(1, 9):
         files[f"turned{orientation}.jpg"] = encode(hopper, "JPEG", exif=exif(orientation))

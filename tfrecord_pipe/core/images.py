@@ -267,8 +267,21 @@ def _to_rgb(image: Image.Image) -> tuple[Image.Image, str | None]:
     return image.convert("RGB"), f"from {source_mode}"
 
 
+def _rgb_profile(image: Image.Image) -> bytes | None:
+    """The image's ICC colour profile when it describes RGB samples, to keep in a re-encoded
+    image as a stored JPEG keeps its own; one of grey or CMYK samples would no longer
+    describe the RGB ones, and is dropped."""
+    profile = image.info.get("icc_profile")
+    # The profile's header names the colour space of the samples it describes (bytes 16-20).
+    return profile if profile and profile[16:20] == b"RGB " else None
+
+
 def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
     """The image to store for one input file.
+
+    Colour profiles (ICC) are kept, never applied: the stored samples are the input's, which
+    is what TensorFlow's decoders, and so training, evaluation and serving, see whatever the
+    profile. A re-encoded image keeps an RGB profile, as an image stored unchanged does.
 
     Args:
       data: the input file's bytes, any format.
@@ -284,6 +297,7 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
     image = _open(data, policy)
     width, height = image.size
     orientation = _orientation(image, data)
+    profile = _rgb_profile(image)
     stored_as_is = (
         image.format == "JPEG"
         and image.mode == "RGB"
@@ -317,7 +331,7 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
     buffer = io.BytesIO()
     # No exif= argument: the orientation is already applied to the pixels and must not be
     # applied again by a reader.
-    image.save(buffer, format="JPEG", quality=policy.jpeg_quality)
+    image.save(buffer, format="JPEG", quality=policy.jpeg_quality, icc_profile=profile)
     return StoredImage(
         encoded=buffer.getvalue(), height=height, width=width, changes=tuple(changes)
     )
