@@ -30,7 +30,7 @@ import google_crc32c
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import malloc, shard_plan, storage, worker_progress
+from beam_jobs import malloc, outcome, shard_plan, storage, worker_progress
 from beam_jobs.sources import SourceFile, rejection
 from tfrecord_pipe.core import images, paths, schema
 
@@ -201,17 +201,12 @@ class LoadImages(beam.DoFn):
     def _try_load(self, source: SourceFile, read):
         """(Checked or None, bytes read, None or (reason, detail)); never raises.
 
-        `read()` gives the source's bytes, or raises Rejected (see `_read`).
+        `read()` gives the source's bytes, or raises (see `outcome.decide`).
         """
-        data = b""
-        try:
-            data = read()
-            return self._check(source, data), len(data), None
-        except images.Rejected as err:
-            return None, len(data), (err.reason, err.detail)
-        except Exception as err:  # one odd file must not fail a job of millions; it is recorded
-            LOG.exception("Unexpected error on %s", source.path)
-            return None, len(data), (images.UNEXPECTED, f"{type(err).__name__}: {err}")
+        result = outcome.decide(source, self._label_index, self._policy, read)
+        if result.reason is not None:
+            return None, len(result.data), (result.reason, result.detail)
+        return self._checked(source, result.data, result.stored), len(result.data), None
 
     def _report_progress(self, force: bool = False):
         now = time.monotonic()
@@ -229,23 +224,11 @@ class LoadImages(beam.DoFn):
         self._report_progress(force=True)  # the launcher's final line counts every input
 
     def _read(self, source: SourceFile) -> bytes:
-        if source.problem is not None:
-            raise images.Rejected(*source.problem)
-        if source.label is None:
-            raise images.Rejected(images.NO_LABEL, "the input gives no label for this file")
-        if source.label not in self._label_index:
-            raise images.Rejected(
-                images.UNKNOWN_LABEL, f"label {source.label!r} is not in the labels file"
-            )
-        try:
-            return storage.read_input(source.path, self._policy.max_file_bytes)
-        except images.Rejected:
-            raise
-        except Exception as err:  # Beam wraps every filesystem's errors differently
-            raise images.Rejected(images.UNREADABLE, f"cannot read: {err}") from err
+        if outcome.refused_unread(source, self._label_index) is not None:
+            return b""  # not read: refused by its listing or its label (decide says why)
+        return storage.read_input(source.path, self._policy.max_file_bytes)
 
-    def _check(self, source: SourceFile, data: bytes) -> Checked:
-        stored = images.normalise(data, self._policy)
+    def _checked(self, source: SourceFile, data: bytes, stored: images.StoredImage) -> Checked:
         return Checked(
             key=shard_plan.order_key(source.relpath),
             path=source.path,

@@ -33,7 +33,7 @@ from concurrent import futures
 
 import tensorflow as tf
 
-from beam_jobs import flags, sources, storage
+from beam_jobs import flags, outcome, sources
 from tfrecord_pipe.core import images, manifest, naming, paths, schema, tfds_metadata
 from tfrecord_pipe.reading import dataset as dataset_lib
 
@@ -313,20 +313,14 @@ def _message(err: Exception) -> str:
 
 
 def expected_row(listed: sources.SourceFile, labels: frozenset[str], policy) -> dict:
-    """What the converter should have made of one source: a record's hashes, or a rejection."""
+    """What the converter should have made of one source (`outcome.decide`, as the job's
+    LoadImages): a record's hashes, or a rejection."""
     row = {"path": listed.path, "split": listed.split, "label": listed.label}
-    if listed.problem is not None:
-        return dict(row, rejected=listed.problem[0])
-    if listed.label is None or listed.label not in labels:
-        return dict(row, rejected=images.NO_LABEL if listed.label is None else images.UNKNOWN_LABEL)
-    try:
-        data = storage.read_input(listed.path, policy.max_file_bytes)
-        row["sha256"] = hashlib.sha256(data).hexdigest()
-        row["encoded_sha256"] = hashlib.sha256(images.normalise(data, policy).encoded).hexdigest()
-    except images.Rejected as err:
-        return dict(row, rejected=err.reason)
-    except Exception:  # the converter's reasons for the same failures
-        return dict(row, rejected=images.UNEXPECTED if "sha256" in row else images.UNREADABLE)
+    result = outcome.decide(listed, labels, policy)
+    if result.reason is not None:
+        return dict(row, rejected=result.reason)
+    row["sha256"] = hashlib.sha256(result.data).hexdigest()
+    row["encoded_sha256"] = hashlib.sha256(result.stored.encoded).hexdigest()
     return row
 
 
