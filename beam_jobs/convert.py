@@ -39,7 +39,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 import tfrecord_pipe
 from beam_jobs import claim, finalise, flags, pipeline, sources, worker_progress
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe.core import manifest, paths
+from tfrecord_pipe.core import manifest, messages, paths
 
 LOG = logging.getLogger("beam_jobs.convert")
 # Where Beam logs a failed step's traceback (in-process runner, and SDK workers).
@@ -120,7 +120,7 @@ def run(
 
 def _failed(config: ConvertConfig, temp_dir: str, err: Exception) -> str:
     """What a failed job left, and what to do."""
-    what = f"The conversion job failed ({type(err).__name__}: {first_line(err)})."
+    what = f"The conversion job failed ({type(err).__name__}: {messages.one_line(err)})."
     if finalise.began(temp_dir):
         return (
             f"{what} It failed while finalising: some of its files may be in {config.output} "
@@ -177,18 +177,11 @@ def _cloud_errors_said_plainly(what: str):
     try:
         yield
     except cloud.GoogleAPIError as err:
-        raise ConnectionError(f"Cannot reach {what}: {first_line(err)}") from err
+        raise ConnectionError(f"Cannot reach {what}: {messages.one_line(err)}") from err
 
 
 class JobFailedError(RuntimeError):
     """The job itself failed (storage, workers): nothing was finalised."""
-
-
-def first_line(err: Exception) -> str:
-    """An error's first line, at most 500 characters: what a one-line `error:` can say (cloud
-    client and Beam errors run to pages)."""
-    text = str(err).strip()
-    return (text.splitlines()[0] if text else "")[:500]
 
 
 def _clear_under_claim(config: ConvertConfig, held: claim.Claim) -> None:

@@ -81,12 +81,12 @@ def read_manifest(folder: str) -> manifest.Manifest:
     """
     path = paths.join(folder, naming.MANIFEST_NAME)
     try:
-        return manifest.Manifest.from_json(storage.read_text(path))
-    except (ValueError, KeyError, TypeError) as err:
+        return manifest.Manifest.from_file_text(storage.read_text(path), path)
+    except ValueError as err:
         raise ValueError(
-            f"{path} is not a valid manifest ({type(err).__name__}: {err}), so the files of the "
-            "dataset in that folder are unknown. Write elsewhere, or remove that dataset first."
-        ) from err
+            f"{err}, so the files of the dataset in that folder are unknown. Write elsewhere, "
+            "or remove that dataset first."
+        ) from err.__cause__
 
 
 def clear_leftovers(out: str) -> list[str]:

@@ -83,7 +83,7 @@ def test_nothing_written_leaves_an_old_dataset_as_it_was(tmp_path):
     "make, message",
     [(lambda out: out.write_text("a file"), "is a file, not a folder"),
      (lambda out: (out.mkdir(), (out / "manifest.json").write_text("{not json")),
-      "manifest.json is not a valid manifest")],
+      "manifest.json is not a valid tfrecord-pipe manifest")],
 )  # fmt: skip
 def test_an_output_that_is_a_file_or_an_unreadable_dataset_is_refused_before_any_work(
     tmp_path, make, message

@@ -111,6 +111,20 @@ class Manifest:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
 
     @classmethod
+    def from_file_text(cls, text: str, path: str) -> "Manifest":
+        """The manifest in `text`, read from `path`.
+
+        Raises:
+          ValueError: it is not a valid manifest; the message names the file.
+        """
+        try:
+            return cls.from_json(text)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(
+                f"{path} is not a valid tfrecord-pipe manifest ({type(err).__name__}: {err})"
+            ) from err
+
+    @classmethod
     def from_json(cls, text: str) -> "Manifest":
         data = json.loads(text)
         if "options" in data:  # 0.1: the command-line flags, not the configuration

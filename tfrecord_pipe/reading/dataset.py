@@ -291,12 +291,11 @@ def read_manifest(folder: str) -> manifest_lib.Manifest:
     with tf.io.gfile.GFile(path) as f:
         text = f.read()
     try:
-        return manifest_lib.Manifest.from_json(text)
-    except (ValueError, KeyError, TypeError) as err:
+        return manifest_lib.Manifest.from_file_text(text, path)
+    except ValueError as err:
         raise ValueError(
-            f"{path} is not a valid tfrecord-pipe manifest ({type(err).__name__}: {err}). "
-            "Was it edited, or written by another tool? Convert the images again."
-        ) from err
+            f"{err}. Was it edited, or written by another tool? Convert the images again."
+        ) from err.__cause__
 
 
 def write_manifest(folder: str, manifest: manifest_lib.Manifest) -> None:

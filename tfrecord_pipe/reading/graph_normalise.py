@@ -22,7 +22,6 @@ from tfrecord_pipe.reading import preprocess
 
 JPEG, PNG, GIF, WEBP, BMP, TIFF, UNKNOWN = range(7)
 FORMAT_NAMES = ("JPEG", "PNG", "GIF", "WebP", "BMP", "TIFF", "unknown")
-DECODABLE = (JPEG, PNG, GIF, WEBP, BMP)
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PAD = 16  # zero bytes after a file's last, so reads near its end need no bounds in the graph

@@ -13,7 +13,7 @@ import sys
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import schema
+from tfrecord_pipe.core import messages, schema
 
 _DTYPES = {schema.BYTES: tf.string, schema.INT64: tf.int64}
 
@@ -190,3 +190,19 @@ def count(path: str, compression: str) -> int:
                 "a truncated file, or not a TFRecord file"
             )  # fmt: skip
     return int(n)
+
+
+DOES_NOT_DECODE = "image does not decode"  # how image_problem's worst answer begins
+
+
+def image_problem(record: schema.ImageRecord) -> str | None:
+    """What is wrong with a record's image as the reader will decode it (`tf.io.decode_jpeg`,
+    3 channels): it does not decode, or not to the height and width the record says."""
+    try:
+        shape = tuple(tf.io.decode_jpeg(record.encoded, channels=3).shape)
+    except tf.errors.OpError as err:
+        return f"{DOES_NOT_DECODE}: {messages.one_line(err)}"
+    if shape != (record.height, record.width, 3):
+        return f"image decodes to {shape}, the record says {record.height}x{record.width}x3"
+    return None
+

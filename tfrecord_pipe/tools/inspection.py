@@ -16,14 +16,13 @@ import dataclasses
 import io
 import json
 import math
-import re
 import statistics
 
 import tensorflow as tf
 from PIL import Image, ImageDraw
 
 from tfrecord_pipe.core import manifest as manifest_lib
-from tfrecord_pipe.core import naming, paths, schema
+from tfrecord_pipe.core import messages, naming, paths, schema
 from tfrecord_pipe.reading import dataset as dataset_lib
 from tfrecord_pipe.reading import records
 
@@ -160,7 +159,7 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
             widths.extend(int(w) for w in batch[schema.WIDTH].numpy())
     except tf.errors.OpError as err:
         problems.append(f"split {split.name}: reading a sample stopped after {read} records: "
-                        f"{_first_line(err.message)}")  # fmt: skip
+                        f"{messages.one_line(err)}")  # fmt: skip
     if not read and sum(sizes) and not problems:  # TensorFlow reads a few stray bytes as none
         problems.append(f"split {split.name}: its {len(files)} file(s) hold {sum(sizes)} bytes "
                         "but no record: are they TFRecord files? (--check reads them whole)")  # fmt: skip
@@ -185,16 +184,8 @@ def _count(path: str, compression: str, problems: list[str]) -> int | None:
     try:
         return records.count(path, compression)
     except tf.errors.OpError as err:
-        problems.append(f"{path}: cannot be read to its end: {_first_line(err.message)}")
+        problems.append(f"{path}: cannot be read to its end: {messages.one_line(err)}")
         return None
-
-
-def _first_line(message: str) -> str:
-    """What a person needs of a TensorFlow error message: its first line, without the names
-    of graph functions and ops (`{{function_node ...}}`, `[Op:IteratorGetNext]`)."""
-    line = message.strip().splitlines()[0] if message.strip() else message
-    line = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$", "", line)
-    return line.strip()
 
 
 def _present(found: dataset_lib.Dataset) -> list[str]:
@@ -351,7 +342,7 @@ def contact_sheet(
     except tf.errors.OpError as err:
         raise ValueError(
             f"Cannot draw {path}: reading its shards stopped after {len(tiles)} records: "
-            f"{_first_line(err.message)} (inspect --check names the shard)"
+            f"{messages.one_line(err)} (inspect --check names the shard)"
         ) from err
     if not tiles:
         raise ValueError(f"No records to draw in {path}")
@@ -372,7 +363,7 @@ def contact_sheet(
         with tf.io.gfile.GFile(output, "wb") as f:
             f.write(buffer.getvalue())
     except tf.errors.OpError as err:
-        raise ValueError(f"Cannot write the contact sheet {output}: {_first_line(err.message)}")
+        raise ValueError(f"Cannot write the contact sheet {output}: {messages.one_line(err)}")
     return [caption for _, caption in tiles]
 
 
@@ -470,16 +461,11 @@ def sample_records(
                 problems.append(f"record {read}: {err}")
                 continue
             labels[label_text(record.label_index, record.label_text, offset, found.labels)] += 1
-            try:
-                shape = tuple(tf.io.decode_jpeg(record.encoded, channels=3).shape)
-            except tf.errors.OpError as err:
-                problems.append(f"record {read} ({record.filename}): {err.message}")
-                continue
-            if shape != (record.height, record.width, 3):
-                problems.append(
-                    f"record {read} ({record.filename}): image decodes to {shape}, the record "
-                    f"says {record.height}x{record.width}x3"
-                )
+            image = records.image_problem(record)
+            if image is not None:
+                problems.append(f"record {read} ({record.filename}): {image}")
+                if image.startswith(records.DOES_NOT_DECODE):
+                    continue
             heights.append(record.height)
             widths.append(record.width)
     except tf.errors.OpError as err:

@@ -34,8 +34,9 @@ from concurrent import futures
 import tensorflow as tf
 
 from beam_jobs import flags, outcome, sources
-from tfrecord_pipe.core import images, manifest, naming, paths, schema, tfds_metadata
+from tfrecord_pipe.core import images, manifest, messages, naming, paths, schema, tfds_metadata
 from tfrecord_pipe.reading import dataset as dataset_lib
+from tfrecord_pipe.reading import records
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +243,12 @@ def _record_row(serialized: bytes, found) -> dict:
         record = schema.decode_example(serialized, label_offset=found.label_offset)
     except ValueError as err:
         return {"problem": f"does not parse: {err}"}
-    try:
-        shape = tuple(tf.io.decode_jpeg(record.encoded, channels=3).shape)
-    except tf.errors.OpError as err:
-        return {"problem": f"{record.filename}: image does not decode: {err.message}"}
     problems = []
-    if shape != (record.height, record.width, 3):
-        problems.append(f"decodes to {shape}, the record says {record.height}x{record.width}x3")
+    image = records.image_problem(record)
+    if image is not None and image.startswith(records.DOES_NOT_DECODE):
+        return {"problem": f"{record.filename}: {image}"}
+    if image is not None:
+        problems.append(image)
     if not 0 <= record.label_index < len(found.labels) or (
         found.labels[record.label_index] != record.label_text
     ):
@@ -292,7 +292,7 @@ def read_rejected(dataset: str, split: str, expected: int) -> Iterator[tuple[str
                     continue
                 yield REJECTED, (row.get("relpath") or row["path"], row)
     except (tf.errors.OpError, UnicodeDecodeError) as err:
-        yield PROBLEM, f"{name} cannot be read after {count} lines: {_message(err)}"
+        yield PROBLEM, f"{name} cannot be read after {count} lines: {messages.one_line(err)}"
     if count != expected:
         yield PROBLEM, f"{name} holds {count} lines, the manifest counts {expected} rejected"
     yield COUNT, count
@@ -306,10 +306,6 @@ def _rejection(line: str) -> dict | None:
     if not isinstance(row, dict) or not isinstance(row.get("relpath") or row.get("path"), str):
         return None
     return row
-
-
-def _message(err: Exception) -> str:
-    return getattr(err, "message", None) or str(err)
 
 
 def expected_row(listed: sources.SourceFile, labels: frozenset[str], policy) -> dict:
@@ -459,7 +455,7 @@ def read_reported(dataset: str, found: manifest.Manifest) -> Iterator[tuple[str,
                    for sha, files in groups):  # fmt: skip
             raise TypeError("a group without a content hash or files")
     except (ValueError, KeyError, TypeError, RecursionError, tf.errors.OpError) as err:
-        yield PROBLEM, f"{naming.DUPLICATES_NAME} is not a duplicates report ({_message(err)})"
+        yield PROBLEM, f"{naming.DUPLICATES_NAME} is not a duplicates report ({messages.one_line(err)})"
         return
     for group in groups:
         yield REPORTED, group

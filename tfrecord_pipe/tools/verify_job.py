@@ -23,8 +23,8 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from beam_jobs import convert, flags, packaging, sources, storage
-from tfrecord_pipe.core import manifest, paths
+from beam_jobs import flags, packaging, sources, storage
+from tfrecord_pipe.core import manifest, messages, paths
 from tfrecord_pipe.tools import verify
 from tfrecord_pipe.tools.verify import (
     COUNT,
@@ -90,7 +90,7 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
             written = json.loads(storage.read_text(report_path))
         except Exception as err:
             raise JobFailedError(
-                f"The verify job failed ({type(err).__name__}: {convert.first_line(err)}); nothing "
+                f"The verify job failed ({type(err).__name__}: {messages.one_line(err)}); nothing "
                 "was proven either way."
             ) from err
     finally:
