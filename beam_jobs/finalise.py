@@ -17,7 +17,7 @@ import json
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_jobs import claim, storage
+from beam_jobs import claim, storage, summary
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe.core import manifest, naming, paths, tfds_metadata
 
@@ -131,9 +131,9 @@ def _orphans(out: str, temp_dir: str) -> list[str]:
     if kept is not None:
         named |= set(_files_of(manifest.Manifest.from_json(kept)))
     if FileSystems.exists(paths.join(temp_dir, SUMMARY_NAME)):
-        summary = _read_json(temp_dir, SUMMARY_NAME)
-        named |= {row["file"] for row in summary["shards"]}
-        named |= {naming.rejected_name(row["split"]) for row in summary["counts"]}
+        written = _read_summary(temp_dir)
+        named |= {row.file for row in written.shards}
+        named |= {naming.rejected_name(row.split) for row in written.counts}
         named.add(naming.DUPLICATES_NAME)
     if FileSystems.exists(paths.join(out, naming.MANIFEST_NAME)):
         named -= set(_files_of(read_manifest(out)))
@@ -181,14 +181,14 @@ def finalise(
     if not FileSystems.exists(summary_path):
         _nothing_written(out, temp_dir, run, "The job's summary is missing from "
                          f"{temp_dir}: was that folder changed? Run the conversion again.")  # fmt: skip
-    summary = _read_json(temp_dir, SUMMARY_NAME)
-    if not summary["counts"]:
+    written = _read_summary(temp_dir)
+    if not written.counts:
         _nothing_written(
             out, temp_dir, run,
             f"No record was written: no input was found under {config.source} (only empty "
             "folders, or nothing the listing could see).",
         )  # fmt: skip
-    result = _manifest(config, summary, version)
+    result = _manifest(config, written, version)
     if not any(info.num_examples for info in result.splits.values()):
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(result.rejected_reasons.items()))
         said = (
@@ -325,41 +325,40 @@ def _delete_existing(files: list[str]) -> None:
     storage.delete([path for path in files if FileSystems.exists(path)])
 
 
+def _read_summary(temp_dir: str) -> summary.Summary:
+    return summary.Summary.from_json(storage.read_text(paths.join(temp_dir, SUMMARY_NAME)))
+
+
 def _read_json(temp_dir: str, name: str) -> dict:
     return json.loads(storage.read_text(paths.join(temp_dir, name)))
 
 
-def _manifest(config: ConvertConfig, summary: dict, version: str) -> manifest.Manifest:
+def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> manifest.Manifest:
     """The manifest of the job's summary: per split, its shards and counts."""
-    shards, counts = summary["shards"], summary["counts"]
-    (labels,) = summary["labels"] or [[]]
     splits, reasons = {}, {}
-    for split in sorted({row["split"] for row in counts}, key=naming.split_order):
-        rows = [r for r in counts if r["split"] == split]
-        listed = sum(r["n"] for r in rows if r["what"] == "listed")
-        rejected = sum(r["n"] for r in rows if r["what"].startswith("rejected:"))
-        for r in rows:
-            if r["what"].startswith("rejected:"):
-                reason = r["what"].split(":", 1)[1]
-                reasons[reason] = reasons.get(reason, 0) + r["n"]
-        mine = sorted((s for s in shards if s["split"] == split), key=lambda s: s["index"])
+    for split in sorted({row.split for row in written.counts}, key=naming.split_order):
+        rows = [row for row in written.counts if row.split == split]
+        for row in rows:
+            if row.reason is not None:
+                reasons[row.reason] = reasons.get(row.reason, 0) + row.n
+        mine = sorted((s for s in written.shards if s.split == split), key=lambda s: s.index)
         splits[split] = manifest.SplitInfo(
-            num_examples=sum(s["count"] for s in mine),
-            shard_lengths=tuple(s["count"] for s in mine),
-            num_bytes=sum(s["bytes"] for s in mine),
-            listed=listed,
-            rejected=rejected,
-            files=tuple(s["file"] for s in mine),
+            num_examples=sum(s.count for s in mine),
+            shard_lengths=tuple(s.count for s in mine),
+            num_bytes=sum(s.bytes for s in mine),
+            listed=sum(row.n for row in rows if row.reason is None),
+            rejected=sum(row.n for row in rows if row.reason is not None),
+            files=tuple(s.file for s in mine),
         )
     return manifest.Manifest(
-        labels=tuple(labels),
+        labels=written.labels,
         label_offset=config.label_offset,
         compression=naming.GZIP if config.compress else "",
         splits=splits,
         rejected_reasons=reasons,
         conversion=config.to_record(),
         tool_version=version,
-        duplicates={row["what"]: row["n"] for row in summary.get("duplicates", [])},
+        duplicates=dict(written.duplicates),
     )
 
 

@@ -7,12 +7,10 @@ Every output goes to a temporary folder inside the output folder; the last step
 
 from __future__ import annotations
 
-import json
-
 import apache_beam as beam
 
 from beam_jobs import duplicates as content
-from beam_jobs import finalise, storage
+from beam_jobs import finalise, storage, summary
 from beam_jobs.config import ConvertConfig
 from beam_jobs.load import BATCH, LoadImages
 from beam_jobs.sources import DropDuplicatePaths, ListSources
@@ -78,7 +76,7 @@ class WriteRejected(beam.PTransform):
         return (
             rejected
             | "BySplit"
-            >> beam.Map(lambda row: (row["split"], (row["path"], json.dumps(row, sort_keys=True))))
+            >> beam.Map(lambda row: (row.split, (row.path, row.to_json())))
             | "PerSplit" >> beam.GroupByKey()
             | "WriteJsonl"
             >> beam.MapTuple(
@@ -119,7 +117,7 @@ class WriteSummary(beam.PTransform):
                 start,
                 shards | "TagShard" >> beam.Map(lambda row: ("shards", row)),
                 counts | "TagCount" >> beam.Map(lambda row: ("counts", row)),
-                labels | "TagLabels" >> beam.Map(lambda row: ("labels", list(row))),
+                labels | "TagLabels" >> beam.Map(lambda row: ("labels", row)),
                 duplicate_totals | "TagDuplicates" >> beam.Map(lambda row: ("duplicates", row)),
             )
             | "Rows" >> beam.Flatten()
@@ -130,14 +128,13 @@ class WriteSummary(beam.PTransform):
 
 
 def _write_summary(path: str, rows) -> str:
-    summary = {"shards": [], "counts": [], "labels": [], "duplicates": []}
+    parts = {"shards": [], "counts": [], "labels": [], "duplicates": []}
     for kind, row in rows:
         if kind != "start":  # nothing listed: an empty summary, and finalising says so
-            summary[kind].append(row)
-    summary["shards"].sort(key=lambda s: (s["split"], s["index"]))
-    summary["counts"].sort(key=lambda c: (c["split"], c["what"]))
-    text = json.dumps(summary, sort_keys=True)
-    storage.write_bytes(path, text.encode("utf-8"), mime_type="application/json")
+            parts[kind].append(row)
+    (labels,) = parts["labels"] or [()]
+    written = summary.Summary.of(parts["shards"], parts["counts"], labels, dict(parts["duplicates"]))
+    storage.write_bytes(path, written.to_json().encode("utf-8"), mime_type="application/json")
     return path
 
 
@@ -193,24 +190,21 @@ def build_pipeline(
         same["groups"]
         | "DuplicateTotals" >> beam.FlatMap(content.totals)
         | "SumTotals" >> beam.CombinePerKey(sum)
-        | "TotalRows" >> beam.MapTuple(lambda what, n: {"what": what, "n": n})
     )
 
     counts = (
         (
-            listed | "ListedPerSplit" >> beam.Map(lambda s: ((s.split, "listed"), 1)),
-            rejected
-            | "RejectedPerReason"
-            >> beam.Map(lambda r: ((r["split"], "rejected:" + r["reason"]), 1)),
+            listed | "ListedPerSplit" >> beam.Map(lambda s: ((s.split, None), 1)),
+            rejected | "RejectedPerReason" >> beam.Map(lambda r: ((r.split, r.reason), 1)),
         )
         | "AllCounts" >> beam.Flatten()
         | "SumCounts" >> beam.CombinePerKey(sum)
-        | "CountRows" >> beam.MapTuple(lambda key, n: {"split": key[0], "what": key[1], "n": n})
+        | "CountRows" >> beam.MapTuple(lambda key, n: summary.SplitCount(*key, n))
     )
-    summary = (shards, counts, labels, duplicate_totals) | "Summary" >> WriteSummary(
+    summary_path = (shards, counts, labels, duplicate_totals) | "Summary" >> WriteSummary(
         paths.join(temp_dir, finalise.SUMMARY_NAME)
     )
     rejected_written = rejected | "WriteRejected" >> WriteRejected(temp_dir)
-    _ = summary | "FinaliseDataset" >> finalise.FinaliseDataset(
+    _ = summary_path | "FinaliseDataset" >> finalise.FinaliseDataset(
         config, temp_dir, version, run, written=(rejected_written, duplicates_written)
     )

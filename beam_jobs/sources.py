@@ -36,6 +36,7 @@ import beam_jobs
 from beam_jobs import listing, storage
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe.core import images, naming, paths
+from tfrecord_pipe.core.rejection import Rejection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,15 +342,9 @@ class ListSources(beam.PTransform):
         )
 
 
-def rejection(source: SourceFile, reason: str, detail: str) -> dict:
+def rejection(source: SourceFile, reason: str, detail: str) -> Rejection:
     """A dead-letter line: what a user needs to find and fix the input."""
-    return {
-        "path": source.path,
-        "relpath": source.relpath,
-        "split": source.split,
-        "reason": reason,
-        "error": detail,
-    }
+    return Rejection(source.path, source.relpath, source.split, reason, detail)
 
 
 def one_per_file(listings: list[SourceFile]) -> tuple[SourceFile, list[SourceFile]]:

@@ -12,7 +12,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import load, malloc, shard_plan, storage
+from beam_jobs import load, malloc, shard_plan, storage, summary
 from beam_jobs.config import ConvertConfig
 from beam_jobs.record_writer import RecordWriter
 from tfrecord_pipe.core import images, naming, paths
@@ -65,8 +65,7 @@ class WriteShard(beam.DoFn):
         self._shards.inc()
         self._records.inc(count)
         size = storage.size(path)
-        yield {"split": split, "index": index, "shards": shards, "count": count,
-               "bytes": size, "file": name}
+        yield summary.ShardWritten(split, index, shards, count, size, name)
 
 
 class BucketTotals(beam.CombineFn):

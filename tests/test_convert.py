@@ -294,7 +294,7 @@ def test_remote_sources_of_a_batch_are_read_at_once_and_checked_in_order(gcs, tm
     checked = [o for o in out if not isinstance(o, beam.pvalue.TaggedOutput)]
     rejected = [o.value for o in out if isinstance(o, beam.pvalue.TaggedOutput)]
     assert [c.relpath for _, c in checked] == [s.relpath for s in batch if "truncated" not in s.path]
-    assert [r["reason"] for r in rejected] == ["truncated"]
+    assert [r.reason for r in rejected] == ["truncated"]
     sha = {c.relpath: c.sha256 for _, c in checked}
     assert all(sha[p] == hashlib.sha256((src / p).read_bytes()).hexdigest() for p in sha)
 

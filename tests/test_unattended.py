@@ -169,7 +169,7 @@ def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_file(tmp_pat
     plans = {"train": {"shards": 1}}
     element = (("train", 0), entries)
     [info] = writer.process(element, plans)
-    shard = temp / info["file"]
+    shard = temp / info.file
     first = shard.read_bytes()
     [again] = writer.process(element, plans)
     assert shard.read_bytes() == first and again == info

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from beam_jobs import flags, outcome, sources
 from tfrecord_pipe.core import images, manifest, messages, naming, paths, schema, tfds_metadata
+from tfrecord_pipe.core import rejection as rejection_lib
 from tfrecord_pipe.reading import dataset as dataset_lib
 from tfrecord_pipe.reading import records
 
@@ -286,26 +287,17 @@ def read_rejected(dataset: str, split: str, expected: int) -> Iterator[tuple[str
                 if not line.strip():
                     continue
                 count += 1
-                row = _rejection(line)
-                if row is None:
-                    yield PROBLEM, f"{name} line {number} is not a rejection (JSON with a path)"
+                try:
+                    row = dataclasses.asdict(rejection_lib.Rejection.from_json(line))
+                except ValueError as err:
+                    yield PROBLEM, f"{name} line {number} is not a rejection ({err})"
                     continue
-                yield REJECTED, (row.get("relpath") or row["path"], row)
+                yield REJECTED, (row["relpath"] or row["path"], row)
     except (tf.errors.OpError, UnicodeDecodeError) as err:
         yield PROBLEM, f"{name} cannot be read after {count} lines: {messages.one_line(err)}"
     if count != expected:
         yield PROBLEM, f"{name} holds {count} lines, the manifest counts {expected} rejected"
     yield COUNT, count
-
-
-def _rejection(line: str) -> dict | None:
-    try:
-        row = json.loads(line)
-    except (ValueError, RecursionError):  # RecursionError: brackets nested past Python's limit
-        return None
-    if not isinstance(row, dict) or not isinstance(row.get("relpath") or row.get("path"), str):
-        return None
-    return row
 
 
 def expected_row(listed: sources.SourceFile, labels: frozenset[str], policy) -> dict:

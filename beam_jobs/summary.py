@@ -1,0 +1,74 @@
+"""The job's small results, written by the pipeline into its temporary folder as
+`_summary.json` and read by `finalise` to make the manifest: the shards written, the counts
+per split, the label list and the duplicate totals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardWritten:
+    """One shard file the job wrote.
+
+    Attributes:
+      split, index, shards: the shard's split, its number and the split's shard count.
+      count: records in it.
+      bytes: its size.
+      file: its name in the dataset folder.
+    """
+
+    split: str
+    index: int
+    shards: int
+    count: int
+    bytes: int
+    file: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitCount:
+    """Inputs of one split listed (`reason` None) or rejected for `reason`: `n` of them."""
+
+    split: str
+    reason: str | None
+    n: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """Attributes:
+    shards: every shard written, by split and index.
+    counts: listed and rejected inputs, by split and reason.
+    labels: the dataset's labels, when any input had one.
+    duplicates: totals of the inputs with the same bytes (`duplicates.totals`).
+    """
+
+    shards: tuple[ShardWritten, ...] = ()
+    counts: tuple[SplitCount, ...] = ()
+    labels: tuple[str, ...] = ()
+    duplicates: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, shards, counts, labels=(), duplicates=None) -> Summary:
+        """In a fixed order, whatever order the pipeline delivered the rows in."""
+        return cls(
+            shards=tuple(sorted(shards, key=lambda s: (s.split, s.index))),
+            counts=tuple(sorted(counts, key=lambda c: (c.split, c.reason or ""))),
+            labels=tuple(labels),
+            duplicates=dict(sorted((duplicates or {}).items())),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Summary:
+        data = json.loads(text)
+        return cls(
+            shards=tuple(ShardWritten(**row) for row in data["shards"]),
+            counts=tuple(SplitCount(**row) for row in data["counts"]),
+            labels=tuple(data["labels"]),
+            duplicates=data["duplicates"],
+        )
