@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
-from beam_jobs import packaging
+from beam_jobs import worker_wheel
 from beam_jobs.config import CSV_HEADERS, LAYOUTS, ConvertConfig
 from tfrecord_pipe.core import help_format, images
 
@@ -205,7 +205,7 @@ def _beam_options() -> dict[bool, frozenset[str]]:
 def pipeline_options(
     beam_args: list[str],
     save_main_session: bool,
-    worker_extras: tuple[str, ...] = packaging.CONVERSION_EXTRAS,
+    worker_extras: tuple[str, ...] = worker_wheel.CONVERSION_EXTRAS,
 ) -> PipelineOptions:
     """Beam options; locally, the FnApiRunner (one in-process worker unless the user chose).
     Remote workers get a wheel of this project with the dependencies of `worker_extras`."""
@@ -213,10 +213,10 @@ def pipeline_options(
     standard = options.view_as(StandardOptions)
     if runs_here(options):
         standard.runner = LOCAL_RUNNER
-    elif not packaging.user_packaged(beam_args):
+    elif not worker_wheel.user_packaged(beam_args):
         # Remote workers need our package; ship a wheel of it unless the user chose a way.
         folder = tempfile.mkdtemp(prefix=_WHEEL_FOLDER)
-        wheel = packaging.build_wheel(folder, worker_extras)
+        wheel = worker_wheel.build_wheel(folder, worker_extras)
         options.view_as(SetupOptions).extra_packages = [str(wheel)]
     # Our DoFns live in an importable package, so workers need nothing from __main__; keeping
     # the option lets a user's own script that wraps run() pickle its globals.

@@ -6,4 +6,4 @@ FROM gcr.io/dataflow-templates-base/python311-template-launcher-base
 COPY . /template/src
 # The job's extra only: launching needs no TensorFlow.
 RUN pip install --no-cache-dir -c /template/src/constraints.txt "/template/src[beam]"
-ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/template/src/dataflow/launch.py
+ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/template/src/beam_jobs/convert.py

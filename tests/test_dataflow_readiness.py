@@ -18,7 +18,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from google.cloud import storage
 
 import tfrecord_pipe
-from beam_jobs import convert, flags, packaging
+from beam_jobs import convert, flags, worker_wheel
 
 from helpers import jpeg_bytes
 
@@ -113,9 +113,9 @@ def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_pa
 
 
 def test_no_wheel_is_built_when_the_user_says_how_to_package():
-    assert packaging.user_packaged(["--setup_file=./setup.py"])
-    assert packaging.user_packaged(["--extra_package", "x.whl"])
-    assert not packaging.user_packaged(["--runner", "DataflowRunner"])
+    assert worker_wheel.user_packaged(["--setup_file=./setup.py"])
+    assert worker_wheel.user_packaged(["--extra_package", "x.whl"])
+    assert not worker_wheel.user_packaged(["--runner", "DataflowRunner"])
 
 
 def flex_parameters() -> list[dict]:

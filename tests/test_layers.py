@@ -132,3 +132,24 @@ def test_neither_the_core_nor_the_job_loads_tensorflow_and_public_modules_load_w
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "tfrecord_pipe.reader", "tfrecord_pipe.schema"]
+
+
+def test_no_module_of_the_job_hides_a_library_when_run_as_a_script():
+    # The Flex Template runs beam_jobs/convert.py as a script: its folder comes first on
+    # sys.path, and a beam_jobs/packaging.py hid the `packaging` that Beam imports.
+    import importlib.metadata
+    import sys
+
+    installed = {
+        name
+        for dist in importlib.metadata.distributions()
+        for name in (dist.read_text("top_level.txt") or "").split()
+    } | {
+        pathlib.Path(str(file)).parts[0].removesuffix(".py")
+        for dist in importlib.metadata.distributions()
+        for file in (dist.files or ())
+        if not str(file).startswith(("..", "/"))
+    }
+    ours = {path.stem for path in (ROOT / "beam_jobs").glob("*.py")} - {"__init__"}
+    hidden = ours & (installed | set(sys.stdlib_module_names))
+    assert not hidden, f"beam_jobs modules named like installed or standard modules: {hidden}"

@@ -13,7 +13,7 @@ import tensorflow as tf
 from apache_beam.portability.api import beam_runner_api_pb2
 from google.cloud import storage
 
-from beam_jobs import convert, flags, packaging
+from beam_jobs import convert, flags, worker_wheel
 from beam_jobs import storage as beam_storage
 from tfrecord_pipe.core import schema
 from tfrecord_pipe.reading import dataset
@@ -209,7 +209,7 @@ def test_on_dataflow_the_job_stages_a_wheel_with_tensorflow_and_every_step(conve
         ["--runner", "DataflowRunner", "--project", "test-project", "--region", "us-central1",
          "--temp_location", gcs.url("vj-tmp"), "--staging_location", gcs.url("vj-staging"),
          "--template_location", str(tmp_path / "template.json")],
-        False, worker_extras=packaging.VERIFY_EXTRAS,
+        False, worker_extras=worker_wheel.VERIFY_EXTRAS,
     )  # fmt: skip
     import apache_beam as beam
 

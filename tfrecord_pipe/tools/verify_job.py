@@ -23,7 +23,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from beam_jobs import flags, packaging, sources, storage
+from beam_jobs import flags, sources, storage, worker_wheel
 from tfrecord_pipe.core import manifest, messages, paths
 from tfrecord_pipe.tools import verify
 from tfrecord_pipe.tools.verify import (
@@ -65,7 +65,7 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
     # Checks of the dataset's small files, here, before minutes of job.
     descriptions = verify.check_descriptions(dataset, found)
     descriptions += verify.check_rejection_files(dataset, found)
-    options = flags.pipeline_options(beam_args, False, worker_extras=packaging.VERIFY_EXTRAS)
+    options = flags.pipeline_options(beam_args, False, worker_extras=worker_wheel.VERIFY_EXTRAS)
     # The report's folder: under --temp_location when given (the local runner too), else in a
     # local temporary folder of its own.
     work = temp_location or tempfile.mkdtemp(prefix="tfrecord-pipe-verify-")
