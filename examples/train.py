@@ -113,7 +113,10 @@ def train(strategy, dataset_dir: str, backup_dir: str, config: TrainConfig) -> t
     # The training dataset repeats: an epoch is counted in steps, whole executions of them.
     steps = found.splits["train"].num_examples // config.global_batch_size
     steps = max(1, steps // steps_per_execution) * steps_per_execution
-    backup = tf.keras.callbacks.BackupAndRestore(backup_dir, save_freq=config.backup_every)
+    # Two backups: a kill while the weights are written leaves the one before.
+    backup = tf.keras.callbacks.BackupAndRestore(
+        backup_dir, save_freq=config.backup_every, double_checkpoint=True
+    )
     resume = distribute.FitResume(backup, steps_per_epoch=steps)
     data = resume.restore(model, input_fn, strategy)  # after a kill: weights and position
     if resume.restored_steps:

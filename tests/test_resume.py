@@ -276,12 +276,6 @@ def as_logged(batches):
     return ",".join(map(str, keys)), hashlib.sha256(images.tobytes()).hexdigest()[:16]
 
 
-# Fresh processes killed with SIGKILL mid-epoch and started again, as a preempted TPU VM is.
-# (mode, the step after which it is killed, the last step saved before that)
-KILLED_RUNS = [("loop", 17, 15), ("mirrored", 17, 15), ("jax1", 17, 15),
-               ("fit", 18, 16), ("fit_mirrored", 17, 15)]  # fmt: skip
-
-
 def uninterrupted(folder, mode, steps):
     """The uninterrupted run's batches as resume_run.py logs them, from the same settings."""
     settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=11, with_keys=True)
@@ -420,18 +414,41 @@ def small_model(steps_per_execution=1):
     return model
 
 
+class Preempted(Exception):
+    pass
+
+
+class PreemptAfter(tf.keras.callbacks.Callback):
+    """Stops the process's fit as a preemption would (the backup stays: no on_train_end)."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) >= self.step:
+            raise Preempted
+
+
+class StopAtEpochEnd(tf.keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.stop_training = True
+
+
 def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp_path):
     from tfrecord_pipe import distribute
 
     train_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4, seed=3)
-    backup_dir = str(tmp_path / "backup")
 
-    def resumed(model, callbacks=None, steps=3, epochs=3):
-        backup = tf.keras.callbacks.BackupAndRestore(backup_dir, save_freq=3, delete_checkpoint=False)
+    def resumed(model, after=(), steps=3, epochs=3, data_fn=train_fn, first=False, run="a",
+                before=()):  # fmt: skip
+        backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / run), save_freq=1,
+                                                     delete_checkpoint=False)  # fmt: skip
         resume = distribute.FitResume(backup, steps_per_epoch=3)
-        data = resume.restore(model, train_fn)
+        data = resume.restore(model, data_fn)
+        order = [resume, backup] if first else [backup, resume]
         history = model.fit(data, epochs=epochs, steps_per_epoch=steps, verbose=0, shuffle=False,
-                            callbacks=callbacks or [backup, resume])  # fmt: skip
+                            callbacks=[*before, *order, *after])  # fmt: skip
         return resume, history
 
     model = small_model()
@@ -441,21 +458,44 @@ def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp
     # Keras's own restore would run epoch 0 again (the backup's file says epoch 0).
     assert resume.restored_steps == 3
     assert len(history.history["loss"]) == 2 and int(model.optimizer.iterations.numpy()) == 9
+    # A second fit of the same model in this process is a run of its own, whatever steps its
+    # optimizer took before.
+    resume, history = resumed(model, run="b")
+    assert resume.restored_steps == 0 and len(history.history["loss"]) == 3
 
+    # Killed mid-epoch (after step 4): a stop asked for at the cut epoch's end stays asked for,
+    # wherever the callback that asks stands.
+    for run, where in (("c", "after"), ("d", "before")):
+        with pytest.raises(Preempted):
+            resumed(small_model(), [PreemptAfter(4)], run=run)
+        _, history = resumed(small_model(), run=run, **{where: [StopAtEpochEnd()]})
+        assert len(history.history["loss"]) == 1, where
+
+    with pytest.raises(Preempted):  # killed after the epoch's last step, before its end
+        resumed(small_model(), [PreemptAfter(3)], run="e")
     with pytest.raises(RuntimeError, match="after BackupAndRestore"):
-        backup = tf.keras.callbacks.BackupAndRestore(backup_dir, save_freq=3)
-        resume = distribute.FitResume(backup, steps_per_epoch=3)
-        data = resume.restore(small_model(), train_fn)
-        resume._restored_into.fit(data, epochs=4, steps_per_epoch=3, verbose=0, shuffle=False,
-                                  callbacks=[resume, backup])
+        resumed(small_model(), first=True, run="e")  # the backup's file says epoch 0, not 1
     with pytest.raises(ValueError, match="same steps_per_epoch"):
-        resumed(small_model(), steps=4)
-    with pytest.raises(ValueError, match="not a multiple of steps_per_execution=2"):
-        resumed(small_model(steps_per_execution=2))
+        resumed(small_model(), steps=4, run="e")
+    with pytest.raises(ValueError, match="multiples of steps_per_execution=2"):
+        resumed(small_model(steps_per_execution=2), run="e")
+    other = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2, seed=3)
+    with pytest.raises(ValueError, match="batch_size: saved 4, here 2"):
+        resumed(small_model(), data_fn=other, run="e")
     with pytest.raises(RuntimeError, match="before fit"):
-        backup = tf.keras.callbacks.BackupAndRestore(backup_dir, save_freq=3)
+        backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "f"), save_freq=3)
         small_model().fit(train_fn(), epochs=1, steps_per_epoch=3, verbose=0,
                           callbacks=[backup, distribute.FitResume(backup, steps_per_epoch=3)])  # fmt: skip
     unseeded = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4)
     with pytest.raises(ValueError, match="seeded training input"):
         distribute.FitResume(backup, steps_per_epoch=3).restore(small_model(), unseeded)
+    accumulating = small_model()
+    accumulating.compile(optimizer=tf.keras.optimizers.SGD(gradient_accumulation_steps=2),
+                         loss="sparse_categorical_crossentropy")  # fmt: skip
+    with pytest.raises(ValueError, match="gradient accumulation"):
+        distribute.FitResume(backup, steps_per_epoch=3).restore(accumulating, train_fn)
+    scaled = small_model()
+    scaled.compile(optimizer=tf.keras.optimizers.LossScaleOptimizer(tf.keras.optimizers.SGD()),
+                   loss="sparse_categorical_crossentropy")  # fmt: skip
+    with pytest.raises(ValueError, match="loss-scaling optimizer"):
+        distribute.FitResume(backup, steps_per_epoch=3).restore(scaled, train_fn)

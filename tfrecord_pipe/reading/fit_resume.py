@@ -7,29 +7,50 @@ count the weights hold says where the input goes on. `FitResume`, beside the bac
 before `fit` builds its input, starts the input at that step, and makes the interrupted epoch
 end where it would have ended:
 
-    backup = keras.callbacks.BackupAndRestore(backup_dir, save_freq=50)
+    backup = keras.callbacks.BackupAndRestore(backup_dir, save_freq=50, double_checkpoint=True)
     resume = distribute.FitResume(backup, steps_per_epoch=steps)
     data = resume.restore(model, train_fn, strategy)   # None: no tf.distribute strategy
     model.fit(data, epochs=epochs, steps_per_epoch=steps, callbacks=[backup, resume])
 
 The position comes from the weights file itself, so it cannot disagree with the weights (the
 backup writes its epoch file after the weights; a kill between the two leaves them apart).
+What the position means (the dataset, seed, batch, host share, epoch length) is kept beside
+the backup, and a restart with other settings is refused.
 """
 
 from __future__ import annotations
 
+import json
+import os
+
 import tensorflow as tf
 
-from tfrecord_pipe.reading import distribute
+from tfrecord_pipe.reading import distribute, epochs, seeded
+
+FACTS_NAME = "tfrecord_pipe_position.json"  # in the backup's folder: what its steps mean
+
+
+class _EpochCut:
+    """What FitResume sets `stop_training` to when it ends an interrupted epoch: true enough
+    for Keras to end the epoch, and told apart from a stop another callback asks for."""
+
+    def __bool__(self):
+        return True
+
+
+_CUT = _EpochCut()
 
 
 class FitResume(tf.keras.callbacks.Callback):
     """Resumes a killed `fit` at the exact next batch, beside `BackupAndRestore`.
 
     Args:
-      backup: the run's `keras.callbacks.BackupAndRestore` (any `save_freq`).
+      backup: the run's `keras.callbacks.BackupAndRestore` (any `save_freq`;
+        `double_checkpoint=True` survives a kill while the weights are written).
       steps_per_epoch: the `steps_per_epoch` given to `fit` (a seeded training input repeats,
         so Keras counts an epoch in steps).
+
+    Give `fit` the input `restore` returns: another input is not detected.
     """
 
     def __init__(self, backup: tf.keras.callbacks.BackupAndRestore, steps_per_epoch: int):
@@ -43,15 +64,21 @@ class FitResume(tf.keras.callbacks.Callback):
             raise ValueError(f"steps_per_epoch must be a positive int, got {steps_per_epoch!r}")
         self.backup = backup
         self.steps_per_epoch = steps_per_epoch
-        self.restored_steps: int | None = None  # steps the restored weights were trained for
+        self.restored_steps: int | None = None  # steps of this run the restored weights hold
         self._restored_into = None
+        self._first_epoch: int | None = None  # the epoch fit must start at; checked once
         self._left_in_epoch = 0  # steps of the interrupted epoch still to run, then its end
-        self._cut = False
 
     def restore(self, model, input_fn, strategy: tf.distribute.Strategy | None = None):
         """Restores `model` from the backup (nothing happens on a first run) and returns the
         input for `fit`, from the step after the restored one: distributed over `strategy`,
-        or `input_fn`'s dataset when there is none (Keras on JAX)."""
+        or `input_fn`'s dataset when there is none (Keras on JAX).
+
+        Raises:
+          ValueError: not a seeded input, an optimizer whose step count is not the steps
+            trained, or a backup saved with other settings (dataset, seed, batch, hosts,
+            replicas, steps per epoch).
+        """
         config = getattr(input_fn, "config", None)
         if config is None or not config.seeded:
             raise ValueError(
@@ -63,13 +90,51 @@ class FitResume(tf.keras.callbacks.Callback):
         if optimizer is None:
             raise ValueError("Compile the model before FitResume.restore (its optimizer counts "
                              "the steps trained)")  # fmt: skip
+        _check_counts_steps(optimizer)
+        # Steps the model had before this run (a model trained or loaded before) are not this
+        # run's: only what the backup adds is.
+        before = _steps(optimizer)
         self.backup.set_model(model)
         self.backup.on_train_begin()  # the backup's own restore; fit's repeats it harmlessly
         self._restored_into = model
-        self.restored_steps = int(optimizer.iterations.numpy())
+        self.restored_steps = _steps(optimizer) - before
+
+        contexts = []
+
+        def pipeline(context, start_batches=0):
+            contexts.append(context)
+            return input_fn(context, start_batches=start_batches)
+
+        pipeline.config = config
         if strategy is None:
-            return input_fn(start_batches=self.restored_steps)
-        return distribute.distribute(strategy, input_fn, start_steps=self.restored_steps)
+            context = input_fn.host_context()
+            data = input_fn(start_batches=self.restored_steps)
+        else:
+            data = distribute.distribute(strategy, pipeline, start_steps=self.restored_steps)
+            context = contexts[0]
+        self._keep_facts(_facts(config, context, self.steps_per_epoch))
+        return data
+
+    def _keep_facts(self, facts: dict) -> None:
+        """Refuses a backup saved with other settings; records these beside a new one."""
+        path = os.path.join(self.backup.backup_dir, FACTS_NAME)
+        saved = None
+        if tf.io.gfile.exists(path):
+            with tf.io.gfile.GFile(path) as f:
+                saved = json.loads(f.read())
+        if self.restored_steps and saved is not None and saved != facts:
+            said = "; ".join(
+                f"{name}: saved {saved.get(name)}, here {facts[name]}"
+                for name in facts
+                if saved.get(name) != facts[name]
+            )
+            raise ValueError(
+                epochs.other_records(f"The backup in {self.backup.backup_dir}", said)
+                + " (or delete that folder to train from the start)"
+            )
+        tf.io.gfile.makedirs(self.backup.backup_dir)
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(json.dumps(facts, sort_keys=True))
 
     def on_train_begin(self, logs=None):
         if self._restored_into is None or self.model is not self._restored_into:
@@ -84,11 +149,12 @@ class FitResume(tf.keras.callbacks.Callback):
                 "give both the same steps_per_epoch."
             )
         per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        if self.steps_per_epoch % per_execution:
+        if self.steps_per_epoch % per_execution or self.restored_steps % per_execution:
             raise ValueError(
-                f"steps_per_epoch={self.steps_per_epoch} is not a multiple of "
-                f"steps_per_execution={per_execution}: Keras then runs past the epoch's end, "
-                "and a resumed epoch could not end where the first run's did."
+                f"steps_per_epoch={self.steps_per_epoch} and the {self.restored_steps} steps "
+                f"restored must be multiples of steps_per_execution={per_execution}: Keras runs "
+                "whole executions, so an epoch could not end where the first run's did. Keep "
+                "steps_per_execution as the run began with it."
             )
         epoch, done = divmod(self.restored_steps, self.steps_per_epoch)
         # After the backup's on_train_begin (it sets the epoch from its own file).
@@ -97,18 +163,57 @@ class FitResume(tf.keras.callbacks.Callback):
         self._left_in_epoch = self.steps_per_epoch - done if done else 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self._first_epoch and self.model._initial_epoch != self._first_epoch:
-            raise RuntimeError("Put FitResume after BackupAndRestore in fit's callbacks.")
+        if self._first_epoch is not None:
+            first, self._first_epoch = self._first_epoch, None
+            if epoch != first:
+                raise RuntimeError(
+                    f"fit began at epoch {epoch}, not at {first} where the backup's steps end: "
+                    "put FitResume after BackupAndRestore in fit's callbacks, and give fit no "
+                    "initial_epoch."
+                )
 
     def on_train_batch_end(self, batch, logs=None):
         if self._left_in_epoch and batch + 1 >= self._left_in_epoch:
-            # The interrupted epoch's last step: end it here, as the first run did (a stop
-            # another callback asked for stays asked for).
+            # The interrupted epoch's last step: end it here, as the first run did. A stop
+            # another callback asks for (now or at the epoch's end) stays asked for.
             self._left_in_epoch = 0
-            self._cut = not self.model.stop_training
-            self.model.stop_training = True
+            if not self.model.stop_training:
+                self.model.stop_training = _CUT
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._cut:
-            self._cut = False
+        if self.model.stop_training is _CUT:
             self.model.stop_training = False  # only the epoch ended; training goes on
+
+
+def _steps(optimizer) -> int:
+    return int(tf.keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+def _check_counts_steps(optimizer) -> None:
+    """Refuses optimizers whose step count is not the number of steps fit ran."""
+    if getattr(optimizer, "gradient_accumulation_steps", None):
+        raise ValueError(
+            "FitResume reads the steps trained from the optimizer's step count, which counts "
+            f"one step per {optimizer.gradient_accumulation_steps} with gradient accumulation. "
+            "Leave gradient_accumulation_steps unset, or train in a custom loop that "
+            "checkpoints distribute.resumable_iterator."
+        )
+    if isinstance(optimizer, tf.keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "FitResume reads the steps trained from the optimizer's step count, which a "
+            "loss-scaling optimizer (the mixed_float16 policy) does not advance on steps whose "
+            "gradients overflow. Use mixed_bfloat16 (no loss scaling), or train in a custom "
+            "loop that checkpoints distribute.resumable_iterator."
+        )
+
+
+def _facts(config, context, steps_per_epoch: int) -> dict:
+    """What a backup's steps mean: the order of this pipeline's records and its batches."""
+    layout = seeded.pipeline_layout(config, context)
+    batch = context.get_per_replica_batch_size(config.batch_size) if context else config.batch_size
+    return {
+        "records": epochs.fingerprint(layout),  # dataset, seed, host share, shuffle settings
+        "batch_size": batch,
+        "replicas": context.num_replicas_in_sync if context else 1,
+        "steps_per_epoch": steps_per_epoch,
+    }
