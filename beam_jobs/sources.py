@@ -6,7 +6,7 @@ of every path is ever built on the launching machine or embedded in the job grap
 input listed comes out: one that cannot be used carries its problem, and the job rejects it
 with that reason.
 
-Rules a user can rely on (README, "What we guarantee"):
+Rules a user can rely on (docs/conversion.md, "What we guarantee"):
 - Layout: `auto` takes a folder as split folders only when every folder in it is named
   train, validation or test (and no file lies beside them); as label folders when none is;
   anything in between is refused with what to pass.

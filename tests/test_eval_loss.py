@@ -36,7 +36,7 @@ def model():
     hidden = tf.keras.layers.Conv2D(4, 3, activation="relu")(inputs)
     logits = tf.keras.layers.Dense(3)(tf.keras.layers.GlobalAveragePooling2D()(hidden))
     model = tf.keras.Model(inputs, logits)
-    model.compile(  # as the README shows it; SGD at rate 0 so fit leaves the model as it is
+    model.compile(  # as docs/reading.md shows it; SGD at rate 0 so fit leaves the model as it is
         optimizer=tf.keras.optimizers.SGD(0.0),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=["accuracy"],

@@ -8,6 +8,7 @@ import importlib.resources
 import pathlib
 import pydoc
 import re
+import types
 
 import pytest
 
@@ -98,3 +99,34 @@ def test_the_examples_use_only_the_public_api(path):
     assert set(public.values()) <= set(tfrecord_pipe.PUBLIC_MODULES)
     for module, name in used:
         assert name in importlib.import_module(f"tfrecord_pipe.{module}").__all__, (module, name)
+
+
+def python_snippets(page: pathlib.Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.M | re.S)
+
+
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: p.name)
+def test_the_snippets_in_the_docs_parse_and_name_what_exists(page):
+    # The README's use only the public API; the other pages may show an internal module.
+    for snippet in python_snippets(page):
+        tree = ast.parse(snippet)
+        imported = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfrecord_pipe"):
+                if page.name == "README.md":
+                    assert node.module == "tfrecord_pipe", f"README imports {node.module}"
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if not hasattr(module, alias.name):  # a submodule not imported yet
+                        importlib.import_module(f"{node.module}.{alias.name}")
+                    imported[alias.asname or alias.name] = getattr(module, alias.name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                module = imported.get(node.value.id)
+                if isinstance(module, types.ModuleType) and module.__name__.startswith("tfrecord_pipe"):
+                    assert hasattr(module, node.attr), f"{page.name}: {module.__name__}.{node.attr}"
+                    if page.name == "README.md":
+                        assert node.attr in module.__all__, f"README uses {module.__name__}.{node.attr}"

@@ -24,7 +24,7 @@ from helpers import IN_PROCESS, ODD_IMAGES, encode
 
 SIZE = 48
 CMYK = ("pil_sample_cmyk.jpg",)  # mean difference at most 1 level, none over 8 (of 255)
-REFUSED_BY_SERVING = {  # converted, but refused with the reason, as the README says
+REFUSED_BY_SERVING = {  # converted, but refused with the reason, as docs/serving.md says
     "hopper.tif": "TIFF file, which TensorFlow cannot decode",
     "transparent.gif": "GIF with a transparent colour",
     "animated.gif": "animated GIF or WebP",

@@ -4,7 +4,7 @@ manifest; verify, inspect and the reader on gs:// behave the same.
 
 The faults come from the test GCS's proxy (local_gcs.py). Retries are the client
 libraries' (google-cloud-storage for the job, TensorFlow's filesystem for reading) plus
-verify's own resumption of a shard read; README, "What we guarantee".
+verify's own resumption of a shard read; docs/conversion.md, "What we guarantee".
 """
 
 import http.client
