@@ -25,7 +25,7 @@ import uuid
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import storage
-from tfrecord_pipe.core import paths
+from tfrecord_pipe._core import paths
 
 LOG = logging.getLogger(__name__)
 

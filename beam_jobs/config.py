@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from beam_jobs import shard_plan
-from tfrecord_pipe.core import images, paths, schema
+from tfrecord_pipe._core import images, paths, schema
 
 LAYOUTS = ("auto", "labels", "splits", "csv")
 CSV_HEADERS = ("auto", "yes", "no")

@@ -39,7 +39,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 import tfrecord_pipe
 from beam_jobs import claim, finalise, flags, pipeline, sources, worker_progress
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe.core import manifest, messages, paths
+from tfrecord_pipe._core import manifest, messages, paths
 
 LOG = logging.getLogger("beam_jobs.convert")
 # Where Beam logs a failed step's traceback (in-process runner, and SDK workers).

@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import claim, storage, summary
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe.core import manifest, naming, paths, tfds_metadata
+from tfrecord_pipe._core import manifest, naming, paths, tfds_metadata
 
 TEMP_PREFIX = ".tmp-"  # OUT/.tmp-<run>: where a run writes before finalising
 # In the temporary folder:

@@ -24,7 +24,7 @@ from apache_beam.options.pipeline_options import (
 
 from beam_jobs import worker_wheel
 from beam_jobs.config import CSV_HEADERS, LAYOUTS, ConvertConfig
-from tfrecord_pipe.core import help_format, images
+from tfrecord_pipe._core import help_format, images
 
 LOCAL_RUNNER = "FnApiRunner"  # what DirectRunner runs on; naming it skips the Prism attempt
 _WHEEL_FOLDER = "tfrecord-pipe-wheel-"

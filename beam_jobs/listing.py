@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 from apache_beam.io.filesystems import FileSystems
 
-from tfrecord_pipe.core import images, paths
+from tfrecord_pipe._core import images, paths
 
 UNREADABLE, NOT_A_FILE, DUPLICATE = images.UNREADABLE, images.NOT_A_FILE, images.DUPLICATE
 

@@ -32,7 +32,7 @@ from apache_beam.metrics import Metrics
 import beam_jobs
 from beam_jobs import malloc, outcome, shard_plan, storage, worker_progress
 from beam_jobs.sources import SourceFile, rejection
-from tfrecord_pipe.core import images, paths, schema
+from tfrecord_pipe._core import images, paths, schema
 
 LOG = logging.getLogger(__name__)
 NAMESPACE = beam_jobs.METRICS_NAMESPACE

@@ -15,7 +15,7 @@ from collections.abc import Callable, Container
 
 from beam_jobs import storage
 from beam_jobs.sources import SourceFile
-from tfrecord_pipe.core import images
+from tfrecord_pipe._core import images
 
 LOG = logging.getLogger(__name__)
 

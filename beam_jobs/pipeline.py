@@ -15,7 +15,7 @@ from beam_jobs.config import ConvertConfig
 from beam_jobs.load import BATCH, LoadImages
 from beam_jobs.sources import DropDuplicatePaths, ListSources
 from beam_jobs.write_shards import WriteShards
-from tfrecord_pipe.core import naming, paths
+from tfrecord_pipe._core import naming, paths
 
 
 class CollectLabels(beam.PTransform):

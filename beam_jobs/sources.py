@@ -35,8 +35,8 @@ from apache_beam.metrics import Metrics
 import beam_jobs
 from beam_jobs import listing, storage
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe.core import images, naming, paths
-from tfrecord_pipe.core.rejection import Rejection
+from tfrecord_pipe._core import images, naming, paths
+from tfrecord_pipe._core.rejection import Rejection
 
 
 @dataclasses.dataclass(frozen=True)

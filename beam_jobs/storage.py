@@ -13,7 +13,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import listing
-from tfrecord_pipe.core import images, paths
+from tfrecord_pipe._core import images, paths
 
 
 def size(path: str) -> int:

@@ -14,7 +14,7 @@ import pathlib
 import threading
 import time
 
-from tfrecord_pipe.core import progress
+from tfrecord_pipe._core import progress
 
 POLL_S = 1.0  # how often the launcher sums the workers' reports
 

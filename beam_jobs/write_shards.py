@@ -15,7 +15,7 @@ import beam_jobs
 from beam_jobs import load, malloc, shard_plan, storage, summary
 from beam_jobs.config import ConvertConfig
 from beam_jobs.record_writer import RecordWriter
-from tfrecord_pipe.core import images, naming, paths
+from tfrecord_pipe._core import images, naming, paths
 
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
 READ_AHEAD = 64  # records read ahead of the writer, bounding memory to ~64 images

@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image
 
 from benchmarks import photos
-from tfrecord_pipe.core import progress
+from tfrecord_pipe._core import progress
 
 
 def make_photo_like(folder: pathlib.Path, count: int, side: int, seed: int = 0) -> None:

@@ -55,8 +55,8 @@ def write_shards(
 
     from benchmarks import photos
     from tfrecord_pipe import manifest, schema
-    from tfrecord_pipe.reading import dataset
-    from tfrecord_pipe.core import naming, progress
+    from tfrecord_pipe._reading import dataset
+    from tfrecord_pipe._core import naming, progress
 
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -116,7 +116,7 @@ def article_image_fn(image_size: int):
 def build(name: str, data: str, image_size: int, batch: int):
     """The dataset of pipeline `name`, and a function giving the images in one of its batches."""
     from tfrecord_pipe import reader
-    from tfrecord_pipe.tools import bench
+    from tfrecord_pipe._tools import bench
 
     train = reader.ReaderConfig(
         data=data, split="train", is_training=True, batch_size=batch, image_size=image_size
@@ -145,7 +145,7 @@ def measure(name: str, data: str, image_size: int, batch: int, seconds: float) -
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf  # noqa: F401  (imported before the baseline RSS is taken)
 
-    from tfrecord_pipe.tools import bench
+    from tfrecord_pipe._tools import bench
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     dataset, images_in = build(name, data, image_size, batch)

@@ -32,7 +32,7 @@ def steps(image_size: int):
     """(name, function of one JPEG string tensor) for each row, in order."""
     import tensorflow as tf
 
-    from tfrecord_pipe.reading import preprocess
+    from tfrecord_pipe._reading import preprocess
 
     def window(encoded):
         shape = tf.image.extract_jpeg_shape(encoded)
@@ -93,8 +93,8 @@ def main(argv=None):
 
     from benchmarks import reader_bench
     from tfrecord_pipe import reader, schema
-    from tfrecord_pipe.reading import records
-    from tfrecord_pipe.tools import bench
+    from tfrecord_pipe._reading import records
+    from tfrecord_pipe._tools import bench
 
     data = args.data
     if data is None:

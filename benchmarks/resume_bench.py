@@ -43,8 +43,8 @@ def stored_order_keys(data: str, seeded: bool, count: int, buffer: int) -> list[
     import tensorflow as tf
 
     from tfrecord_pipe import reader, schema
-    from tfrecord_pipe.reading import epochs
-    from tfrecord_pipe.reading.seeded import pipeline_layout
+    from tfrecord_pipe._reading import epochs
+    from tfrecord_pipe._reading.seeded import pipeline_layout
 
     config = reader.ReaderConfig(data, is_training=True, batch_size=1,
                                  seed=1 if seeded else None, shuffle_buffer=buffer)  # fmt: skip

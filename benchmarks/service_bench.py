@@ -42,7 +42,7 @@ sys.stdin.read()  # until the benchmark closes it
 def host_cost(config, seconds: float) -> tuple[float, float]:
     """(images/s, this process's CPU µs per image) of `config`'s training batches."""
     from tfrecord_pipe import reader
-    from tfrecord_pipe.tools import bench
+    from tfrecord_pipe._tools import bench
 
     iterator = iter(reader.build_dataset(config))
     for _ in range(bench.WARMUP_BATCHES):
@@ -67,7 +67,7 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from benchmarks import reader_bench
     from tfrecord_pipe import preprocess, reader
-    from tfrecord_pipe.core import progress
+    from tfrecord_pipe._core import progress
 
     data, created = args.data, None
     if data is None:

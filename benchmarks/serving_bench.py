@@ -22,7 +22,7 @@ import tensorflow as tf
 from PIL import Image
 
 from benchmarks.photos import photo_like
-from tfrecord_pipe.reading import preprocess, serving
+from tfrecord_pipe._reading import preprocess, serving
 
 SIZE = 224
 

@@ -10,8 +10,8 @@ import hashlib
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import manifest, naming, paths, schema
-from tfrecord_pipe.reading import dataset
+from tfrecord_pipe._core import manifest, naming, paths, schema
+from tfrecord_pipe._reading import dataset
 
 from helpers import COLOURS, RGB, jpeg_bytes
 
@@ -129,7 +129,7 @@ def loss_on(model, folder: str, image_size: int, split: str = naming.VALIDATION)
 def _logits_on(model, folder, image_size, split):
     import numpy as np
 
-    from tfrecord_pipe.reading import preprocess
+    from tfrecord_pipe._reading import preprocess
 
     found = read_split(folder, split)
     images = tf.stack([preprocess.eval_image(r.encoded, image_size) for r in found])

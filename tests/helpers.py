@@ -85,7 +85,7 @@ class Ran:
 def run_cli(*args) -> Ran:
     """`tfrecord-pipe ARGS...` in this process: what the command does, without paying for a
     new process and TensorFlow's start-up each time."""
-    from tfrecord_pipe.tools import cli
+    from tfrecord_pipe._tools import cli
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -118,7 +118,7 @@ def run_python(code: str, timeout: float = 120, env=None) -> Ran:
 def verified_both_ways(source, dataset, *beam_args):
     """`verify`'s report on this machine, once the Beam pipeline's (`verify_job`, on the local
     runner, with `beam_args` too) is shown to say the same: the same totals and problems."""
-    from tfrecord_pipe.tools import verify, verify_job
+    from tfrecord_pipe._tools import verify, verify_job
 
     here = verify.verify(str(source), str(dataset))
     local_runner = ["--runner", "DirectRunner", *IN_PROCESS, *beam_args]

@@ -47,7 +47,7 @@ def test_no_command_is_bad_input():
 def every_command_parser():
     """(name, parser) of each command: the CLI's sub-commands and the converter's own."""
     from beam_jobs import flags
-    from tfrecord_pipe.tools import cli
+    from tfrecord_pipe._tools import cli
 
     (commands,) = [a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)]
     yield from ((n, p) for n, p in commands.choices.items() if n != "convert")

@@ -11,8 +11,8 @@ import tensorflow as tf
 from google.cloud import storage
 
 from beam_jobs import convert, pipeline, shard_plan, sources
-from tfrecord_pipe.core import manifest, schema
-from tfrecord_pipe.reading import dataset
+from tfrecord_pipe._core import manifest, schema
+from tfrecord_pipe._reading import dataset
 
 from helpers import IN_PROCESS, RGB, jpeg_bytes, run_cli, write_image_folder
 
@@ -258,7 +258,7 @@ def test_remote_sources_of_a_batch_are_read_at_once_and_checked_in_order(gcs, tm
 
     from beam_jobs import load
     from beam_jobs.sources import SourceFile
-    from tfrecord_pipe.core import images
+    from tfrecord_pipe._core import images
 
     src = make_folder(tmp_path / "src", per_label=6, odd=("truncated_jpeg.jpg",))
     bucket = storage.Client().bucket(gcs.bucket)
@@ -303,7 +303,7 @@ def test_a_source_that_changes_between_check_and_write_stops_the_write(tmp_path)
     import google_crc32c
 
     from beam_jobs import load
-    from tfrecord_pipe.core import images
+    from tfrecord_pipe._core import images
 
     path = tmp_path / "a.jpg"
     path.write_bytes(jpeg_bytes(8, 8))
@@ -395,7 +395,7 @@ def test_a_label_offset_out_of_bounds_is_refused_before_any_work(tmp_path, offse
 
 
 def test_tfds_class_names_for_the_largest_offset_take_no_time():
-    from tfrecord_pipe.core import manifest, schema, tfds_metadata
+    from tfrecord_pipe._core import manifest, schema, tfds_metadata
 
     found = manifest.Manifest(labels=("offset_3", "cat"), label_offset=schema.MAX_LABEL_OFFSET,
                               compression="", splits={})  # fmt: skip

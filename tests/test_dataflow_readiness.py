@@ -94,7 +94,7 @@ def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_pa
         check=True,
     )
     probe = (
-        "import beam_jobs.load, tfrecord_pipe.core.schema, importlib.metadata as m;"
+        "import beam_jobs.load, tfrecord_pipe._core.schema, importlib.metadata as m;"
         "print(beam_jobs.load.__file__); print(m.requires('tfrecord-pipe'))"
     )
     # PYTHONPATH comes before site-packages: the import must resolve to the installed wheel.

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe.core import manifest
-from tfrecord_pipe.reading import dataset
+from tfrecord_pipe._core import manifest
+from tfrecord_pipe._reading import dataset
 
 from dataset_factory import write_dataset
 

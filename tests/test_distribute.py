@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from examples import custom_loop, train
-from tfrecord_pipe.reading import distribute
+from tfrecord_pipe._reading import distribute
 
 from dataset_factory import accuracy_on, loss_on, write_dataset
 

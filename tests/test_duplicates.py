@@ -6,7 +6,7 @@ import json
 import pytest
 
 from beam_jobs import convert
-from tfrecord_pipe.core import images, naming
+from tfrecord_pipe._core import images, naming
 
 from helpers import IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from beam_jobs import claim, convert, finalise
-from tfrecord_pipe.core import manifest, naming
-from tfrecord_pipe.reading import dataset
+from tfrecord_pipe._core import manifest, naming
+from tfrecord_pipe._reading import dataset
 
 from helpers import COMMAND, IN_PROCESS, jpeg_bytes, run_cli, run_command, write_image_folder
 

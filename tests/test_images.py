@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfrecord_pipe.core import images
+from tfrecord_pipe._core import images
 
 from helpers import ODD_IMAGES, encode, jpeg_bytes
 

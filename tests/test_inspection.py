@@ -4,9 +4,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfrecord_pipe.core import manifest, schema
-from tfrecord_pipe.reading import dataset
-from tfrecord_pipe.tools import inspection
+from tfrecord_pipe._core import manifest, schema
+from tfrecord_pipe._reading import dataset
+from tfrecord_pipe._tools import inspection
 
 from dataset_factory import write_dataset
 from helpers import jpeg_bytes, run_cli

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tfrecord_pipe import reader
-from tfrecord_pipe.reading import hosts
+from tfrecord_pipe._reading import hosts
 
 from dataset_factory import write_dataset
 
@@ -121,7 +121,7 @@ def free_port() -> int:
 def test_a_tensorflow_program_is_not_taken_for_a_jax_one_because_tensorflow_imports_jax():
     code = (
         "import sys, tensorflow as tf\n"
-        "from tfrecord_pipe.reading import hosts\n"
+        "from tfrecord_pipe._reading import hosts\n"
         "print('imported', 'jax' in sys.modules, hosts.jax_in_use())\n"
         "import jax; jax.devices()\n"
         "print('started', hosts.jax_in_use())\n"

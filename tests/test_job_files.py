@@ -4,7 +4,7 @@ reads. Written and read back, they are what was written; anything else is refuse
 import pytest
 
 from beam_jobs import summary
-from tfrecord_pipe.core.rejection import Rejection
+from tfrecord_pipe._core.rejection import Rejection
 
 
 def test_a_summary_reads_back_as_written_in_one_order_whatever_order_it_was_made_in():

@@ -1,10 +1,10 @@
 """The layers stay layered: each module imports only from its own layer and those below.
 
-    tfrecord_pipe/core      no TensorFlow, no Beam        imports: core
-    tfrecord_pipe/reading   TensorFlow, no Beam           imports: core, reading
+    tfrecord_pipe/_core      no TensorFlow, no Beam        imports: core
+    tfrecord_pipe/_reading   TensorFlow, no Beam           imports: core, reading
     tfrecord_pipe/*.py      the public modules (api)      imports: core, reading
     beam_jobs               Beam, no TensorFlow           imports: core, beam_jobs
-    tfrecord_pipe/tools     the command                   imports: anything
+    tfrecord_pipe/_tools     the command                   imports: anything
 
 Read from the source (every import, including those inside functions), so a dependency
 cannot hide in a function body.
@@ -41,8 +41,8 @@ def layer_of(module: str) -> str | None:
         return "api"
     if parts[0] == "beam_jobs":
         return "beam_jobs"
-    if parts[0] == "tfrecord_pipe":
-        return parts[1] if len(parts) > 1 else None
+    if parts[0] == "tfrecord_pipe":  # _core, _reading, _tools: private by name
+        return parts[1].removeprefix("_") if len(parts) > 1 else None
     raise ValueError(module)
 
 
@@ -106,11 +106,11 @@ def test_the_check_sees_imports_hidden_in_functions_lazy_names_and_relative_impo
     path = tmp_path / "m.py"
     path.write_text(
         "import tfrecord_pipe\nfrom . import x\ndef f():\n"
-        "    from tfrecord_pipe.reading import reader\n    import tensorflow\n"
+        "    from tfrecord_pipe._reading import reader\n    import tensorflow\n"
         "    return tfrecord_pipe.serving.export\n"
     )
     assert imported(path) == {
-        "tfrecord_pipe", "relative import from .", "tfrecord_pipe.reading.reader",
+        "tfrecord_pipe", "relative import from .", "tfrecord_pipe._reading.reader",
         "tensorflow", "tfrecord_pipe.serving",
     }  # fmt: skip
 
@@ -123,7 +123,7 @@ def test_neither_the_core_nor_the_job_loads_tensorflow_and_public_modules_load_w
     import sys
 
     code = (
-        "import sys, tfrecord_pipe, tfrecord_pipe.core.schema, tfrecord_pipe.core.manifest;"
+        "import sys, tfrecord_pipe, tfrecord_pipe._core.schema, tfrecord_pipe._core.manifest;"
         "import tfrecord_pipe.schema, tfrecord_pipe.manifest, tfrecord_pipe.images;"
         "from tfrecord_pipe.schema import ImageRecord; from tfrecord_pipe import manifest;"
         "import beam_jobs.convert, beam_jobs.pipeline, beam_jobs.finalise;"

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from beam_jobs import listing
-from tfrecord_pipe.core import images
+from tfrecord_pipe._core import images
 
 from helpers import jpeg_bytes
 

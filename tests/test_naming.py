@@ -2,7 +2,7 @@
 
 import pytest
 
-from tfrecord_pipe.core import naming
+from tfrecord_pipe._core import naming
 
 
 def test_shard_names_follow_the_design_and_read_back():

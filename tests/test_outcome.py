@@ -4,7 +4,7 @@ import pytest
 
 from beam_jobs import outcome
 from beam_jobs.sources import SourceFile
-from tfrecord_pipe.core import images
+from tfrecord_pipe._core import images
 
 from helpers import jpeg_bytes
 

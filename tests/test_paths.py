@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tfrecord_pipe.core import paths
+from tfrecord_pipe._core import paths
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfrecord_pipe.reading import preprocess
+from tfrecord_pipe._reading import preprocess
 
 from helpers import ODD_IMAGES, encode
 

@@ -2,7 +2,7 @@
 
 import io
 
-from tfrecord_pipe.core import progress
+from tfrecord_pipe._core import progress
 
 
 class Terminal(io.StringIO):

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tfrecord_pipe import reader
-from tfrecord_pipe.reading import tpu_ready
+from tfrecord_pipe._reading import tpu_ready
 
 from dataset_factory import write_dataset
 from helpers import run_python
@@ -199,7 +199,7 @@ def test_fewer_files_than_pipelines_shares_records_with_a_warning(tmp_path, capl
     write_dataset(folder, {"validation": [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]}, labels=labels)
     input_fn = reader.make_input_fn(folder, is_training=False, image_size=SIZE, batch_size=6)
     seen = []
-    with caplog.at_level(logging.WARNING, logger="tfrecord_pipe.reading.file_share"):
+    with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.file_share"):
         for index in range(3):
             elements = batches(input_fn(tf.distribute.InputContext(3, index, 3)))
             seen.append(real_labels(elements))

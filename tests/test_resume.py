@@ -16,8 +16,8 @@ import pytest
 import tensorflow as tf
 
 from tfrecord_pipe import reader
-from tfrecord_pipe.reading import epochs
-from tfrecord_pipe.reading.seeded import pipeline_layout
+from tfrecord_pipe._reading import epochs
+from tfrecord_pipe._reading.seeded import pipeline_layout
 
 from dataset_factory import write_dataset
 from helpers import run_python
@@ -435,6 +435,7 @@ class StopAtEpochEnd(tf.keras.callbacks.Callback):
         self.model.stop_training = True
 
 
+@pytest.mark.slow  # Keras fit, a dozen times
 def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp_path):
     from tfrecord_pipe import distribute
 

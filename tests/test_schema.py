@@ -6,8 +6,8 @@ import itertools
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe.core import schema
-from tfrecord_pipe.reading import records
+from tfrecord_pipe._core import schema
+from tfrecord_pipe._reading import records
 
 from helpers import jpeg_bytes, length_delimited
 

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tfrecord_pipe import reader
-from tfrecord_pipe.reading import tpu_ready
+from tfrecord_pipe._reading import tpu_ready
 
 from dataset_factory import write_dataset
 from helpers import run_cli
@@ -93,7 +93,7 @@ def test_transposed_batches_are_hwcn_whether_whole_or_in_parts(dataset, service,
 
 def test_local_files_warn_that_the_workers_must_see_them_too(dataset, service, caplog):
     address, _ = service
-    with caplog.at_level(logging.WARNING, logger="tfrecord_pipe.reading.service"):
+    with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.service"):
         reader.build_dataset(served_config(dataset, address))
     assert f"data_service with local files ({dataset})" in caplog.text
 

@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfrecord_pipe.core import images as core_images
-from tfrecord_pipe.reading import graph_normalise, preprocess, serving
+from tfrecord_pipe._core import images as core_images
+from tfrecord_pipe._reading import graph_normalise, preprocess, serving
 
 from helpers import jpeg_bytes as jpeg
 from helpers import png_bytes as png

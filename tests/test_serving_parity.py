@@ -17,8 +17,8 @@ import tensorflow as tf
 from PIL import Image
 
 from beam_jobs import convert
-from tfrecord_pipe.core import images, schema
-from tfrecord_pipe.reading import dataset, graph_normalise, preprocess, serving
+from tfrecord_pipe._core import images, schema
+from tfrecord_pipe._reading import dataset, graph_normalise, preprocess, serving
 
 from helpers import IN_PROCESS, ODD_IMAGES, encode
 

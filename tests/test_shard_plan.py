@@ -6,7 +6,7 @@ import pytest
 
 from beam_jobs import shard_plan
 from beam_jobs.sources import split_by_hash
-from tfrecord_pipe.core import naming
+from tfrecord_pipe._core import naming
 
 
 @pytest.mark.parametrize("n, shards", [(10, 3), (1026, 8), (7, 7), (5, 1), (100, 16)])

@@ -9,7 +9,7 @@ import pytest
 
 from beam_jobs import convert, sources
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe.core import images, naming
+from tfrecord_pipe._core import images, naming
 
 from helpers import COLOURS, IN_PROCESS, jpeg_bytes, run_cli, write_image_folder
 

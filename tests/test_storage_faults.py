@@ -56,7 +56,7 @@ def test_a_conversion_on_a_flaky_storage_loses_nothing_or_fails_clearly(gcs, tmp
         # `inspect --check` and the reader, in one process (TensorFlow starts once).
         read = run_python(
             "from tfrecord_pipe import reader\n"
-            "from tfrecord_pipe.tools import cli\n"
+            "from tfrecord_pipe._tools import cli\n"
             f"print('INSPECT EXIT', cli.main(['inspect', {out!r}, '--check']))\n"
             f"ds = reader.make_input_fn({out!r}, is_training=False, image_size=8, batch_size=4)()\n"
             "print('IMAGES', int(sum(int((w.numpy() > 0).sum()) for _, _, w in ds)))",

@@ -7,9 +7,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 from beam_jobs import convert
-from tfrecord_pipe.core import tfds_metadata
-from tfrecord_pipe.core.manifest import Manifest, SplitInfo
-from tfrecord_pipe.reading import dataset
+from tfrecord_pipe._core import tfds_metadata
+from tfrecord_pipe._core.manifest import Manifest, SplitInfo
+from tfrecord_pipe._reading import dataset
 
 from helpers import IN_PROCESS, run_cli, write_image_folder
 

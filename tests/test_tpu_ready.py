@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from tfrecord_pipe import reader
-from tfrecord_pipe.reading import tpu_ready
+from tfrecord_pipe._reading import tpu_ready
 
 from dataset_factory import write_dataset
 

@@ -16,7 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import tfrecord_pipe
 from beam_jobs import claim, finalise, load, pipeline, shard_plan, sources, storage, write_shards
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe.core import images, naming
+from tfrecord_pipe._core import images, naming
 
 from helpers import IN_PROCESS, run_cli, write_image_folder
 
@@ -200,7 +200,7 @@ def test_the_launcher_runs_without_tensorflow(tmp_path):
     src = write_image_folder(tmp_path / "src", per_label=3)
     code = (
         "import sys; sys.modules['tensorflow'] = None  # any import of it fails\n"
-        "from tfrecord_pipe.tools import cli\n"
+        "from tfrecord_pipe._tools import cli\n"
         f"sys.exit(cli.main(['convert', {str(src)!r}, {str(tmp_path / 'out')!r}, "
         f"*{IN_PROCESS!r}]))\n"
     )

@@ -8,9 +8,9 @@ import shutil
 import tensorflow as tf
 
 from beam_jobs import convert
-from tfrecord_pipe.core import schema
-from tfrecord_pipe.reading import dataset
-from tfrecord_pipe.tools import verify
+from tfrecord_pipe._core import schema
+from tfrecord_pipe._reading import dataset
+from tfrecord_pipe._tools import verify
 
 from helpers import COLOURS, IN_PROCESS, jpeg_bytes, length_delimited, run_cli
 

@@ -15,9 +15,9 @@ from google.cloud import storage
 
 from beam_jobs import convert, flags, worker_wheel
 from beam_jobs import storage as beam_storage
-from tfrecord_pipe.core import schema
-from tfrecord_pipe.reading import dataset
-from tfrecord_pipe.tools import verify, verify_job
+from tfrecord_pipe._core import schema
+from tfrecord_pipe._reading import dataset
+from tfrecord_pipe._tools import verify, verify_job
 
 from helpers import IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways
 
@@ -238,7 +238,7 @@ def test_on_dataflow_the_job_stages_a_wheel_with_tensorflow_and_every_step(conve
         metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
         requires = archive.read(metadata).decode()
     assert "Requires-Dist: tensorflow" in requires and "Requires-Dist: apache-beam" in requires
-    assert "tfrecord_pipe/tools/verify_job.py" in names
+    assert "tfrecord_pipe/_tools/verify_job.py" in names
 
 
 def test_a_csv_list_is_listed_as_the_converter_did_one_record_per_file(tmp_path):

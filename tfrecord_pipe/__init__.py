@@ -1,13 +1,13 @@
 """tfrecord-pipe: image folders to TFRecord shards (`beam_jobs`), and TPU-ready input pipelines.
 
 Layers in folders; a layer imports only the ones below it (tests/test_layers.py), and the
-conversion job (`beam_jobs`) sits beside `reading/`, on the core alone:
+conversion job (`beam_jobs`) sits beside `_reading/`, on the core alone:
 
-  core/     no TensorFlow, no Beam: the record format, the dataset's files and manifest,
+  _core/    no TensorFlow, no Beam: the record format, the dataset's files and manifest,
             image normalisation, paths, progress lines. The conversion job's workers use it.
-  reading/  TensorFlow: datasets on disk, the input pipeline, preprocessing, strategies,
+  _reading/ TensorFlow: datasets on disk, the input pipeline, preprocessing, strategies,
             serving, TPU-readiness checks. What training code imports.
-  tools/    the `tfrecord-pipe` command: inspect, verify, bench, and convert (`beam_jobs`).
+  _tools/   the `tfrecord-pipe` command: inspect, verify, bench, and convert (`beam_jobs`).
 
 The public modules sit at the top (`tfrecord_pipe.reader`, ...: docs/api.md lists them and
 their names); each re-exports its part of the layers below. Any import form works, and the

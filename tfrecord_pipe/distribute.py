@@ -1,8 +1,8 @@
 """The strategy for this machine (TPU, GPUs or CPU) and the reader's datasets distributed
-over it. See docs/api.md; the implementation is `tfrecord_pipe.reading.distribute`."""
+over it. See docs/api.md; the implementation is `tfrecord_pipe._reading.distribute`."""
 
-from tfrecord_pipe.reading.fit_resume import FitResume
-from tfrecord_pipe.reading.distribute import (
+from tfrecord_pipe._reading.fit_resume import FitResume
+from tfrecord_pipe._reading.distribute import (
     TpuUnavailableError,
     describe,
     distribute,

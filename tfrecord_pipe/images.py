@@ -1,8 +1,8 @@
 """What the converter makes of an image file (`normalise`, `ImagePolicy`) and why it rejects
 one (`Rejected` and its reasons), without TensorFlow. See docs/api.md; the implementation is
-`tfrecord_pipe.core.images`."""
+`tfrecord_pipe._core.images`."""
 
-from tfrecord_pipe.core.images import (
+from tfrecord_pipe._core.images import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_MAX_PIXELS,
     ImagePolicy,

@@ -1,8 +1,8 @@
 """The image preprocessing shared by training, evaluation and serving, and the normalisation
 of uint8 batches on the accelerator. See docs/api.md; the implementation is
-`tfrecord_pipe.reading.preprocess`."""
+`tfrecord_pipe._reading.preprocess`."""
 
-from tfrecord_pipe.reading.preprocess import (
+from tfrecord_pipe._reading.preprocess import (
     DTYPES,
     MEAN_RGB,
     STDDEV_RGB,

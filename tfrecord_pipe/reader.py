@@ -1,11 +1,11 @@
 """The input pipeline for training and evaluation: `make_input_fn`, or `build_dataset` with a
-`ReaderConfig`. See docs/api.md; the implementation is in `tfrecord_pipe.reading` (`reader`,
+`ReaderConfig`. See docs/api.md; the implementation is in `tfrecord_pipe._reading` (`reader`,
 `reader_config`, `input_fn`, `padded`, `seeded`)."""
 
-from tfrecord_pipe.reading.input_fn import InputFn, make_input_fn
-from tfrecord_pipe.reading.padded import eval_steps, padded_weight
-from tfrecord_pipe.reading.reader import build_dataset, read_records
-from tfrecord_pipe.reading.reader_config import (
+from tfrecord_pipe._reading.input_fn import InputFn, make_input_fn
+from tfrecord_pipe._reading.padded import eval_steps, padded_weight
+from tfrecord_pipe._reading.reader import build_dataset, read_records
+from tfrecord_pipe._reading.reader_config import (
     ReaderConfig,
     Source,
     data_options,

@@ -1,7 +1,7 @@
 """The record format: feature keys, `ImageRecord`, `serialize` and `decode_example`, without
-TensorFlow. See docs/api.md; the implementation is `tfrecord_pipe.core.schema`."""
+TensorFlow. See docs/api.md; the implementation is `tfrecord_pipe._core.schema`."""
 
-from tfrecord_pipe.core.schema import (
+from tfrecord_pipe._core.schema import (
     CHANNELS,
     COLORSPACE,
     DEFAULT_LABEL_OFFSET,

@@ -1,7 +1,7 @@
 """Export a model whose serving signature takes image files' bytes and gives it the pixels
-evaluation gave it. See docs/api.md; the implementation is `tfrecord_pipe.reading.serving`."""
+evaluation gave it. See docs/api.md; the implementation is `tfrecord_pipe._reading.serving`."""
 
-from tfrecord_pipe.reading.serving import (
+from tfrecord_pipe._reading.serving import (
     DEFAULT_MAX_REQUEST_PIXELS,
     INPUT_NAME,
     SIGNATURE,

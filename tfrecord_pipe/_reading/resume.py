@@ -24,7 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfrecord_pipe.reading import epochs, seeded
+from tfrecord_pipe._reading import epochs, seeded
 
 FORMAT = "tfrecord-pipe/position"
 VERSION = 1

@@ -9,9 +9,9 @@ import os
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import keywords, naming
-from tfrecord_pipe.reading import dataset as dataset_lib
-from tfrecord_pipe.reading import preprocess
+from tfrecord_pipe._core import keywords, naming
+from tfrecord_pipe._reading import dataset as dataset_lib
+from tfrecord_pipe._reading import preprocess
 
 log = logging.getLogger(__name__)
 

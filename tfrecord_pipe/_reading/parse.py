@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import schema
-from tfrecord_pipe.reading import preprocess, records
+from tfrecord_pipe._core import schema
+from tfrecord_pipe._reading import preprocess, records
 
 def parse_fn(config, source, image_fn=None):
     """Record (and, seeded, the example's augmentation seed) to (image, label[, weight]):

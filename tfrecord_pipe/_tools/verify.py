@@ -34,10 +34,10 @@ from concurrent import futures
 import tensorflow as tf
 
 from beam_jobs import flags, outcome, sources
-from tfrecord_pipe.core import images, manifest, messages, naming, paths, schema, tfds_metadata
-from tfrecord_pipe.core import rejection as rejection_lib
-from tfrecord_pipe.reading import dataset as dataset_lib
-from tfrecord_pipe.reading import records
+from tfrecord_pipe._core import images, manifest, messages, naming, paths, schema, tfds_metadata
+from tfrecord_pipe._core import rejection as rejection_lib
+from tfrecord_pipe._reading import dataset as dataset_lib
+from tfrecord_pipe._reading import records
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import logging
 
 import tensorflow as tf
 
-from tfrecord_pipe.reading import dataset
+from tfrecord_pipe._reading import dataset
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from tfrecord_pipe.core import paths
+from tfrecord_pipe._core import paths
 
 MANIFEST_NAME = "manifest.json"
 LABELS_NAME = "labels.txt"

@@ -8,8 +8,8 @@ import math
 
 import tensorflow as tf
 
-from tfrecord_pipe.reading import file_share
-from tfrecord_pipe.reading.reader_config import ReaderConfig, Source, resolve_source
+from tfrecord_pipe._reading import file_share
+from tfrecord_pipe._reading.reader_config import ReaderConfig, Source, resolve_source
 
 log = logging.getLogger(__name__)
 

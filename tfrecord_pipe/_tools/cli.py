@@ -19,7 +19,7 @@ import re
 import sys
 import tempfile
 
-from tfrecord_pipe.core import help_format, paths
+from tfrecord_pipe._core import help_format, paths
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -196,7 +196,7 @@ def _start_tensorflow(verbose: bool) -> None:
 
 
 def _inspect(args) -> int:
-    from tfrecord_pipe.tools import inspection
+    from tfrecord_pipe._tools import inspection
 
     _require_path(args.path)
     if args.grid:
@@ -245,7 +245,7 @@ def _require_path(path: str) -> None:
 
 
 def _verify(args) -> int:
-    from tfrecord_pipe.tools import verify
+    from tfrecord_pipe._tools import verify
 
     if args.beam_args:
         from beam_jobs import flags
@@ -257,7 +257,7 @@ def _verify(args) -> int:
     if not args.beam_args:
         report = verify.verify(args.source, args.dataset)
     else:
-        from tfrecord_pipe.tools import verify_job
+        from tfrecord_pipe._tools import verify_job
 
         try:
             report = verify_job.run(args.source, args.dataset, args.beam_args)
@@ -286,7 +286,7 @@ def _check_verify_order(args) -> None:
 
 
 def _bench(args) -> int:
-    from tfrecord_pipe.tools import bench
+    from tfrecord_pipe._tools import bench
 
     _require_path(args.path)
     if args.seconds <= 0 or args.batch_size < 1 or args.image_size < 1:

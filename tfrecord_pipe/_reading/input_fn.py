@@ -9,10 +9,10 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import keywords
-from tfrecord_pipe.reading import hosts, resume
-from tfrecord_pipe.reading.reader import build_dataset
-from tfrecord_pipe.reading.reader_config import ReaderConfig
+from tfrecord_pipe._core import keywords
+from tfrecord_pipe._reading import hosts, resume
+from tfrecord_pipe._reading.reader import build_dataset
+from tfrecord_pipe._reading.reader_config import ReaderConfig
 
 
 class InputFn:

@@ -18,8 +18,8 @@ import os
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import manifest as manifest_lib
-from tfrecord_pipe.core import naming, paths
+from tfrecord_pipe._core import manifest as manifest_lib
+from tfrecord_pipe._core import naming, paths
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import images
-from tfrecord_pipe.reading import preprocess
+from tfrecord_pipe._core import images
+from tfrecord_pipe._reading import preprocess
 
 JPEG, PNG, GIF, WEBP, BMP, TIFF, UNKNOWN = range(7)
 FORMAT_NAMES = ("JPEG", "PNG", "GIF", "WebP", "BMP", "TIFF", "unknown")

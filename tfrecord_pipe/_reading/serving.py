@@ -21,8 +21,8 @@ import tempfile
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import images, keywords
-from tfrecord_pipe.reading import dataset, graph_normalise, preprocess
+from tfrecord_pipe._core import images, keywords
+from tfrecord_pipe._reading import dataset, graph_normalise, preprocess
 
 INPUT_NAME = "image_bytes"
 SIGNATURE = "serving_default"

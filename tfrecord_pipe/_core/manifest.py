@@ -11,7 +11,7 @@ import dataclasses
 import json
 import re
 
-from tfrecord_pipe.core import naming, schema, tfds_metadata
+from tfrecord_pipe._core import naming, schema, tfds_metadata
 
 DUPLICATES_AND_TFDS_SINCE = (0, 3)  # the version that began to write both
 

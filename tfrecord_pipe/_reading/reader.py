@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from tfrecord_pipe.reading import file_share, padded, parse, records, seeded, service
-from tfrecord_pipe.reading.reader_config import (
+from tfrecord_pipe._reading import file_share, padded, parse, records, seeded, service
+from tfrecord_pipe._reading.reader_config import (
     ReaderConfig,
     Source,
     data_options,

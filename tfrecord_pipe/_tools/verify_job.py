@@ -24,9 +24,9 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from beam_jobs import flags, sources, storage, worker_wheel
-from tfrecord_pipe.core import manifest, messages, paths
-from tfrecord_pipe.tools import verify
-from tfrecord_pipe.tools.verify import (
+from tfrecord_pipe._core import manifest, messages, paths
+from tfrecord_pipe._tools import verify
+from tfrecord_pipe._tools.verify import (
     COUNT,
     FILES,
     INPUTS,

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from tfrecord_pipe.core import naming, schema
+from tfrecord_pipe._core import naming, schema
 
 if TYPE_CHECKING:  # the manifest module writes these files (`manifest.files_of`)
-    from tfrecord_pipe.core.manifest import Manifest
+    from tfrecord_pipe._core.manifest import Manifest
 
 DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import network, paths
+from tfrecord_pipe._core import network, paths
 
 log = logging.getLogger(__name__)
 

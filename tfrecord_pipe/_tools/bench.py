@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import naming, progress, schema
-from tfrecord_pipe.reading import dataset as dataset_lib
+from tfrecord_pipe._core import naming, progress, schema
+from tfrecord_pipe._reading import dataset as dataset_lib
 from tfrecord_pipe import reader
-from tfrecord_pipe.reading import records
+from tfrecord_pipe._reading import records
 
 WARMUP_BATCHES = 3  # threads started, shuffle buffer filled, autotuning begun
 # A pipeline whose whole pass is fewer batches than this is timed mostly starting up again

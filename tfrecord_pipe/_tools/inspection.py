@@ -21,10 +21,10 @@ import statistics
 import tensorflow as tf
 from PIL import Image, ImageDraw
 
-from tfrecord_pipe.core import manifest as manifest_lib
-from tfrecord_pipe.core import messages, naming, paths, schema
-from tfrecord_pipe.reading import dataset as dataset_lib
-from tfrecord_pipe.reading import records
+from tfrecord_pipe._core import manifest as manifest_lib
+from tfrecord_pipe._core import messages, naming, paths, schema
+from tfrecord_pipe._reading import dataset as dataset_lib
+from tfrecord_pipe._reading import records
 
 DEFAULT_SAMPLE = 5000  # records read per split for the histograms
 _BAR = 30  # width of the longest histogram bar, in characters

@@ -25,7 +25,7 @@ import os
 
 import tensorflow as tf
 
-from tfrecord_pipe.reading import distribute, epochs, seeded
+from tfrecord_pipe._reading import distribute, epochs, seeded
 
 FACTS_NAME = "tfrecord_pipe_position.json"  # in the backup's folder: what its steps mean
 

@@ -13,7 +13,7 @@ import sys
 
 import tensorflow as tf
 
-from tfrecord_pipe.core import messages, schema
+from tfrecord_pipe._core import messages, schema
 
 _DTYPES = {schema.BYTES: tf.string, schema.INT64: tf.int64}
 

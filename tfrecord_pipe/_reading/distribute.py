@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfrecord_pipe.core import network
-from tfrecord_pipe.reading import resume
+from tfrecord_pipe._core import network
+from tfrecord_pipe._reading import resume
 
 TPU, GPUS, CPU = "tpu", "gpus", "cpu"
 # Device files of a Cloud TPU VM's local chips (/dev/accel* up to v4, /dev/vfio/* from v5).

@@ -7,8 +7,8 @@ import os
 
 import tensorflow as tf
 
-from tfrecord_pipe.reading import epochs, file_share, parse, records
-from tfrecord_pipe.reading.reader_config import ReaderConfig, Source, resolve_source
+from tfrecord_pipe._reading import epochs, file_share, parse, records
+from tfrecord_pipe._reading.reader_config import ReaderConfig, Source, resolve_source
 
 # Parse-and-decode calls in flight per core in a seeded pipeline, whose order is fixed.
 SEEDED_CALLS_PER_CORE = 2
