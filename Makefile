@@ -27,13 +27,13 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 # pytest exits 5 when it collects nothing; that is a failure here, said out loud.
 test: $(STAMP)
-	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: no tests were collected; failing." >&2; fi; \
 	  exit $$rc
 
 # The fast part (no end-to-end runs), for a developer's own loop.
 test-fast: $(STAMP)
-	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" $(PYTEST_ARGS)
 
 # The suite against the newest release of every dependency, upper bounds lifted, in a venv of
 # its own (.venv-latest): upstream breaks show here before users meet them. Not part of CI.
@@ -46,7 +46,7 @@ test-latest:
 	.venv-latest/bin/python -m pip install --quiet --no-deps -e .
 	.venv-latest/bin/python -m pip freeze --exclude-editable > .venv-latest/versions.txt
 	@echo "make test-latest: versions in .venv-latest/versions.txt"
-	.venv-latest/bin/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	.venv-latest/bin/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # Writes constraints.txt anew: the newest versions within pyproject.toml's ranges, resolved in
 # a fresh venv. Run `make test` after it, and commit both only if the suite passes.

@@ -96,6 +96,7 @@ def test_training_repeats_every_record_once_per_epoch(dataset):
         assert abs(seen[label] - 60 * per_epoch) <= 7
 
 
+@pytest.mark.slow  # four training pipelines read
 def test_training_order_follows_the_seed(dataset):
     def labels(seed):
         ds = reader.make_input_fn(

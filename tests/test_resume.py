@@ -54,6 +54,7 @@ def digests(dataset, count):
     return [digest(batch) for batch in dataset.take(count)]
 
 
+@pytest.mark.slow  # 36 batches made four times
 def test_one_seed_gives_bit_identical_batches_and_another_seed_others(folder):
     first = digests(seeded(folder), 12)
     assert digests(seeded(folder), 12) == first
@@ -79,7 +80,7 @@ def test_keys_name_the_records_the_labels_came_from(folder):
         assert labels == [labels_by_key[key] for key in keys]
 
 
-@pytest.mark.parametrize("start", [1, 4, 8, 9, 17, 25])  # mid-window, epoch ends, later epochs
+@pytest.mark.parametrize("start", [1, 8, 9, 25])  # mid-window, epoch ends, a later epoch
 def test_a_stream_started_at_a_position_goes_on_exactly(folder, start):
     reference = digests(seeded(folder), 30)
     assert digests(seeded(folder, start), 30 - start) == reference[start:]
@@ -148,6 +149,7 @@ def test_a_checkpoint_restored_into_other_settings_is_refused(folder, tmp_path):
             next(restored)
 
 
+@pytest.mark.slow  # three checkpoints written and restored
 @pytest.mark.parametrize("saved_from, restored_into", [(0, 3), (3, 6), (3, 0)])
 def test_a_checkpoint_restored_into_a_stream_built_from_another_start_is_refused(
     folder, tmp_path, saved_from, restored_into
@@ -374,6 +376,7 @@ def test_two_hosts_killed_together_each_go_on_at_their_next_batch(folder, tmp_pa
     assert sorted(keys_of_first_epoch) == list(range(RECORDS))
 
 
+@pytest.mark.slow  # a strategy's iterator built seven times
 def test_the_resumable_distributed_iterator_restores_and_refuses_other_settings(folder, tmp_path):
     from tfrecord_pipe import distribute
 
