@@ -92,6 +92,9 @@ class ConvertConfig:
         """
         fields = dict(record)
         policy = fields.pop("policy", None)
+        if isinstance(policy, dict):
+            # Recorded before colour profiles were kept (0.4.0): made without them.
+            policy = {"keep_icc_profile": False, **policy}
         names = {field.name for field in dataclasses.fields(cls)} - {"policy"}
         policy_names = {field.name for field in dataclasses.fields(images.ImagePolicy)}
         missing = sorted({"source", "output"} - set(fields)) + ([] if policy else ["policy"])

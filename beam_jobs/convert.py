@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -63,11 +64,29 @@ def run(
     parser = flags.make_parser(prog)
     args, beam_args = flags.parse(parser, argv)
     flags.check_beam_flags(beam_args, parser)
-    # Beam's INFO lines are worker chatter, not progress (the progress line is ours); a failed
-    # step's traceback, which Beam logs before it stops, is said in one line by our error.
-    logging.getLogger("apache_beam").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    for name in BEAM_FAILURE_LOGGERS:
-        logging.getLogger(name).setLevel(logging.NOTSET if args.verbose else logging.CRITICAL)
+    with _beam_logging(args.verbose):
+        return _convert(args, beam_args, save_main_session)
+
+
+@contextlib.contextmanager
+def _beam_logging(verbose: bool):
+    """Beam's INFO lines are worker chatter, not progress (the progress line is ours); a failed
+    step's traceback, which Beam logs before it stops, is said in one line by our error. The
+    levels are put back after the run, for a program that runs other pipelines."""
+    levels = {"apache_beam": logging.INFO if verbose else logging.WARNING}
+    levels.update({name: logging.NOTSET if verbose else logging.CRITICAL
+                   for name in BEAM_FAILURE_LOGGERS})  # fmt: skip
+    before = {name: logging.getLogger(name).level for name in levels}
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | None:
     with _cloud_errors_said_plainly(f"{args.source} or {args.output}"):
         config = sources.resolve_layout(flags.config_from_args(args))
         finalise.check_output(config)
@@ -109,7 +128,7 @@ def run(
             said = finalise.nothing_written(temp_dir)  # the job's last step found no dataset
             if said is not None:
                 raise finalise.NothingWrittenError(said) from None
-            raise JobFailedError(_failed(config, temp_dir, err)) from err
+            raise JobFailedError(_failed(config, temp_dir, err, args.verbose)) from err
         if not waits:
             _say_launched(config, template, result)
             return None
@@ -118,10 +137,21 @@ def run(
     return found
 
 
-def _failed(config: ConvertConfig, temp_dir: str, err: Exception) -> str:
+def _failed(config: ConvertConfig, temp_dir: str, err: Exception, verbose: bool) -> str:
     """What a failed job left, and what to do."""
     what = f"The conversion job failed ({type(err).__name__}: {messages.one_line(err)})."
-    if finalise.began(temp_dir):
+    if not verbose:
+        what += " (--verbose shows Beam's traceback.)"
+    try:
+        written, began = finalise.written(temp_dir), finalise.began(temp_dir)
+    except Exception:  # the storage that failed the job may fail this look too
+        written = began = False
+    if written:
+        return (
+            f"{what} The dataset was written ({config.output} has its manifest); only the "
+            f"clean-up failed, and the next conversion into {config.output} removes what it left."
+        )
+    if began:
         return (
             f"{what} It failed while finalising: some of its files may be in {config.output} "
             "already, but there is no manifest, so that folder holds no dataset (not the new, "
@@ -220,7 +250,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
         interrupted.append(signum)  # Beam may wrap the KeyboardInterrupt in its own error
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, interrupt)
+    # Only where Ctrl-C would stop the program anyway: not when SIGINT is ignored (a job
+    # started in the background) or handled by the caller, nor outside the main thread.
+    ours = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+    previous = signal.signal(signal.SIGINT, interrupt) if ours else None
     try:
         run(argv, prog=prog)
     except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as err:
@@ -234,11 +270,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
                 file=sys.stderr,
             )
             return 130
-        LOG.debug("The job's own error", exc_info=err.__cause__)
-        print(f"error: {err} (--verbose shows Beam's traceback)", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if ours:
+            signal.signal(signal.SIGINT, previous)
     return 0
 
 

@@ -13,6 +13,7 @@ there meanwhile.
 from __future__ import annotations
 
 import json
+import logging
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -21,6 +22,7 @@ from beam_jobs import claim, storage, summary
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import manifest, naming, paths, tfds_metadata
 
+LOG = logging.getLogger(__name__)
 TEMP_PREFIX = ".tmp-"  # OUT/.tmp-<run>: where a run writes before finalising
 # In the temporary folder:
 SUMMARY_NAME = "_summary.json"  # the job's shards, counts and labels (`pipeline.WriteSummary`)
@@ -55,7 +57,7 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
         raise ValueError(f"{err}: the output must be a folder (a new one, or a dataset's).")
     old = read_manifest(out) if naming.MANIFEST_NAME in files else None
     # What a failed or killed finalise moved in is no dataset: the next run removes it.
-    unfinished = {name for folder in _leftovers(out, folders) for name in _orphans(out, folder)}
+    unfinished = {name for folder in _leftovers(out, folders) for name in _moved_in(out, folder)}
     found = sorted(
         name for name in files
         if (naming.split_of(name) or name == naming.MANIFEST_NAME) and name not in unfinished
@@ -81,7 +83,11 @@ def read_manifest(folder: str) -> manifest.Manifest:
     """
     path = paths.join(folder, naming.MANIFEST_NAME)
     try:
-        return manifest.Manifest.from_file_text(storage.read_text(path), path)
+        try:
+            text = storage.read_text(path)
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text ({err.reason})") from err
+        return manifest.Manifest.from_file_text(text, path)
     except ValueError as err:
         raise ValueError(
             f"{err}, so the files of the dataset in that folder are unknown. Write elsewhere, "
@@ -103,7 +109,7 @@ def clear_leftovers(out: str) -> list[str]:
     for folder in leftovers:
         # A run killed while finalising moved some of its files in, and the manifest of the
         # dataset it replaced may be gone: only its temporary folder knows those files.
-        storage.delete([paths.join(out, name) for name in _orphans(out, folder)])
+        storage.delete([paths.join(out, name) for name in _moved_in(out, folder)])
         storage.delete_folder(folder)
     _, files = storage.children(out)
     parts = sorted(paths.join(out, name) for name in files if name.startswith(storage.PART_PREFIX))
@@ -116,9 +122,26 @@ def _leftovers(out: str, folders) -> list[str]:
     return sorted(paths.join(out, name) for name in folders if name.startswith(TEMP_PREFIX))
 
 
+def _moved_in(out: str, temp_dir: str) -> list[str]:
+    """What a run's finalise moved into `out` and left there; nothing known when its
+    temporary folder cannot be read (damaged, or going away as that run ends): those files
+    then count as a dataset's, which only --overwrite replaces, and are not deleted with the
+    folder (a warning names it)."""
+    try:
+        return _orphans(out, temp_dir)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # BeamIOError is an OSError
+        LOG.warning("Cannot tell what %s moved into %s: %s", temp_dir, out, err)
+        return []
+
+
 def began(temp_dir: str) -> bool:
     """Whether a run's finalise had begun to change the output folder."""
     return FileSystems.exists(paths.join(temp_dir, PLAN_NAME))
+
+
+def written(temp_dir: str) -> bool:
+    """Whether a run's finalise wrote the manifest (only its clean-up may be left)."""
+    return FileSystems.exists(paths.join(temp_dir, DONE_NAME))
 
 
 def _orphans(out: str, temp_dir: str) -> list[str]:

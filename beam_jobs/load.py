@@ -107,12 +107,16 @@ def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int)
     Raises:
       SourceChangedError: the file changed since it was checked; rerun the job.
     """
-    data = storage.read_input(checked.path, policy.max_file_bytes)
+    changed = SourceChangedError(
+        f"{checked.path} changed while the job ran (its checksum differs from when it was "
+        "checked). Rerun the conversion once the inputs are stable."
+    )
+    try:
+        data = storage.read_input(checked.path, policy.max_file_bytes)
+    except images.Rejected as err:  # emptied, grown past the cap, replaced by a FIFO, ...
+        raise changed from err
     if google_crc32c.value(data) != checked.crc32c:
-        raise SourceChangedError(
-            f"{checked.path} changed while the job ran (its checksum differs from when it "
-            "was checked). Rerun the conversion once the inputs are stable."
-        )
+        raise changed
     encoded = images.normalise(data, policy).encoded if checked.reencoded else data
     record = schema.ImageRecord(
         encoded=encoded,

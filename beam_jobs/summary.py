@@ -65,10 +65,28 @@ class Summary:
 
     @classmethod
     def from_json(cls, text: str) -> Summary:
+        """Also reads the summaries of tfrecord-pipe before 0.4.0, which a killed run may have
+        left (count rows {"what": "listed" or "rejected:REASON"}, the labels in a list of
+        one, duplicate totals as rows)."""
         data = json.loads(text)
+        counts = [_count(row) for row in data["counts"]]
+        labels = data["labels"]
+        if labels and isinstance(labels[0], list):
+            (labels,) = labels
+        duplicates = data["duplicates"]
+        if isinstance(duplicates, list):
+            duplicates = {row["what"]: row["n"] for row in duplicates}
         return cls(
             shards=tuple(ShardWritten(**row) for row in data["shards"]),
-            counts=tuple(SplitCount(**row) for row in data["counts"]),
-            labels=tuple(data["labels"]),
-            duplicates=data["duplicates"],
+            counts=tuple(counts),
+            labels=tuple(labels),
+            duplicates=duplicates,
         )
+
+
+def _count(row: dict) -> SplitCount:
+    if "what" in row:  # before 0.4.0
+        what = row["what"]
+        reason = None if what == "listed" else what.removeprefix("rejected:")
+        return SplitCount(row["split"], reason, row["n"])
+    return SplitCount(**row)

@@ -156,3 +156,43 @@ def test_ctrl_c_says_interrupted_and_the_same_command_again_converts(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert run_cli("verify", src, out).returncode == 0
 
+
+def test_a_conversion_that_ignores_sigint_keeps_ignoring_it_and_main_runs_in_a_thread(tmp_path):
+    # Started in the background by a script (SIGINT ignored), a conversion must not be stopped
+    # by a Ctrl-C meant for the foreground; and main() in a thread must not fail on signals.
+    src = write_image_folder(tmp_path / "src", per_label=30)
+    out = tmp_path / "out"
+    ignoring = subprocess.Popen(
+        [COMMAND, "convert", str(src), str(out), *IN_PROCESS], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (out / claim.CLAIM_NAME).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    ignoring.send_signal(signal.SIGINT)
+    _, stderr = ignoring.communicate(timeout=120)
+    assert ignoring.returncode == 0 and (out / naming.MANIFEST_NAME).exists(), stderr[-2000:]
+
+    import threading
+
+    answers = []
+    thread = threading.Thread(target=lambda: answers.append(convert.main([str(src), str(out)])))
+    thread.start()
+    thread.join(60)
+    assert answers == [2]  # the dataset is there: refused with its line, no signal error
+
+
+def test_a_temporary_folder_that_cannot_be_read_counts_as_files_not_a_crash(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=3)
+    out = tmp_path / "out"
+    convert_(src, out, "--num_shards", 1)
+    (out / naming.MANIFEST_NAME).unlink()  # as if a finalise died before its manifest
+    leftover = out / f"{finalise.TEMP_PREFIX}abc"
+    leftover.mkdir()
+    (leftover / finalise.PLAN_NAME).write_text("{damaged")
+    with pytest.raises(FileExistsError, match="already holds a dataset"):
+        convert_(src, out, "--num_shards", 1)
+    result = convert_(src, out, "--num_shards", 1, "--overwrite")
+    assert result.splits["train"].num_examples == 9 and not leftover.exists()
+

@@ -27,3 +27,30 @@ def test_a_rejection_line_reads_back_and_what_is_not_one_is_refused():
                  "[" * 100_000, "not json"):  # fmt: skip
         with pytest.raises(ValueError):
             Rejection.from_json(text)
+
+
+def test_a_summary_left_by_a_run_of_the_version_before_reads_as_the_same_summary():
+    # A killed run of 0.3.0 leaves this in its temporary folder; the next run reads it.
+    old = (
+        '{"counts": [{"n": 11, "split": "train", "what": "listed"}, '
+        '{"n": 1, "split": "train", "what": "rejected:truncated"}], '
+        '"duplicates": [{"n": 1, "what": "groups"}], "labels": [["a", "b"]], '
+        '"shards": [{"bytes": 5, "count": 10, "file": "train-00000-of-00001.tfrecord", '
+        '"index": 0, "shards": 1, "split": "train"}]}'
+    )
+    read = summary.Summary.from_json(old)
+    assert read.counts == (summary.SplitCount("train", None, 11),
+                           summary.SplitCount("train", "truncated", 1))  # fmt: skip
+    assert read.labels == ("a", "b") and read.duplicates == {"groups": 1}
+    assert read.shards[0].file == "train-00000-of-00001.tfrecord"
+
+
+def test_a_policy_recorded_before_colour_profiles_were_kept_says_they_were_not():
+    # verify re-makes each record with the recorded policy: a dataset of 0.3.0 has none.
+    from beam_jobs.config import ConvertConfig
+
+    record = ConvertConfig(source="s", output="o").to_record()
+    assert ConvertConfig.from_record(record).policy.keep_icc_profile
+    del record["policy"]["keep_icc_profile"]
+    assert not ConvertConfig.from_record(record).policy.keep_icc_profile
+

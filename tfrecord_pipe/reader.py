@@ -5,6 +5,7 @@
 from tfrecord_pipe._reading.input_fn import InputFn, make_input_fn
 from tfrecord_pipe._reading.padded import eval_steps, padded_weight
 from tfrecord_pipe._reading.reader import build_dataset, read_records
+from tfrecord_pipe._reading.records import parse_spec
 from tfrecord_pipe._reading.reader_config import (
     ReaderConfig,
     Source,
@@ -22,6 +23,7 @@ __all__ = [
     "eval_steps",
     "make_input_fn",
     "padded_weight",
+    "parse_spec",
     "prefetch_size",
     "read_records",
     "resolve_source",

@@ -71,6 +71,9 @@ class ImagePolicy:
       allow_other_formats: re-encode PNG/GIF/WebP/BMP/TIFF inputs as JPEG (True) or reject
         them (False).
       max_file_bytes: input files larger than this are rejected without being read.
+      keep_icc_profile: a re-encoded image keeps its RGB colour profile, as one stored byte
+        for byte does. Datasets of tfrecord-pipe before 0.4.0 were made without (their
+        recorded policies say so, for `verify`).
     """
 
     max_side: int | None = None
@@ -78,6 +81,7 @@ class ImagePolicy:
     max_pixels: int = DEFAULT_MAX_PIXELS
     allow_other_formats: bool = True
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    keep_icc_profile: bool = True
 
     def __post_init__(self):
         problems = []
@@ -297,7 +301,7 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
     image = _open(data, policy)
     width, height = image.size
     orientation = _orientation(image, data)
-    profile = _rgb_profile(image)
+    profile = _rgb_profile(image) if policy.keep_icc_profile else None
     stored_as_is = (
         image.format == "JPEG"
         and image.mode == "RGB"

@@ -11,12 +11,25 @@ LIMIT = 500  # characters
 # TensorFlow's additions to an op's error: `{{function_node __inference_...}}` and
 # `[Op:IteratorGetNext] name: ...`.
 _TENSORFLOW_NOISE = re.compile(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$")
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 def one_line(error: BaseException | str) -> str:
-    """The first line of `error` (a TensorFlow error's own message), without TensorFlow's op
-    names, at most LIMIT characters."""
-    text = error if isinstance(error, str) else getattr(error, "message", None) or str(error)
-    text = text.strip()
-    line = text.splitlines()[0] if text else ""
+    """The first line of `error` (a TensorFlow error's own message; the exception's line of a
+    traceback carried as text, as Beam's workers send them), without TensorFlow's op names,
+    at most LIMIT characters."""
+    if isinstance(error, str):
+        text = error
+    elif type(error).__module__.startswith("tensorflow"):
+        text = getattr(error, "message", None) or str(error)
+    else:  # str(), not .message: a Google API error's has its status code
+        text = str(error)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[0]
+    if _TRACEBACK in line:
+        exception_lines = [line for line in lines if not line.startswith((" ", "\t"))]
+        line = exception_lines[-1] if exception_lines else line
     return _TENSORFLOW_NOISE.sub("", line).strip()[:LIMIT]
+
