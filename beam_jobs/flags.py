@@ -7,6 +7,7 @@ Our flags become a `ConvertConfig` (`config_from_args`); every other flag must b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import functools
 import math
@@ -149,7 +150,10 @@ def recorded_config(record: dict) -> ConvertConfig:
     flags = record["flags"]
     defaults = vars(make_parser().parse_args([flags.get("source", ""), flags.get("output", "")]))
     known = {name: value for name, value in flags.items() if name in defaults}
-    return config_from_args(argparse.Namespace(**{**defaults, **known}))
+    config = config_from_args(argparse.Namespace(**{**defaults, **known}))
+    # 0.1 re-encoded images without their colour profiles.
+    policy = dataclasses.replace(config.policy, keep_icc_profile=False)
+    return dataclasses.replace(config, policy=policy)
 
 
 def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser,
