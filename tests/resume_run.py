@@ -13,6 +13,8 @@ MODE:
   fit       Keras fit, epochs of 6 steps, 2 steps per execution, BackupAndRestore(save_freq=3)
             with FitResume beside it
   fit_mirrored  the same under a MirroredStrategy of two logical CPUs, 1 step per execution
+  fit_jax   Keras fit under KERAS_BACKEND=jax (set by the caller): no per-step log (the
+            steps are JAX's), but the final weights' hash, "WEIGHTS sha", at the end
 
 Each step appends "STEP s KEYS k,k,... PIXELS sha" to WORKDIR/log (under fit_mirrored one line
 per replica, with "REPLICA r" after it; fit also logs "EPOCH e ENDS s" at each epoch's end);
@@ -113,9 +115,14 @@ def fit_run(mode, dataset, workdir, steps, kill_at):
 
     strategy = mirrored_cpus() if mode == "fit_mirrored" else None
     per_execution = 1 if strategy else 2  # Keras fails with more under MirroredStrategy
+    on_jax = mode == "fit_jax"
     input_fn = reader.make_input_fn(
-        dataset, is_training=True, image_size=SIZE, batch_size=BATCH, seed=SEED, with_keys=True
-    )
+        dataset, is_training=True, image_size=SIZE, batch_size=BATCH, seed=SEED,
+        with_keys=not on_jax,
+    )  # fmt: skip
+
+    def steps_done(model):
+        return int(tf.keras.ops.convert_to_numpy(model.optimizer.iterations))
 
     class Logged(tf.keras.Model):
         """Logs the keys and pixels of each step's batch, as it trains on it."""
@@ -133,15 +140,16 @@ def fit_run(mode, dataset, workdir, steps, kill_at):
 
     class Ends(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            if int(self.model.optimizer.iterations.numpy()) == kill_at:
+            if steps_done(self.model) == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
 
         def on_epoch_end(self, epoch, logs=None):
-            log_line(workdir, f"EPOCH {epoch} ENDS {int(self.model.optimizer.iterations.numpy())}")
+            log_line(workdir, f"EPOCH {epoch} ENDS {steps_done(self.model)}")
 
+    tf.keras.utils.set_random_seed(SEED)  # the same initial weights in every run
     with strategy.scope() if strategy else contextlib.nullcontext():
         base = model()
-        net = Logged(base.inputs, base.outputs)
+        net = base if on_jax else Logged(base.inputs, base.outputs)
         net.compile(optimizer=tf.keras.optimizers.SGD(0.01), jit_compile=False,
                     steps_per_execution=per_execution,
                     loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
@@ -152,6 +160,8 @@ def fit_run(mode, dataset, workdir, steps, kill_at):
         print("RESTORED", resume.restored_steps, flush=True)
     net.fit(data, epochs=steps // 6, steps_per_epoch=6, verbose=0, shuffle=False,
             callbacks=[backup, resume, Ends()])  # fmt: skip
+    weights = b"".join(np.asarray(w).tobytes() for w in net.get_weights())
+    log_line(workdir, f"WEIGHTS {hashlib.sha256(weights).hexdigest()[:16]}")
 
 
 def jax_run(host, dataset, workdir, steps, kill_at):

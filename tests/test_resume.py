@@ -353,6 +353,29 @@ def test_a_killed_run_goes_on_at_the_next_batch(folder, tmp_path, mode, kill_at,
 
 
 @pytest.mark.slow
+def test_keras_fit_on_jax_killed_and_resumed_ends_with_the_uninterrupted_runs_weights(
+    folder, tmp_path, monkeypatch
+):
+    # JAX's steps cannot log their batches from inside; the weights they end with can only
+    # be the uninterrupted run's if every batch after the restore was the one it had.
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    whole.mkdir(), killed.mkdir()
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
+    command = [sys.executable, str(ROOT / "tests" / "resume_run.py"), "fit_jax", folder]
+    done = subprocess.run([*command, str(whole), "24"], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    [printed] = killed_and_resumed(folder, [killed], ["fit_jax"], 24, 18)
+    assert "RESTORED 16" in printed
+    ends = ["EPOCH 0 ENDS 6", "EPOCH 1 ENDS 12", "EPOCH 2 ENDS 18", "EPOCH 3 ENDS 24"]
+    expected = (whole / "log").read_text().splitlines()
+    assert expected[:4] == ends
+    # Killed after step 18 (before epoch 2's end was logged), resumed from step 16.
+    assert (killed / "log").read_text().splitlines() == [*ends[:2], *expected[2:]]
+
+
+@pytest.mark.slow
 def test_two_hosts_killed_together_each_go_on_at_their_next_batch(folder, tmp_path):
     steps, kill_at, saved_at = 24, 17, 15
     modes, workdirs = ["jax0", "jax1"], [tmp_path / "host0", tmp_path / "host1"]
