@@ -150,13 +150,13 @@ def _orphans(out: str, temp_dir: str) -> list[str]:
     if not began(temp_dir):
         return []
     named = set()
-    kept = _read_json(temp_dir, PLAN_NAME)["old"]
-    if kept is not None:
-        named |= set(_files_of(manifest.Manifest.from_json(kept)))
+    replaced = _replaced(temp_dir)
+    if replaced is not None:
+        named |= set(_files_of(replaced))
     if FileSystems.exists(paths.join(temp_dir, SUMMARY_NAME)):
-        written = _read_summary(temp_dir)
-        named |= {row.file for row in written.shards}
-        named |= {naming.rejected_name(row.split) for row in written.counts}
+        job = _read_summary(temp_dir)
+        named |= {row.file for row in job.shards}
+        named |= {naming.rejected_name(row.split) for row in job.counts}
         named.add(naming.DUPLICATES_NAME)
     if FileSystems.exists(paths.join(out, naming.MANIFEST_NAME)):
         named -= set(_files_of(read_manifest(out)))
@@ -195,7 +195,7 @@ def finalise(
     out = paths.folder(config.output)
     manifest_path = paths.join(out, naming.MANIFEST_NAME)
     summary_path = paths.join(temp_dir, SUMMARY_NAME)
-    finished = FileSystems.exists(paths.join(temp_dir, DONE_NAME)) or (
+    finished = written(temp_dir) or (
         not FileSystems.exists(summary_path) and FileSystems.exists(manifest_path)
     )
     if finished:  # an earlier try wrote the manifest; its clean-up may not have ended
@@ -204,14 +204,14 @@ def finalise(
     if not FileSystems.exists(summary_path):
         _nothing_written(out, temp_dir, run, "The job's summary is missing from "
                          f"{temp_dir}: was that folder changed? Run the conversion again.")  # fmt: skip
-    written = _read_summary(temp_dir)
-    if not written.counts:
+    job = _read_summary(temp_dir)
+    if not job.counts:
         _nothing_written(
             out, temp_dir, run,
             f"No record was written: no input was found under {config.source} (only empty "
             "folders, or nothing the listing could see).",
         )  # fmt: skip
-    result = _manifest(config, written, version)
+    result = _manifest(config, job, version)
     if not any(info.num_examples for info in result.splits.values()):
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(result.rejected_reasons.items()))
         said = (
@@ -305,14 +305,19 @@ class _Finalise(beam.DoFn):
 def _old_dataset(config: ConvertConfig, temp_dir: str) -> manifest.Manifest | None:
     """The dataset this run replaces: checked now (under the claim) and kept in temp_dir, so
     that a finalise run again, after the old manifest is gone, still knows its files."""
-    plan = paths.join(temp_dir, PLAN_NAME)
-    if FileSystems.exists(plan):
-        kept = _read_json(temp_dir, PLAN_NAME)["old"]
-        return manifest.Manifest.from_json(kept) if kept is not None else None
+    if began(temp_dir):
+        return _replaced(temp_dir)
     old = check_output(config)
     text = json.dumps({"old": old.to_json() if old is not None else None})
+    plan = paths.join(temp_dir, PLAN_NAME)
     storage.write_bytes(plan, text.encode("utf-8"), mime_type="application/json")
     return old
+
+
+def _replaced(temp_dir: str) -> manifest.Manifest | None:
+    """The dataset a begun finalise replaces, as its plan kept it (None: there was none)."""
+    kept = _read_json(temp_dir, PLAN_NAME)["old"]
+    return manifest.Manifest.from_json(kept) if kept is not None else None
 
 
 def _move(moves: list[tuple[str, str]]) -> None:
