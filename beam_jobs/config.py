@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from beam_jobs import shard_plan
-from tfrecord_pipe._core import images, paths, schema
+from tfrecord_pipe._core import images, naming, paths, schema
 
 LAYOUTS = ("auto", "labels", "splits", "csv")
 CSV_HEADERS = ("auto", "yes", "no")
@@ -31,7 +31,9 @@ class ConvertConfig:
       label_offset: added to label indices on write (1, as the Cloud TPU models expect).
       num_shards: shards per split; default: `shard_plan.num_shards`'s (a multiple of 64).
       shard_bytes: largest shard size when num_shards is not given.
-      compress: write GZIP-compressed shards.
+      compress: write GZIP-compressed TFRecord shards (and zstd-compressed ArrayRecord ones).
+      formats: the shard file formats to write (naming.FILE_FORMATS): each holds the same
+        records in the same shards; ArrayRecord is what Grain and TFDS data sources read.
       overwrite: replace a dataset already in `output`.
       dedupe: of inputs with the same bytes, keep the first by path and reject the others
         (`duplicate_content`); without it they are all written, and reported.
@@ -48,6 +50,7 @@ class ConvertConfig:
     num_shards: int | None = None
     shard_bytes: int = shard_plan.DEFAULT_SHARD_BYTES
     compress: bool = False
+    formats: tuple[str, ...] = (naming.TFRECORD,)
     overwrite: bool = False
     dedupe: bool = False
     policy: images.ImagePolicy = images.ImagePolicy()
@@ -69,6 +72,8 @@ class ConvertConfig:
             problems.append(f"num_shards must be >= 1, got {self.num_shards}")
         if self.shard_bytes < 1:
             problems.append(f"shard_bytes must be >= 1, got {self.shard_bytes}")
+        if naming.formats_problem(self.formats):
+            problems.append(naming.formats_problem(self.formats))
         if problems:
             raise ValueError("Invalid conversion options: " + "; ".join(problems))
 
@@ -91,6 +96,8 @@ class ConvertConfig:
           ValueError: the record lacks fields, or has fields this version does not know.
         """
         fields = dict(record)
+        if "formats" in fields:  # a JSON list
+            fields["formats"] = tuple(fields["formats"])
         policy = fields.pop("policy", None)
         if isinstance(policy, dict):
             # Recorded before colour profiles were kept (0.4.0): made without them.

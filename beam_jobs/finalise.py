@@ -224,11 +224,7 @@ def finalise(
     # First: no manifest ever describes a mix, nor does TFDS's metadata (which a killed run
     # may have left without a manifest, so it goes whenever it is there).
     _delete_existing([manifest_path] + [paths.join(out, n) for n in tfds_metadata.FILES])
-    moves = [
-        (paths.join(temp_dir, file), paths.join(out, file))
-        for info in result.splits.values()
-        for file in info.files
-    ]
+    moves = [(paths.join(temp_dir, file), paths.join(out, file)) for file in _shard_files(result)]
     moves += [
         (paths.join(temp_dir, name), paths.join(out, name))
         for name in (*_rejected_files(result), *_duplicates_file(result))
@@ -337,7 +333,7 @@ def _move(moves: list[tuple[str, str]]) -> None:
 
 
 def _shard_files(found: manifest.Manifest) -> list[str]:
-    return [file for info in found.splits.values() for file in info.files]
+    return [file for info in found.splits.values() for file in info.all_files]
 
 
 def _duplicates_file(found: manifest.Manifest) -> list[str]:
@@ -370,13 +366,19 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
             if row.reason is not None:
                 reasons[row.reason] = reasons.get(row.reason, 0) + row.n
         mine = sorted((s for s in written.shards if s.split == split), key=lambda s: s.index)
+        by_format = {
+            file_format: [s for s in mine if s.file_format == file_format]
+            for file_format in naming.FILE_FORMATS
+        }
+        counted = next((shards for shards in by_format.values() if shards), [])
         splits[split] = manifest.SplitInfo(
-            num_examples=sum(s.count for s in mine),
-            shard_lengths=tuple(s.count for s in mine),
+            num_examples=sum(s.count for s in counted),
+            shard_lengths=tuple(s.count for s in counted),
             num_bytes=sum(s.bytes for s in mine),
             listed=sum(row.n for row in rows if row.reason is None),
             rejected=sum(row.n for row in rows if row.reason is not None),
-            files=tuple(s.file for s in mine),
+            files=tuple(s.file for s in by_format[naming.TFRECORD]),
+            array_record_files=tuple(s.file for s in by_format[naming.ARRAY_RECORD]),
         )
     return manifest.Manifest(
         labels=written.labels,
@@ -393,7 +395,7 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
 def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
     """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`"""
     parts = [
-        f"{name}: {info.num_examples} in {len(info.files)} shards"
+        f"{name}: {info.num_examples} in {len(info.shard_lengths)} shards"
         for name, info in result.splits.items()
     ]
     rejected = f"{result.num_rejected} rejected"

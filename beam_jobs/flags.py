@@ -73,7 +73,11 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
         help="reject input files larger than this (MiB), without reading them")
     add("--reject_other_formats", action="store_true",
         help="reject PNG/GIF/WebP/BMP/TIFF instead of re-encoding them")
-    add("--compress", action="store_true", help="write GZIP-compressed shards")
+    add("--compress", action="store_true",
+        help="write GZIP-compressed TFRecord shards (zstd-compressed ArrayRecord ones)")
+    add("--formats", default=",".join(ConvertConfig.formats),
+        help="shard file formats, comma-separated: tfrecord (tf.data), array_record (Grain, "
+        "TFDS data sources), or both: the same records in the same shards")
     add("--overwrite", action="store_true", help="replace a dataset in OUTPUT")
     add("--dedupe", action="store_true",
         help="of inputs with the same bytes, keep the first by path and reject the others as "
@@ -129,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         validation_fraction=args.validation_fraction, labels_file=args.labels_file,
         label_offset=args.label_offset, num_shards=args.num_shards,
         shard_bytes=int(args.shard_mb * (1 << 20)), compress=args.compress,
+        formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         overwrite=args.overwrite, dedupe=args.dedupe,
         policy=images.ImagePolicy(
             max_side=args.max_side, jpeg_quality=args.jpeg_quality, max_pixels=args.max_pixels,

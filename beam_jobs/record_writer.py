@@ -1,4 +1,5 @@
-"""TFRecord files written with Beam's filesystems: the framing, checksums and optional GZIP.
+"""Shard files written through Beam's filesystems: TFRecord (its framing, checksums and
+optional GZIP, written here) and ArrayRecord (written by the array-record package).
 
 The format (what `tf.data.TFRecordDataset` reads), per record:
   uint64 length, little-endian | uint32 masked CRC-32C of those 8 bytes | data |
@@ -12,13 +13,17 @@ filesystems also reach every place the job can write to (local, gs://) without T
 
 from __future__ import annotations
 
+import os
+import shutil
 import struct
+import tempfile
 
 import google_crc32c
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import storage
+from tfrecord_pipe._core import array_records, naming, paths
 
 _MASK_DELTA = 0xA282EAD8
 
@@ -69,3 +74,59 @@ class RecordWriter:
             self.close()
         else:  # failed midway: the part file is left in the temporary folder, never named
             self._file.close()
+
+
+class ArrayRecordFileWriter:
+    """Writes records to a new ArrayRecord file at `path` (any Beam filesystem path); used as
+    RecordWriter is, with the same guarantee: a file under `path` is always complete.
+
+    The array-record package writes local files only: a remote file is written to local disk
+    first, then copied to its part file beside `path`.
+    """
+
+    def __init__(self, path: str, compress: bool = False):
+        self._path, self._part = path, storage.part_path(path)
+        self._local = None
+        if paths.is_remote(path):
+            handle, self._local = tempfile.mkstemp(suffix="." + naming.ARRAY_RECORD)
+            os.close(handle)
+        else:  # Beam's filesystems make a file's folder; the package does not
+            paths.make_local_folder(paths.parent(path))
+        self._writer = array_records.Writer(self._local or self._part, compress)
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(data)
+
+    def close(self) -> None:
+        """Finishes the file and gives it its name."""
+        try:
+            self._writer.close()
+            if self._local:
+                with open(self._local, "rb") as source, FileSystems.create(
+                    self._part, mime_type="application/octet-stream"
+                ) as target:
+                    shutil.copyfileobj(source, target, 1 << 20)
+        finally:
+            self._remove_local()
+        storage.put_in_place(self._part, self._path)
+
+    def _remove_local(self) -> None:
+        if self._local and os.path.exists(self._local):
+            os.remove(self._local)
+
+    def __enter__(self) -> ArrayRecordFileWriter:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is None:
+            self.close()
+        else:  # failed midway: as RecordWriter, no file takes the name
+            self._writer.__exit__(kind)
+            self._remove_local()
+
+
+def open_shard(path: str, compress: bool):
+    """The writer of the shard file `path`, for the format its name says."""
+    if naming.file_format_of(path) == naming.ARRAY_RECORD:
+        return ArrayRecordFileWriter(path, compress)
+    return RecordWriter(path, compress)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from tfrecord_pipe._core import naming
+
 
 @dataclasses.dataclass(frozen=True)
 class ShardWritten:
@@ -17,6 +19,7 @@ class ShardWritten:
       count: records in it.
       bytes: its size.
       file: its name in the dataset folder.
+      file_format: its format (naming.FILE_FORMATS); a shard in two formats is two files.
     """
 
     split: str
@@ -25,6 +28,7 @@ class ShardWritten:
     count: int
     bytes: int
     file: str
+    file_format: str = naming.TFRECORD
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +58,7 @@ class Summary:
     def of(cls, shards, counts, labels=(), duplicates=None) -> Summary:
         """In a fixed order, whatever order the pipeline delivered the rows in."""
         return cls(
-            shards=tuple(sorted(shards, key=lambda s: (s.split, s.index))),
+            shards=tuple(sorted(shards, key=lambda s: (s.split, s.index, s.file_format))),
             counts=tuple(sorted(counts, key=lambda c: (c.split, c.reason or ""))),
             labels=tuple(labels),
             duplicates=dict(sorted((duplicates or {}).items())),

@@ -5,6 +5,7 @@ The pure arithmetic lives in shard_plan.py; these transforms only wire it into B
 
 from __future__ import annotations
 
+import contextlib
 from concurrent import futures
 from typing import Any
 
@@ -12,9 +13,8 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import load, malloc, shard_plan, storage, summary
+from beam_jobs import load, malloc, record_writer, shard_plan, storage, summary
 from beam_jobs.config import ConvertConfig
-from beam_jobs.record_writer import RecordWriter
 from tfrecord_pipe._core import images, naming, paths
 
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
@@ -22,11 +22,14 @@ READ_AHEAD = 64  # records read ahead of the writer, bounding memory to ~64 imag
 
 
 class WriteShard(beam.DoFn):
-    """Writes one shard: its records sorted by key, read from their sources, to the temp folder."""
+    """Writes one shard: its records sorted by key, read from their sources, to the temp
+    folder; one file per format asked for, each holding the same records in the same order."""
 
-    def __init__(self, temp_dir: str, compress: bool, policy: images.ImagePolicy, label_offset: int):
+    def __init__(self, temp_dir: str, compress: bool, formats: tuple[str, ...],
+                 policy: images.ImagePolicy, label_offset: int):  # fmt: skip
         self._temp_dir = temp_dir
         self._compress = compress
+        self._formats = formats
         self._policy = policy
         self._label_offset = label_offset
 
@@ -49,10 +52,18 @@ class WriteShard(beam.DoFn):
     def process(self, element, plans):
         (split, index), checked = element
         shards = plans[split]["shards"]
-        name = naming.shard_name(split, index, shards, self._compress)
-        path = paths.join(self._temp_dir, name)
+        names = [
+            naming.shard_name(split, index, shards, self._compress, file_format)
+            for file_format in self._formats
+        ]
+        files = [paths.join(self._temp_dir, name) for name in names]
         count = 0
-        with RecordWriter(path, self._compress) as writer:
+        # Each record is read and made once, and goes to every format's file.
+        with contextlib.ExitStack() as stack:
+            writers = [
+                stack.enter_context(record_writer.open_shard(path, self._compress))
+                for path in files
+            ]
             entries = sorted(checked, key=lambda c: c.key)
             if any(paths.is_remote(entry.path) for entry in entries):
                 reads = load.in_order(self._pool, self._read, entries, READ_AHEAD)
@@ -60,12 +71,14 @@ class WriteShard(beam.DoFn):
             else:
                 records = map(self._read, entries)
             for serialized in records:
-                writer.write(serialized)
+                for writer in writers:
+                    writer.write(serialized)
                 count += 1
         self._shards.inc()
         self._records.inc(count)
-        size = storage.size(path)
-        yield summary.ShardWritten(split, index, shards, count, size, name)
+        for file_format, name, path in zip(self._formats, names, files):
+            size = storage.size(path)
+            yield summary.ShardWritten(split, index, shards, count, size, name, file_format)
 
 
 class BucketTotals(beam.CombineFn):
@@ -186,8 +199,8 @@ class WriteShards(beam.PTransform):
             | "GroupShards" >> beam.GroupByKey()
             | "WriteShard" >> beam.ParDo(
                 WriteShard(
-                    self._temp_dir, self._config.compress, self._config.policy,
-                    self._config.label_offset,
+                    self._temp_dir, self._config.compress, self._config.formats,
+                    self._config.policy, self._config.label_offset,
                 ),
                 plans=beam.pvalue.AsDict(plans),
             )  # fmt: skip

@@ -11,12 +11,13 @@ import sys
 import apache_beam as beam
 import google_crc32c
 import pytest
+import tensorflow as tf
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import tfrecord_pipe
 from beam_jobs import claim, finalise, load, pipeline, shard_plan, sources, storage, write_shards
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import images, naming
+from tfrecord_pipe._core import array_records, images, naming
 
 from helpers import IN_PROCESS, run_cli, write_image_folder
 
@@ -160,23 +161,30 @@ def checked_entries(folder: pathlib.Path) -> list[load.Checked]:
     return entries
 
 
-def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_file(tmp_path, monkeypatch):
+def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_files(tmp_path, monkeypatch):
     src = write_image_folder(tmp_path / "src", per_label=5, labels=("red",))
     entries = checked_entries(src / "red")
     temp = tmp_path / "temp"
-    writer = write_shards.WriteShard(str(temp), False, images.ImagePolicy(), 1)
+    both = (naming.TFRECORD, naming.ARRAY_RECORD)
+    writer = write_shards.WriteShard(str(temp), False, both, images.ImagePolicy(), 1)
     writer.setup()
     plans = {"train": {"shards": 1}}
     element = (("train", 0), entries)
-    [info] = writer.process(element, plans)
-    shard = temp / info.file
-    first = shard.read_bytes()
-    [again] = writer.process(element, plans)
-    assert shard.read_bytes() == first and again == info
+    infos = list(writer.process(element, plans))
+    assert [info.file_format for info in infos] == list(both)
+    shards = [temp / info.file for info in infos]
+    first = [shard.read_bytes() for shard in shards]
+    # The two formats hold the same records, in the same order.
+    tfrecords = [r.numpy() for r in tf.data.TFRecordDataset(str(shards[0]))]
+    assert len(tfrecords) == len(entries)
+    assert list(array_records.records(str(shards[1]))) == tfrecords
+    again = list(writer.process(element, plans))
+    assert [shard.read_bytes() for shard in shards] == first and again == infos
 
-    # A try that fails midway (a read error on the third record) leaves no file under the
-    # shard's name; the retry writes it whole.
-    shard.unlink()
+    # A try that fails midway (a read error on the third record) leaves no file under either
+    # name; the retry writes them whole.
+    for shard in shards:
+        shard.unlink()
     real_read = load.read_record
     reads = []
 
@@ -189,9 +197,9 @@ def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_file(tmp_pat
     monkeypatch.setattr(load, "read_record", fails_once)
     with pytest.raises(OSError, match="connection reset"):
         list(writer.process(element, plans))
-    assert not shard.exists()
-    [retried] = writer.process(element, plans)
-    assert shard.read_bytes() == first and retried == info
+    assert not any(shard.exists() for shard in shards)
+    retried = list(writer.process(element, plans))
+    assert [shard.read_bytes() for shard in shards] == first and retried == infos
     writer.teardown()
 
 

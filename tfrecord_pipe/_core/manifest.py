@@ -23,10 +23,13 @@ class SplitInfo:
     Attributes:
       num_examples: records written to the split's shards.
       shard_lengths: records per shard, in shard order.
-      num_bytes: total bytes of the split's shard files.
+      num_bytes: total bytes of the split's shard files (of every format).
       listed: inputs assigned to this split.
       rejected: inputs of this split that went to rejected/ instead (listed = examples + rejected).
-      files: shard file names, relative to the dataset folder, in shard order.
+      files: TFRecord shard file names, relative to the dataset folder, in shard order; empty
+        when the job wrote ArrayRecord only.
+      array_record_files: ArrayRecord shard file names, in shard order, when the job wrote
+        them (`--formats`): the same records as `files`, shard for shard, in the same order.
     """
 
     num_examples: int
@@ -35,8 +38,24 @@ class SplitInfo:
     listed: int
     rejected: int
     files: tuple[str, ...]
+    array_record_files: tuple[str, ...] = ()
+
+    def files_of(self, file_format: str) -> tuple[str, ...]:
+        """This split's shard files in `file_format` (naming.FILE_FORMATS), in shard order."""
+        return self.array_record_files if file_format == naming.ARRAY_RECORD else self.files
+
+    @property
+    def all_files(self) -> tuple[str, ...]:
+        """Every shard file of this split, of every format."""
+        return self.files + self.array_record_files
 
     def __post_init__(self):
+        for file_format in naming.FILE_FORMATS:
+            files = self.files_of(file_format)
+            if files and len(files) != len(self.shard_lengths):
+                raise ValueError(
+                    f"{len(files)} {file_format} files for {len(self.shard_lengths)} shard lengths"
+                )
         if sum(self.shard_lengths) != self.num_examples:
             raise ValueError(
                 f"shard_lengths sum to {sum(self.shard_lengths)}, num_examples is {self.num_examples}"
@@ -79,6 +98,16 @@ class Manifest:
     duplicates: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
+    def file_formats(self) -> tuple[str, ...]:
+        """The formats of the shards, in naming.FILE_FORMATS order. A dataset with no shard
+        at all gives the formats its conversion asked for."""
+        written = {f for info in self.splits.values() for f in naming.FILE_FORMATS
+                   if info.files_of(f)}  # fmt: skip
+        if not written:
+            written = set(self.conversion.get("formats", [naming.TFRECORD]))
+        return tuple(f for f in naming.FILE_FORMATS if f in written)
+
+    @property
     def num_rejected(self) -> int:
         return sum(info.rejected for info in self.splits.values())
 
@@ -108,7 +137,11 @@ class Manifest:
         return text + ". --dedupe keeps the first of each"
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        data = dataclasses.asdict(self)
+        for info in data["splits"].values():  # TFRecord only: as 0.4.0 wrote, and reads
+            if not info["array_record_files"]:
+                del info["array_record_files"]
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_file_text(cls, text: str, path: str) -> "Manifest":
@@ -132,7 +165,12 @@ class Manifest:
         data["labels"] = tuple(data["labels"])
         data["splits"] = {  # in split order (train, validation, test, ...), as written
             name: SplitInfo(
-                **{**info, "shard_lengths": tuple(info["shard_lengths"]), "files": tuple(info["files"])}
+                **{
+                    **info,
+                    "shard_lengths": tuple(info["shard_lengths"]),
+                    "files": tuple(info["files"]),
+                    "array_record_files": tuple(info.get("array_record_files", ())),
+                }
             )
             for name, info in sorted(data["splits"].items(), key=lambda kv: naming.split_order(kv[0]))
         }

@@ -1,6 +1,7 @@
 """The names of a dataset folder's files and splits: the one place that knows them.
 
     OUT/train-00000-of-00016.tfrecord      shards of split "train" (".tfrecord.gz": GZIP)
+    OUT/train-00000-of-00016.array_record  the same records as ArrayRecord (`--formats`)
     OUT/validation-00000-of-00002.tfrecord
     OUT/rejected/rejected-train.jsonl      every input of the split that was not used, and why
     OUT/labels.txt, OUT/manifest.json      written last: a manifest means a complete dataset
@@ -24,17 +25,28 @@ DUPLICATES_NAME = "duplicates.jsonl"  # inputs with the same bytes, one group pe
 TRAIN, VALIDATION, TEST = "train", "validation", "test"
 SPLIT_ORDER = (TRAIN, VALIDATION, TEST)  # others after these, by name
 
+# The shard file formats the job writes, by the suffix their files take (TFDS's names for them).
+TFRECORD, ARRAY_RECORD = "tfrecord", "array_record"
+FILE_FORMATS = (TFRECORD, ARRAY_RECORD)
+
 GZIP = "GZIP"
 COMPRESSIONS = ("", GZIP)  # as tf.data.TFRecordDataset's compression_type takes them
 
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]+")
 # Our names, and the Cloud TPU scripts' (train-00000-of-01024, without a suffix).
-_SHARD_NAME = re.compile(r"(?P<split>[A-Za-z0-9_-]+)-\d{5,}-of-\d{5,}(\.tfrecord)?(\.gz)?")
+_SHARD_NAME = re.compile(
+    r"(?P<split>[A-Za-z0-9_-]+)-\d{5,}-of-\d{5,}((\.tfrecord)?(\.gz)?|\.array_record)"
+)
 
 
-def shard_name(split: str, index: int, shards: int, compressed: bool) -> str:
-    """`train-00003-of-00016.tfrecord`, with `.gz` when GZIP-compressed."""
-    suffix = ".tfrecord.gz" if compressed else ".tfrecord"
+def shard_name(split: str, index: int, shards: int, compressed: bool,
+               file_format: str = TFRECORD) -> str:  # fmt: skip
+    """`train-00003-of-00016.tfrecord`, with `.gz` when GZIP-compressed;
+    `train-00003-of-00016.array_record` for ArrayRecord (compressed inside, never named so)."""
+    if file_format == ARRAY_RECORD:
+        suffix = "." + ARRAY_RECORD
+    else:
+        suffix = ".tfrecord.gz" if compressed else ".tfrecord"
     return f"{split}-{index:05d}-of-{shards:05d}{suffix}"
 
 
@@ -42,6 +54,21 @@ def split_of(name: str) -> str | None:
     """The split a shard file's name (or path) gives; None for a name not made by `shard_name`."""
     found = _SHARD_NAME.fullmatch(paths.basename(name))
     return found.group("split") if found else None
+
+
+def file_format_of(name: str) -> str:
+    """The file format a shard's name says: ARRAY_RECORD for `.array_record`, else TFRECORD."""
+    return ARRAY_RECORD if str(name).endswith("." + ARRAY_RECORD) else TFRECORD
+
+
+def formats_problem(formats) -> str | None:
+    """Why `formats` cannot be the formats a job writes, or None."""
+    unknown = [f for f in formats if f not in FILE_FORMATS]
+    if unknown or not formats:
+        return f"formats must be one or more of {FILE_FORMATS}, got {list(formats)}"
+    if len(set(formats)) != len(formats):
+        return f"formats lists a format twice: {list(formats)}"
+    return None
 
 
 def rejected_name(split: str) -> str:

@@ -32,9 +32,18 @@ _CLASS = "tensorflow_datasets.core.features."  # where TFDS's feature classes li
 FILEPATH_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"
 
 
+def tfds_formats(found: Manifest) -> list[str]:
+    """The shard formats TFDS can open, the one `as_dataset` reads first: TFRecord unless
+    GZIP-compressed (TFDS does not read those), and ArrayRecord (`as_data_source`)."""
+    return [
+        f for f in found.file_formats
+        if not (f == naming.TFRECORD and found.compression)
+    ]  # fmt: skip
+
+
 def problem(found: Manifest) -> str | None:
     """Why TFDS could not read this dataset as written, or None."""
-    if found.compression:
+    if not tfds_formats(found):
         return "its shards are GZIP-compressed, which TFDS does not read"
     for label in found.labels:  # converted by an older version, which let such labels in
         if naming.label_problem(label):
@@ -101,18 +110,20 @@ def _features(num_classes: int) -> dict:
 
 
 def _dataset_info(found: Manifest) -> dict:
+    formats = tfds_formats(found)
     return {
         "description": (
             f"Images with {len(found.labels)} labels, converted by tfrecord-pipe "
             f"{found.tool_version}. Its manifest.json is the source of truth."
         ),
-        "fileFormat": "tfrecord",
+        "fileFormat": formats[0],
+        **({"alternativeFileFormats": formats[1:]} if formats[1:] else {}),
         "version": "1.0.0",
         "splits": [
             {
                 "name": name,
                 "filepathTemplate": FILEPATH_TEMPLATE,
-                "numBytes": str(info.num_bytes),
+                "numBytes": str(info.num_bytes),  # of every format: TFDS shows it as size
                 "shardLengths": [str(n) for n in info.shard_lengths],
             }
             for name, info in found.splits.items()

@@ -2,7 +2,8 @@
 labels and label offset.
 
 A path is either a dataset folder (it has manifest.json: a finished conversion) or a pattern
-of TFRecord files (`gs://b/d/train-*`). The reader, `inspect`, `verify` and `bench` all
+of shard files (`gs://b/d/train-*`). A dataset written in two formats (`--formats`) resolves
+to one of them: TFRecord unless ArrayRecord is asked for (or is all there is). The reader, `inspect`, `verify` and `bench` all
 start from `resolve(path)`; files are read with TensorFlow's filesystems (local, gs://).
 
 The label offset, one policy: it is the manifest's; without a manifest it must be given, and
@@ -62,8 +63,9 @@ class Dataset:
       is_pattern: a file pattern (its files are what is read), not a dataset folder.
       splits: split name to Split. A folder: the manifest's splits, in its order. A pattern:
         the files it matches, grouped by the split their names give.
-      compression: "" or "GZIP".
+      compression: "" or "GZIP" (of TFRecord files).
       manifest: the folder's manifest, or the one beside a pattern's files; None if neither.
+      file_format: the format of `files` (naming.FILE_FORMATS).
     """
 
     path: str
@@ -71,6 +73,16 @@ class Dataset:
     splits: dict[str, Split]
     compression: str
     manifest: manifest_lib.Manifest | None
+    file_format: str = naming.TFRECORD
+
+    def require_tfrecord(self, reader: str) -> None:
+        """Raises ValueError unless `files` are TFRecord files, which `reader` reads."""
+        if self.file_format != naming.TFRECORD:
+            raise ValueError(
+                f"{self.path} holds ArrayRecord shards only, and {reader} reads TFRecord. Read "
+                "it with tfrecord_pipe.grain, or convert again with --formats "
+                "tfrecord,array_record to have both."
+            )
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -114,12 +126,17 @@ class Dataset:
         )
 
 
-def resolve(path: str) -> Dataset:
+def resolve(path: str, file_format: str | None = None) -> Dataset:
     """Finds what `path` holds.
 
+    Args:
+      path: a dataset folder or a file pattern.
+      file_format: the shard format to read (naming.FILE_FORMATS); None: TFRecord where there
+        is any, else ArrayRecord.
+
     Raises:
-      ValueError: a folder without a manifest, or a pattern that matches nothing; the message
-        says what to pass instead.
+      ValueError: a folder without a manifest, a pattern that matches nothing, or no shards in
+        `file_format`; the message says what to pass instead.
       FileNotFoundError: a bucket that cannot be reached.
     """
     folder = paths.folder(path)
@@ -129,29 +146,33 @@ def resolve(path: str) -> Dataset:
         raise FileNotFoundError(f"Cannot reach {path}: {err.message}") from err
     if is_dataset:
         found = read_manifest(folder)
+        chosen = _chosen(path, found.file_formats, file_format)
         present = {name for name, is_folder in _children(folder) if not is_folder}
         splits = {
             name: Split(
                 name,
-                tuple(paths.join(folder, file) for file in info.files),
+                tuple(paths.join(folder, file) for file in info.files_of(chosen)),
                 info.shard_lengths,
-                tuple(paths.join(folder, file) for file in info.files if file not in present),
+                tuple(paths.join(folder, f) for f in info.files_of(chosen) if f not in present),
             )
             for name, info in found.splits.items()
         }
-        return Dataset(path, False, splits, found.compression, found)
+        return Dataset(path, False, splits, found.compression, found, chosen)
     if tf.io.gfile.isdir(folder):
         raise ValueError(
             f"{path} is a folder without {naming.MANIFEST_NAME}: not a finished tfrecord-pipe "
             "dataset (the converter writes it last). To read its shards anyway, pass a file "
             f"pattern such as {paths.join(folder, 'train-*')}, and the label offset."
         )
-    files = tuple(sorted(match(path)))
-    if not files:
+    matched = tuple(sorted(match(path)))
+    if not matched:
         raise ValueError(
             f"{path} matched no files. Pass a dataset folder (with {naming.MANIFEST_NAME}) or a "
             "pattern of TFRecord files such as gs://bucket/dataset/train-*."
         )
+    formats = {naming.file_format_of(file) for file in matched}
+    chosen = _chosen(path, tuple(f for f in naming.FILE_FORMATS if f in formats), file_format)
+    files = tuple(file for file in matched if naming.file_format_of(file) == chosen)
     beside = _manifest_beside(files)
     counts = _counts_in(beside, files)
     grouped: dict[str, list[int]] = {}
@@ -166,7 +187,22 @@ def resolve(path: str) -> Dataset:
         for name, indices in sorted(grouped.items(), key=lambda item: naming.split_order(item[0]))
     }
     compression = beside.compression if beside else naming.compression_of(files)
-    return Dataset(path, True, splits, compression, beside)
+    return Dataset(path, True, splits, compression, beside, chosen)
+
+
+def _chosen(path: str, there: tuple[str, ...], asked: str | None) -> str:
+    """The format to read of those `there`: `asked`, or the first."""
+    if asked is None:
+        return there[0]
+    if asked not in naming.FILE_FORMATS:
+        raise ValueError(f"file_format must be one of {naming.FILE_FORMATS}, got {asked!r}")
+    if asked not in there:
+        raise ValueError(
+            f"{path} has no {asked} shards (it has {', '.join(there)}). Convert with "
+            f"--formats {','.join(sorted({*there, asked}, key=naming.FILE_FORMATS.index))} "
+            "to write both."
+        )
+    return asked
 
 
 def match(pattern: str) -> list[str]:
@@ -232,7 +268,8 @@ def _counts_in(found, files) -> tuple[int, ...] | None:
     lengths = {
         name: length
         for info in found.splits.values()
-        for name, length in zip(info.files, info.shard_lengths)
+        for file_format in naming.FILE_FORMATS
+        for name, length in zip(info.files_of(file_format), info.shard_lengths)
     }
     names = [paths.basename(file) for file in files]
     if not all(name in lengths for name in names):

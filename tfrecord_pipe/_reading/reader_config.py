@@ -238,6 +238,7 @@ def resolve_source(config: ReaderConfig, found: dataset_lib.Dataset | None = Non
         neither in a manifest nor given; the message says what to pass.
     """
     found = found or dataset_lib.resolve(config.data)
+    found.require_tfrecord("the tf.data reader")
     if found.is_pattern:
         if config.split is not None:
             found.split(config.split)  # raises, saying what to do

@@ -9,11 +9,15 @@ with skip_corrupt) names the file.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
+from collections.abc import Iterator
 
 import tensorflow as tf
 
-from tfrecord_pipe._core import messages, schema
+from tfrecord_pipe._core import array_records, messages, naming, paths, schema
 
 _DTYPES = {schema.BYTES: tf.string, schema.INT64: tf.int64}
 
@@ -167,6 +171,47 @@ def _warn_false(problem, done: str):
 _FRAME_BYTES = 16  # a TFRecord's length (8 bytes) and two CRCs (4 each) around its data
 
 
+def shard_records(path, compression: str = "", file_format: str = naming.TFRECORD) -> tf.data.Dataset:
+    """The records of one shard file (a string or a string tensor), in order, in
+    `file_format`. Read errors are tf.errors.OpError whatever the format."""
+    if file_format == naming.TFRECORD:
+        return tf.data.TFRecordDataset(path, compression_type=compression)
+    return tf.data.Dataset.from_generator(
+        lambda name: array_record_records(name.decode() if isinstance(name, bytes) else name),
+        output_signature=tf.TensorSpec([], tf.string),
+        args=(path,),
+    )
+
+
+def array_record_records(path: str) -> Iterator[bytes]:
+    """The records of one ArrayRecord file, local or remote, in order.
+
+    Raises:
+      tf.errors.DataLossError: the file is not a whole ArrayRecord file; the message names it.
+    """
+    try:
+        with _local_copy(path) as local:
+            yield from array_records.records(local)
+    except (OSError, RuntimeError) as err:  # RuntimeError: the package's, for damaged chunks
+        raise tf.errors.DataLossError(None, None, f"{path}: {messages.one_line(err)}") from err
+
+
+@contextlib.contextmanager
+def _local_copy(path: str):
+    """`path` on local disk: itself, or a temporary copy of a remote file (the array-record
+    package reads local files only)."""
+    if not paths.is_remote(path):
+        yield path
+        return
+    handle, local = tempfile.mkstemp(suffix="." + naming.ARRAY_RECORD)
+    os.close(handle)
+    try:
+        tf.io.gfile.copy(path, local, overwrite=True)
+        yield local
+    finally:
+        os.remove(local)
+
+
 def count(path: str, compression: str) -> int:
     """The records in one file, read to its end.
 
@@ -177,6 +222,12 @@ def count(path: str, compression: str) -> int:
     Raises:
       tf.errors.OpError: a record that cannot be read, or bytes after the last whole record.
     """
+    if naming.file_format_of(path) == naming.ARRAY_RECORD:
+        try:
+            with _local_copy(path) as local:
+                return array_records.count(local)
+        except OSError as err:
+            raise tf.errors.DataLossError(None, None, str(err)) from err
     dataset = tf.data.TFRecordDataset(path, compression_type=compression)
     start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
     n, used = dataset.reduce(

@@ -19,7 +19,7 @@ import re
 import sys
 import tempfile
 
-from tfrecord_pipe._core import help_format, paths
+from tfrecord_pipe._core import help_format, naming, paths
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -71,6 +71,10 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
         help="records read per split for the histograms (0 reads all)",
     )  # fmt: skip
     inspect.add_argument("--grid_count", type=int, default=24, help="records in the grid")
+    inspect.add_argument(
+        "--format", choices=naming.FILE_FORMATS,
+        help="of a dataset written in both formats, the shards to read (default: tfrecord)",
+    )  # fmt: skip
     inspect.add_argument(
         "--label_offset", type=int,
         help="for a file pattern without a manifest beside it: what the labels were written "
@@ -205,12 +209,13 @@ def _inspect(args) -> int:
         raise ValueError("--sample must be 0 (all) or more, --grid_count 1 or more")
     summary = inspection.summarize(
         args.path, sample=args.sample or None, check_counts=args.check,
-        label_offset=args.label_offset,
+        label_offset=args.label_offset, file_format=args.format,
     )  # fmt: skip
     print(inspection.render(summary))
     if args.grid:
         drawn = len(inspection.contact_sheet(
-            args.path, args.grid, count=args.grid_count, label_offset=args.label_offset
+            args.path, args.grid, count=args.grid_count, label_offset=args.label_offset,
+            file_format=args.format,
         ))
         print(f"\ncontact sheet of {drawn} records: {args.grid}")
     return EXIT_PROBLEMS if summary.problems else EXIT_OK

@@ -91,6 +91,7 @@ class DatasetSummary:
     splits: tuple[SplitSummary, ...]
     rejected: dict[str, int]
     rejected_examples: tuple[dict, ...]
+    file_format: str = naming.TFRECORD  # of the shards read
 
     @property
     def problems(self) -> list[str]:
@@ -108,6 +109,7 @@ def summarize(
     sample: int | None = DEFAULT_SAMPLE,
     check_counts: bool = False,
     label_offset: int | None = None,
+    file_format: str | None = None,
 ) -> DatasetSummary:
     """Reads what `path` (a dataset folder or a file pattern) holds.
 
@@ -117,11 +119,13 @@ def summarize(
       check_counts: read every shard fully and count its records.
       label_offset: for a pattern without a manifest beside it; labels are shown as stored
         values without it.
+      file_format: the shards to read, of a dataset written in two formats (naming.FILE_FORMATS);
+        None: TFRecord where there is any.
 
     Raises:
       ValueError: nothing to inspect at `path`; the message says what was expected.
     """
-    found = dataset_lib.resolve(path)
+    found = dataset_lib.resolve(path, file_format)
     offset = _offset(found, label_offset)
     splits = tuple(
         _split_summary(split, found, sample, check_counts, offset)
@@ -131,7 +135,9 @@ def summarize(
     if not found.is_pattern:
         rejected = dict(found.manifest.rejected_reasons)
         examples = tuple(_rejected_lines(paths.folder(path), limit=5))
-    return DatasetSummary(path, found.is_pattern, found.manifest, splits, rejected, examples)
+    return DatasetSummary(
+        path, found.is_pattern, found.manifest, splits, rejected, examples, found.file_format
+    )
 
 
 def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
@@ -145,7 +151,7 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
     if check_counts:
         counted = [_count(path, found.compression, problems) for path in files]
     spec = records.parse_spec(schema.LABEL, schema.SYNSET, schema.HEIGHT, schema.WIDTH)
-    serialized = _spread(files, found.compression)
+    serialized = _spread(files, found)
     if sample is not None:
         serialized = serialized.take(sample)
     labels, heights, widths, read = collections.Counter(), [], [], 0
@@ -193,16 +199,16 @@ def _present(found: dataset_lib.Dataset) -> list[str]:
     return [file for split in found.splits.values() for file in split.without_missing().files]
 
 
-def _spread(files, compression, with_path: bool = False) -> tf.data.Dataset:
-    """The records of `files`, one from each shard in turn: a sample spread over all of them
-    (with `with_path`, (shard path, record) pairs)."""
+def _spread(files, found, with_path: bool = False) -> tf.data.Dataset:
+    """The records of `files` (shards of `found`), one from each shard in turn: a sample
+    spread over all of them (with `with_path`, (shard path, record) pairs)."""
 
-    def records(path):
-        dataset = tf.data.TFRecordDataset(path, compression_type=compression)
+    def records_of(path):
+        dataset = records.shard_records(path, found.compression, found.file_format)
         return dataset.map(lambda record: (path, record)) if with_path else dataset
 
     return tf.data.Dataset.from_tensor_slices(list(files)).interleave(
-        records, cycle_length=max(1, len(files))
+        records_of, cycle_length=max(1, len(files))
     )
 
 
@@ -228,6 +234,13 @@ def render(summary: DatasetSummary) -> str:
             f"{'GZIP' if found.compression else 'uncompressed'}, written by tfrecord-pipe "
             f"{found.tool_version or '?'} (format {found.format_version})"
         )
+        if len(found.file_formats) > 1:
+            lines.append(
+                f"  shards in {' and '.join(found.file_formats)}, the same records; "
+                f"read here: {summary.file_format} (--format chooses)"
+            )
+        elif found.file_formats != (naming.TFRECORD,):
+            lines.append(f"  shards in {found.file_formats[0]}")
     else:
         lines.append("  no manifest.json: a bare file pattern (counts read from the shards)")
     for split in summary.splits:
@@ -310,6 +323,7 @@ def contact_sheet(
     columns: int = 6,
     thumb: int = 128,
     label_offset: int | None = None,
+    file_format: str | None = None,
 ) -> list[tuple[str, str]]:
     """Writes a PNG grid of `count` records (spread over the shards), under each its label,
     split and file name.
@@ -325,11 +339,11 @@ def contact_sheet(
     Returns:
       The captions drawn, a (label, "split file name") pair per record.
     """
-    found = dataset_lib.resolve(path)
+    found = dataset_lib.resolve(path, file_format)
     offset = _offset(found, label_offset)
     tiles = []
     try:
-        spread = _spread(_present(found), found.compression, with_path=True)
+        spread = _spread(_present(found), found, with_path=True)
         for shard, serialized in spread.take(count):
             record = schema.decode_example(serialized.numpy(), label_offset=0)  # stored labels
             image = _thumbnail(Image.open(io.BytesIO(record.encoded)).convert("RGB"), thumb)
@@ -446,7 +460,10 @@ def sample_records(
     labels: collections.Counter = collections.Counter()
     heights, widths, problems = [], [], []
     read = 0
-    serialized = tf.data.TFRecordDataset(_present(found), compression_type=found.compression)
+    files = tf.constant(_present(found), tf.string, shape=[len(_present(found))])
+    serialized = tf.data.Dataset.from_tensor_slices(files).flat_map(
+        lambda path: records.shard_records(path, found.compression, found.file_format)
+    )  # the shards one after another
     try:
         for element in serialized.take(num_records):
             read += 1

@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import fnmatch
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -157,25 +158,40 @@ def check_rejection_files(dataset: str, found: manifest.Manifest) -> list[str]:
 
 
 def shards_of(found: manifest.Manifest) -> list[tuple[str, str, int]]:
-    """(split, file name, records the manifest lists) for every shard."""
+    """(split, file name, records the manifest lists) for every shard, of the format read
+    first (TFRecord, if the dataset has it); `read_shard` checks the other format's twin."""
+    first = found.file_formats[0]
     return [
         (split, name, expected)
         for split, info in sorted(found.splits.items())
-        for name, expected in zip(info.files, info.shard_lengths)
+        for name, expected in zip(info.files_of(first), info.shard_lengths)
     ]
+
+
+def twin_of(found: manifest.Manifest, name: str) -> str | None:
+    """The same shard in the dataset's other format, if it has two."""
+    for info in found.splits.values():
+        formats = [info.files_of(f) for f in found.file_formats]
+        for files, others in zip(formats, reversed(formats)):
+            if files is not others and name in files:
+                return others[files.index(name)]
+    return None
 
 
 def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, int],
                pool: futures.Executor) -> Iterator[tuple[str, object]]:  # fmt: skip
     """One shard read whole: its records as RECORD rows, each parsed and decoded (on `pool`);
-    its count against the manifest's; then its COUNT of records."""
+    its count against the manifest's; its twin in the other format (if any) against it,
+    record for record; then its COUNT of records."""
     split, name, expected = shard
     path = paths.join(dataset, name)
     if not tf.io.gfile.exists(path):
         yield PROBLEM, f"shard {name} is missing (the manifest lists {expected} records)"
         return
-    count, failed = 0, None
+    count, failed, digest = 0, None, hashlib.sha256()
     for chunk, failed in _chunks_until_error(_serialized(path, found.compression)):
+        for serialized in chunk:
+            digest.update(len(serialized).to_bytes(8, "little") + serialized)
         for row in pool.map(lambda r: _record_row(r, found), chunk):
             count += 1
             if "problem" in row:
@@ -187,18 +203,46 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
         yield PROBLEM, f"shard {name} is corrupt after {count} records: {failed.message}"
     if count != expected:
         yield PROBLEM, f"shard {name} holds {count} records, the manifest lists {expected}"
+    twin = twin_of(found, name)
+    if twin is not None and failed is None:
+        problem = _twin_problem(paths.join(dataset, twin), found, digest.hexdigest(), name)
+        if problem:
+            yield PROBLEM, problem
     yield COUNT, count
 
 
+def _twin_problem(path: str, found: manifest.Manifest, expected: str, name: str) -> str | None:
+    """Why the shard file `path` does not hold exactly the records of shard `name` (whose
+    records' digest is `expected`), or None."""
+    twin = paths.basename(path)
+    if not tf.io.gfile.exists(path):
+        return f"shard {twin} is missing (the same records as {name})"
+    digest, count = hashlib.sha256(), 0
+    try:
+        for serialized in _serialized(path, found.compression):
+            digest.update(len(serialized).to_bytes(8, "little") + serialized)
+            count += 1
+    except tf.errors.OpError as err:
+        return f"shard {twin} is corrupt after {count} records: {err.message}"
+    if digest.hexdigest() != expected:
+        return f"shard {twin} does not hold the records of {name} ({count} records read)"
+    return None
+
+
 def _serialized(path: str, compression: str) -> Iterator[bytes]:
-    """The records of a shard. A read that fails for a passing reason (an error status
-    TensorFlow's own retries did not get past) resumes after the last record, a few times:
-    our retry, on top of the client library's."""
+    """The records of a shard, of the format its name says. A read that fails for a passing
+    reason (an error status TensorFlow's own retries did not get past) resumes after the last
+    record, a few times: our retry, on top of the client library's."""
+    file_format = naming.file_format_of(path)
     done = failures = 0
     while True:
         try:
-            for record in tf.data.TFRecordDataset(path, compression_type=compression).skip(done):
-                yield record.numpy()
+            if file_format == naming.ARRAY_RECORD:
+                read = itertools.islice(records.array_record_records(path), done, None)
+            else:
+                read = (r.numpy() for r in records.shard_records(path, compression).skip(done))
+            for record in read:
+                yield record
                 done += 1
             return
         except tf.errors.OpError as err:
