@@ -17,7 +17,10 @@ RSS (baseline in brackets: the RSS right after importing TensorFlow):
   start-up (creating the iterator, filling it for the first batch), which a pass of a few
   thousand images does not hide;
 - eval, one iterator: the same passes one after another from one iterator (`.repeat()`),
-  the steady rate the ceiling is also measured at.
+  the steady rate the ceiling is also measured at;
+- grain, train / grain, eval: `tfrecord_pipe.grain.make_dataset` over the same records in
+  ArrayRecord shards, training (seeded; one worker process per core) and evaluation (one
+  iterator, threads in this process).
 
 Machines here are shared and noisy (benchmarks/RESULTS.md, "Reader"), so the pipelines run
 in rounds (ceiling, train, article, eval, ..., then again), every measurement
@@ -40,14 +43,16 @@ import subprocess
 import sys
 import tempfile
 
-PIPELINES = ("ceiling", "train", "train, seeded", "article", "eval", "eval, one iterator")
+PIPELINES = ("ceiling", "train", "train, seeded", "article", "eval", "eval, one iterator",
+             "grain, train", "grain, eval")  # fmt: skip
 LABELS = tuple(f"class{i}" for i in range(10))
 
 
 def write_shards(
     folder: pathlib.Path, count: int, num_shards: int, seed: int = 0, sides=(256, 480)
 ) -> None:
-    """`count` photo-like JPEGs (`sides` px a side) in `num_shards` shards plus a manifest."""
+    """`count` photo-like JPEGs (`sides` px a side) in `num_shards` shards, TFRecord and
+    ArrayRecord, plus a manifest."""
     import hashlib
 
     import numpy as np
@@ -56,13 +61,16 @@ def write_shards(
     from benchmarks import photos
     from tfrecord_pipe import manifest, schema
     from tfrecord_pipe._reading import dataset
-    from tfrecord_pipe._core import naming, progress
+    from tfrecord_pipe._core import array_records, naming, progress
 
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     names = [naming.shard_name("train", i, num_shards, False) for i in range(num_shards)]
     lengths = [len(range(i, count, num_shards)) for i in range(num_shards)]
+    twins = [naming.shard_name("train", i, num_shards, False, naming.ARRAY_RECORD)
+             for i in range(num_shards)]  # fmt: skip
     writers = [tf.io.TFRecordWriter(str(folder / name)) for name in names]
+    twin_writers = [array_records.Writer(str(folder / name)) for name in twins]
     line = progress.StatusLine()
     for i in range(count):
         width, height = (int(side) for side in rng.integers(sides[0], sides[1] + 1, 2))
@@ -76,18 +84,21 @@ def write_shards(
             filename=f"{LABELS[i % len(LABELS)]}/{i:06d}.jpg",
             sha256=hashlib.sha256(encoded).hexdigest(),
         )
-        writers[i % num_shards].write(schema.serialize(record, label_offset=1))
+        serialized = schema.serialize(record, label_offset=1)
+        writers[i % num_shards].write(serialized)
+        twin_writers[i % num_shards].write(serialized)
         line.update(f"  writing shards: {i + 1}/{count} images")
-    for writer in writers:
+    for writer in writers + twin_writers:
         writer.close()
     line.finish(f"  wrote {count} images in {num_shards} shards")
     info = manifest.SplitInfo(
         num_examples=count,
         shard_lengths=tuple(lengths),
-        num_bytes=sum((folder / name).stat().st_size for name in names),
+        num_bytes=sum((folder / name).stat().st_size for name in names + twins),
         listed=count,
         rejected=0,
         files=tuple(names),
+        array_record_files=tuple(twins),
     )
     # Evaluation reads the same shards, as its own split.
     splits = {"train": info, "validation": info}
@@ -118,6 +129,8 @@ def build(name: str, data: str, image_size: int, batch: int):
     from tfrecord_pipe import reader
     from tfrecord_pipe._tools import bench
 
+    if name.startswith("grain"):
+        return build_grain(name, data, image_size, batch)
     train = reader.ReaderConfig(
         data=data, split="train", is_training=True, batch_size=batch, image_size=image_size
     )
@@ -138,6 +151,33 @@ def build(name: str, data: str, image_size: int, batch: int):
     if name == "eval, one iterator":
         dataset = dataset.repeat()
     return dataset, bench.batch_images(evaluation)
+
+
+def build_grain(name: str, data: str, image_size: int, batch: int):
+    """The Grain pipeline `name` over the ArrayRecord twins, and its images per batch."""
+    from tfrecord_pipe import grain
+
+    if name == "grain, train":
+        dataset = grain.make_dataset(
+            data, "train", is_training=True, batch_size=batch, image_size=image_size, seed=1,
+            worker_count=os.cpu_count(),
+        )  # fmt: skip
+        return dataset, lambda element: len(element[1])
+    dataset = grain.make_dataset(
+        data, "validation", is_training=False, batch_size=batch, image_size=image_size
+    )
+    return _repeated(dataset), lambda element: int((element[2] > 0).sum())
+
+
+class _repeated:
+    """Passes one after another from one iterable (as `.repeat()` does for tf.data)."""
+
+    def __init__(self, dataset):
+        self._dataset = dataset
+
+    def __iter__(self):
+        while True:
+            yield from self._dataset
 
 
 def measure(name: str, data: str, image_size: int, batch: int, seconds: float) -> None:
@@ -247,7 +287,7 @@ def main(argv=None):
             f"({row['baseline']:.0f}) |"
         )
     print("targets: train >= 0.9x ceiling and >= 1.3x article; train, seeded >= 0.9x train; "
-          "eval >= 0.9x ceiling")  # fmt: skip
+          "eval >= 0.9x ceiling; grain, train >= 0.8x train")  # fmt: skip
     return summary
 
 

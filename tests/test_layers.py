@@ -2,7 +2,8 @@
 
     tfrecord_pipe/_core      no TensorFlow, no Beam        imports: core
     tfrecord_pipe/_reading   TensorFlow, no Beam           imports: core, reading
-    tfrecord_pipe/*.py      the public modules (api)      imports: core, reading
+    tfrecord_pipe/_grain     Grain, no TensorFlow, no Beam imports: core, grain
+    tfrecord_pipe/*.py      the public modules (api)      imports: core, reading, grain
     beam_jobs               Beam, no TensorFlow           imports: core, beam_jobs
     tfrecord_pipe/_tools     the command                   imports: anything
 
@@ -21,13 +22,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 ALLOWED = {
     "core": {"core"},
     "reading": {"core", "reading"},
-    "api": {"core", "reading"},
+    "grain": {"core", "grain"},
+    "api": {"core", "reading", "grain"},
     "beam_jobs": {"core", "beam_jobs"},
-    "tools": {"core", "reading", "api", "beam_jobs", "tools"},
+    "tools": {"core", "reading", "grain", "api", "beam_jobs", "tools"},
 }
 FORBIDDEN = {
     "core": {"tensorflow", "keras", "jax", "apache_beam"},
     "reading": {"apache_beam"},
+    "grain": {"tensorflow", "keras", "apache_beam"},
     "api": {"apache_beam"},
     "beam_jobs": {"tensorflow", "keras", "jax"},
     "tools": set(),

@@ -7,11 +7,12 @@ conversion job (`beam_jobs`) sits beside `_reading/`, on the core alone:
             image normalisation, paths, progress lines. The conversion job's workers use it.
   _reading/ TensorFlow: datasets on disk, the input pipeline, preprocessing, strategies,
             serving, TPU-readiness checks. What training code imports.
+  _grain/   Grain, no TensorFlow: the input pipeline over ArrayRecord shards, for JAX.
   _tools/   the `tfrecord-pipe` command: inspect, verify, bench, and convert (`beam_jobs`).
 
 The public modules sit at the top (`tfrecord_pipe.reader`, ...: docs/api.md lists them and
 their names); each re-exports its part of the layers below. Any import form works, and the
-core ones (`schema`, `manifest`, `images`) never load TensorFlow:
+core ones (`schema`, `manifest`, `images`) and `grain` never load TensorFlow:
 
     import tfrecord_pipe.reader
     from tfrecord_pipe.reader import make_input_fn
@@ -29,6 +30,7 @@ __version__ = "0.4.0"
 PUBLIC_MODULES = (
     "schema", "manifest", "images",  # the core: no TensorFlow
     "dataset", "reader", "preprocess", "serving", "distribute", "hosts", "tpu_ready",
+    "grain",  # Grain over ArrayRecord shards: no TensorFlow
 )  # fmt: skip
 
 

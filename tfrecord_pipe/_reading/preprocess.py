@@ -16,35 +16,23 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-# ImageNet statistics on the 0..255 scale, as in the Cloud TPU reference models.
-MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+from tfrecord_pipe._core.crops import (  # noqa: F401 (MEAN_RGB, STDDEV_RGB: public here)
+    CROP_AREA_RANGE,
+    CROP_ASPECT_RANGE,
+    CROP_MAX_ATTEMPTS,
+    CROP_MIN_OBJECT_COVERED,
+    CROP_PADDING,
+    DCT_RATIOS,
+    DTYPES,
+    MEAN_RGB,
+    STDDEV_RGB,
+    check_dtype,
+    dtype_problem,
+)
+
 # normalize(x) = x * _SCALE + _SHIFT, per channel.
 _SCALE = np.asarray([1 / s for s in STDDEV_RGB], np.float32)
 _SHIFT = np.asarray([-m / s for m, s in zip(MEAN_RGB, STDDEV_RGB)], np.float32)
-
-# Evaluation crops the centre (size / (size + CROP_PADDING)) of the shorter side, i.e. 224 of
-# 256 at the default size: the standard ImageNet evaluation crop.
-CROP_PADDING = 32
-
-# Random crop of the training path (Inception-style), as in the reference ResNet preprocessing.
-CROP_AREA_RANGE = (0.08, 1.0)
-CROP_ASPECT_RANGE = (3 / 4, 4 / 3)
-CROP_MIN_OBJECT_COVERED = 0.1
-CROP_MAX_ATTEMPTS = 10
-
-DTYPES = ("float32", "bfloat16", "uint8")
-
-
-def dtype_problem(dtype: str) -> str | None:
-    """What is wrong with `dtype` as an output dtype, or None if it is one of DTYPES."""
-    return None if dtype in DTYPES else f"dtype must be one of {DTYPES}, got {dtype!r}"
-
-
-def check_dtype(dtype: str) -> None:
-    """Raises ValueError unless `dtype` is one of DTYPES."""
-    if dtype_problem(dtype):
-        raise ValueError(dtype_problem(dtype))
 
 
 def train_image(
@@ -128,7 +116,8 @@ def eval_image(encoded: tf.Tensor, image_size: int, dtype: str = "float32") -> t
 
 
 def centre_window(height: tf.Tensor, width: tf.Tensor, image_size: int) -> tf.Tensor:
-    """[top, left, side, side] of the evaluation crop: a centred square of the shorter side."""
+    """[top, left, side, side] of the evaluation crop: a centred square of the shorter side
+    (`crops.centre_window`, in tensors)."""
     side = tf.cast(
         image_size / (image_size + CROP_PADDING) * tf.cast(tf.minimum(height, width), tf.float64),
         tf.int32,
@@ -162,13 +151,6 @@ def _full(shape, per_channel):
     return np.broadcast_to(np.asarray(per_channel, np.float32), shape.as_list()).copy()
 
 
-# libjpeg can decode at 1/2, 1/4 or 1/8 scale in the DCT, skipping most of the work (entropy
-# decoding, which every scale pays, is the rest). Used when the crop is at least that many
-# times the output side, so the decoded crop still needs shrinking (never enlarging) by the
-# resize (benchmarks/RESULTS.md, "Preprocessing").
-_DCT_RATIOS = (1, 2, 4, 8)
-
-
 # libjpeg crops from a column that starts an MCU (16 pixels wide in 4:2:0 and 4:2:2 JPEGs, 8 in
 # 4:4:4 and grayscale); for any other left edge TensorFlow decodes each row into a scratch line
 # and copies it into place. Asking for the crop from the MCU boundary to its left and slicing
@@ -195,7 +177,7 @@ def _decode_crop(encoded: tf.Tensor, window: tf.Tensor, image_size: int) -> tf.T
 
         return decode
 
-    return tf.switch_case(index, [at(ratio) for ratio in _DCT_RATIOS])
+    return tf.switch_case(index, [at(ratio) for ratio in DCT_RATIOS])
 
 
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:

@@ -1,0 +1,235 @@
+"""The Grain path (`tfrecord_pipe.grain`) over ArrayRecord shards, with the real Grain and
+array-record packages: the tf.data reader's semantics (every record once per epoch, seeded
+and exact, resumable, padded evaluation, this host's share) and its evaluation pixels."""
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from beam_jobs import convert
+from benchmarks import photos
+from tfrecord_pipe import grain, serving
+from tfrecord_pipe._core import array_records, schema
+from tfrecord_pipe._reading import preprocess
+
+from helpers import IN_PROCESS, write_image_folder
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+SIZE = 24
+# Sides that make the evaluation crop decode at every DCT scale the reader uses (1, 2, 4, 8
+# for SIZE and for 224), and small ones.
+SIDES = [(40, 30), (64, 90), (130, 100), (300, 200), (520, 400), (1000, 700), (1900, 1300)]
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """A dataset in both formats: 3 labels of small images plus photo-like ones of SIDES."""
+    root = tmp_path_factory.mktemp("grain")
+    src = write_image_folder(root / "src", per_label=7)
+    rng = np.random.default_rng(0)
+    for number, (width, height) in enumerate(SIDES):
+        (src / "red" / f"photo{number}.jpg").write_bytes(photos.photo_like_jpeg(rng, width, height))
+    out = root / "out"
+    convert.run([str(src), str(out), "--formats", "tfrecord,array_record", "--num_shards", "3",
+                 "--validation_fraction", "0.4", *IN_PROCESS])  # fmt: skip
+    return out
+
+
+def records_of(out, split) -> list[schema.ImageRecord]:
+    found = grain.find_split(str(out), split)
+    return [schema.decode_example(r, label_offset=found.label_offset)
+            for file in found.files for r in array_records.records(file)]  # fmt: skip
+
+
+def test_evaluation_pixels_are_the_tf_readers_and_servings_within_decoder_tolerance(both):
+    config = serving.ServingConfig.for_dataset(str(both), image_size=224, dtype="uint8")
+    encoded = [record.encoded for split in ("train", "validation")
+               for record in records_of(both, split)]  # fmt: skip
+    served = serving.model_inputs(tf.constant(encoded), config).numpy().astype(int)
+    exact = 0
+    for image_size in (SIZE, 224):
+        for number, jpeg in enumerate(encoded):
+            ours = grain.eval_image(jpeg, image_size, "uint8").astype(int)
+            theirs = preprocess.eval_image(tf.constant(jpeg), image_size, "uint8").numpy()
+            difference = np.abs(ours - theirs)
+            # TensorFlow decodes with libjpeg's fast integer IDCT, Pillow with its accurate one
+            # (at a DCT scale both use the scaled IDCT, and mostly agree exactly).
+            assert difference.max() <= 8 and difference.mean() <= 1.5, (number, image_size)
+            exact += difference.max() == 0
+            if image_size == 224:
+                assert np.abs(ours - served[number]).max() <= 8
+        floats = grain.eval_image(encoded[0], image_size, "float32")
+        expected = preprocess.eval_image(tf.constant(encoded[0]), image_size, "float32").numpy()
+        assert floats.dtype == np.float32 and np.abs(floats - expected).max() <= 8 / 58
+    # Where the decoders agree the pixels are identical: the same window, scale and resize
+    # arithmetic (a window or a resize half a pixel off would never give this).
+    assert exact >= 4
+
+
+def test_evaluation_gives_every_record_once_in_padded_batches_the_same_count_on_every_host(both):
+    records = records_of(both, "validation")
+    expected = [grain.eval_image(r.encoded, SIZE, "uint8") for r in records]
+    hosts, batch = 3, 4
+    per_host = [list(grain.make_dataset(str(both), is_training=False, batch_size=batch,
+                                        image_size=SIZE, dtype="uint8", host_index=host,
+                                        host_count=hosts))
+                for host in range(hosts)]  # fmt: skip
+    assert len({len(batches) for batches in per_host}) == 1  # no host waits for another
+    steps = len(per_host[0])
+    assert steps == -(-(-(-len(records) // hosts)) // batch)
+    seen = 0
+    for host, batches in enumerate(per_host):
+        images = np.concatenate([b[0] for b in batches])
+        labels = np.concatenate([b[1] for b in batches])
+        weights = np.concatenate([b[2] for b in batches])
+        mine = list(range(host, len(records), hosts))
+        real = weights > 0
+        assert real.sum() == len(mine) and real[: len(mine)].all()
+        for image, label, index in zip(images, labels, mine):
+            assert np.array_equal(image, expected[index])
+            assert label == records[index].label_index
+        assert not images[~real].any()
+        # Weighted as the tf.data reader weighs them: the mean over all slots is the mean
+        # over the records.
+        np.testing.assert_allclose(weights[real], steps * batch * hosts / len(records), rtol=1e-6)
+        seen += len(mine)
+    assert seen == len(records)
+
+
+def keys_of(batches) -> list[int]:
+    return [int(k) for batch in batches for k in batch[2]]
+
+
+def train(out, **options):
+    settings = dict(is_training=True, batch_size=4, image_size=SIZE, dtype="uint8", seed=7,
+                    with_keys=True, host_index=0, host_count=1)  # fmt: skip
+    return grain.make_dataset(str(out), **{**settings, **options})
+
+
+def test_each_epoch_is_a_new_permutation_and_hosts_share_one_stream(both):
+    count = grain.find_split(str(both), "train").num_examples
+    one = iter(train(both))
+    stream = [next(one) for _ in range(3 * count // 4 + 2)]
+    keys = keys_of(stream)
+    first, second = keys[:count], keys[count : 2 * count]
+    assert sorted(first) == sorted(second) == list(range(count))
+    assert first != second
+    # Two hosts: at each step their batches are the one-host stream's next 8 places, dealt
+    # in turn, with the same pixels (augmentation follows the place, not the host).
+    two = [iter(train(both, batch_size=2, host_index=h, host_count=2)) for h in range(2)]
+    images = np.concatenate([b[0] for b in stream])
+    for step in range(5):
+        batches = [next(iterator) for iterator in two]
+        for host, (host_images, _, host_keys) in enumerate(batches):
+            places = [step * 4 + 2 * j + host for j in range(2)]
+            assert [int(k) for k in host_keys] == [keys[p] for p in places]
+            assert np.array_equal(host_images, images[places])
+    assert keys_of([next(iter(train(both, seed=8)))]) != keys[:4]
+
+
+def test_a_state_resumes_at_the_next_batch_and_other_settings_are_refused(both):
+    reference = list(zip(range(9), iter(train(both))))
+    batches = iter(train(both))
+    for _ in range(4):
+        next(batches)
+    state = batches.get_state()
+    assert len(repr(state)) < 2000  # a few bytes, beside the model's checkpoint
+    resumed = iter(train(both))
+    resumed.set_state(state)
+    for step in range(4, 9):
+        got = next(resumed)
+        assert all(np.array_equal(a, b) for a, b in zip(got, reference[step][1])), step
+    for other, said in ((dict(seed=8), "seed: saved 7, here 8"),
+                        (dict(batch_size=2), "batch_size: saved 4, here 2"),
+                        (dict(host_index=1, host_count=2), "host: saved \\[0, 1\\], here \\[1, 2\\]")):  # fmt: skip
+        elsewhere = iter(train(both, **other))
+        with pytest.raises(ValueError, match=f"reads other batches \\(.*{said}"):
+            elsewhere.set_state(state)
+    with pytest.raises(ValueError, match="Not a tfrecord-pipe grain position state"):
+        iter(train(both)).set_state({"next_index": 3})
+
+
+def test_a_number_of_epochs_ends_every_host_at_the_same_step(both):
+    count = grain.find_split(str(both), "train").num_examples
+    ends = [len(list(train(both, batch_size=3, num_epochs=2, host_index=h, host_count=2)))
+            for h in range(2)]  # fmt: skip
+    assert ends == [2 * count // 6] * 2
+
+
+def test_what_the_grain_path_cannot_read_is_refused_with_what_to_do(both, tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    convert.run([str(src), str(tmp_path / "tfrecord"), *IN_PROCESS])
+    with pytest.raises(ValueError, match="no ArrayRecord shards.*--formats tfrecord,array_record"):
+        train(tmp_path / "tfrecord")
+    with pytest.raises(ValueError, match="seed is required"):
+        train(both, seed=None)
+    with pytest.raises(ValueError, match="local files only"):
+        train("gs://bucket/dataset")
+    with pytest.raises(ValueError, match="has no manifest.json"):
+        train(tmp_path)
+    with pytest.raises(ValueError, match="has no split 'test'"):
+        train(both, split="test")
+    broken = tmp_path / "broken"
+    shutil.copytree(both, broken)
+    found = grain.find_split(str(both), "train")
+    names = [os.path.basename(f) for f in found.files]
+    (broken / names[0]).unlink()
+    with pytest.raises(ValueError, match=f"missing: .*{names[0]}"):
+        train(broken)
+    # A shard holding other records than the manifest lists: an error, not a short epoch.
+    shutil.copy(both / names[1], broken / names[0])
+    assert array_records.count(found.files[0]) != array_records.count(found.files[1])
+    with pytest.raises(ValueError, match="hold .* records; the manifest lists"):
+        train(broken)
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_batches_each_run_and_resume(both):
+    reference = [next(iterator)[2].tolist() for iterator in [iter(train(both, worker_count=2))]
+                 for _ in range(6)]  # fmt: skip
+    batches = iter(train(both, worker_count=2))
+    seen = [next(batches)[2].tolist() for _ in range(3)]
+    assert seen == reference[:3]
+    state = batches.get_state()
+    resumed = iter(train(both, worker_count=2))
+    resumed.set_state(state)
+    assert [next(resumed)[2].tolist() for _ in range(3)] == reference[3:]
+
+
+@pytest.mark.slow
+def test_the_grain_example_killed_and_run_again_ends_with_the_uninterrupted_parameters(
+    both, tmp_path
+):
+    def command(work):
+        return [sys.executable, "-m", "examples.grain_loop", str(both), str(work),
+                "--steps", "40", "--batch_size", "4", "--save_every", "5"]  # fmt: skip
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    whole = subprocess.run(command(tmp_path / "whole"), cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    killed = subprocess.Popen(command(tmp_path / "killed"), cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    checkpoint = tmp_path / "killed" / "checkpoint.npz"
+    deadline = time.monotonic() + 240
+    while not checkpoint.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate(timeout=60)
+    assert killed.returncode == -signal.SIGKILL, "it ended before it was killed"
+    again = subprocess.run(command(tmp_path / "killed"), cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resumed at step" in again.stdout
+    final = [line for line in whole.stdout.splitlines() if line.startswith("parameters")]
+    assert final and final == [line for line in again.stdout.splitlines()
+                               if line.startswith("parameters")]  # fmt: skip

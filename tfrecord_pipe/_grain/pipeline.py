@@ -1,0 +1,365 @@
+"""The Grain input pipeline over a dataset's ArrayRecord shards: what the tf.data reader does,
+with Grain's random access.
+
+Training: the split's records as one random-access sequence; each epoch a permutation of all
+of them (Grain's index shuffle, seeded by the seed and the epoch); the epochs end to end; each
+record's crop and flip drawn from a Generator that Grain seeds from the seed and the record's
+place in that stream; host i of n takes places i, i + n, i + 2n, ... So the hosts' batches
+of one step are one contiguous window of the stream, every record is read once per epoch
+across the hosts, and the order and the pixels do not depend on the host count's batches.
+Resuming is Grain's: the iterator's `get_state()` is a few bytes, `set_state` goes back to it.
+
+Evaluation: host i takes records i, i + n, ...; every host yields the same number of full
+batches, the last ones filled with weight-0 examples, and every real example weighs slots /
+records, as the tf.data reader's padded evaluation does (`padded.padded_weight`): a mean over
+the weights is the mean over the records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+
+import numpy as np
+
+from tfrecord_pipe._core import crops, naming, schema
+from tfrecord_pipe._core import manifest as manifest_lib
+from tfrecord_pipe._grain import images
+
+# Threads that read and preprocess records ahead of the batches, in each process (Pillow
+# decodes and numpy resizes without the GIL).
+DEFAULT_THREADS = 4
+DEFAULT_BUFFER = 64  # records read ahead
+
+
+def _grain():
+    try:
+        import grain
+    except ImportError as err:
+        raise ImportError(
+            "The Grain path needs Grain and array-record: pip install 'tfrecord-pipe[grain]'."
+        ) from err
+    return grain
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """A split's ArrayRecord shards, as the manifest lists them.
+
+    Attributes:
+      name: the split's name.
+      files: local paths of its ArrayRecord shards, in shard order.
+      num_examples: records in them, by the manifest.
+      label_offset: subtracted from stored labels.
+      num_classes: the dataset's number of labels.
+    """
+
+    name: str
+    files: tuple[str, ...]
+    num_examples: int
+    label_offset: int
+    num_classes: int
+
+
+def find_split(data: str, split: str) -> Split:
+    """The ArrayRecord shards of `split` of the dataset folder `data`.
+
+    Raises:
+      ValueError: no dataset there, no such split, or no ArrayRecord shards; the message says
+        what to do.
+    """
+    if "://" in data:
+        raise ValueError(
+            f"{data}: the array-record package reads local files only. Copy the dataset to "
+            "local disk, or mount the bucket (Cloud Storage FUSE) and pass the mounted path."
+        )
+    path = os.path.join(data, naming.MANIFEST_NAME)
+    if not os.path.exists(path):
+        raise ValueError(
+            f"{data} has no {naming.MANIFEST_NAME}: pass a dataset folder the converter finished."
+        )
+    with open(path, encoding="utf-8") as file:
+        found = manifest_lib.Manifest.from_file_text(file.read(), path)
+    if split not in found.splits:
+        raise ValueError(f"{data} has no split {split!r}; it has {sorted(found.splits)}.")
+    info = found.splits[split]
+    if naming.ARRAY_RECORD not in found.file_formats:
+        raise ValueError(
+            f"{data} has no ArrayRecord shards, which Grain reads. Convert with --formats "
+            "tfrecord,array_record (the same records in both formats), or read it with "
+            "tfrecord_pipe.reader."
+        )
+    if not info.num_examples:
+        raise ValueError(f"Split {split!r} of {data} has no records (every input was rejected).")
+    files = tuple(os.path.join(data, name) for name in info.array_record_files)
+    missing = [file for file in files if not os.path.exists(file)]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} ArrayRecord shard(s) of split {split!r} that the manifest lists are "
+            f"missing: {', '.join(missing[:3])}. Restore them (tfrecord-pipe verify finds them)."
+        )
+    return Split(split, files, info.num_examples, found.label_offset, len(found.labels))
+
+
+def source(split: Split):
+    """A random-access source of the split's serialized records, checked against the
+    manifest's count: a shard that reads short is an error, never a smaller epoch."""
+    grain = _grain()
+    records = grain.sources.ArrayRecordDataSource(list(split.files))
+    if len(records) != split.num_examples:
+        raise ValueError(
+            f"The ArrayRecord shards of split {split.name!r} hold {len(records)} records; the "
+            f"manifest lists {split.num_examples}. Run tfrecord-pipe verify on the dataset."
+        )
+    return records
+
+
+class _Keyed:
+    """A source whose records come with their number in the split: (key, serialized)."""
+
+    def __init__(self, records):
+        self._records = records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, key: int):
+        return key, self._records[key]
+
+
+def _label(record: schema.ImageRecord, split: Split) -> np.int32:
+    if not 0 <= record.label_index < split.num_classes:
+        raise ValueError(
+            f"{record.filename}: label {record.label_index} after subtracting label_offset="
+            f"{split.label_offset} is not in 0..{split.num_classes - 1}"
+        )
+    return np.int32(record.label_index)
+
+
+def _hosts(host_index: int | None, host_count: int | None) -> tuple[int, int]:
+    """This host's place: as given, else JAX's process index and count (one host without
+    JAX)."""
+    if (host_index is None) != (host_count is None):
+        raise ValueError("Give both host_index and host_count, or neither (JAX's are used).")
+    if host_index is None:
+        try:
+            import jax
+        except ImportError:
+            return 0, 1
+        return jax.process_index(), jax.process_count()
+    if not 0 <= host_index < host_count:
+        raise ValueError(f"host_index must be in 0..{host_count - 1}, got {host_index}")
+    return host_index, host_count
+
+
+def make_dataset(
+    data: str,
+    split: str | None = None,
+    *,
+    is_training: bool,
+    batch_size: int,
+    image_size: int = 224,
+    dtype: str = "float32",
+    seed: int | None = None,
+    num_epochs: int | None = None,
+    with_keys: bool = False,
+    host_index: int | None = None,
+    host_count: int | None = None,
+    worker_count: int = 0,
+    threads: int = DEFAULT_THREADS,
+) -> GrainInput:
+    """This host's batches of a dataset's ArrayRecord shards, through Grain.
+
+    Args:
+      data: a local dataset folder converted with `--formats ...array_record`.
+      split: default "train" for training, "validation" for evaluation.
+      is_training: training (per-epoch global shuffle, random crop and flip, batches with
+        drop_remainder) or evaluation (centre crop, every record once in padded batches).
+      batch_size: this host's batch size (the global batch over host_count).
+      image_size: side of the square images.
+      dtype: "float32" / "bfloat16" (normalised) or "uint8" (normalise on the device).
+      seed: training only, and required there: the order and every random choice are a
+        function of it, and a resumed run must use the same one.
+      num_epochs: training: None repeats forever; else that many epochs, the last global
+        batch that would be short dropped (every host stops at the same step).
+      with_keys: training: each batch also holds its records' numbers in the split (int64),
+        as the tf.data reader's `with_keys`.
+      host_index, host_count: this host's place among the hosts reading; default JAX's.
+      worker_count: processes that read and preprocess (Grain's `mp_prefetch`); 0 reads in
+        this process, on `threads` threads. Part of the order: resume with the same count.
+      threads: threads reading ahead in each process.
+
+    Returns:
+      A `GrainInput`: iterate it for (images [batch, size, size, 3], labels int32 [batch]
+      [, keys]) tuples in training, (images, labels, weights float32 [batch]) in evaluation.
+      Its iterators have `get_state()` / `set_state(state)`.
+    """
+    grain = _grain()
+    crops.check_dtype(dtype)
+    if batch_size < 1 or image_size < 1:
+        raise ValueError(f"batch_size and image_size must be >= 1, got {batch_size}, {image_size}")
+    if is_training and seed is None:
+        raise ValueError(
+            "seed is required for Grain training: the shuffle and the augmentation are a "
+            "function of it, and a resumed run must pass the same seed."
+        )
+    if is_training and not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be in 0..2**32-1, got {seed}")
+    if not is_training and (seed is not None or num_epochs is not None or with_keys):
+        raise ValueError(
+            "seed, num_epochs and with_keys are for training; evaluation reads every record once."
+        )
+    if num_epochs is not None and num_epochs < 1:
+        raise ValueError(f"num_epochs must be >= 1 or None (forever), got {num_epochs}")
+    if worker_count < 0 or threads < 1:
+        raise ValueError(f"worker_count must be >= 0 and threads >= 1, got {worker_count}, {threads}")
+    index, count = _hosts(host_index, host_count)
+    chosen = find_split(data, split or (naming.TRAIN if is_training else naming.VALIDATION))
+    records = grain.MapDataset.source(_Keyed(source(chosen)))
+    if is_training:
+        examples = _training(records, chosen, image_size, dtype, seed, num_epochs, with_keys,
+                             index, count, batch_size)  # fmt: skip
+    else:
+        examples = _evaluation(records, chosen, image_size, dtype, index, count, batch_size)
+    read = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=DEFAULT_BUFFER)
+    batches = examples.to_iter_dataset(read).batch(batch_size, drop_remainder=True)
+    if worker_count:
+        _absl_flags_at_defaults()
+        batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+    settings = {
+        "records": _fingerprint(chosen),
+        "training": is_training,
+        "seed": seed,
+        "num_epochs": num_epochs,
+        "batch_size": batch_size,
+        "image_size": image_size,
+        "dtype": dtype,
+        "with_keys": with_keys,
+        "host": [index, count],
+        "worker_count": worker_count,
+    }
+    return GrainInput(batches, settings)
+
+
+def _fingerprint(split: Split) -> str:
+    """What names the records and their order: the split's shard names and counts."""
+    names = ",".join(os.path.basename(file) for file in split.files)
+    return hashlib.sha256(f"{split.name}:{split.num_examples}:{names}".encode()).hexdigest()[:16]
+
+
+STATE_FORMAT = "tfrecord-pipe grain position"
+
+
+class GrainInput:
+    """This host's batches (`make_dataset`): iterate it; `dataset` is the Grain IterDataset,
+    for more Grain transformations (their state is then Grain's alone)."""
+
+    def __init__(self, dataset, settings: dict):
+        self.dataset = dataset
+        self.settings = settings
+
+    def __iter__(self) -> ResumableBatches:
+        return ResumableBatches(iter(self.dataset), self.settings)
+
+
+class ResumableBatches:
+    """Grain's iterator, with a state that says what it is a position in: `set_state` refuses
+    a state saved by a pipeline with other records, seed, batch, hosts or workers, whose
+    position would silently mean other batches."""
+
+    def __init__(self, iterator, settings: dict):
+        self._iterator = iterator
+        self._settings = settings
+
+    def __iter__(self) -> ResumableBatches:
+        return self
+
+    def __next__(self):
+        return next(self._iterator)
+
+    def get_state(self) -> dict:
+        """A small JSON-able dict: save it with the model's checkpoint."""
+        return {"format": STATE_FORMAT, "settings": self._settings,
+                "grain": self._iterator.get_state()}  # fmt: skip
+
+    def set_state(self, state: dict) -> None:
+        """Goes back to the position `get_state` gave: the next batch is the one that came
+        after it.
+
+        Raises:
+          ValueError: the state is not one of ours, or from a pipeline with other settings.
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"Not a {STATE_FORMAT} state (from make_dataset's iterators' get_state)."
+            )
+        saved = state["settings"]
+        differ = [
+            f"{key}: saved {saved.get(key)!r}, here {value!r}"
+            for key, value in self._settings.items()
+            if _as_json(saved.get(key)) != _as_json(value)
+        ]
+        if differ:
+            raise ValueError(
+                "This state was saved by a pipeline that reads other batches ("
+                + "; ".join(differ)
+                + "). Resume with the settings it was saved with."
+            )
+        self._iterator.set_state(state["grain"])
+
+
+def _as_json(value):
+    return json.loads(json.dumps(value))
+
+
+def _absl_flags_at_defaults() -> None:
+    """Grain's worker processes read Grain's absl flags, and fail in a program that did not
+    start through `absl.app` ("flags were not parsed"). Such a program has them at their
+    defaults: say so to absl. A program that parsed its flags keeps them."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, index, count,
+              batch_size):  # fmt: skip
+    def example(keyed, rng: np.random.Generator):
+        key, serialized = keyed
+        record = schema.decode_example(serialized, label_offset=split.label_offset)
+        image = images.train_image(record.encoded, image_size, rng, dtype)
+        if with_keys:
+            return image, _label(record, split), np.int64(key)
+        return image, _label(record, split)
+
+    stream = records.shuffle(seed=seed).repeat(num_epochs).random_map(example, seed=seed)
+    if num_epochs is not None:  # whole global batches only: every host stops at the same step
+        window = count * batch_size
+        stream = stream[: len(stream) // window * window]
+    return stream[index::count]
+
+
+def _evaluation(records, split, image_size, dtype, index, count, batch_size):
+    mine = records[index::count]
+    # Every host yields as many batches as the host with the most records needs.
+    steps = math.ceil(math.ceil(split.num_examples / count) / batch_size)
+    weight = np.float32(steps * batch_size * count / split.num_examples)
+    blank = (
+        images.blank(image_size, dtype),
+        np.int32(0),
+        np.float32(0.0),
+    )
+    real = len(mine)
+    grain = _grain()
+
+    def example(position: int):
+        if position >= real:
+            return blank
+        _, serialized = mine[position]
+        record = schema.decode_example(serialized, label_offset=split.label_offset)
+        return images.eval_image(record.encoded, image_size, dtype), _label(record, split), weight
+
+    return grain.MapDataset.range(steps * batch_size).map(example)

@@ -1,0 +1,25 @@
+"""Grain input pipelines over a dataset's ArrayRecord shards (`--formats ...array_record`),
+for JAX: a per-epoch global shuffle, per-record seeded augmentation, this host's share,
+padded evaluation, and exact resumption from a small state. See docs/grain.md; the
+implementation is `tfrecord_pipe._grain`. Needs `pip install 'tfrecord-pipe[grain]'`, not
+TensorFlow."""
+
+from tfrecord_pipe._grain.images import eval_image, normalize, train_image
+from tfrecord_pipe._grain.pipeline import (
+    GrainInput,
+    ResumableBatches,
+    find_split,
+    make_dataset,
+    source,
+)
+
+__all__ = [
+    "GrainInput",
+    "ResumableBatches",
+    "eval_image",
+    "find_split",
+    "make_dataset",
+    "normalize",
+    "source",
+    "train_image",
+]
