@@ -19,8 +19,8 @@ RSS (baseline in brackets: the RSS right after importing TensorFlow):
 - eval, one iterator: the same passes one after another from one iterator (`.repeat()`),
   the steady rate the ceiling is also measured at;
 - grain, train / grain, eval: `tfrecord_pipe.grain.make_dataset` over the same records in
-  ArrayRecord shards, training (seeded; one worker process per core) and evaluation (one
-  iterator, threads in this process).
+  ArrayRecord shards, training (seeded) and evaluation (passes from one iterator), each on
+  the default threads in this process, as the tf.data pipelines run.
 
 Machines here are shared and noisy (benchmarks/RESULTS.md, "Reader"), so the pipelines run
 in rounds (ceiling, train, article, eval, ..., then again), every measurement
@@ -159,9 +159,8 @@ def build_grain(name: str, data: str, image_size: int, batch: int):
 
     if name == "grain, train":
         dataset = grain.make_dataset(
-            data, "train", is_training=True, batch_size=batch, image_size=image_size, seed=1,
-            worker_count=os.cpu_count(),
-        )  # fmt: skip
+            data, "train", is_training=True, batch_size=batch, image_size=image_size, seed=1
+        )
         return dataset, lambda element: len(element[1])
     dataset = grain.make_dataset(
         data, "validation", is_training=False, batch_size=batch, image_size=image_size

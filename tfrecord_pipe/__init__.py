@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 # The public modules, loaded when first used as attributes (`tfrecord_pipe.reader` after
 # `import tfrecord_pipe`), so that importing the package never loads TensorFlow.

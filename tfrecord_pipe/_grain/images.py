@@ -1,10 +1,12 @@
-"""The reader's preprocessing in numpy and Pillow, for the Grain path: the same crops, decode
+"""The reader's preprocessing in numpy and OpenCV, for the Grain path: the same crops, decode
 scales, resize and output as `_reading/preprocess.py` (every number from `core.crops`).
 
 Evaluation gives the TensorFlow path's pixels within what two JPEG decoders differ by
-(TensorFlow decodes with libjpeg's fast integer DCT, Pillow with its accurate one): the same
+(TensorFlow decodes with libjpeg's fast integer IDCT, OpenCV with its accurate one): the same
 centre window, decoded at the same DCT scale, resized by the same arithmetic (bilinear with
 half-pixel centres and no antialiasing, as `tf.image.resize` does), rounded the same way.
+OpenCV rather than Pillow: it decodes straight into a numpy array, and its resize is ten
+times faster than numpy's (benchmarks/RESULTS.md, "Grain").
 
 Training draws the Inception-style crop and the flip from a numpy Generator that Grain seeds
 per record, so a record's augmentation is a function of the seed and its place in the stream,
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import io
 import math
-import threading
 
 import numpy as np
 from PIL import Image
@@ -27,25 +28,28 @@ _SCALE = np.asarray([1 / s for s in crops.STDDEV_RGB], np.float32)
 _SHIFT = np.asarray([-m / s for m, s in zip(crops.MEAN_RGB, crops.STDDEV_RGB)], np.float32)
 
 
-def eval_image(encoded: bytes, image_size: int, dtype: str = "float32") -> np.ndarray:
-    """The centre crop of a JPEG, resized to image_size x image_size x 3, as `dtype`."""
+def eval_image(encoded: bytes, image_size: int, dtype: str = "float32",
+               size: tuple[int, int] | None = None) -> np.ndarray:  # fmt: skip
+    """The centre crop of a JPEG, resized to image_size x image_size x 3, as `dtype`.
+
+    `size`: the JPEG's (height, width), when known (a record says it); else read from it.
+    """
     crops.check_dtype(dtype)
-    image = _open(encoded)
-    width, height = image.size
+    height, width = size or _jpeg_size(encoded)
     window = crops.centre_window(height, width, image_size)
-    return _finish(_resize(_decode_crop(image, window, image_size), image_size), dtype)
+    crop = _decode_crop(encoded, (height, width), window, image_size)
+    return _finish(_resize(crop, image_size), dtype)
 
 
 def train_image(encoded: bytes, image_size: int, rng: np.random.Generator,
-                dtype: str = "float32") -> np.ndarray:  # fmt: skip
+                dtype: str = "float32", size: tuple[int, int] | None = None) -> np.ndarray:  # fmt: skip
     """A random crop of a JPEG (Inception-style), flipped at random, as image_size x
-    image_size x 3; every choice drawn from `rng`."""
+    image_size x 3; every choice drawn from `rng`. `size` as for `eval_image`."""
     crops.check_dtype(dtype)
-    image = _open(encoded)
-    width, height = image.size
+    height, width = size or _jpeg_size(encoded)
     window = random_window(height, width, rng)
-    crop = _decode_crop(image, window, image_size)
-    if rng.random() < 0.5:
+    crop = _decode_crop(encoded, (height, width), window, image_size)
+    if rng.random() < 0.5:  # before the resize, as TensorFlow's path: they commute exactly
         crop = crop[:, ::-1]
     return _finish(_resize(crop, image_size), dtype)
 
@@ -70,10 +74,11 @@ def random_window(height: int, width: int, rng: np.random.Generator) -> tuple[in
 def normalize(images: np.ndarray) -> np.ndarray:
     """`preprocess.normalize` in numpy: the ImageNet mean and deviation, channels last."""
     pixels = images.astype(np.float32)  # a copy, worked on in place
-    flat = pixels.reshape(-1, _ROW * 3)  if pixels.size % (_ROW * 3) == 0 else None
-    if flat is None:
+    if pixels.size % (_ROW * 3):
         return pixels * _SCALE + _SHIFT
-    # Whole rows of constants: numpy's inner loop then runs along a row, not the 3 channels.
+    # Whole rows of constants: numpy's inner loop then runs along a row, not the 3 channels
+    # (four times faster).
+    flat = pixels.reshape(-1, _ROW * 3)
     flat *= _SCALE_ROW
     flat += _SHIFT_ROW
     return pixels
@@ -83,105 +88,74 @@ _ROW = 64  # pixels per row of the constants
 _SCALE_ROW, _SHIFT_ROW = np.tile(_SCALE, _ROW), np.tile(_SHIFT, _ROW)
 
 
-def _open(encoded: bytes) -> Image.Image:
-    image = Image.open(io.BytesIO(encoded))
-    if image.format != "JPEG":  # every record of the format holds one
-        raise ValueError(f"the record's image is {image.format}, not a JPEG")
-    return image
+def blank(image_size: int, dtype: str) -> np.ndarray:
+    """The image of a padding example: zeros, as the tf.data reader's."""
+    return np.zeros((image_size, image_size, 3), _numpy_dtype(dtype))
 
 
-def _decode_crop(image: Image.Image, window, image_size: int) -> np.ndarray:
-    """The crop `window` (top, left, height, width) of a JPEG as uint8 RGB, decoded at the
-    DCT scale the TensorFlow path uses, the window taken in the scaled image's pixels."""
+def _cv2():
+    try:
+        import cv2
+    except ImportError as err:
+        raise ImportError(
+            "The Grain path decodes with OpenCV: pip install 'tfrecord-pipe[grain]'."
+        ) from err
+    return cv2
+
+
+def _jpeg_size(encoded: bytes) -> tuple[int, int]:
+    """(height, width) from the JPEG's header, without decoding it."""
+    with Image.open(io.BytesIO(encoded)) as image:
+        if image.format != "JPEG":  # every record of the format holds one
+            raise ValueError(f"the image is {image.format}, not a JPEG")
+        return image.height, image.width
+
+
+# OpenCV's imdecode flags for 3-channel RGB at 1/ratio (its IMREAD_REDUCED_* scale bits).
+_REDUCED = {1: 0, 2: 16, 4: 32, 8: 64}
+
+
+def _decode_crop(encoded: bytes, size, window, image_size: int) -> np.ndarray:
+    """The crop `window` (top, left, height, width) of a JPEG of `size` as uint8 RGB, decoded
+    at the DCT scale the TensorFlow path uses, the window taken in the scaled image's pixels.
+
+    Raises:
+      ValueError: the bytes do not decode, or not to `size` at that scale.
+    """
+    cv2 = _cv2()
     top, left, height, width = window
     ratio = crops.dct_ratio(height, width, image_size)
-    full_width, full_height = image.size
-    if ratio > 1:
-        # Pillow picks the largest scale whose image is still at least the size asked for.
-        image.draft("RGB", (full_width // ratio, full_height // ratio))
-        expected = (crops.scaled_size(full_width, ratio), crops.scaled_size(full_height, ratio))
-        if image.size != expected:  # not the scale TensorFlow decodes at: never silently
-            raise ValueError(f"JPEG decoded at {image.size}, not at 1/{ratio}: {expected}")
-    else:
-        image.draft("RGB", None)
-    pixels = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
+    flags = _REDUCED[ratio] | cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
+    pixels = cv2.imdecode(np.frombuffer(encoded, np.uint8), flags)
+    expected = tuple(crops.scaled_size(side, ratio) for side in size)
+    if pixels is None or pixels.shape[:2] != expected:  # never a silently other window
+        found = "nothing" if pixels is None else f"{pixels.shape[1]}x{pixels.shape[0]}"
+        raise ValueError(
+            f"the JPEG decoded at 1/{ratio} to {found}, not to {expected[1]}x{expected[0]}"
+        )
     top, left = top // ratio, left // ratio
     return pixels[top : top + height // ratio, left : left + width // ratio]
 
 
-def _axis(in_size: int, out_size: int):
-    """Source indices and weights along one axis of a bilinear resize with half-pixel centres
-    (TensorFlow's `compute_interpolation_weights`, in float32)."""
-    scale = np.float32(in_size / out_size)
-    where = (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
-    floor = np.floor(where)
-    lower = np.maximum(floor, 0).astype(np.intp)
-    upper = np.minimum(np.ceil(where), in_size - 1).astype(np.intp)
-    return lower, upper, (where - floor).astype(np.float32)
-
-
-_scratch = threading.local()
-
-
-def _buffer(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A thread's scratch array of `shape`, reused from call to call: the resize's temporaries
-    are each hundreds of kilobytes, and fresh ones cost as much in page faults as the
-    arithmetic (glibc returns such blocks to the system when freed)."""
-    buffers = _scratch.__dict__.setdefault("buffers", {})
-    size = math.prod(shape)
-    kept = buffers.get(name)
-    if kept is None or kept.size < size or kept.dtype != dtype:
-        kept = buffers[name] = np.empty(max(size, 1 << 18), dtype)
-    return kept[:size].reshape(shape)
-
-
 def _resize(crop: np.ndarray, image_size: int) -> np.ndarray:
     """Bilinear resize to image_size x image_size, float32 on the 0..255 scale, as
-    `tf.image.resize(..., BILINEAR)` computes it: each output pixel is
-    top + (bottom - top) * y_lerp, with top and bottom interpolated along x first.
+    `tf.image.resize(..., BILINEAR)`: half-pixel centres, edges clamped, no antialiasing
+    (OpenCV's INTER_LINEAR is that; it takes an exact halving as an area average, which is
+    the same)."""
+    cv2 = _cv2()
+    pixels = np.ascontiguousarray(crop, np.float32)
+    return cv2.resize(pixels, (image_size, image_size), interpolation=cv2.INTER_LINEAR)
 
-    Along x once per source row (the rows' interpolations are shared by the output rows
-    that use them), then along y. The result is this thread's scratch: `_finish` copies it.
-    """
-    top, bottom, y_lerp = _axis(crop.shape[0], image_size)
-    left, right, x_lerp = _axis(crop.shape[1], image_size)
-    rows = np.union1d(top, bottom)  # the source rows used, sorted
-    used = np.take(crop, rows, axis=0, out=_buffer("rows", (len(rows), *crop.shape[1:]), np.uint8))
-    # Rows of image_size * 3 values: numpy's inner loops then run along whole rows, not
-    # along the 3 channels (which made this four times slower).
-    shape = (len(rows), image_size, 3)
-    start = _buffer("start", shape, np.float32)
-    end = _buffer("end", shape, np.float32)
-    start[...] = np.take(used, left, axis=1, out=_buffer("left", shape, np.uint8))
-    end[...] = np.take(used, right, axis=1, out=_buffer("right", shape, np.uint8))
-    start, end = start.reshape(len(rows), -1), end.reshape(len(rows), -1)
-    end -= start
-    end *= np.repeat(x_lerp, 3)
-    end += start  # the source rows interpolated along x
-    out = (image_size, image_size * 3)
-    upper = np.take(end, np.searchsorted(rows, top), axis=0, out=_buffer("upper", out, np.float32))
-    lower = np.take(end, np.searchsorted(rows, bottom), axis=0, out=_buffer("lower", out, np.float32))
-    lower -= upper
-    lower *= y_lerp[:, None]
-    lower += upper
-    return lower.reshape(image_size, image_size, 3)
+
+def _numpy_dtype(dtype: str):
+    if dtype == "bfloat16":
+        import ml_dtypes  # comes with JAX and TensorFlow
+
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
 
 
 def _finish(image: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "uint8":  # bilinear resizing only averages: values stay in 0..255
         return (image + np.float32(0.5)).astype(np.uint8)
-    normalised = normalize(image)
-    if dtype == "bfloat16":
-        import ml_dtypes  # comes with JAX and TensorFlow
-
-        return normalised.astype(ml_dtypes.bfloat16)
-    return normalised
-
-
-def blank(image_size: int, dtype: str) -> np.ndarray:
-    """The image of a padding example: zeros, as the tf.data reader's."""
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return np.zeros((image_size, image_size, 3), ml_dtypes.bfloat16)
-    return np.zeros((image_size, image_size, 3), dtype)
+    return normalize(image).astype(_numpy_dtype(dtype), copy=False)

@@ -330,7 +330,8 @@ def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, in
     def example(keyed, rng: np.random.Generator):
         key, serialized = keyed
         record = schema.decode_example(serialized, label_offset=split.label_offset)
-        image = images.train_image(record.encoded, image_size, rng, dtype)
+        size = (record.height, record.width)
+        image = images.train_image(record.encoded, image_size, rng, dtype, size)
         if with_keys:
             return image, _label(record, split), np.int64(key)
         return image, _label(record, split)
@@ -360,6 +361,8 @@ def _evaluation(records, split, image_size, dtype, index, count, batch_size):
             return blank
         _, serialized = mine[position]
         record = schema.decode_example(serialized, label_offset=split.label_offset)
-        return images.eval_image(record.encoded, image_size, dtype), _label(record, split), weight
+        size = (record.height, record.width)
+        image = images.eval_image(record.encoded, image_size, dtype, size)
+        return image, _label(record, split), weight
 
     return grain.MapDataset.range(steps * batch_size).map(example)
