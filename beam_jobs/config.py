@@ -85,8 +85,12 @@ class ConvertConfig:
         return paths.folder(self.source)
 
     def to_record(self) -> dict:
-        """The configuration as plain JSON values, for the manifest."""
-        return dataclasses.asdict(self)
+        """The configuration as plain JSON values, for the manifest. `formats` only when it
+        is not TFRecord alone: a TFRecord dataset's manifest stays one 0.4.0 reads."""
+        record = dataclasses.asdict(self)
+        if self.formats == (naming.TFRECORD,):
+            del record["formats"]
+        return record
 
     @classmethod
     def from_record(cls, record: dict) -> ConvertConfig:

@@ -92,7 +92,11 @@ class ArrayRecordFileWriter:
             os.close(handle)
         else:  # Beam's filesystems make a file's folder; the package does not
             paths.make_local_folder(paths.parent(path))
-        self._writer = array_records.Writer(self._local or self._part, compress)
+        try:
+            self._writer = array_records.Writer(self._local or self._part, compress)
+        except BaseException:
+            self._remove_local()
+            raise
 
     def write(self, data: bytes) -> None:
         self._writer.write(data)

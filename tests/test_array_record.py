@@ -150,6 +150,10 @@ def test_overwriting_with_tfrecord_only_leaves_no_array_record_file_and_a_new_ou
     written = run(src, copy, "--overwrite", "--num_shards", 2)
     assert written.file_formats == (naming.TFRECORD,)
     assert not list(copy.glob("*.array_record"))
+    # A TFRecord dataset's manifest records no formats: tfrecord-pipe 0.4.0 still reads it.
+    recorded = json.loads((copy / "manifest.json").read_text())
+    assert "formats" not in recorded["conversion"]
+    assert all("array_record_files" not in info for info in recorded["splits"].values())
     assert run_cli("verify", src, copy).returncode == 0
     # ArrayRecord shards alone make a dataset too, that a run without --overwrite must keep.
     lone = tmp_path / "lone"

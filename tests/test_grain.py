@@ -174,6 +174,14 @@ def test_a_number_of_epochs_ends_every_host_at_the_same_step(both):
     ends = [len(list(train(both, batch_size=3, num_epochs=2, host_index=h, host_count=2)))
             for h in range(2)]  # fmt: skip
     assert ends == [2 * count // 6] * 2
+    with pytest.raises(ValueError, match="fewer than one global batch"):
+        train(both, batch_size=count, num_epochs=1, host_index=0, host_count=2)
+    # More epochs for a resumed run: the stream is the same, only longer.
+    batches = iter(train(both, num_epochs=1))
+    next(batches)
+    longer = iter(train(both, num_epochs=3))
+    longer.set_state(batches.get_state())
+    assert next(longer)[2].tolist() == next(batches)[2].tolist()
 
 
 def test_what_the_grain_path_cannot_read_is_refused_with_what_to_do(both, tmp_path):
@@ -201,19 +209,46 @@ def test_what_the_grain_path_cannot_read_is_refused_with_what_to_do(both, tmp_pa
     assert array_records.count(found.files[0]) != array_records.count(found.files[1])
     with pytest.raises(ValueError, match="hold .* records; the manifest lists"):
         train(broken)
+    # A shard cut short: named, with what to do.
+    whole = (both / names[0]).read_bytes()
+    (broken / names[0]).write_bytes(whole[: len(whole) * 2 // 3])
+    with pytest.raises(ValueError, match=f"{names[0]}.*tfrecord-pipe verify"):
+        train(broken)
+    with pytest.raises(ValueError, match="host_count must be >= 1"):
+        train(both, host_index=0, host_count=0)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        train(both, seed=1.5)
 
 
 @pytest.mark.slow
-def test_worker_processes_give_the_same_batches_each_run_and_resume(both):
-    reference = [next(iterator)[2].tolist() for iterator in [iter(train(both, worker_count=2))]
-                 for _ in range(6)]  # fmt: skip
+def test_worker_processes_give_the_batches_of_one_process_and_resume(both):
+    # Batches are cut before the workers: each worker makes whole ones, and none drops a
+    # remainder of its own (which lost records when each worker batched its own stream).
+    count = grain.find_split(str(both), "train").num_examples
+    alone = [b[2].tolist() for b in train(both, batch_size=3, num_epochs=1)]
+    assert len(alone) == count // 3
+    for workers in (2, 3):
+        assert [b[2].tolist() for b in train(both, batch_size=3, num_epochs=1,
+                                             worker_count=workers)] == alone  # fmt: skip
     batches = iter(train(both, worker_count=2))
     seen = [next(batches)[2].tolist() for _ in range(3)]
-    assert seen == reference[:3]
     state = batches.get_state()
+    later = [next(batches)[2].tolist() for _ in range(3)]
     resumed = iter(train(both, worker_count=2))
     resumed.set_state(state)
-    assert [next(resumed)[2].tolist() for _ in range(3)] == reference[3:]
+    assert [next(resumed)[2].tolist() for _ in range(3)] == later
+    assert seen + later == keys_batches(train(both), 6)
+    records = grain.find_split(str(both), "validation").num_examples
+    for workers in (0, 3):
+        evaluation = list(grain.make_dataset(str(both), is_training=False, batch_size=4,
+                                             image_size=SIZE, worker_count=workers,
+                                             host_index=0, host_count=1))  # fmt: skip
+        assert sum(int((b[2] > 0).sum()) for b in evaluation) == records
+
+
+def keys_batches(input_, steps) -> list[list[int]]:
+    batches = iter(input_)
+    return [next(batches)[2].tolist() for _ in range(steps)]
 
 
 @pytest.mark.slow

@@ -17,8 +17,6 @@ from collections.abc import Iterator
 
 UNCOMPRESSED = "group_size:1,uncompressed"
 COMPRESSED = "group_size:1,zstd:3"
-# Options of a reader that reads a few records here and there (Grain): no read-ahead.
-RANDOM_ACCESS = "readahead_buffer_size:0,max_parallelism:0"
 _BATCH = 256  # records read at once when reading a file through
 
 

@@ -17,22 +17,23 @@ the weights is the mean over the records.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import os
 
 import numpy as np
 
-from tfrecord_pipe._core import crops, naming, schema
+from tfrecord_pipe._core import array_records, crops, naming, schema
 from tfrecord_pipe._core import manifest as manifest_lib
 from tfrecord_pipe._grain import images
 
-# Threads that read and preprocess records ahead of the batches, in each process (Pillow
-# decodes and numpy resizes without the GIL).
+# Threads that make batches ahead of the one being used, in each process (OpenCV decodes
+# and resizes without the GIL); each holds one batch.
 DEFAULT_THREADS = 4
-DEFAULT_BUFFER = 64  # records read ahead
 
 
 def _grain():
@@ -52,13 +53,15 @@ class Split:
     Attributes:
       name: the split's name.
       files: local paths of its ArrayRecord shards, in shard order.
-      num_examples: records in them, by the manifest.
+      shard_lengths: records in each, by the manifest.
+      num_examples: records in them all.
       label_offset: subtracted from stored labels.
       num_classes: the dataset's number of labels.
     """
 
     name: str
     files: tuple[str, ...]
+    shard_lengths: tuple[int, ...]
     num_examples: int
     label_offset: int
     num_classes: int
@@ -101,14 +104,32 @@ def find_split(data: str, split: str) -> Split:
             f"{len(missing)} ArrayRecord shard(s) of split {split!r} that the manifest lists are "
             f"missing: {', '.join(missing[:3])}. Restore them (tfrecord-pipe verify finds them)."
         )
-    return Split(split, files, info.num_examples, found.label_offset, len(found.labels))
+    return Split(split, files, info.shard_lengths, info.num_examples, found.label_offset,
+                 len(found.labels))  # fmt: skip
+
+
+def shard_of(split: Split, key: int) -> str:
+    """The shard file holding record `key` of the split."""
+    return split.files[bisect.bisect_right(list(itertools.accumulate(split.shard_lengths)), key)]
 
 
 def source(split: Split):
     """A random-access source of the split's serialized records, checked against the
-    manifest's count: a shard that reads short is an error, never a smaller epoch."""
+    manifest's count: a shard that reads short is an error, never a smaller epoch.
+
+    Raises:
+      ValueError: a shard that is not a whole ArrayRecord file (named), or other counts.
+    """
     grain = _grain()
-    records = grain.sources.ArrayRecordDataSource(list(split.files))
+    try:
+        records = grain.sources.ArrayRecordDataSource(list(split.files))
+    except RuntimeError as err:  # the package's, for a damaged file: find which
+        for file in split.files:
+            try:
+                array_records.count(file)
+            except OSError as damaged:
+                raise ValueError(f"{damaged}. Run tfrecord-pipe verify on the dataset.") from err
+        raise
     if len(records) != split.num_examples:
         raise ValueError(
             f"The ArrayRecord shards of split {split.name!r} hold {len(records)} records; the "
@@ -118,16 +139,25 @@ def source(split: Split):
 
 
 class _Keyed:
-    """A source whose records come with their number in the split: (key, serialized)."""
+    """A source whose records come with their number in the split: (key, serialized). A
+    record that cannot be read (a chunk damaged since the source opened) is an error that
+    names its shard."""
 
-    def __init__(self, records):
+    def __init__(self, records, split: Split):
         self._records = records
+        self._split = split
 
     def __len__(self) -> int:
         return len(self._records)
 
     def __getitem__(self, key: int):
-        return key, self._records[key]
+        try:
+            return key, self._records[key]
+        except RuntimeError as err:
+            raise ValueError(
+                f"Record {key} of split {self._split.name!r} cannot be read from "
+                f"{shard_of(self._split, key)}: {err}. Run tfrecord-pipe verify on the dataset."
+            ) from err
 
 
 def _label(record: schema.ImageRecord, split: Split) -> np.int32:
@@ -189,7 +219,8 @@ def make_dataset(
         as the tf.data reader's `with_keys`.
       host_index, host_count: this host's place among the hosts reading; default JAX's.
       worker_count: processes that read and preprocess (Grain's `mp_prefetch`); 0 reads in
-        this process, on `threads` threads. Part of the order: resume with the same count.
+        this process, on `threads` threads. The batches are the same whatever the count; a
+        saved state is resumed with the same count (its shape depends on it).
       threads: threads reading ahead in each process.
 
     Returns:
@@ -206,6 +237,8 @@ def make_dataset(
             "seed is required for Grain training: the shuffle and the augmentation are a "
             "function of it, and a resumed run must pass the same seed."
         )
+    if seed is not None and not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
     if is_training and not 0 <= seed < 2**32:
         raise ValueError(f"seed must be in 0..2**32-1, got {seed}")
     if not is_training and (seed is not None or num_epochs is not None or with_keys):
@@ -214,26 +247,32 @@ def make_dataset(
         )
     if num_epochs is not None and num_epochs < 1:
         raise ValueError(f"num_epochs must be >= 1 or None (forever), got {num_epochs}")
+    if host_count is not None and host_count < 1:
+        raise ValueError(f"host_count must be >= 1, got {host_count}")
     if worker_count < 0 or threads < 1:
         raise ValueError(f"worker_count must be >= 0 and threads >= 1, got {worker_count}, {threads}")
     index, count = _hosts(host_index, host_count)
     chosen = find_split(data, split or (naming.TRAIN if is_training else naming.VALIDATION))
-    records = grain.MapDataset.source(_Keyed(source(chosen)))
+    records = grain.MapDataset.source(_Keyed(source(chosen), chosen))
     if is_training:
         examples = _training(records, chosen, image_size, dtype, seed, num_epochs, with_keys,
                              index, count, batch_size)  # fmt: skip
     else:
         examples = _evaluation(records, chosen, image_size, dtype, index, count, batch_size)
-    read = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=DEFAULT_BUFFER)
-    batches = examples.to_iter_dataset(read).batch(batch_size, drop_remainder=True)
+    # Batched while the stream is still indexable: batch j is places j*batch ... of the
+    # stream, whoever makes it. Each thread, or worker process, makes whole batches, and the
+    # batches come back in order: the same ones whatever the threads and workers (batched in
+    # the workers' own streams, each worker would drop its own remainder: records lost).
+    batches = examples.batch(batch_size, drop_remainder=True)
+    read = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=threads)
+    stream = batches.to_iter_dataset(read)
     if worker_count:
         _absl_flags_at_defaults()
-        batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+        stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
     settings = {
         "records": _fingerprint(chosen),
         "training": is_training,
-        "seed": seed,
-        "num_epochs": num_epochs,
+        "seed": seed,  # not num_epochs: it only moves where the stream ends
         "batch_size": batch_size,
         "image_size": image_size,
         "dtype": dtype,
@@ -241,13 +280,14 @@ def make_dataset(
         "host": [index, count],
         "worker_count": worker_count,
     }
-    return GrainInput(batches, settings)
+    return GrainInput(stream, settings)
 
 
 def _fingerprint(split: Split) -> str:
     """What names the records and their order: the split's shard names and counts."""
     names = ",".join(os.path.basename(file) for file in split.files)
-    return hashlib.sha256(f"{split.name}:{split.num_examples}:{names}".encode()).hexdigest()[:16]
+    lengths = ",".join(map(str, split.shard_lengths))
+    return hashlib.sha256(f"{split.name}:{names}:{lengths}".encode()).hexdigest()[:16]
 
 
 STATE_FORMAT = "tfrecord-pipe grain position"
@@ -339,6 +379,12 @@ def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, in
     stream = records.shuffle(seed=seed).repeat(num_epochs).random_map(example, seed=seed)
     if num_epochs is not None:  # whole global batches only: every host stops at the same step
         window = count * batch_size
+        if len(stream) < window:
+            raise ValueError(
+                f"{num_epochs} epoch(s) of split {split.name!r} hold {len(stream)} records, "
+                f"fewer than one global batch ({batch_size} x {count} hosts): there would be "
+                "no batch at all. Give a smaller batch_size or more epochs."
+            )
         stream = stream[: len(stream) // window * window]
     return stream[index::count]
 

@@ -207,9 +207,12 @@ def _spread(files, found, with_path: bool = False) -> tf.data.Dataset:
         dataset = records.shard_records(path, found.compression, found.file_format)
         return dataset.map(lambda record: (path, record)) if with_path else dataset
 
-    return tf.data.Dataset.from_tensor_slices(list(files)).interleave(
-        records_of, cycle_length=max(1, len(files))
-    )
+    cycle = max(1, len(files))
+    if found.file_format == naming.ARRAY_RECORD and any(map(paths.is_remote, files)):
+        # Each open remote ArrayRecord shard is a whole local copy: one at a time, so the
+        # sample comes from the first shards (whose records are in hash order, mixed).
+        cycle = 1
+    return tf.data.Dataset.from_tensor_slices(list(files)).interleave(records_of, cycle_length=cycle)
 
 
 def _rejected_lines(folder: str, limit: int):
@@ -231,7 +234,7 @@ def render(summary: DatasetSummary) -> str:
     if found:
         lines.append(
             f"  {len(found.labels)} labels, label_offset {found.label_offset}, "
-            f"{'GZIP' if found.compression else 'uncompressed'}, written by tfrecord-pipe "
+            f"{_compression(found, summary.file_format)}, written by tfrecord-pipe "
             f"{found.tool_version or '?'} (format {found.format_version})"
         )
         if len(found.file_formats) > 1:
@@ -288,6 +291,13 @@ def render(summary: DatasetSummary) -> str:
             lines.append(f"duplicates: {found.duplicates_line()}")
     lines += [f"PROBLEM {problem}" for problem in summary.problems]
     return "\n".join(lines)
+
+
+def _compression(found: manifest_lib.Manifest, file_format: str) -> str:
+    """How the shards read are compressed, as the header says it."""
+    if file_format == naming.ARRAY_RECORD:
+        return "zstd chunks" if found.conversion.get("compress") else "uncompressed"
+    return "GZIP" if found.compression else "uncompressed"
 
 
 def _mb(num_bytes: int) -> str:
