@@ -234,9 +234,27 @@ def pipeline_options(
 
 
 def runs_here(options: PipelineOptions) -> bool:
-    """Whether the runner is Beam's local one (named as Beam accepts it, in any case)."""
+    """Whether the runner is Beam's local one (named as Beam accepts it, in any case).
+
+    Raises:
+      ValueError: a runner that cannot run the job (UNSUPPORTED_RUNNERS), saying why.
+    """
     runner = options.view_as(StandardOptions).runner
+    name = (runner or "").rsplit(".", 1)[-1].lower()
+    if name in UNSUPPORTED_RUNNERS:
+        raise ValueError(f"--runner {runner} cannot run this job: {UNSUPPORTED_RUNNERS[name]}")
     return runner is None or runner.lower() in ("direct", "directrunner", LOCAL_RUNNER.lower())
+
+
+# Runners tried that cannot run the job, and why (docs/conversion.md, "More than one process").
+UNSUPPORTED_RUNNERS = {
+    "daskrunner": (
+        "Beam's Dask runner (2.77) gives every consumer of a step with several outputs all of "
+        "that step's outputs, and computes only the branch behind the last step, so the job "
+        "would fail or lose outputs. On one machine use several local worker processes "
+        "(--direct_running_mode=multi_processing --direct_num_workers=N); on many, Dataflow."
+    ),
+}
 
 
 def remove_wheel(options: PipelineOptions) -> None:

@@ -95,19 +95,35 @@ def measure(src: pathlib.Path, work: pathlib.Path, repeats: int) -> tuple[float,
     return statistics.median(ceilings), statistics.median(jobs), max(peaks)
 
 
+def cached_images(folder: pathlib.Path, count: int, side: int) -> pathlib.Path:
+    """`count` photo-like images of `side` px in a folder of `folder` named after them, made
+    unless a finished one is there (a marker beside it, written last: not an input)."""
+    src = folder / f"photo-like-{count}x{side}px"
+    done = folder / f"{src.name}.complete"
+    if not done.exists():
+        shutil.rmtree(src, ignore_errors=True)
+        make_photo_like(src, count, side)
+        done.write_text("")
+    else:
+        print(f"  reusing {src}")
+    return src
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1000, help="N (the memory run uses 4N)")
     parser.add_argument("--side", type=int, default=320, help="image side in pixels")
     parser.add_argument("--repeats", type=int, default=3, help="job runs per size")
+    parser.add_argument("--cache", type=pathlib.Path,
+                        help="keep the generated images in this folder and reuse them in "
+                        "later runs (an A/B comparison then spends no time generating them)")
     args = parser.parse_args(argv)
     work = pathlib.Path(tempfile.mkdtemp(prefix="convert-bench-"))
     rows = []
     try:
         for n in (args.images, 4 * args.images):
-            src = work / f"src-{n}"
             print(f"N={n}:")
-            make_photo_like(src, n, args.side)
+            src = cached_images(args.cache or work, n, args.side)
             top, job, rss = measure(src, work, args.repeats)
             rows.append((n, top, job, rss))
     finally:
