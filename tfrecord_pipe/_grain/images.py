@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 
 import numpy as np
 from PIL import Image
@@ -73,9 +74,15 @@ def random_window(height: int, width: int, rng: np.random.Generator) -> tuple[in
 
 def normalize(images: np.ndarray) -> np.ndarray:
     """`preprocess.normalize` in numpy: the ImageNet mean and deviation, channels last."""
-    pixels = images.astype(np.float32)  # a copy, worked on in place
+    return _normalize_in_place(images.astype(np.float32))
+
+
+def _normalize_in_place(pixels: np.ndarray) -> np.ndarray:
+    """`normalize` of a float32 array, in it."""
     if pixels.size % (_ROW * 3):
-        return pixels * _SCALE + _SHIFT
+        pixels *= _SCALE
+        pixels += _SHIFT
+        return pixels
     # Whole rows of constants: numpy's inner loop then runs along a row, not the 3 channels
     # (four times faster).
     flat = pixels.reshape(-1, _ROW * 3)
@@ -141,10 +148,24 @@ def _resize(crop: np.ndarray, image_size: int) -> np.ndarray:
     """Bilinear resize to image_size x image_size, float32 on the 0..255 scale, as
     `tf.image.resize(..., BILINEAR)`: half-pixel centres, edges clamped, no antialiasing
     (OpenCV's INTER_LINEAR is that; it takes an exact halving as an area average, which is
-    the same)."""
+    the same). A fresh array, the caller's to change."""
     cv2 = _cv2()
-    pixels = np.ascontiguousarray(crop, np.float32)
+    pixels = _scratch(crop.shape)
+    np.copyto(pixels, crop, casting="unsafe")  # uint8 to float32, a flip included
     return cv2.resize(pixels, (image_size, image_size), interpolation=cv2.INTER_LINEAR)
+
+
+_thread = threading.local()
+
+
+def _scratch(shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 array of `shape`, this thread's, reused from image to image: a crop made
+    float is a megabyte or more, and a fresh one cost a third of the decode in page faults."""
+    size = math.prod(shape)
+    kept = getattr(_thread, "scratch", None)
+    if kept is None or kept.size < size:
+        kept = _thread.scratch = np.empty(max(size, 1 << 20), np.float32)
+    return kept[:size].reshape(shape)
 
 
 def _numpy_dtype(dtype: str):
@@ -156,6 +177,8 @@ def _numpy_dtype(dtype: str):
 
 
 def _finish(image: np.ndarray, dtype: str) -> np.ndarray:
+    """The output of a fresh float32 resize (changed in place)."""
     if dtype == "uint8":  # bilinear resizing only averages: values stay in 0..255
-        return (image + np.float32(0.5)).astype(np.uint8)
-    return normalize(image).astype(_numpy_dtype(dtype), copy=False)
+        image += np.float32(0.5)
+        return image.astype(np.uint8)
+    return _normalize_in_place(image).astype(_numpy_dtype(dtype), copy=False)
