@@ -227,9 +227,8 @@ def test_worker_processes_give_the_batches_of_one_process_and_resume(both):
     count = grain.find_split(str(both), "train").num_examples
     alone = [b[2].tolist() for b in train(both, batch_size=3, num_epochs=1)]
     assert len(alone) == count // 3
-    for workers in (2, 3):
-        assert [b[2].tolist() for b in train(both, batch_size=3, num_epochs=1,
-                                             worker_count=workers)] == alone  # fmt: skip
+    assert [b[2].tolist() for b in train(both, batch_size=3, num_epochs=1,
+                                         worker_count=3)] == alone  # fmt: skip
     batches = iter(train(both, worker_count=2))
     seen = [next(batches)[2].tolist() for _ in range(3)]
     state = batches.get_state()
@@ -239,11 +238,10 @@ def test_worker_processes_give_the_batches_of_one_process_and_resume(both):
     assert [next(resumed)[2].tolist() for _ in range(3)] == later
     assert seen + later == keys_batches(train(both), 6)
     records = grain.find_split(str(both), "validation").num_examples
-    for workers in (0, 3):
-        evaluation = list(grain.make_dataset(str(both), is_training=False, batch_size=4,
-                                             image_size=SIZE, worker_count=workers,
-                                             host_index=0, host_count=1))  # fmt: skip
-        assert sum(int((b[2] > 0).sum()) for b in evaluation) == records
+    evaluation = list(grain.make_dataset(str(both), is_training=False, batch_size=4,
+                                         image_size=SIZE, worker_count=3, host_index=0,
+                                         host_count=1))  # fmt: skip
+    assert sum(int((b[2] > 0).sum()) for b in evaluation) == records
 
 
 def keys_batches(input_, steps) -> list[list[int]]:
