@@ -213,15 +213,17 @@ def make_dataset(
       dtype: "float32" / "bfloat16" (normalised) or "uint8" (normalise on the device).
       seed: training only, and required there: the order and every random choice are a
         function of it, and a resumed run must use the same one.
-      num_epochs: training: None repeats forever; else that many epochs, the last global
-        batch that would be short dropped (every host stops at the same step).
+      num_epochs: training: None repeats forever (for a run that counts its own steps, and
+        may be resumed to train longer); else that many epochs, the last global batch that
+        would be short dropped (every host stops at the same step).
       with_keys: training: each batch also holds its records' numbers in the split (int64),
         as the tf.data reader's `with_keys`.
       host_index, host_count: this host's place among the hosts reading; default JAX's.
       worker_count: processes that read and preprocess (Grain's `mp_prefetch`); 0 reads in
         this process, on `threads` threads. The batches are the same whatever the count; a
         saved state is resumed with the same count (its shape depends on it).
-      threads: threads reading ahead in each process.
+      threads: threads in each process, each making a whole batch ahead (so up to `threads`
+        batches in memory per process, beside the one in use).
 
     Returns:
       A `GrainInput`: iterate it for (images [batch, size, size, 3], labels int32 [batch]
@@ -237,7 +239,7 @@ def make_dataset(
             "seed is required for Grain training: the shuffle and the augmentation are a "
             "function of it, and a resumed run must pass the same seed."
         )
-    if seed is not None and not isinstance(seed, (int, np.integer)):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     if is_training and not 0 <= seed < 2**32:
         raise ValueError(f"seed must be in 0..2**32-1, got {seed}")
@@ -272,7 +274,10 @@ def make_dataset(
     settings = {
         "records": _fingerprint(chosen),
         "training": is_training,
-        "seed": seed,  # not num_epochs: it only moves where the stream ends
+        "seed": seed,
+        # Where the stream ends: a state saved at the end (all of Grain's workers finished)
+        # would resume into a longer stream as ended, silently. Train on with num_epochs=None.
+        "num_epochs": num_epochs,
         "batch_size": batch_size,
         "image_size": image_size,
         "dtype": dtype,

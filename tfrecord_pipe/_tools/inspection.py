@@ -2,7 +2,8 @@
 look at a few records.
 
 Used by `tfrecord-pipe inspect`. Counts come from the manifest; label and image-size
-histograms from reading records (a sample spread over all shards, or all of them); with
+histograms from reading records (a sample spread over all shards, or all of them; remote
+ArrayRecord shards are read whole, one at a time, so there the sample is the first shards'); with
 `check_counts` every shard is read and its record count compared with the manifest's.
 
 Labels are shown one way everywhere: `daisy (0)`, the name and the 0-based index, when the
@@ -115,7 +116,8 @@ def summarize(
 
     Args:
       path: dataset folder (with manifest.json) or a pattern of TFRecord files.
-      sample: records read per split for the histograms, spread over all shards; None: all.
+      sample: records read per split for the histograms, spread over all shards (but remote
+        ArrayRecord ones: from the first); None: all.
       check_counts: read every shard fully and count its records.
       label_offset: for a pattern without a manifest beside it; labels are shown as stored
         values without it.
@@ -335,8 +337,8 @@ def contact_sheet(
     label_offset: int | None = None,
     file_format: str | None = None,
 ) -> list[tuple[str, str]]:
-    """Writes a PNG grid of `count` records (spread over the shards), under each its label,
-    split and file name.
+    """Writes a PNG grid of `count` records (spread over the shards; from the first ones of
+    remote ArrayRecord shards), under each its label, split and file name.
 
     Args:
       path: dataset folder or file pattern.
