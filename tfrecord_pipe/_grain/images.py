@@ -37,22 +37,48 @@ def eval_image(encoded: bytes, image_size: int, dtype: str = "float32",
     """
     crops.check_dtype(dtype)
     height, width = size or _jpeg_size(encoded)
+    out = np.empty((image_size, image_size, 3), numpy_dtype(dtype))
     window = crops.centre_window(height, width, image_size)
-    crop = _decode_crop(encoded, (height, width), window, image_size)
-    return _finish(_resize(crop, image_size), dtype)
+    write(out, encoded, (height, width), window, False, dtype)
+    return out
 
 
 def train_image(encoded: bytes, image_size: int, rng: np.random.Generator,
                 dtype: str = "float32", size: tuple[int, int] | None = None) -> np.ndarray:  # fmt: skip
     """A random crop of a JPEG (Inception-style), flipped at random, as image_size x
-    image_size x 3; every choice drawn from `rng`. `size` as for `eval_image`."""
+    image_size x 3; every choice drawn from `rng` (the window, then the flip). `size` as for
+    `eval_image`."""
     crops.check_dtype(dtype)
     height, width = size or _jpeg_size(encoded)
+    out = np.empty((image_size, image_size, 3), numpy_dtype(dtype))
     window = random_window(height, width, rng)
-    crop = _decode_crop(encoded, (height, width), window, image_size)
-    if rng.random() < 0.5:  # before the resize, as TensorFlow's path: they commute exactly
+    write(out, encoded, (height, width), window, rng.random() < 0.5, dtype)
+    return out
+
+
+def write(out: np.ndarray, encoded: bytes, size: tuple[int, int], window, flip: bool,
+          dtype: str) -> None:  # fmt: skip
+    """Makes the crop `window` (top, left, height, width) of a JPEG of `size`, mirrored if
+    `flip`, resized to `out`'s side, into `out` (an image of a batch, of `dtype`).
+
+    Into the batch itself: a fresh image per record, then a copy into the batch, cost a
+    fifth of the rate (benchmarks/RESULTS.md, "Grain").
+    """
+    cv2 = _cv2()
+    image_size = out.shape[0]
+    crop = _decode_crop(encoded, size, window, image_size)
+    if flip:  # before the resize, as TensorFlow's path: they commute exactly
         crop = crop[:, ::-1]
-    return _finish(_resize(crop, image_size), dtype)
+    source = _scratch("crop", crop.shape)
+    np.copyto(source, crop, casting="unsafe")  # uint8 to float32, the flip included
+    resized = out if out.dtype == np.float32 else _scratch("resized", out.shape)
+    cv2.resize(source, (image_size, image_size), dst=resized, interpolation=cv2.INTER_LINEAR)
+    if dtype == "uint8":  # bilinear resizing only averages: values stay in 0..255
+        resized += np.float32(0.5)
+    else:
+        _normalize_in_place(resized)
+    if resized is not out:
+        np.copyto(out, resized, casting="unsafe")  # to uint8 (truncating) or bfloat16
 
 
 def random_window(height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
@@ -93,11 +119,6 @@ def _normalize_in_place(pixels: np.ndarray) -> np.ndarray:
 
 _ROW = 64  # pixels per row of the constants
 _SCALE_ROW, _SHIFT_ROW = np.tile(_SCALE, _ROW), np.tile(_SHIFT, _ROW)
-
-
-def blank(image_size: int, dtype: str) -> np.ndarray:
-    """The image of a padding example: zeros, as the tf.data reader's."""
-    return np.zeros((image_size, image_size, 3), _numpy_dtype(dtype))
 
 
 def _cv2():
@@ -144,31 +165,23 @@ def _decode_crop(encoded: bytes, size, window, image_size: int) -> np.ndarray:
     return pixels[top : top + height // ratio, left : left + width // ratio]
 
 
-def _resize(crop: np.ndarray, image_size: int) -> np.ndarray:
-    """Bilinear resize to image_size x image_size, float32 on the 0..255 scale, as
-    `tf.image.resize(..., BILINEAR)`: half-pixel centres, edges clamped, no antialiasing
-    (OpenCV's INTER_LINEAR is that; it takes an exact halving as an area average, which is
-    the same). A fresh array, the caller's to change."""
-    cv2 = _cv2()
-    pixels = _scratch(crop.shape)
-    np.copyto(pixels, crop, casting="unsafe")  # uint8 to float32, a flip included
-    return cv2.resize(pixels, (image_size, image_size), interpolation=cv2.INTER_LINEAR)
-
-
 _thread = threading.local()
 
 
-def _scratch(shape: tuple[int, ...]) -> np.ndarray:
+def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
     """A float32 array of `shape`, this thread's, reused from image to image: a crop made
-    float is a megabyte or more, and a fresh one cost a third of the decode in page faults."""
+    float is a megabyte or more, and a fresh one cost a third of the decode in page faults.
+    It keeps the size of the largest crop the thread has met."""
     size = math.prod(shape)
-    kept = getattr(_thread, "scratch", None)
+    buffers = _thread.__dict__.setdefault("buffers", {})
+    kept = buffers.get(name)
     if kept is None or kept.size < size:
-        kept = _thread.scratch = np.empty(max(size, 1 << 20), np.float32)
+        kept = buffers[name] = np.empty(max(size, 1 << 20), np.float32)
     return kept[:size].reshape(shape)
 
 
-def _numpy_dtype(dtype: str):
+def numpy_dtype(dtype: str):
+    """The numpy dtype of one of crops.DTYPES."""
     if dtype == "bfloat16":
         import ml_dtypes  # comes with JAX and TensorFlow
 
@@ -176,9 +189,3 @@ def _numpy_dtype(dtype: str):
     return np.dtype(dtype)
 
 
-def _finish(image: np.ndarray, dtype: str) -> np.ndarray:
-    """The output of a fresh float32 resize (changed in place)."""
-    if dtype == "uint8":  # bilinear resizing only averages: values stay in 0..255
-        image += np.float32(0.5)
-        return image.astype(np.uint8)
-    return _normalize_in_place(image).astype(_numpy_dtype(dtype), copy=False)

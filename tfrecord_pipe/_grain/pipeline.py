@@ -257,15 +257,16 @@ def make_dataset(
     chosen = find_split(data, split or (naming.TRAIN if is_training else naming.VALIDATION))
     records = grain.MapDataset.source(_Keyed(source(chosen), chosen))
     if is_training:
-        examples = _training(records, chosen, image_size, dtype, seed, num_epochs, with_keys,
-                             index, count, batch_size)  # fmt: skip
+        examples, make_batch = _training(records, chosen, image_size, dtype, seed, num_epochs,
+                                         with_keys, index, count, batch_size)  # fmt: skip
     else:
-        examples = _evaluation(records, chosen, image_size, dtype, index, count, batch_size)
+        examples, make_batch = _evaluation(records, chosen, image_size, dtype, index, count,
+                                           batch_size)  # fmt: skip
     # Batched while the stream is still indexable: batch j is places j*batch ... of the
     # stream, whoever makes it. Each thread, or worker process, makes whole batches, and the
     # batches come back in order: the same ones whatever the threads and workers (batched in
     # the workers' own streams, each worker would drop its own remainder: records lost).
-    batches = examples.batch(batch_size, drop_remainder=True)
+    batches = examples.batch(batch_size, drop_remainder=True, batch_fn=make_batch)
     read = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=threads)
     stream = batches.to_iter_dataset(read)
     if worker_count:
@@ -372,16 +373,15 @@ def _absl_flags_at_defaults() -> None:
 
 def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, index, count,
               batch_size):  # fmt: skip
-    def example(keyed, rng: np.random.Generator):
+    def choices(keyed, rng: np.random.Generator) -> _Planned:
+        """A record, and its crop and flip drawn (the window, then the flip, as
+        `images.train_image` draws them)."""
         key, serialized = keyed
         record = schema.decode_example(serialized, label_offset=split.label_offset)
-        size = (record.height, record.width)
-        image = images.train_image(record.encoded, image_size, rng, dtype, size)
-        if with_keys:
-            return image, _label(record, split), np.int64(key)
-        return image, _label(record, split)
+        window = images.random_window(record.height, record.width, rng)
+        return _Planned(record, window, bool(rng.random() < 0.5), _label(record, split), key)
 
-    stream = records.shuffle(seed=seed).repeat(num_epochs).random_map(example, seed=seed)
+    stream = records.shuffle(seed=seed).repeat(num_epochs).random_map(choices, seed=seed)
     if num_epochs is not None:  # whole global batches only: every host stops at the same step
         window = count * batch_size
         if len(stream) < window:
@@ -391,29 +391,61 @@ def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, in
                 "no batch at all. Give a smaller batch_size or more epochs."
             )
         stream = stream[: len(stream) // window * window]
-    return stream[index::count]
+    return stream[index::count], _batch_maker(image_size, dtype, keys=with_keys)
 
 
 def _evaluation(records, split, image_size, dtype, index, count, batch_size):
+    grain = _grain()
     mine = records[index::count]
     # Every host yields as many batches as the host with the most records needs.
     steps = math.ceil(math.ceil(split.num_examples / count) / batch_size)
     weight = np.float32(steps * batch_size * count / split.num_examples)
-    blank = (
-        images.blank(image_size, dtype),
-        np.int32(0),
-        np.float32(0.0),
-    )
     real = len(mine)
-    grain = _grain()
 
-    def example(position: int):
+    def planned(position: int) -> _Planned | None:
         if position >= real:
-            return blank
+            return None  # a padding slot
         _, serialized = mine[position]
         record = schema.decode_example(serialized, label_offset=split.label_offset)
-        size = (record.height, record.width)
-        image = images.eval_image(record.encoded, image_size, dtype, size)
-        return image, _label(record, split), weight
+        window = crops.centre_window(record.height, record.width, image_size)
+        return _Planned(record, window, False, _label(record, split), weight=weight)
 
-    return grain.MapDataset.range(steps * batch_size).map(example)
+    slots = grain.MapDataset.range(steps * batch_size).map(planned)
+    return slots, _batch_maker(image_size, dtype, weights=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Planned:
+    """A record and what to make of it: its window, its flip, its label; its key (training)
+    or weight (evaluation)."""
+
+    record: schema.ImageRecord
+    window: tuple[int, int, int, int]
+    flip: bool
+    label: np.int32
+    key: int = 0
+    weight: np.float32 = np.float32(1.0)
+
+
+def _batch_maker(image_size: int, dtype: str, keys: bool = False, weights: bool = False):
+    """Grain's `batch_fn`: a batch's images made straight into it (None: a padding slot,
+    a zero image of weight 0)."""
+
+    def make(planned: list[_Planned | None]):
+        count = len(planned)
+        images_out = np.zeros((count, image_size, image_size, 3), images.numpy_dtype(dtype))
+        labels = np.zeros(count, np.int32)
+        extra = np.zeros(count, np.float32 if weights else np.int64)
+        for slot, plan in enumerate(planned):
+            if plan is None:
+                continue
+            record = plan.record
+            images.write(images_out[slot], record.encoded, (record.height, record.width),
+                         plan.window, plan.flip, dtype)  # fmt: skip
+            labels[slot] = plan.label
+            extra[slot] = plan.weight if weights else plan.key
+        if weights or keys:
+            return images_out, labels, extra
+        return images_out, labels
+
+    return make
