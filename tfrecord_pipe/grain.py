@@ -5,13 +5,9 @@ implementation is `tfrecord_pipe._grain`. Needs `pip install 'tfrecord-pipe[grai
 TensorFlow."""
 
 from tfrecord_pipe._grain.images import eval_image, normalize, train_image
-from tfrecord_pipe._grain.pipeline import (
-    GrainInput,
-    ResumableBatches,
-    find_split,
-    make_dataset,
-    source,
-)
+from tfrecord_pipe._grain.pipeline import make_dataset
+from tfrecord_pipe._grain.resume import GrainInput, ResumableBatches
+from tfrecord_pipe._grain.source import find_split, source
 
 __all__ = [
     "GrainInput",

@@ -6,8 +6,9 @@ of them (Grain's index shuffle, seeded by the seed and the epoch); the epochs en
 record's crop and flip drawn from a Generator that Grain seeds from the seed and the record's
 place in that stream; host i of n takes places i, i + n, i + 2n, ... So the hosts' batches
 of one step are one contiguous window of the stream, every record is read once per epoch
-across the hosts, and the order and the pixels do not depend on the host count's batches.
-Resuming is Grain's: the iterator's `get_state()` is a few bytes, `set_state` goes back to it.
+across the hosts, and a record's pixels do not depend on the number of hosts. Batches are cut
+while the stream is indexable, so threads and worker processes make whole batches, the same
+ones whatever their number. Resuming is Grain's iterator state (`resume.py`).
 
 Evaluation: host i takes records i, i + n, ...; every host yields the same number of full
 batches, the last ones filled with weight-0 examples, and every real example weighs slots /
@@ -17,147 +18,19 @@ the weights is the mean over the records.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import hashlib
-import itertools
-import json
 import math
-import os
 
 import numpy as np
 
-from tfrecord_pipe._core import array_records, crops, naming, schema
-from tfrecord_pipe._core import manifest as manifest_lib
+from tfrecord_pipe._core import crops, naming, schema
 from tfrecord_pipe._grain import images
+from tfrecord_pipe._grain.resume import GrainInput, fingerprint
+from tfrecord_pipe._grain.source import Keyed, Split, find_split, grain_module, source
 
 # Threads that make batches ahead of the one being used, in each process (OpenCV decodes
 # and resizes without the GIL); each holds one batch.
 DEFAULT_THREADS = 4
-
-
-def _grain():
-    try:
-        import grain
-    except ImportError as err:
-        raise ImportError(
-            "The Grain path needs Grain and array-record: pip install 'tfrecord-pipe[grain]'."
-        ) from err
-    return grain
-
-
-@dataclasses.dataclass(frozen=True)
-class Split:
-    """A split's ArrayRecord shards, as the manifest lists them.
-
-    Attributes:
-      name: the split's name.
-      files: local paths of its ArrayRecord shards, in shard order.
-      shard_lengths: records in each, by the manifest.
-      num_examples: records in them all.
-      label_offset: subtracted from stored labels.
-      num_classes: the dataset's number of labels.
-    """
-
-    name: str
-    files: tuple[str, ...]
-    shard_lengths: tuple[int, ...]
-    num_examples: int
-    label_offset: int
-    num_classes: int
-
-
-def find_split(data: str, split: str) -> Split:
-    """The ArrayRecord shards of `split` of the dataset folder `data`.
-
-    Raises:
-      ValueError: no dataset there, no such split, or no ArrayRecord shards; the message says
-        what to do.
-    """
-    if "://" in data:
-        raise ValueError(
-            f"{data}: the array-record package reads local files only. Copy the dataset to "
-            "local disk, or mount the bucket (Cloud Storage FUSE) and pass the mounted path."
-        )
-    path = os.path.join(data, naming.MANIFEST_NAME)
-    if not os.path.exists(path):
-        raise ValueError(
-            f"{data} has no {naming.MANIFEST_NAME}: pass a dataset folder the converter finished."
-        )
-    with open(path, encoding="utf-8") as file:
-        found = manifest_lib.Manifest.from_file_text(file.read(), path)
-    if split not in found.splits:
-        raise ValueError(f"{data} has no split {split!r}; it has {sorted(found.splits)}.")
-    info = found.splits[split]
-    if naming.ARRAY_RECORD not in found.file_formats:
-        raise ValueError(
-            f"{data} has no ArrayRecord shards, which Grain reads. Convert with --formats "
-            "tfrecord,array_record (the same records in both formats), or read it with "
-            "tfrecord_pipe.reader."
-        )
-    if not info.num_examples:
-        raise ValueError(f"Split {split!r} of {data} has no records (every input was rejected).")
-    files = tuple(os.path.join(data, name) for name in info.array_record_files)
-    missing = [file for file in files if not os.path.exists(file)]
-    if missing:
-        raise ValueError(
-            f"{len(missing)} ArrayRecord shard(s) of split {split!r} that the manifest lists are "
-            f"missing: {', '.join(missing[:3])}. Restore them (tfrecord-pipe verify finds them)."
-        )
-    return Split(split, files, info.shard_lengths, info.num_examples, found.label_offset,
-                 len(found.labels))  # fmt: skip
-
-
-def shard_of(split: Split, key: int) -> str:
-    """The shard file holding record `key` of the split."""
-    return split.files[bisect.bisect_right(list(itertools.accumulate(split.shard_lengths)), key)]
-
-
-def source(split: Split):
-    """A random-access source of the split's serialized records, checked against the
-    manifest's count: a shard that reads short is an error, never a smaller epoch.
-
-    Raises:
-      ValueError: a shard that is not a whole ArrayRecord file (named), or other counts.
-    """
-    grain = _grain()
-    try:
-        records = grain.sources.ArrayRecordDataSource(list(split.files))
-    except RuntimeError as err:  # the package's, for a damaged file: find which
-        for file in split.files:
-            try:
-                array_records.count(file)
-            except OSError as damaged:
-                raise ValueError(f"{damaged}. Run tfrecord-pipe verify on the dataset.") from err
-        raise
-    if len(records) != split.num_examples:
-        raise ValueError(
-            f"The ArrayRecord shards of split {split.name!r} hold {len(records)} records; the "
-            f"manifest lists {split.num_examples}. Run tfrecord-pipe verify on the dataset."
-        )
-    return records
-
-
-class _Keyed:
-    """A source whose records come with their number in the split: (key, serialized). A
-    record that cannot be read (a chunk damaged since the source opened) is an error that
-    names its shard."""
-
-    def __init__(self, records, split: Split):
-        self._records = records
-        self._split = split
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def __getitem__(self, key: int):
-        try:
-            return key, self._records[key]
-        except RuntimeError as err:
-            raise ValueError(
-                f"Record {key} of split {self._split.name!r} cannot be read from "
-                f"{shard_of(self._split, key)}: {err}. Run tfrecord-pipe verify on the dataset."
-            ) from err
 
 
 def _label(record: schema.ImageRecord, split: Split) -> np.int32:
@@ -230,7 +103,7 @@ def make_dataset(
       [, keys]) tuples in training, (images, labels, weights float32 [batch]) in evaluation.
       Its iterators have `get_state()` / `set_state(state)`.
     """
-    grain = _grain()
+    grain = grain_module()
     crops.check_dtype(dtype)
     if batch_size < 1 or image_size < 1:
         raise ValueError(f"batch_size and image_size must be >= 1, got {batch_size}, {image_size}")
@@ -255,7 +128,7 @@ def make_dataset(
         raise ValueError(f"worker_count must be >= 0 and threads >= 1, got {worker_count}, {threads}")
     index, count = _hosts(host_index, host_count)
     chosen = find_split(data, split or (naming.TRAIN if is_training else naming.VALIDATION))
-    records = grain.MapDataset.source(_Keyed(source(chosen), chosen))
+    records = grain.MapDataset.source(Keyed(source(chosen), chosen))
     if is_training:
         examples, make_batch = _training(records, chosen, image_size, dtype, seed, num_epochs,
                                          with_keys, index, count, batch_size)  # fmt: skip
@@ -273,7 +146,7 @@ def make_dataset(
         _absl_flags_at_defaults()
         stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
     settings = {
-        "records": _fingerprint(chosen),
+        "records": fingerprint(chosen),
         "training": is_training,
         "seed": seed,
         # Where the stream ends: a state saved at the end (all of Grain's workers finished)
@@ -287,78 +160,6 @@ def make_dataset(
         "worker_count": worker_count,
     }
     return GrainInput(stream, settings)
-
-
-def _fingerprint(split: Split) -> str:
-    """What names the records and their order: the split's shard names and counts."""
-    names = ",".join(os.path.basename(file) for file in split.files)
-    lengths = ",".join(map(str, split.shard_lengths))
-    return hashlib.sha256(f"{split.name}:{names}:{lengths}".encode()).hexdigest()[:16]
-
-
-STATE_FORMAT = "tfrecord-pipe grain position"
-
-
-class GrainInput:
-    """This host's batches (`make_dataset`): iterate it; `dataset` is the Grain IterDataset,
-    for more Grain transformations (their state is then Grain's alone)."""
-
-    def __init__(self, dataset, settings: dict):
-        self.dataset = dataset
-        self.settings = settings
-
-    def __iter__(self) -> ResumableBatches:
-        return ResumableBatches(iter(self.dataset), self.settings)
-
-
-class ResumableBatches:
-    """Grain's iterator, with a state that says what it is a position in: `set_state` refuses
-    a state saved by a pipeline with other records, seed, batch, hosts or workers, whose
-    position would silently mean other batches."""
-
-    def __init__(self, iterator, settings: dict):
-        self._iterator = iterator
-        self._settings = settings
-
-    def __iter__(self) -> ResumableBatches:
-        return self
-
-    def __next__(self):
-        return next(self._iterator)
-
-    def get_state(self) -> dict:
-        """A small JSON-able dict: save it with the model's checkpoint."""
-        return {"format": STATE_FORMAT, "settings": self._settings,
-                "grain": self._iterator.get_state()}  # fmt: skip
-
-    def set_state(self, state: dict) -> None:
-        """Goes back to the position `get_state` gave: the next batch is the one that came
-        after it.
-
-        Raises:
-          ValueError: the state is not one of ours, or from a pipeline with other settings.
-        """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(
-                f"Not a {STATE_FORMAT} state (from make_dataset's iterators' get_state)."
-            )
-        saved = state["settings"]
-        differ = [
-            f"{key}: saved {saved.get(key)!r}, here {value!r}"
-            for key, value in self._settings.items()
-            if _as_json(saved.get(key)) != _as_json(value)
-        ]
-        if differ:
-            raise ValueError(
-                "This state was saved by a pipeline that reads other batches ("
-                + "; ".join(differ)
-                + "). Resume with the settings it was saved with."
-            )
-        self._iterator.set_state(state["grain"])
-
-
-def _as_json(value):
-    return json.loads(json.dumps(value))
 
 
 def _absl_flags_at_defaults() -> None:
@@ -395,7 +196,7 @@ def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, in
 
 
 def _evaluation(records, split, image_size, dtype, index, count, batch_size):
-    grain = _grain()
+    grain = grain_module()
     mine = records[index::count]
     # Every host yields as many batches as the host with the most records needs.
     steps = math.ceil(math.ceil(split.num_examples / count) / batch_size)

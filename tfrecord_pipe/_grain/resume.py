@@ -1,0 +1,83 @@
+"""A resumable position in the Grain pipeline: Grain's iterator state, with the settings that
+give it meaning, so that a state saved by a pipeline reading other batches is refused rather
+than silently resumed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from tfrecord_pipe._grain.source import Split
+
+
+def fingerprint(split: Split) -> str:
+    """What names the records and their order: the split's shard names and counts."""
+    names = ",".join(os.path.basename(file) for file in split.files)
+    lengths = ",".join(map(str, split.shard_lengths))
+    return hashlib.sha256(f"{split.name}:{names}:{lengths}".encode()).hexdigest()[:16]
+
+
+STATE_FORMAT = "tfrecord-pipe grain position"
+
+
+class GrainInput:
+    """This host's batches (`make_dataset`): iterate it; `dataset` is the Grain IterDataset,
+    for more Grain transformations (their state is then Grain's alone)."""
+
+    def __init__(self, dataset, settings: dict):
+        self.dataset = dataset
+        self.settings = settings
+
+    def __iter__(self) -> ResumableBatches:
+        return ResumableBatches(iter(self.dataset), self.settings)
+
+
+class ResumableBatches:
+    """Grain's iterator, with a state that says what it is a position in: `set_state` refuses
+    a state saved by a pipeline with other records, seed, batch, hosts or workers, whose
+    position would silently mean other batches."""
+
+    def __init__(self, iterator, settings: dict):
+        self._iterator = iterator
+        self._settings = settings
+
+    def __iter__(self) -> ResumableBatches:
+        return self
+
+    def __next__(self):
+        return next(self._iterator)
+
+    def get_state(self) -> dict:
+        """A small JSON-able dict: save it with the model's checkpoint."""
+        return {"format": STATE_FORMAT, "settings": self._settings,
+                "grain": self._iterator.get_state()}  # fmt: skip
+
+    def set_state(self, state: dict) -> None:
+        """Goes back to the position `get_state` gave: the next batch is the one that came
+        after it.
+
+        Raises:
+          ValueError: the state is not one of ours, or from a pipeline with other settings.
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"Not a {STATE_FORMAT} state (from make_dataset's iterators' get_state)."
+            )
+        saved = state["settings"]
+        differ = [
+            f"{key}: saved {saved.get(key)!r}, here {value!r}"
+            for key, value in self._settings.items()
+            if _as_json(saved.get(key)) != _as_json(value)
+        ]
+        if differ:
+            raise ValueError(
+                "This state was saved by a pipeline that reads other batches ("
+                + "; ".join(differ)
+                + "). Resume with the settings it was saved with."
+            )
+        self._iterator.set_state(state["grain"])
+
+
+def _as_json(value):
+    return json.loads(json.dumps(value))
