@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from beam_jobs import convert
+
 from helpers import IN_PROCESS, run_command, write_image_folder
 
 
@@ -28,8 +30,7 @@ def test_several_worker_processes_write_the_in_process_runs_bytes(tmp_path):
     src = write_image_folder(tmp_path / "src", per_label=12, odd=("truncated_jpeg.jpg",))
     (src / "red" / "copy.jpg").write_bytes((src / "green" / "000.jpg").read_bytes())
     options = ["--validation_fraction", "0.3", "--formats", "tfrecord,array_record"]
-    alone = run_command("convert", src, tmp_path / "alone", *options, *IN_PROCESS)
-    assert alone.returncode == 0, alone.stderr
+    convert.run([str(src), str(tmp_path / "alone"), *options, *IN_PROCESS])
     several = run_command("convert", src, tmp_path / "several", *options,
                           "--direct_running_mode=multi_processing", "--direct_num_workers=2")  # fmt: skip
     assert several.returncode == 0, several.stderr
@@ -46,8 +47,6 @@ def test_several_worker_processes_write_the_in_process_runs_bytes(tmp_path):
 def test_the_dask_runner_is_refused_before_anything_runs_saying_why_and_what_instead(
     tmp_path, runner
 ):
-    from beam_jobs import convert
-
     src = write_image_folder(tmp_path / "src", per_label=1)
     with pytest.raises(ValueError, match="several outputs.*--direct_running_mode=multi_processing"):
         convert.run([str(src), str(tmp_path / "out"), "--runner", runner])
