@@ -157,33 +157,32 @@ def check_rejection_files(dataset: str, found: manifest.Manifest) -> list[str]:
     ]
 
 
-def shards_of(found: manifest.Manifest) -> list[tuple[str, str, int]]:
-    """(split, file name, records the manifest lists) for every shard, of the format read
-    first (TFRecord, if the dataset has it); `read_shard` checks the other format's twin."""
-    first = found.file_formats[0]
-    return [
-        (split, name, expected)
-        for split, info in sorted(found.splits.items())
-        for name, expected in zip(info.files_of(first), info.shard_lengths)
-    ]
+def shards_of(found: manifest.Manifest) -> list[tuple[str, str, int, str | None]]:
+    """(split, file name, records the manifest lists, the same shard in the other format or
+    None) for every shard, of the format read first (TFRecord, if the dataset has it);
+    `read_shard` checks the twin against it."""
+    first, *other = found.file_formats
+    rows = []
+    for split, info in sorted(found.splits.items()):
+        names = info.files_of(first)
+        twins = info.files_of(other[0]) if other else [None] * len(names)
+        rows += [(split, *shard) for shard in zip(names, info.shard_lengths, twins)]
+    return rows
 
 
-def twin_of(found: manifest.Manifest, name: str) -> str | None:
-    """The same shard in the dataset's other format, if it has two."""
-    for info in found.splits.values():
-        formats = [info.files_of(f) for f in found.file_formats]
-        for files, others in zip(formats, reversed(formats)):
-            if files is not others and name in files:
-                return others[files.index(name)]
-    return None
+def _add_record(digest, serialized: bytes) -> None:
+    """Adds a record to a digest of a sequence of records (its length first: no two sequences
+    share one)."""
+    digest.update(len(serialized).to_bytes(8, "little"))
+    digest.update(serialized)
 
 
-def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, int],
+def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, int, str | None],
                pool: futures.Executor) -> Iterator[tuple[str, object]]:  # fmt: skip
     """One shard read whole: its records as RECORD rows, each parsed and decoded (on `pool`);
     its count against the manifest's; its twin in the other format (if any) against it,
     record for record; then its COUNT of records."""
-    split, name, expected = shard
+    split, name, expected, twin = shard
     path = paths.join(dataset, name)
     if not tf.io.gfile.exists(path):
         yield PROBLEM, f"shard {name} is missing (the manifest lists {expected} records)"
@@ -191,7 +190,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     count, failed, digest = 0, None, hashlib.sha256()
     for chunk, failed in _chunks_until_error(_serialized(path, found.compression)):
         for serialized in chunk:
-            digest.update(len(serialized).to_bytes(8, "little") + serialized)
+            _add_record(digest, serialized)
         for row in pool.map(lambda r: _record_row(r, found), chunk):
             count += 1
             if "problem" in row:
@@ -203,7 +202,6 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
         yield PROBLEM, f"shard {name} is corrupt after {count} records: {failed.message}"
     if count != expected:
         yield PROBLEM, f"shard {name} holds {count} records, the manifest lists {expected}"
-    twin = twin_of(found, name)
     if twin is not None and failed is None:
         problem = _twin_problem(paths.join(dataset, twin), found, digest.hexdigest(), name)
         if problem:
@@ -220,7 +218,7 @@ def _twin_problem(path: str, found: manifest.Manifest, expected: str, name: str)
     digest, count = hashlib.sha256(), 0
     try:
         for serialized in _serialized(path, found.compression):
-            digest.update(len(serialized).to_bytes(8, "little") + serialized)
+            _add_record(digest, serialized)
             count += 1
     except tf.errors.OpError as err:
         return f"shard {twin} is corrupt after {count} records: {err.message}"
