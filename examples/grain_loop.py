@@ -7,7 +7,7 @@ The dataset must have ArrayRecord shards (`tfrecord-pipe convert ... --formats
 tfrecord,array_record`). Every `--save_every` steps the parameters and the iterator's
 `get_state()` go to WORK_DIR together, in one file put in place at once; a run started again
 (after a kill, a preemption) loads them and takes the next batch, so its final parameters are
-those of a run that was never stopped. The model is examples/jax_loop.py's small MLP.
+those of a run that was never stopped. The model is examples/mlp.py's small MLP.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import jax
 import numpy as np
 
-from examples import jax_loop
+from examples import mlp
 from tfrecord_pipe import grain
 
 CHECKPOINT = "checkpoint.npz"
@@ -59,12 +59,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--workers", type=int, default=0, help="Grain worker processes")
     args = parser.parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
-    options = dict(image_size=jax_loop.IMAGE_SIZE, dtype="uint8", batch_size=args.batch_size)
+    options = dict(image_size=mlp.IMAGE_SIZE, dtype="uint8", batch_size=args.batch_size)
     train = grain.make_dataset(args.dataset_dir, is_training=True, seed=args.seed,
                                worker_count=args.workers, **options)  # fmt: skip
     classes = grain.find_split(args.dataset_dir, "train").num_classes
     batches = iter(train)
-    step, params = 0, jax_loop.init(jax.random.PRNGKey(args.seed), classes)
+    step, params = 0, mlp.init(jax.random.PRNGKey(args.seed), classes)
     saved = restore(args.work_dir)
     if saved is not None:
         step, params, state = saved
@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
         print(f"resumed at step {step}", flush=True)
     while step < args.steps:
         images, labels = next(batches)
-        params, value = jax_loop.train_step(params, images, labels)
+        params, value = mlp.train_step(params, images, labels)
         step += 1
         if step % args.save_every == 0 or step == args.steps:
             save(args.work_dir, step, params, batches.get_state())
@@ -81,7 +81,7 @@ def main(argv=None) -> dict:
     right = seen = 0
     for images, labels, weights in grain.make_dataset(args.dataset_dir, is_training=False,
                                                       **options):  # fmt: skip
-        batch_right, batch_seen = jax_loop.correct(params, images, labels, weights)
+        batch_right, batch_seen = mlp.correct(params, images, labels, weights)
         right, seen = right + int(batch_right), seen + int(batch_seen)
     print(f"validation accuracy {right / seen:.3f} on {seen} images", flush=True)
     weights = b"".join(np.asarray(params[name]).tobytes() for name in sorted(params))

@@ -7,11 +7,11 @@ What a JAX program needs from the reader, and nothing else:
   several hosts, after `jax.distributed.initialize`), JAX's process index and count choose it, and each host gets
   its part of the global batch; TensorFlow, which only feeds data, stays off the accelerators.
 - `.as_numpy_iterator()` gives numpy batches; "uint8" images are normalised on the device
-  (`normalize`), so the host moves one byte per pixel.
+  (`examples.mlp.normalize`), so the host moves one byte per pixel.
 - Evaluation batches are padded: count an image where its weight is above 0.
 
-The model is a small MLP on the images shrunk to 16x16, trained with plain SGD: enough to show
-the loop, not a recipe for accuracy.
+The model is examples/mlp.py's small MLP, trained with plain SGD: enough to show the loop, not
+a recipe for accuracy.
 """
 
 from __future__ import annotations
@@ -19,61 +19,10 @@ from __future__ import annotations
 import argparse
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from tfrecord_pipe import dataset, preprocess, reader
-
-IMAGE_SIZE = 32
-POOLED = 16
-HIDDEN = 64
-
-_SCALE = jnp.asarray([1 / s for s in preprocess.STDDEV_RGB])
-_SHIFT = jnp.asarray([-m / s for m, s in zip(preprocess.MEAN_RGB, preprocess.STDDEV_RGB)])
-
-
-def normalize(images):
-    """`preprocess.normalize` on the device: uint8 batches in, normalised float32 out."""
-    return images.astype(jnp.float32) * _SCALE + _SHIFT
-
-
-def init(key, classes: int) -> dict:
-    first, second = jax.random.split(key)
-    inputs = POOLED * POOLED * 3
-    return {
-        "w1": jax.random.normal(first, (inputs, HIDDEN)) * (2 / inputs) ** 0.5,
-        "b1": jnp.zeros(HIDDEN),
-        "w2": jax.random.normal(second, (HIDDEN, classes)) * (1 / HIDDEN) ** 0.5,
-        "b2": jnp.zeros(classes),
-    }
-
-
-def logits(params: dict, images) -> jax.Array:
-    x = normalize(images)
-    batch = x.shape[0]
-    x = x.reshape(batch, POOLED, IMAGE_SIZE // POOLED, POOLED, IMAGE_SIZE // POOLED, 3)
-    x = x.mean(axis=(2, 4)).reshape(batch, -1)
-    x = jax.nn.relu(x @ params["w1"] + params["b1"])
-    return x @ params["w2"] + params["b2"]
-
-
-def loss(params: dict, images, labels) -> jax.Array:
-    log_probabilities = jax.nn.log_softmax(logits(params, images))
-    return -jnp.mean(jnp.take_along_axis(log_probabilities, labels[:, None], axis=1))
-
-
-@jax.jit
-def train_step(params: dict, images, labels, learning_rate: float = 0.05):
-    value, grads = jax.value_and_grad(loss)(params, images, labels)
-    return jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, grads), value
-
-
-@jax.jit
-def correct(params: dict, images, labels, weights) -> tuple[jax.Array, jax.Array]:
-    """(right answers, images) in a padded batch: filler (weight 0) counts for nothing."""
-    real = weights > 0
-    right = (jnp.argmax(logits(params, images), axis=-1) == labels) & real
-    return right.sum(), real.sum()
+from examples.mlp import IMAGE_SIZE, correct, init, train_step
+from tfrecord_pipe import dataset, reader
 
 
 def main(argv=None) -> dict:

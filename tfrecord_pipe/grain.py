@@ -4,12 +4,15 @@ padded evaluation, and exact resumption from a small state. See docs/grain.md; t
 implementation is `tfrecord_pipe._grain`. Needs `pip install 'tfrecord-pipe[grain]'`, not
 TensorFlow."""
 
+from tfrecord_pipe._core.crops import MEAN_RGB, STDDEV_RGB
 from tfrecord_pipe._grain.images import eval_image, normalize, train_image
 from tfrecord_pipe._grain.pipeline import make_dataset
 from tfrecord_pipe._grain.resume import GrainInput, ResumableBatches
 from tfrecord_pipe._grain.source import find_split, source
 
 __all__ = [
+    "MEAN_RGB",
+    "STDDEV_RGB",
     "GrainInput",
     "ResumableBatches",
     "eval_image",
