@@ -276,12 +276,12 @@ class _RelayHandler(http.server.BaseHTTPRequestHandler):
             self._answer_json(_TOKEN)  # any token refresh succeeds
             return
         proxy: _Proxy = self.server  # type: ignore[assignment]
-        if self.path == _CONTROL_PATH:
-            proxy.set_faults(Faults(**json.loads(body or b"{}")))
-            self._answer_json({})
+        if self.path == _CONTROL_PATH:  # answers with the faults dealt under the last settings
+            self._answer_json(proxy.set_faults(Faults(**json.loads(body or b"{}"))))
             return
         fault = proxy.draw_fault()
         if fault == "error":
+            proxy.count("error")
             self._answer_error(proxy.random_status(), "injected by the test proxy")
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
@@ -326,6 +326,7 @@ class _RelayHandler(http.server.BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         if fault == "reset" and len(data) > 1:  # the answer breaks off: half the body, then gone
+            proxy.count("reset")
             self.wfile.write(data[: len(data) // 2])
             self.wfile.flush()
             self.close_connection = True
@@ -420,11 +421,19 @@ class _Proxy(http.server.ThreadingHTTPServer):
         self.finished_uploads: dict[str, tuple] = {}  # upload_id -> the final answer
         self._random = random.Random(0)
         self._random_lock = threading.Lock()
+        self._dealt = {"error": 0, "reset": 0}
 
-    def set_faults(self, faults: Faults) -> None:
+    def set_faults(self, faults: Faults) -> dict[str, int]:
+        """Deals `faults` from now on; returns the faults dealt since the last call."""
         with self._random_lock:
             self.faults = faults
             self._random = random.Random(faults.seed)
+            dealt, self._dealt = self._dealt, {"error": 0, "reset": 0}
+        return dealt
+
+    def count(self, fault: str) -> None:
+        with self._random_lock:
+            self._dealt[fault] += 1
 
     def draw_fault(self) -> str | None:
         """"error", "reset" or None for the next request, by the configured rates."""
@@ -541,21 +550,24 @@ class LocalGcs:
 
     @contextlib.contextmanager
     def faults(self, **faults):
-        """Injects `Faults(**faults)` into every request for the duration of the block."""
+        """Injects `Faults(**faults)` into every request for the duration of the block. Yields
+        a dict that, after the block, says how many of each fault were dealt ("error",
+        "reset"): a test can show that its run met them."""
+        dealt: dict[str, int] = {}
         self._set_faults(Faults(**faults))
         try:
-            yield
+            yield dealt
         finally:
-            self._set_faults(Faults())
+            dealt.update(self._set_faults(Faults()))
 
-    def _set_faults(self, faults: Faults) -> None:
+    def _set_faults(self, faults: Faults) -> dict[str, int]:
         request = urllib.request.Request(
             self.environ["STORAGE_EMULATOR_HOST"] + _CONTROL_PATH,
             data=json.dumps(dataclasses.asdict(faults)).encode(),
             method="POST",
         )
         with urllib.request.urlopen(request, timeout=30) as response:
-            response.read()
+            return json.loads(response.read())
 
     @contextlib.contextmanager
     def exported(self):

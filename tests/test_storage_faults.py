@@ -19,8 +19,12 @@ from helpers import IN_PROCESS, run_command, run_python, write_image_folder
 
 pytestmark = pytest.mark.slow
 
-# TensorFlow's own retries, as users have them (conftest lowers them to fail fast offline).
-DEFAULT_TF_RETRIES = {"GCS_RETRY_CONFIG_MAX_RETRIES": "10"}
+# TensorFlow's own retries, as many as users have (conftest lowers them to fail fast offline);
+# its first wait a tenth of the default second, the later ones doubling as they do by default.
+DEFAULT_TF_RETRIES = {
+    "GCS_RETRY_CONFIG_MAX_RETRIES": "10",
+    "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
+}
 
 
 def test_the_proxy_answers_errors_and_cuts_answers_off_when_asked(gcs):
@@ -37,12 +41,13 @@ def test_the_proxy_answers_errors_and_cuts_answers_off_when_asked(gcs):
 
 
 def test_a_conversion_on_a_flaky_storage_loses_nothing_or_fails_clearly(gcs, tmp_path):
-    src = write_image_folder(tmp_path / "src", per_label=8, odd=("truncated_jpeg.jpg",))
+    src = write_image_folder(tmp_path / "src", per_label=4, odd=("truncated_jpeg.jpg",))
     bucket = storage.Client().bucket(gcs.bucket)
     for path in src.rglob("*.jpg"):
         bucket.blob(f"flaky-src/{path.relative_to(src)}").upload_from_filename(path)
     source, out = gcs.url("flaky-src"), gcs.url("flaky-out")
-    with gcs.faults(error_rate=0.1, reset_rate=0.05, seed=1):
+    # Rates that give a few dozen faults: higher ones mostly add the clients' backoff sleeps.
+    with gcs.faults(error_rate=0.05, reset_rate=0.03, seed=1) as dealt:
         try:
             result = convert.run([source, out, "--num_shards", "2", "--validation_fraction",
                                   "0.3", *IN_PROCESS])  # fmt: skip
@@ -50,7 +55,7 @@ def test_a_conversion_on_a_flaky_storage_loses_nothing_or_fails_clearly(gcs, tmp
             assert "Nothing was finalised" in str(err)
             assert not bucket.blob("flaky-out/manifest.json").exists()
             return
-        assert sum(info.listed for info in result.splits.values()) == 25
+        assert sum(info.listed for info in result.splits.values()) == 13
         verified = run_command("verify", source, out, env={**gcs.environ, **DEFAULT_TF_RETRIES})
         assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
         # `inspect --check` and the reader, in one process (TensorFlow starts once).
@@ -64,3 +69,4 @@ def test_a_conversion_on_a_flaky_storage_loses_nothing_or_fails_clearly(gcs, tmp
         )
         assert "INSPECT EXIT 0" in read.stdout, read.stdout[-3000:] + read.stderr[-3000:]
         assert f"IMAGES {result.splits['validation'].num_examples}" in read.stdout, read.stderr[-3000:]
+    assert dealt["error"] and dealt["reset"], f"the run met no faults: {dealt}"
