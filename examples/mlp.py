@@ -8,14 +8,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tfrecord_pipe.grain import MEAN_RGB, STDDEV_RGB
+from tfrecord_pipe import grain
 
 IMAGE_SIZE = 32
 POOLED = 16
 HIDDEN = 64
 
-_SCALE = jnp.asarray([1 / s for s in STDDEV_RGB])
-_SHIFT = jnp.asarray([-m / s for m, s in zip(MEAN_RGB, STDDEV_RGB)])
+_SCALE = jnp.asarray([1 / s for s in grain.STDDEV_RGB])
+_SHIFT = jnp.asarray([-m / s for m, s in zip(grain.MEAN_RGB, grain.STDDEV_RGB)])
 
 
 def normalize(images):
