@@ -244,6 +244,60 @@ def test_worker_processes_give_the_batches_of_one_process_and_resume(both):
     assert sum(int((b[2] > 0).sum()) for b in evaluation) == records
 
 
+@pytest.mark.slow
+def test_a_killed_trainer_leaves_no_worker_process_behind(both):
+    # Grain's workers stop only when told to: a trainer killed with SIGKILL (the OOM killer, a
+    # scheduler) left them and their resource tracker running for ever, each busy.
+    code = (
+        "import sys, time\n"
+        "from tfrecord_pipe import grain\n"
+        f"batches = iter(grain.make_dataset({str(both)!r}, is_training=True, batch_size=2, "
+        f"image_size={SIZE}, seed=1, worker_count=2, host_index=0, host_count=1))\n"
+        "next(batches)\n"
+        "print('READY', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    workers = []
+    try:
+        assert trainer.stdout.readline().strip() == "READY"
+        workers = children_of(trainer.pid)
+        assert len(workers) >= 2, workers  # the workers (and Python's resource tracker)
+    finally:
+        trainer.kill()
+        trainer.wait(timeout=60)  # (not its output: a worker left behind holds the pipe)
+        trainer.stdout.close()
+    deadline = time.monotonic() + 30
+    while (alive := [pid for pid in workers if running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"worker processes {alive} outlived the killed trainer by 30 s"
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, from /proc."""
+    found = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie has ended)."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def keys_batches(input_, steps) -> list[list[int]]:
     batches = iter(input_)
     return [next(batches)[2].tolist() for _ in range(steps)]

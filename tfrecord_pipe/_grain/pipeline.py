@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import threading
+import time
 
 import numpy as np
 
@@ -144,7 +147,9 @@ def make_dataset(
     stream = batches.to_iter_dataset(read)
     if worker_count:
         _absl_flags_at_defaults()
-        stream = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+        stream = stream.mp_prefetch(
+            grain.MultiprocessingOptions(num_workers=worker_count), worker_init_fn=_exit_with_parent
+        )
     settings = {
         "records": fingerprint(chosen),
         "training": is_training,
@@ -170,6 +175,23 @@ def _absl_flags_at_defaults() -> None:
 
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
+
+
+def _exit_with_parent(worker_index: int, worker_count: int) -> None:
+    """Run in each of Grain's worker processes: ends it when the training process is gone.
+    Grain's workers stop only when told to, so a trainer killed with SIGKILL (the OOM killer,
+    a scheduler) left them running for ever, each a core's share busy and its memory held."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+_PARENT_POLL_S = 0.5
 
 
 def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, index, count,
