@@ -256,11 +256,15 @@ def _batch_maker(image_size: int, dtype: str, keys: bool = False, weights: bool 
 
     def make(planned: list[_Planned | None]):
         count = len(planned)
-        images_out = np.zeros((count, image_size, image_size, 3), images.numpy_dtype(dtype))
+        # Empty, not zeros: numpy backs a large empty array with huge pages, and every slot
+        # is written anyway; zeros' fresh pages cost a page fault each 4 KB
+        # (benchmarks/RESULTS.md, "Grain").
+        images_out = np.empty((count, image_size, image_size, 3), images.numpy_dtype(dtype))
         labels = np.zeros(count, np.int32)
         extra = np.zeros(count, np.float32 if weights else np.int64)
         for slot, plan in enumerate(planned):
             if plan is None:
+                images_out[slot] = 0
                 continue
             record = plan.record
             images.write(images_out[slot], record.encoded, (record.height, record.width),
