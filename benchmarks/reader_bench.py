@@ -37,6 +37,7 @@ import dataclasses
 import os
 import pathlib
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -268,7 +269,7 @@ def main(argv=None):
     summary = summarise(rounds)
     shown = sys.argv[1:] if argv is None else argv
     print(
-        f"\n$ python -m benchmarks.reader_bench {' '.join(shown)}".rstrip()
+        f"\n$ python -m benchmarks.reader_bench {shlex.join(shown)}".rstrip()
         + f"   ({os.cpu_count()} cores; {args.images} JPEGs "
         f"{args.sides[0]}..{args.sides[1]} px in {args.shards} shards; "
         f"{args.image_size}x{args.image_size}, batch {args.batch}; medians of {args.repeats} "
@@ -282,12 +283,17 @@ def main(argv=None):
         low, high = row["ceiling_range"]
         print(
             f"| {name} | {row['rate']:.0f} | {row['ceiling']:.2f}x ({low:.2f}-{high:.2f}) | "
-            f"{row['article']:.2f}x | {row['train']:.2f}x | {row['peak']:.0f} "
+            f"{_ratio(row['article'])} | {_ratio(row['train'])} | {row['peak']:.0f} "
             f"({row['baseline']:.0f}) |"
         )
     print("targets: train >= 0.9x ceiling and >= 1.3x article; train, seeded >= 0.9x train; "
           "eval >= 0.9x ceiling; grain, train >= 0.8x train")  # fmt: skip
     return summary
+
+
+def _ratio(value: float) -> str:
+    """A ratio for the table; "-" where its reference pipeline was not run."""
+    return "-" if value != value else f"{value:.2f}x"  # NaN: no reference
 
 
 if __name__ == "__main__":
