@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from beam_jobs import convert, sources
+from beam_jobs import convert, sources, storage
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import images, naming
 
@@ -164,6 +164,27 @@ def test_special_files_and_files_over_the_cap_are_not_read(tmp_path):
     assert result.splits["train"].num_examples == 1
     said = (tmp_path / "out" / naming.rejected_name("train")).read_text()
     assert "kernel file" in said
+
+
+def test_an_input_is_read_whole_up_to_the_cap_whatever_its_size_says(tmp_path, monkeypatch):
+    # A file is read as the size it reports, plus a byte to see whether there is more: one that
+    # grew since, or a filesystem that reports less than it holds, is still read whole.
+    data = bytes(range(256)) * 40
+    path = tmp_path / "a.jpg"
+    path.write_bytes(data)
+    assert storage.read_input(str(path), max_bytes=len(data)) == data
+    with pytest.raises(images.Rejected, match="over the cap"):
+        storage.read_input(str(path), max_bytes=len(data) - 1)
+    real_fstat = os.fstat
+
+    def under_reported(fd):
+        found = real_fstat(fd)
+        return os.stat_result((*found[:6], 100, *found[7:]))  # st_size 100
+
+    monkeypatch.setattr(os, "fstat", under_reported)
+    assert storage.read_input(str(path), max_bytes=len(data)) == data
+    with pytest.raises(images.Rejected, match="over the cap"):
+        storage.read_input(str(path), max_bytes=len(data) - 1)
 
 
 @pytest.mark.parametrize(
