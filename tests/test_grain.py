@@ -245,15 +245,20 @@ def test_worker_processes_give_the_batches_of_one_process_and_resume(both):
 
 
 @pytest.mark.slow
-def test_a_killed_trainer_leaves_no_worker_process_behind(both):
+@pytest.mark.parametrize("when", ["workers starting", "workers working"])
+def test_a_killed_trainer_leaves_no_worker_process_behind(both, when):
     # Grain's workers stop only when told to: a trainer killed with SIGKILL (the OOM killer, a
-    # scheduler) left them and their resource tracker running for ever, each busy.
+    # scheduler) left them and their resource tracker running for ever, each busy. Killed
+    # while they still start, a first fix missed the ones not yet watching.
+    first_batch = "next(batches)" if when == "workers working" else (
+        "import threading; threading.Thread(target=next, args=(batches,), daemon=True).start()"
+    )
     code = (
-        "import sys, time\n"
+        "import time\n"
         "from tfrecord_pipe import grain\n"
         f"batches = iter(grain.make_dataset({str(both)!r}, is_training=True, batch_size=2, "
         f"image_size={SIZE}, seed=1, worker_count=2, host_index=0, host_count=1))\n"
-        "next(batches)\n"
+        f"{first_batch}\n"
         "print('READY', flush=True)\n"
         "time.sleep(600)\n"
     )
@@ -262,8 +267,11 @@ def test_a_killed_trainer_leaves_no_worker_process_behind(both):
     workers = []
     try:
         assert trainer.stdout.readline().strip() == "READY"
-        workers = children_of(trainer.pid)
-        assert len(workers) >= 2, workers  # the workers (and Python's resource tracker)
+        deadline = time.monotonic() + 60
+        # The workers and Python's resource tracker; killed as soon as they exist.
+        while len(workers := children_of(trainer.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(workers) == 3, workers
     finally:
         trainer.kill()
         trainer.wait(timeout=60)  # (not its output: a worker left behind holds the pipe)

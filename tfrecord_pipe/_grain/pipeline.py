@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import os
 import threading
-import time
 
 import numpy as np
 
@@ -180,18 +180,18 @@ def _absl_flags_at_defaults() -> None:
 def _exit_with_parent(worker_index: int, worker_count: int) -> None:
     """Run in each of Grain's worker processes: ends it when the training process is gone.
     Grain's workers stop only when told to, so a trainer killed with SIGKILL (the OOM killer,
-    a scheduler) left them running for ever, each a core's share busy and its memory held."""
-    parent = os.getppid()
+    a scheduler) left them running for ever, each a core's share busy and its memory held.
+    The parent's sentinel, made before the worker started, also tells of a parent that died
+    while the worker was still starting."""
+    parent = multiprocessing.parent_process()
+    if parent is None:  # not a multiprocessing child: nothing to watch
+        return
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(_PARENT_POLL_S)
+        parent.join()  # returns when the parent has ended
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
-_PARENT_POLL_S = 0.5
 
 
 def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, index, count,
