@@ -24,7 +24,7 @@ def test_bench_prints_train_and_eval_next_to_the_ceiling(converted):
 def test_bench_progress_in_a_log_is_plain_lines(converted):
     # stderr is a pipe here, as in a log file: no carriage returns, one last line per pipeline.
     _, out = converted
-    done = run_command("bench", out, "--seconds", "1", "--image_size", "16", "--batch_size", "2")
+    done = run_command("bench", out, "--seconds", "0.3", "--image_size", "16", "--batch_size", "2")
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr
     finals = [line for line in done.stderr.splitlines() if "img/s" in line]
