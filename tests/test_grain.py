@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -245,14 +246,22 @@ def test_worker_processes_give_the_batches_of_one_process_and_resume(both):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("when", ["workers starting", "workers working"])
+@pytest.mark.parametrize("when", ["workers starting", "workers working", "a forked child lives"])
 def test_a_killed_trainer_leaves_no_worker_process_behind(both, when):
     # Grain's workers stop only when told to: a trainer killed with SIGKILL (the OOM killer, a
     # scheduler) left them and their resource tracker running for ever, each busy. Killed
-    # while they still start, a first fix missed the ones not yet watching.
-    first_batch = "next(batches)" if when == "workers working" else (
-        "import threading; threading.Thread(target=next, args=(batches,), daemon=True).start()"
-    )
+    # while they still start, a first fix missed the ones not yet watching; a second missed
+    # them while a process the trainer had forked held their parent's sentinel open.
+    first_batch = {
+        "workers starting": "import threading; "
+        "threading.Thread(target=next, args=(batches,), daemon=True).start()",
+        "workers working": "next(batches)",
+        "a forked child lives": "next(batches)\n"
+        "import os\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)",
+    }[when]
     code = (
         "import time\n"
         "from tfrecord_pipe import grain\n"
@@ -264,24 +273,40 @@ def test_a_killed_trainer_leaves_no_worker_process_behind(both, when):
     )
     trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                                env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
-    workers = []
+    never_ready = threading.Timer(120, trainer.kill)  # then READY never comes: a failure
+    never_ready.start()
+    workers, others = [], []
     try:
         assert trainer.stdout.readline().strip() == "READY"
         deadline = time.monotonic() + 60
         # The workers and Python's resource tracker; killed as soon as they exist.
-        while len(workers := children_of(trainer.pid)) < 3 and time.monotonic() < deadline:
+        while len(workers) < 3 and time.monotonic() < deadline:
+            children = children_of(trainer.pid)
+            workers = [pid for pid in children if b"multiprocessing" in command_line(pid)]
+            others = [pid for pid in children if pid not in workers]  # the forked child
             time.sleep(0.01)
         assert len(workers) == 3, workers
     finally:
+        never_ready.cancel()
         trainer.kill()
         trainer.wait(timeout=60)  # (not its output: a worker left behind holds the pipe)
         trainer.stdout.close()
+    if when == "a forked child lives":  # Python's resource tracker (idle) ends with the child
+        workers = [pid for pid in workers if b"resource_tracker" not in command_line(pid)]
     deadline = time.monotonic() + 30
     while (alive := [pid for pid in workers if running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
-    for pid in alive:
-        os.kill(pid, signal.SIGKILL)
+    for pid in alive + others:  # (the tracker then ends: no process holds its pipe)
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
     assert not alive, f"worker processes {alive} outlived the killed trainer by 30 s"
+
+
+def command_line(pid: int) -> bytes:
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def children_of(pid: int) -> list[int]:

@@ -181,17 +181,25 @@ def _exit_with_parent(worker_index: int, worker_count: int) -> None:
     """Run in each of Grain's worker processes: ends it when the training process is gone.
     Grain's workers stop only when told to, so a trainer killed with SIGKILL (the OOM killer,
     a scheduler) left them running for ever, each a core's share busy and its memory held.
-    The parent's sentinel, made before the worker started, also tells of a parent that died
-    while the worker was still starting."""
+
+    Two signs, either enough: the parent's sentinel (made before the worker started, so it
+    also tells of a parent that died while the worker was starting; but a process the
+    trainer forked later holds it open), and a parent pid that is no longer the parent's."""
     parent = multiprocessing.parent_process()
     if parent is None:  # not a multiprocessing child: nothing to watch
         return
 
     def watch() -> None:
-        parent.join()  # returns when the parent has ended
+        while os.getppid() == parent.pid:
+            parent.join(_PARENT_POLL_S)  # returns early when the sentinel says it ended
+            if not parent.is_alive():
+                break
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+_PARENT_POLL_S = 1.0
 
 
 def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, index, count,
