@@ -15,9 +15,8 @@ import datetime
 import os
 import pathlib
 import platform
-import sys
 
-from benchmarks import convert_bench, reader_bench
+from benchmarks import command_line, convert_bench, reader_bench
 
 
 def machine() -> str:
@@ -78,9 +77,8 @@ def main(argv=None):
         ["--images", str(3 * args.images), "--seconds", str(args.seconds),
          "--repeats", str(args.repeats)]  # fmt: skip
     )
-    shown = " ".join(sys.argv[1:] if argv is None else argv)
     lines = [
-        f"$ python -m benchmarks {shown}".rstrip(),
+        command_line("benchmarks", argv),
         f"{datetime.date.today()}, {machine()}",
         "conversion: photo-like 320x320 JPEGs; ceiling = read + full Pillow decode on all cores; "
         "medians of 3 job runs and 4 ceiling runs, alternating",

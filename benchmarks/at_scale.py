@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
+
+from benchmarks import command_line
 
 SIZES = (1_000_000, 10_000_000, 100_000_000)
 LIST_PAGE = 1000  # objects a GCS list request returns at most
@@ -93,8 +94,7 @@ def main(argv=None):
                         help="worker memory per vCPU (n1-standard: 3.75)")
     args = parser.parse_args(argv)
     entries = entry_bytes()
-    shown = sys.argv[1:] if argv is None else argv
-    print(f"$ python -m benchmarks.at_scale {' '.join(shown)}".rstrip())
+    print(command_line("benchmarks.at_scale", argv))
     print("bytes per element in each shuffle: "
           + ", ".join(f"{name} {n}" for name, n in entries.items()))  # fmt: skip
     columns = ("images", "data GB", "shards", "records/shard", "WriteShard holds MB",

@@ -28,7 +28,7 @@ import time
 import numpy as np
 from PIL import Image
 
-from benchmarks import photos
+from benchmarks import command_line, photos
 from tfrecord_pipe._core import progress
 
 
@@ -128,8 +128,8 @@ def main(argv=None):
             rows.append((n, top, job, rss))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    command = "python -m benchmarks.convert_bench " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"\n$ {command.strip()}   ({os.cpu_count()} cores, {args.side}x{args.side} JPEGs)")
+    print(f"\n{command_line('benchmarks.convert_bench', argv)}   ({os.cpu_count()} cores, "
+          f"{args.side}x{args.side} JPEGs)")
     print(f"medians of {args.repeats} job runs and {args.repeats + 1} ceiling runs, alternating")
     print("| images | ceiling img/s | job img/s | job / ceiling | peak RSS MiB |")
     print("|---|---|---|---|---|")

@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks import command_line
+
 TOOLS = ("tfrecord-pipe", "tfds builder", "imagenet_to_gcs", "jpeg_to_tf_record")
 SHARDS = 16
 
@@ -200,8 +202,7 @@ def main(argv=None):
                       f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    shown = sys.argv[1:] if argv is None else argv
-    print(f"\n$ python -m benchmarks.peers_bench {' '.join(shown)}".rstrip()
+    print("\n" + command_line("benchmarks.peers_bench", argv)
           + f"   ({os.cpu_count()} cores; {args.images} photo-like {args.side} px JPEGs; "
           f"medians of {args.repeats} rounds)")  # fmt: skip
     print("| tool | images/s | images per CPU-second | peak RSS MiB | ours / it, per CPU-second |")

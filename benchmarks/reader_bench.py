@@ -37,12 +37,13 @@ import dataclasses
 import os
 import pathlib
 import resource
-import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from benchmarks import command_line
 
 PIPELINES = ("ceiling", "train", "train, seeded", "article", "eval", "eval, one iterator",
              "grain, train", "grain, eval")  # fmt: skip
@@ -267,9 +268,8 @@ def main(argv=None):
         if created:
             shutil.rmtree(created, ignore_errors=True)
     summary = summarise(rounds)
-    shown = sys.argv[1:] if argv is None else argv
     print(
-        f"\n$ python -m benchmarks.reader_bench {shlex.join(shown)}".rstrip()
+        "\n" + command_line("benchmarks.reader_bench", argv)
         + f"   ({os.cpu_count()} cores; {args.images} JPEGs "
         f"{args.sides[0]}..{args.sides[1]} px in {args.shards} shards; "
         f"{args.image_size}x{args.image_size}, batch {args.batch}; medians of {args.repeats} "

@@ -24,8 +24,9 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import sys
 import tempfile
+
+from benchmarks import command_line
 
 
 def steps(image_size: int):
@@ -118,8 +119,7 @@ def main(argv=None):
         result = bench.measure(name, dataset, args.seconds, lambda _: args.batch)
         rows.append((name, result.images_per_s))
 
-    shown = sys.argv[1:] if argv is None else argv
-    print(f"\n$ python -m benchmarks.reader_breakdown {' '.join(shown)}".rstrip()
+    print("\n" + command_line("benchmarks.reader_breakdown", argv)
           + f"   ({os.cpu_count()} cores; {len(encoded)} JPEGs 256..480 px in memory; "
           f"{args.image_size}x{args.image_size}, batch {args.batch})")  # fmt: skip
     print("| step | images/s | / ceiling |")

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import reader_bench
+from benchmarks import command_line, reader_bench
 
 
 def first_batch_seconds(data: str, start_batches: int, batch: int) -> float:
@@ -110,7 +110,7 @@ def main(argv=None):
                 line = next(li for li in out.stdout.splitlines() if li.startswith("RESULT"))
                 measured.append(float(line.split()[1]))
         fresh = times["fresh start"]
-        print(f"\n{' '.join(['python -m benchmarks.resume_bench', *(argv or sys.argv[1:])])}")
+        print("\n" + command_line("benchmarks.resume_bench", argv))
         print(f"{args.images} images, {args.shards} shards, batch {args.batch}\n")
         print("| seeded pipeline | first batch, s (median) | range | / fresh start |")
         print("|---|---|---|---|")

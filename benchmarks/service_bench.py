@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks import command_line
+
 _SERVER = """
 import sys
 import tensorflow as tf
@@ -100,8 +102,7 @@ def main(argv=None):
             shutil.rmtree(created, ignore_errors=True)
     line.finish(f"  {progress.bar(done / total)} {done}/{total} measured")
 
-    shown = sys.argv[1:] if argv is None else argv
-    print(f"\n$ python -m benchmarks.service_bench {' '.join(shown)}".rstrip()
+    print("\n" + command_line("benchmarks.service_bench", argv)
           + f"   ({os.cpu_count()} cores; one worker in a child process; "
           f"{args.image_size}x{args.image_size}, batch {args.batch}; medians of "
           f"{args.repeats} rounds)")  # fmt: skip

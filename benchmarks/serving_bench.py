@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import io
 import statistics
-import sys
 import time
 
 import numpy as np
 import tensorflow as tf
 from PIL import Image
 
+from benchmarks import command_line
 from benchmarks.photos import photo_like
 from tfrecord_pipe._reading import preprocess, serving
 
@@ -78,7 +78,7 @@ def main(argv=None) -> list[str]:
         for kind, files in kinds.items():
             ratios[kind].append(per_image(served, files, args.requests) / ceiling)
     lines = [
-        f"$ python -m benchmarks.serving_bench {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip(),
+        command_line("benchmarks.serving_bench", argv),
         f"ceiling (eval_image on upright JPEGs): {1e3 * statistics.median(ceilings):.2f} ms/image",
         "| request | time per image / ceiling |",
         "|---|---|",
