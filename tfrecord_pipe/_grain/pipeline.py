@@ -190,10 +190,8 @@ def _exit_with_parent(worker_index: int, worker_count: int) -> None:
         return
 
     def watch() -> None:
-        while os.getppid() == parent.pid:
+        while os.getppid() == parent.pid and parent.is_alive():
             parent.join(_PARENT_POLL_S)  # returns early when the sentinel says it ended
-            if not parent.is_alive():
-                break
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

@@ -31,7 +31,6 @@ class Split:
       name: the split's name.
       files: local paths of its ArrayRecord shards, in shard order.
       shard_lengths: records in each, by the manifest.
-      num_examples: records in them all.
       label_offset: subtracted from stored labels.
       num_classes: the dataset's number of labels.
     """
@@ -39,9 +38,13 @@ class Split:
     name: str
     files: tuple[str, ...]
     shard_lengths: tuple[int, ...]
-    num_examples: int
     label_offset: int
     num_classes: int
+
+    @property
+    def num_examples(self) -> int:
+        """Records in all its shards."""
+        return sum(self.shard_lengths)
 
 
 def find_split(data: str, split: str) -> Split:
@@ -81,8 +84,7 @@ def find_split(data: str, split: str) -> Split:
             f"{len(missing)} ArrayRecord shard(s) of split {split!r} that the manifest lists are "
             f"missing: {', '.join(missing[:3])}. Restore them (tfrecord-pipe verify finds them)."
         )
-    return Split(split, files, info.shard_lengths, info.num_examples, found.label_offset,
-                 len(found.labels))  # fmt: skip
+    return Split(split, files, info.shard_lengths, found.label_offset, len(found.labels))
 
 
 def shard_of(split: Split, key: int) -> str:
