@@ -2,8 +2,8 @@
 
 Two runs into the same folder would each finalise their own shards beside the other's. The
 launcher claims the folder before it writes anything (`OUT/.tfrecord-pipe-claim`), renews
-the claim while the job runs, and gives it up at the end. Taking a claim is atomic: an
-exclusive create on local disk, an object created only if none exists
+the claim while the job runs, and gives it up at the end. Taking a claim is atomic: a
+claim written whole and then linked to its name on local disk, an object created only if none exists
 (`if_generation_match=0`) on gs://. A claim not renewed for STALE_AFTER_S (or, on this
 machine, one whose process is gone) belongs to a run that died: the next run takes it over,
 and says so. Other filesystems have no atomic create here: there the claim is checked, then
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -162,6 +163,23 @@ def _store_for(path: str):
     return _OtherClaim(path)
 
 
+def _link_or_exclusive_copy(source: str, target: str) -> None:
+    """Gives `source`'s whole content the name `target` if no file has it (FileExistsError
+    if one does). Where the filesystem has no hard links, an exclusive create and a write:
+    there a reader may see the claim empty for a moment."""
+    try:
+        os.link(source, target)
+        return
+    except FileExistsError:
+        raise
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+    fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    with os.fdopen(fd, "wb") as f, open(source, "rb") as whole:
+        f.write(whole.read())
+
+
 def _encode(holder: Holder) -> bytes:
     return json.dumps(dataclasses.asdict(holder)).encode()
 
@@ -174,16 +192,22 @@ def _decode(data: bytes) -> Holder | None:
 
 
 class _LocalClaim:
-    """On local disk: O_EXCL creates; a stale claim is renamed away (only one run can)."""
+    """On local disk: the claim is written whole under another name, then linked to its own
+    (a link, like O_EXCL, fails if the name exists); a stale claim is renamed away (only one
+    run can). Created with O_EXCL and then written, a claim was empty for a moment, and a run
+    that read it then took it for a dead one's and took it over: two runs wrote at once."""
 
     def __init__(self, path: str):
         self._path = path
 
     def create(self, holder: Holder) -> bool:
         folder = paths.parent(self._path) or "."
+        partial = f"{self._path}.{holder.run}.new"
         try:
             paths.make_local_folder(folder)  # a link to nowhere: FileExistsError, not a claim
-            fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            with open(partial, "wb") as f:
+                f.write(_encode(holder))
+            _link_or_exclusive_copy(partial, self._path)
         except FileExistsError:
             if not os.path.isdir(folder):
                 raise ValueError(f"Cannot write into {folder}: it is a link to nothing, or a "
@@ -194,8 +218,9 @@ class _LocalClaim:
                 f"Cannot write into {folder} ({err.strerror}): give an output folder that can "
                 "be created and written to."
             ) from None
-        with os.fdopen(fd, "wb") as f:
-            f.write(_encode(holder))
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(partial)
         return True
 
     def read(self) -> Holder | None:
