@@ -38,7 +38,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 import tfrecord_pipe
-from beam_jobs import claim, finalise, flags, pipeline, sources, worker_progress
+from beam_jobs import claim, finalise, flags, local_engine, pipeline, sources, worker_progress
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import manifest, messages, paths
 
@@ -120,8 +120,11 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
             held.hand_over()
         try:
             options = flags.pipeline_options(beam_args, save_main_session)
-            result = _run_pipeline(config, options, temp_dir, fixed_labels, local, waits,
-                                   run=run_id if no_wait else None)  # fmt: skip
+            if local and flags.uses_local_engine(given):
+                result = _run_locally(config, temp_dir, fixed_labels)
+            else:
+                result = _run_pipeline(config, options, temp_dir, fixed_labels, local, waits,
+                                       run=run_id if no_wait else None)  # fmt: skip
         except (ValueError, FileNotFoundError, FileExistsError):
             raise  # bad input found while listing: its message says what to do
         except Exception as err:
@@ -162,6 +165,14 @@ def _failed(config: ConvertConfig, temp_dir: str, err: Exception, verbose: bool)
         f"{what} Nothing was finalised: {config.output} is as it was. Run it again; what this "
         "run left is removed then."
     )
+
+
+def _run_locally(config: ConvertConfig, temp_dir: str, fixed_labels) -> None:
+    """Runs the job on the local engine, with a progress line."""
+    with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
+        with worker_progress.ProgressLine(progress_dir):
+            local_engine.run(config, temp_dir, fixed_labels, progress_dir,
+                             version=tfrecord_pipe.__version__)  # fmt: skip
 
 
 def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: bool,

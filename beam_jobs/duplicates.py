@@ -50,15 +50,13 @@ def _ordered(split_checked_list) -> list:
     return sorted(split_checked_list, key=lambda split_checked: split_checked[1].relpath)
 
 
-def _group_row(sha256_and_records):
-    """The report row of a group of more than one input; nothing for a single input."""
-    sha256, records = sha256_and_records
+def group_row(sha256: str, records) -> dict | None:
+    """The report row of a group of (split, Checked) with the same bytes; None for one input."""
     records = _ordered(records)
     if len(records) < 2:
-        return
-    Metrics.counter(beam_jobs.METRICS_NAMESPACE, "duplicate_content_groups").inc()
+        return None
     files = [{"relpath": c.relpath, "split": split, "label": c.label_text} for split, c in records]
-    yield {
+    return {
         "sha256": sha256,
         "cross_split": len({f["split"] for f in files}) > 1,
         "cross_label": len({f["label"] for f in files}) > 1,
@@ -66,17 +64,30 @@ def _group_row(sha256_and_records):
     }
 
 
-def _keep_first(sha256_and_records):
-    """The first input of a group by path as a record; the others as rejections naming it."""
-    _, records = sha256_and_records
+def keep_first(records) -> tuple[tuple, list]:
+    """Of a group of (split, Checked) with the same bytes: the first by path, kept, and the
+    others' rejections, naming it."""
     first, *others = _ordered(records)
+    detail = f"the same bytes as {first[1].relpath} (--dedupe keeps the first by path)"
+    return first, [
+        rejection(SourceFile(checked.path, checked.relpath, checked.label_text, split),
+                  images.DUPLICATE_CONTENT, detail)  # fmt: skip
+        for split, checked in others
+    ]
+
+
+def _group_row(sha256_and_records):
+    row = group_row(*sha256_and_records)
+    if row is not None:
+        Metrics.counter(beam_jobs.METRICS_NAMESPACE, "duplicate_content_groups").inc()
+        yield row
+
+
+def _keep_first(sha256_and_records):
+    first, rejected = keep_first(sha256_and_records[1])
     yield first
-    for split, checked in others:
-        source = SourceFile(checked.path, checked.relpath, checked.label_text, split)
-        detail = f"the same bytes as {first[1].relpath} (--dedupe keeps the first by path)"
-        yield beam.pvalue.TaggedOutput(
-            "rejected", rejection(source, images.DUPLICATE_CONTENT, detail)
-        )
+    for row in rejected:
+        yield beam.pvalue.TaggedOutput("rejected", row)
 
 
 def totals(row: dict):

@@ -246,6 +246,14 @@ def runs_here(options: PipelineOptions) -> bool:
     return runner is None or runner.lower() in ("direct", "directrunner", LOCAL_RUNNER.lower())
 
 
+def uses_local_engine(options: PipelineOptions) -> bool:
+    """Whether the job runs on the local engine (`local_engine.py`): when no runner was
+    named and none of the options of Beam's local runner (--direct_...) was changed. Naming
+    Beam's (`--runner DirectRunner`) runs the Beam pipeline here, as Dataflow would run it."""
+    given = options.get_all_options(drop_default=True)
+    return given.get("runner") is None and not any(name.startswith("direct_") for name in given)
+
+
 # Runners tried that cannot run the job, and why (docs/conversion.md, "More than one process").
 UNSUPPORTED_RUNNERS = {
     "daskrunner": (

@@ -23,6 +23,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Container, Mapping
 from concurrent import futures
 
 import apache_beam as beam
@@ -49,7 +50,7 @@ class Checked:
       key: the record's order key (shard_plan.order_key of relpath).
       path: where to read the source again.
       relpath: the record's filename.
-      label_index: 0-based label.
+      label_index: 0-based label (-1 while the local engine does not know every label yet).
       label_text: the label's name.
       sha256: hex digest of the source bytes, stored in the record.
       crc32c: CRC-32C of the source bytes, compared when they are read again (a change is
@@ -130,13 +131,81 @@ def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int)
     return schema.serialize(record, label_offset=label_offset)
 
 
+class Checker:
+    """Checks inputs, one batch at a time: plain Python, for LoadImages and the local engine.
+
+    Remote sources (gs://...) are read REMOTE_READERS ahead of their checks; local ones in
+    the checking thread. With `threads` > 1 the inputs of a batch are checked on that many
+    threads: at most that many images are decoded at once, whatever the number of readers.
+    """
+
+    def __init__(self, policy: images.ImagePolicy, threads: int = 1):
+        self._policy = policy
+        self._pool = futures.ThreadPoolExecutor(threads) if threads > 1 else None
+        self._readers = futures.ThreadPoolExecutor(REMOTE_READERS)  # threads start when used
+        self._labels: Container[str] = {}
+        self._label_index: Mapping[str, int] = {}
+
+    def close(self):
+        for pool in (self._readers, self._pool):
+            if pool is not None:  # None: one thread
+                pool.shutdown()
+
+    def set_labels(self, labels: Container[str], label_index: Mapping[str, int]) -> None:
+        """The labels inputs may have, and the index each gets (`label_index` may lack some of
+        `labels`: their entries get index -1, to be given once every label is known)."""
+        self._labels, self._label_index = labels, label_index
+
+    def check(self, batch: list[SourceFile]):
+        """(source, Checked or None, bytes read, None or Rejection) per input, in input order,
+        each once it and all before it are done; never raises for an input."""
+        if any(paths.is_remote(source.path) for source in batch):
+            # Remote reads wait on the network: REMOTE_READERS of them run ahead of the checks.
+            # (Several checking threads take a whole batch's reads at once: at most BATCH held.)
+            reads = (
+                future.result
+                for future in in_order(self._readers, self._read, batch, REMOTE_READERS)
+            )
+        else:  # a local read takes microseconds: in the checking thread
+            reads = (functools.partial(self._read, source) for source in batch)
+        check = self._pool.map if self._pool else map
+        return check(self._try_load, batch, reads)
+
+    def _try_load(self, source: SourceFile, read):
+        """`read()` gives the source's bytes, or raises (see `outcome.decide`)."""
+        result = outcome.decide(source, self._labels, self._policy, read)
+        if result.reason is not None:
+            return source, None, len(result.data), rejection(source, result.reason, result.detail)
+        return source, self._checked(source, result.data, result.stored), len(result.data), None
+
+    def _read(self, source: SourceFile) -> bytes:
+        if outcome.refused_unread(source, self._labels) is not None:
+            return b""  # not read: refused by its listing or its label (decide says why)
+        return storage.read_input(source.path, self._policy.max_file_bytes)
+
+    def _checked(self, source: SourceFile, data: bytes, stored: images.StoredImage) -> Checked:
+        return Checked(
+            key=shard_plan.order_key(source.relpath),
+            path=source.path,
+            relpath=source.relpath,
+            label_index=self._label_index.get(source.label, -1),
+            label_text=source.label,
+            sha256=hashlib.sha256(data).hexdigest(),
+            crc32c=google_crc32c.value(data),
+            height=stored.height,
+            width=stored.width,
+            size=_record_size(len(stored.encoded), source.relpath, source.label),
+            reencoded=stored.reencoded,
+        )
+
+
 class LoadImages(beam.DoFn):
-    """Reads, checks and normalises a batch of inputs; emits (split, Checked) per input.
+    """Reads, checks and normalises a batch of inputs (`Checker`); emits (split, Checked) per
+    input.
 
     Inputs that cannot be used go to the REJECTED output with their reason; nothing is dropped.
-    With `threads` > 1 the inputs of a batch are checked on that many threads (local runs);
-    at most that many images are decoded at once, whatever the number of remote readers.
-    Beam's counters only count on the bundle's own thread, so the threads return what to count.
+    With `threads` > 1 the inputs of a batch are checked on that many threads (local runs).
+    Beam's counters only count on the bundle's own thread, so the checks return what to count.
     """
 
     REJECTED = "rejected"
@@ -155,10 +224,8 @@ class LoadImages(beam.DoFn):
 
     def setup(self):
         malloc.keep_large_buffers_in_mmap()
-        self._pool = futures.ThreadPoolExecutor(self._threads) if self._threads > 1 else None
-        self._readers = futures.ThreadPoolExecutor(REMOTE_READERS)  # threads start when used
-        self._label_index: dict[str, int] = {}
-        self._labels_seen: tuple[str, ...] = ()
+        self._checker = Checker(self._policy, self._threads)
+        self._labels_seen: tuple[str, ...] | None = None
         self._stored = Metrics.counter(NAMESPACE, "images_stored_unchanged")
         self._reencoded = Metrics.counter(NAMESPACE, "images_reencoded")
         self._rejected = Metrics.counter(NAMESPACE, "images_rejected")
@@ -168,15 +235,15 @@ class LoadImages(beam.DoFn):
         self._worker = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this instance's report file
 
     def teardown(self):
-        for pool in (getattr(self, "_readers", None), getattr(self, "_pool", None)):
-            if pool is not None:  # None: one thread, or setup never got this far
-                pool.shutdown()
+        if hasattr(self, "_checker"):  # setup may not have got this far
+            self._checker.close()
 
     def process(self, batch: list[SourceFile], labels: tuple[str, ...]):
         if labels is not self._labels_seen:
             self._labels_seen = labels
-            self._label_index = {label: i for i, label in enumerate(labels)}
-        for source, (checked, bytes_read, error) in self._loaded(batch):
+            index = {label: i for i, label in enumerate(labels)}
+            self._checker.set_labels(index, index)
+        for source, checked, bytes_read, rejected in self._checker.check(batch):
             self._seen += 1
             self._bytes_read.inc(bytes_read)
             if checked is not None:
@@ -185,32 +252,8 @@ class LoadImages(beam.DoFn):
             else:
                 self._seen_rejected += 1
                 self._rejected.inc()
-                yield beam.pvalue.TaggedOutput(self.REJECTED, rejection(source, *error))
+                yield beam.pvalue.TaggedOutput(self.REJECTED, rejected)
             self._report_progress()
-
-    def _loaded(self, batch: list[SourceFile]):
-        """(source, _try_load result) in input order, each once it and all before it are done."""
-        if any(paths.is_remote(source.path) for source in batch):
-            # Remote reads wait on the network: REMOTE_READERS of them run ahead of the checks.
-            # (Several checking threads take a whole batch's reads at once: at most BATCH held.)
-            reads = (
-                future.result
-                for future in in_order(self._readers, self._read, batch, REMOTE_READERS)
-            )
-        else:  # a local read takes microseconds: in the checking thread
-            reads = (functools.partial(self._read, source) for source in batch)
-        check = self._pool.map if self._pool else map
-        return zip(batch, check(self._try_load, batch, reads))
-
-    def _try_load(self, source: SourceFile, read):
-        """(Checked or None, bytes read, None or (reason, detail)); never raises.
-
-        `read()` gives the source's bytes, or raises (see `outcome.decide`).
-        """
-        result = outcome.decide(source, self._label_index, self._policy, read)
-        if result.reason is not None:
-            return None, len(result.data), (result.reason, result.detail)
-        return self._checked(source, result.data, result.stored), len(result.data), None
 
     def _report_progress(self, force: bool = False):
         now = time.monotonic()
@@ -226,23 +269,3 @@ class LoadImages(beam.DoFn):
 
     def finish_bundle(self):
         self._report_progress(force=True)  # the launcher's final line counts every input
-
-    def _read(self, source: SourceFile) -> bytes:
-        if outcome.refused_unread(source, self._label_index) is not None:
-            return b""  # not read: refused by its listing or its label (decide says why)
-        return storage.read_input(source.path, self._policy.max_file_bytes)
-
-    def _checked(self, source: SourceFile, data: bytes, stored: images.StoredImage) -> Checked:
-        return Checked(
-            key=shard_plan.order_key(source.relpath),
-            path=source.path,
-            relpath=source.relpath,
-            label_index=self._label_index[source.label],
-            label_text=source.label,
-            sha256=hashlib.sha256(data).hexdigest(),
-            crc32c=google_crc32c.value(data),
-            height=stored.height,
-            width=stored.width,
-            size=_record_size(len(stored.encoded), source.relpath, source.label),
-            reencoded=stored.reencoded,
-        )

@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import uuid
+from collections.abc import Iterable
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -167,7 +168,15 @@ def put_in_place(part: str, path: str) -> None:
 
 def write_bytes(path: str, data: bytes, mime_type: str = "application/octet-stream") -> None:
     """Writes a whole file: it appears under `path` complete, or not at all."""
+    write_chunks(path, [data], mime_type)
+
+
+def write_chunks(path: str, chunks: Iterable[bytes],
+                 mime_type: str = "application/octet-stream") -> None:  # fmt: skip
+    """Writes a file from its parts, as they come (never all held): under `path` complete,
+    or not at all."""
     part = part_path(path)
     with FileSystems.create(part, mime_type=mime_type) as f:
-        f.write(data)
+        for chunk in chunks:
+            f.write(chunk)
     put_in_place(part, path)

@@ -6,6 +6,8 @@ The pure arithmetic lives in shard_plan.py; these transforms only wire it into B
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 from concurrent import futures
 from typing import Any
 
@@ -15,23 +17,57 @@ from apache_beam.metrics import Metrics
 import beam_jobs
 from beam_jobs import load, malloc, record_writer, shard_plan, storage, summary
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import images, naming, paths
+from tfrecord_pipe._core import naming, paths
 
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
 READ_AHEAD = 64  # records read ahead of the writer, bounding memory to ~64 images
 
 
-class WriteShard(beam.DoFn):
-    """Writes one shard: its records sorted by key, read from their sources, to the temp
-    folder; one file per format asked for, each holding the same records in the same order."""
+def write_shard(
+    entries, split: str, index: int, shards: int, temp_dir: str, config: ConvertConfig,
+    pool: futures.Executor,
+) -> list[summary.ShardWritten]:
+    """Writes shard `index` of `shards` of `split` into `temp_dir`: the records of `entries`
+    (Checked, in key order), read again from their sources; one file per format, each holding
+    the same records in the same order. Remote sources are read on `pool`, READ_AHEAD ahead.
+    """
+    names = [
+        naming.shard_name(split, index, shards, config.compress, file_format)
+        for file_format in config.formats
+    ]
+    files = [paths.join(temp_dir, name) for name in names]
+    read = functools.partial(load.read_record, policy=config.policy,
+                             label_offset=config.label_offset)  # fmt: skip
+    count = 0
+    # Each record is read and made once, and goes to every format's file.
+    with contextlib.ExitStack() as stack:
+        writers = [
+            stack.enter_context(record_writer.open_shard(path, config.compress)) for path in files
+        ]
+        entries = iter(entries)
+        first = next(entries, None)
+        entries = itertools.chain([first] if first is not None else [], entries)
+        if first is not None and paths.is_remote(first.path):
+            records = (future.result() for future in load.in_order(pool, read, entries, READ_AHEAD))
+        else:
+            records = map(read, entries)
+        for serialized in records:
+            for writer in writers:
+                writer.write(serialized)
+            count += 1
+    return [
+        summary.ShardWritten(split, index, shards, count, storage.size(path), name, file_format)
+        for file_format, name, path in zip(config.formats, names, files)
+    ]
 
-    def __init__(self, temp_dir: str, compress: bool, formats: tuple[str, ...],
-                 policy: images.ImagePolicy, label_offset: int):  # fmt: skip
+
+class WriteShard(beam.DoFn):
+    """Writes one shard (`write_shard`): its records sorted by key, read from their sources,
+    to the temp folder."""
+
+    def __init__(self, temp_dir: str, config: ConvertConfig):
         self._temp_dir = temp_dir
-        self._compress = compress
-        self._formats = formats
-        self._policy = policy
-        self._label_offset = label_offset
+        self._config = config
 
     def setup(self):
         malloc.keep_large_buffers_in_mmap()
@@ -46,39 +82,14 @@ class WriteShard(beam.DoFn):
     def teardown(self):
         self._pool.shutdown()
 
-    def _read(self, entry: load.Checked) -> bytes:
-        return load.read_record(entry, self._policy, self._label_offset)
-
     def process(self, element, plans):
         (split, index), checked = element
-        shards = plans[split]["shards"]
-        names = [
-            naming.shard_name(split, index, shards, self._compress, file_format)
-            for file_format in self._formats
-        ]
-        files = [paths.join(self._temp_dir, name) for name in names]
-        count = 0
-        # Each record is read and made once, and goes to every format's file.
-        with contextlib.ExitStack() as stack:
-            writers = [
-                stack.enter_context(record_writer.open_shard(path, self._compress))
-                for path in files
-            ]
-            entries = sorted(checked, key=lambda c: c.key)
-            if any(paths.is_remote(entry.path) for entry in entries):
-                reads = load.in_order(self._pool, self._read, entries, READ_AHEAD)
-                records = (future.result() for future in reads)
-            else:
-                records = map(self._read, entries)
-            for serialized in records:
-                for writer in writers:
-                    writer.write(serialized)
-                count += 1
+        entries = sorted(checked, key=lambda c: c.key)
+        written = write_shard(entries, split, index, plans[split]["shards"], self._temp_dir,
+                              self._config, self._pool)  # fmt: skip
         self._shards.inc()
-        self._records.inc(count)
-        for file_format, name, path in zip(self._formats, names, files):
-            size = storage.size(path)
-            yield summary.ShardWritten(split, index, shards, count, size, name, file_format)
+        self._records.inc(written[0].count)
+        yield from written
 
 
 class BucketTotals(beam.CombineFn):
@@ -198,10 +209,7 @@ class WriteShards(beam.PTransform):
             | "AssignShards" >> beam.FlatMap(_in_shards, plans=beam.pvalue.AsDict(plans))
             | "GroupShards" >> beam.GroupByKey()
             | "WriteShard" >> beam.ParDo(
-                WriteShard(
-                    self._temp_dir, self._config.compress, self._config.formats,
-                    self._config.policy, self._config.label_offset,
-                ),
+                WriteShard(self._temp_dir, self._config),
                 plans=beam.pvalue.AsDict(plans),
-            )  # fmt: skip
+            )
         )

@@ -27,8 +27,9 @@ COLOURS = {
 }
 RGB = ("red", "green", "blue")
 
-# Beam flags for one in-process worker: the local runner the job uses by default, without
-# starting worker processes.
+# Beam's flags for one in-process worker, for runs on Beam's local runner (verify's pipeline,
+# `--runner DirectRunner`). They are Beam's defaults: a conversion given only them runs on the
+# local engine (beam_jobs/local_engine.py), as one given no flag does.
 IN_PROCESS = ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
 COMMAND = str(pathlib.Path(sys.executable).parent / "tfrecord-pipe")

@@ -88,7 +88,7 @@ def test_two_runs_claiming_at_the_same_moment_never_both_hold_it(tmp_path):
 @pytest.mark.slow
 def test_two_conversions_started_together_leave_one_whole_dataset(tmp_path):
     # Both used to succeed, leaving the shards of two datasets side by side.
-    src = write_image_folder(tmp_path / "src", per_label=400)  # a few seconds of work
+    src = write_image_folder(tmp_path / "src", per_label=1500)  # seconds of work, not less
     out = tmp_path / "out"
     runs = [
         subprocess.Popen(

@@ -270,7 +270,7 @@ def test_remote_sources_of_a_batch_are_read_at_once_and_checked_in_order(gcs, tm
 
     in_flight, peak, lock = 0, 0, threading.Lock()
 
-    class SlowNetwork(load.LoadImages):
+    class SlowNetwork(load.Checker):
         def _read(self, source):
             nonlocal in_flight, peak
             with lock:
@@ -283,16 +283,17 @@ def test_remote_sources_of_a_batch_are_read_at_once_and_checked_in_order(gcs, tm
                 with lock:
                     in_flight -= 1
 
-    loader = SlowNetwork(images.ImagePolicy(), 1, threads=1)
-    loader.setup()
+    checker = SlowNetwork(images.ImagePolicy(), threads=1)
+    index = {label: i for i, label in enumerate(sorted(RGB))}
+    checker.set_labels(index, index)
     try:
-        out = list(loader.process(batch, tuple(sorted(RGB))))
+        out = list(checker.check(batch))
     finally:
-        loader.teardown()
+        checker.close()
 
     assert peak >= min(len(batch), load.REMOTE_READERS) // 2, peak
-    checked = [o for o in out if not isinstance(o, beam.pvalue.TaggedOutput)]
-    rejected = [o.value for o in out if isinstance(o, beam.pvalue.TaggedOutput)]
+    checked = [(source.split, c) for source, c, _, _ in out if c is not None]
+    rejected = [r for _, c, _, r in out if c is None]
     assert [c.relpath for _, c in checked] == [s.relpath for s in batch if "truncated" not in s.path]
     assert [r.reason for r in rejected] == ["truncated"]
     sha = {c.relpath: c.sha256 for _, c in checked}

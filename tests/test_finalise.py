@@ -139,7 +139,7 @@ def test_a_finalise_that_fails_midway_says_so_and_the_same_command_again_finishe
 
 
 def test_ctrl_c_says_interrupted_and_the_same_command_again_converts(tmp_path):
-    src = write_image_folder(tmp_path / "src", per_label=100)
+    src = write_image_folder(tmp_path / "src", per_label=800)  # enough to be still running
     out = tmp_path / "out"
     command = [COMMAND, "convert", str(src), str(out), *IN_PROCESS]
     running = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

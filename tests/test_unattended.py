@@ -166,7 +166,8 @@ def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_files(tmp_pa
     entries = checked_entries(src / "red")
     temp = tmp_path / "temp"
     both = (naming.TFRECORD, naming.ARRAY_RECORD)
-    writer = write_shards.WriteShard(str(temp), False, both, images.ImagePolicy(), 1)
+    config = ConvertConfig(str(src), str(tmp_path / "out"), formats=both)
+    writer = write_shards.WriteShard(str(temp), config)
     writer.setup()
     plans = {"train": {"shards": 1}}
     element = (("train", 0), entries)
@@ -188,11 +189,11 @@ def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_files(tmp_pa
     real_read = load.read_record
     reads = []
 
-    def fails_once(entry, policy, offset):
+    def fails_once(entry, policy, label_offset):
         reads.append(entry)
         if len(reads) == 3:
             raise OSError("connection reset")
-        return real_read(entry, policy, offset)
+        return real_read(entry, policy, label_offset)
 
     monkeypatch.setattr(load, "read_record", fails_once)
     with pytest.raises(OSError, match="connection reset"):

@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import multiprocessing
-import os
-import threading
 
 import numpy as np
 
-from tfrecord_pipe._core import crops, naming, schema
+from tfrecord_pipe._core import crops, naming, parent_watch, schema
 from tfrecord_pipe._grain import images
 from tfrecord_pipe._grain.resume import GrainInput, fingerprint
 from tfrecord_pipe._grain.source import Keyed, Split, find_split, grain_module, source
@@ -178,26 +175,11 @@ def _absl_flags_at_defaults() -> None:
 
 
 def _exit_with_parent(worker_index: int, worker_count: int) -> None:
-    """Run in each of Grain's worker processes: ends it when the training process is gone.
-    Grain's workers stop only when told to, so a trainer killed with SIGKILL (the OOM killer,
-    a scheduler) left them running for ever, each a core's share busy and its memory held.
-
-    Two signs, either enough: the parent's sentinel (made before the worker started, so it
-    also tells of a parent that died while the worker was starting; but a process the
-    trainer forked later holds it open), and a parent pid that is no longer the parent's."""
-    parent = multiprocessing.parent_process()
-    if parent is None:  # not a multiprocessing child: nothing to watch
-        return
-
-    def watch() -> None:
-        while os.getppid() == parent.pid and parent.is_alive():
-            parent.join(_PARENT_POLL_S)  # returns early when the sentinel says it ended
-        os._exit(1)
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+    """Run in each of Grain's worker processes: ends it when the training process is gone
+    (Grain's workers stop only when told to)."""
+    parent_watch.exit_with_parent()
 
 
-_PARENT_POLL_S = 1.0
 
 
 def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, index, count,

@@ -1,0 +1,327 @@
+"""The conversion on this machine without Beam's runner: the steps of `pipeline.py`, on a
+worker process per core, in memory that does not grow with the number of inputs.
+
+Beam's local runner holds each step's whole output until the next step reads it: about 3 KB
+per input, so ten million inputs needed some 30 GB. Here the listing streams to worker
+processes that check the inputs (`load.Checker`); the small entries they give back go
+through sorts on disk (`spill.py`): by content for the duplicate report, by record key for
+the shards, by split and path for the rejection lists; then the workers write the shards,
+reading the sources again (`write_shards.write_shard`), as on Beam. The same functions decide
+every input's fate and every record's place, so the dataset is the Beam pipeline's, byte for
+byte (tests/test_engines.py). What is held at once: RUN_ITEMS entries per sort, a window of
+batches and shards in flight, and one group of inputs with the same bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import itertools
+import json
+import multiprocessing
+import operator
+import os
+import pickle
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent import futures
+
+from beam_jobs import duplicates, finalise, load, malloc, shard_plan, sources, spill, storage
+from beam_jobs import summary, worker_progress, write_shards
+from beam_jobs.config import ConvertConfig
+from tfrecord_pipe._core import naming, parent_watch, paths
+from tfrecord_pipe._core.rejection import Rejection
+
+IN_FLIGHT = 4  # tasks per worker submitted ahead, so none waits for the next
+SPILL_NAME = "_spill"  # in the job's temporary folder (a local output), or in /tmp
+LINES_PER_WRITE = 1024  # lines of a rejection or duplicate list written at once
+
+
+def workers() -> int:
+    """Worker processes: one per core this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def run(
+    config: ConvertConfig,
+    temp_dir: str,
+    fixed_labels: tuple[str, ...] | None,
+    progress_dir: str | None = None,
+    version: str = "",
+    processes: int | None = None,
+) -> None:
+    """Converts as `pipeline.build_pipeline` does: outputs land in `temp_dir`, then are
+    finalised into the output folder (`finalise.finalise`, which raises NothingWrittenError
+    when every input was rejected). `progress_dir`: where the progress line's counts go.
+
+    Raises:
+      ValueError: bad input found while listing (its message says what to do).
+      Any error of a worker (storage, a source changed while the job ran), or
+      BrokenProcessPool when one was killed: nothing is finalised.
+    """
+    paths.make_local_folder(temp_dir)
+    spill_parent = None if paths.is_remote(temp_dir) else temp_dir
+    with tempfile.TemporaryDirectory(prefix=SPILL_NAME, dir=spill_parent) as spill_dir:
+        processes = processes or workers()
+        with _pool(processes, config, temp_dir, fixed_labels) as pool:
+            job = _Job(config, temp_dir, spill_dir, pool, processes, progress_dir)
+            labels = job.check(fixed_labels)
+            shards = job.write_shards(labels)
+        job.write_lists()
+        storage.write_bytes(
+            paths.join(temp_dir, finalise.SUMMARY_NAME),
+            summary.Summary.of(shards, job.count_rows(), labels, job.duplicate_totals)
+            .to_json().encode("utf-8"),
+            mime_type="application/json",
+        )
+    finalise.finalise(config, temp_dir, version)
+
+
+@contextlib.contextmanager
+def _pool(processes: int, config: ConvertConfig, temp_dir: str, fixed_labels):
+    """Worker processes, forked (nothing to import again), ended whatever happens: on an error
+    or Ctrl-C the tasks not started are dropped, and a worker ends with this process."""
+    context = multiprocessing.get_context("fork")
+    pool = futures.ProcessPoolExecutor(
+        processes, mp_context=context, initializer=_start_worker,
+        initargs=(config, temp_dir, fixed_labels),
+    )  # fmt: skip
+    try:
+        # Every worker is forked at the first task. A Ctrl-C during a fork is raised in
+        # logging's fork handler, where Python ignores it (and the job went on to the end):
+        # held back until the forks are done, it stops the job.
+        with _ctrl_c_held():
+            pool.submit(int).result()
+        yield pool
+    finally:
+        # Held back here too: raised midway through the shutdown, it left the workers waiting
+        # for work, and the process waiting for them at exit, for ever.
+        with _ctrl_c_held():
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def _ctrl_c_held():
+    """A Ctrl-C (SIGINT) during the block is held back, then handled as it would have been.
+    (Python runs signal handlers in the main thread, whichever thread the signal reached:
+    the handler is swapped, not the signal blocked.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread handles signals, and may set handlers
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(signal.SIGINT, caught[0])
+        elif caught and previous in (signal.SIG_DFL, None):
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+class _Job:
+    """One run's state in the launching process: the sorts on disk and the counts."""
+
+    def __init__(self, config: ConvertConfig, temp_dir: str, spill_dir: str, pool,
+                 processes: int, progress_dir: str | None):  # fmt: skip
+        self._config = config
+        self._temp_dir = temp_dir
+        self._pool = pool
+        self._window = processes * IN_FLIGHT
+        self._progress_dir = progress_dir
+        self._by_content = spill.SortedSpill(spill_dir, key=lambda entry: entry[1].sha256)
+        self._by_key = spill.SortedSpill(spill_dir, key=operator.itemgetter(0, 1))
+        self._rejected = spill.SortedSpill(spill_dir, key=operator.itemgetter(0, 1, 2))
+        self._groups = spill.SortedSpill(spill_dir, key=operator.itemgetter(0))
+        self._by_path = spill.SortedSpill(spill_dir, key=operator.itemgetter(0))
+        self._spill_dir = spill_dir
+        self._counts: collections.Counter = collections.Counter()  # (split, reason) -> n
+        self.duplicate_totals: collections.Counter = collections.Counter()
+
+    def _reject(self, row: Rejection) -> None:
+        self._counts[row.split, row.reason] += 1
+        self._rejected.add((row.split, row.path, row.to_json()))
+
+    def check(self, fixed_labels: tuple[str, ...] | None) -> tuple[str, ...]:
+        """Lists and checks every input; returns the dataset's labels."""
+        found = set()
+
+        def inputs() -> Iterator[list[sources.SourceFile]]:
+            batch = []
+            for source in self._listed():
+                if source.label is not None and source.problem is None:
+                    found.add(source.label)  # as pipeline.CollectLabels takes them
+                batch.append(source)
+                if len(batch) == load.BATCH:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+        seen = rejected = 0
+        reported = time.monotonic()
+        for future in load.in_order(self._pool, _check, inputs(), self._window):
+            for result in future.result():
+                seen += 1
+                if isinstance(result, Rejection):
+                    rejected += 1
+                    self._reject(result)
+                else:
+                    self._by_content.add(result)
+            if self._progress_dir is not None and time.monotonic() - reported > worker_progress.POLL_S:
+                worker_progress.report(self._progress_dir, "local", seen, rejected)
+                reported = time.monotonic()
+        if self._progress_dir is not None:
+            worker_progress.report(self._progress_dir, "local", seen, rejected)
+        return fixed_labels if fixed_labels is not None else tuple(sorted(found))
+
+    def _listed(self) -> Iterator[sources.SourceFile]:
+        """Every input listed, counted; a CSV's files named twice kept once (the others
+        rejected as `sources.DropDuplicatePaths` rejects them)."""
+        for source in sources.list_sources(self._config):
+            self._counts[source.split, None] += 1
+            if self._config.layout != "csv":
+                yield source
+            else:
+                self._by_path.add((sources.identity(source), source))
+        if self._config.layout != "csv":
+            return
+        for _, same in itertools.groupby(self._by_path.sorted(), key=operator.itemgetter(0)):
+            kept, others = sources.one_per_file([source for _, source in same])
+            for duplicate in others:
+                self._reject(sources.rejection(duplicate, *duplicate.problem))
+            yield kept
+
+    def write_shards(self, labels: tuple[str, ...]) -> list[summary.ShardWritten]:
+        """Groups the checked inputs by content (the duplicate report; --dedupe), then writes
+        the shards in key order; returns what was written."""
+        index = {label: i for i, label in enumerate(labels)}
+        totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+        by_content = self._by_content.sorted()
+        for sha256, same in itertools.groupby(by_content, key=lambda entry: entry[1].sha256):
+            same = list(same)
+            row = duplicates.group_row(sha256, same)
+            if row is not None:
+                self._groups.add((duplicates.report_order(row), json.dumps(row, sort_keys=True)))
+                self.duplicate_totals.update(dict(duplicates.totals(row)))
+            if row is not None and self._config.dedupe:
+                first, others = duplicates.keep_first(same)
+                same = [first]
+                for rejection in others:
+                    self._reject(rejection)
+            for split, checked in same:
+                checked = dataclasses.replace(checked, label_index=index[checked.label_text])
+                self._by_key.add((split, checked.key, checked))
+                totals[split][0] += 1
+                totals[split][1] += checked.size
+        plans = {
+            split: shard_plan.num_shards(n, size, self._config.num_shards, self._config.shard_bytes)
+            for split, (n, size) in totals.items()
+        }
+        shards = self._shard_files(plans, {split: n for split, (n, _) in totals.items()})
+        written = []
+        for future in load.in_order(self._pool, _write, shards, self._window):
+            written.extend(future.result())
+        return written
+
+    def _shard_files(self, plans: dict[str, int], examples: dict[str, int]):
+        """(split, index, shards, file of its entries in key order) per shard, in order: each
+        shard's entries go to a file of their own, so a worker reads them as it writes."""
+        for split, entries in itertools.groupby(self._by_key.sorted(), key=operator.itemgetter(0)):
+            shards, n = plans[split], examples[split]
+            ranked = enumerate(entries)
+            of_rank = lambda ranked_entry: shard_plan.shard_of_rank(ranked_entry[0], n, shards)  # noqa: E731
+            for shard, in_shard in itertools.groupby(ranked, key=of_rank):
+                fd, path = tempfile.mkstemp(dir=self._spill_dir, suffix=".shard")
+                with os.fdopen(fd, "wb") as f:
+                    _dump_all(f, (checked for _, (_, _, checked) in in_shard))
+                yield split, shard, shards, path
+
+    def write_lists(self) -> None:
+        """rejected/rejected-<split>.jsonl (lines by path) and duplicates.jsonl (groups in
+        `duplicates.report_order`), written as `pipeline.WriteRejected` and
+        `duplicates.WriteDuplicates` write them."""
+        temp_dir = self._temp_dir
+        for split, rows in itertools.groupby(self._rejected.sorted(), key=operator.itemgetter(0)):
+            _write_lines(paths.join(temp_dir, naming.rejected_name(split)),
+                         (line for _, _, line in rows))  # fmt: skip
+        if len(self._groups):
+            _write_lines(paths.join(temp_dir, naming.DUPLICATES_NAME),
+                         (line for _, line in self._groups.sorted()))  # fmt: skip
+
+    def count_rows(self) -> list[summary.SplitCount]:
+        return [summary.SplitCount(split, reason, n) for (split, reason), n in self._counts.items()]
+
+
+def _write_lines(path: str, lines: Iterable[str]) -> None:
+    def chunks():
+        lines_left = iter(lines)
+        while chunk := list(itertools.islice(lines_left, LINES_PER_WRITE)):
+            yield "".join(line + "\n" for line in chunk).encode("utf-8")
+
+    storage.write_chunks(path, chunks(), mime_type="application/x-ndjson")
+
+
+def _dump_all(f, items: Iterable) -> None:
+    items = iter(items)
+    while chunk := list(itertools.islice(items, spill.CHUNK_ITEMS)):
+        pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _load_all(path: str) -> Iterator:
+    with open(path, "rb") as f:
+        while True:
+            try:
+                yield from pickle.load(f)
+            except EOFError:
+                return
+
+
+# In each worker process: what `_start_worker` set up.
+_WORKER_ARGS: dict = {}
+
+
+def _start_worker(config: ConvertConfig, temp_dir: str, fixed_labels) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+    parent_watch.exit_with_parent()
+    malloc.keep_large_buffers_in_mmap()
+    checker = load.Checker(config.policy)
+    if fixed_labels is not None:
+        index = {label: i for i, label in enumerate(fixed_labels)}
+        checker.set_labels(index, index)
+    else:  # every label is the dataset's: its index is given once all are known
+        checker.set_labels(_Every(), {})
+    _WORKER_ARGS.update(config=config, temp_dir=temp_dir, checker=checker,
+                        readers=futures.ThreadPoolExecutor(load.REMOTE_READERS))  # fmt: skip
+
+
+class _Every:
+    """The labels container that holds every label."""
+
+    def __contains__(self, label) -> bool:
+        return True
+
+
+def _check(batch: list[sources.SourceFile]) -> list:
+    """(split, Checked) or a Rejection per input of `batch`, in order."""
+    return [
+        rejected if checked is None else (source.split, checked)
+        for source, checked, _, rejected in _WORKER_ARGS["checker"].check(batch)
+    ]
+
+
+def _write(shard: tuple[str, int, int, str]) -> list[summary.ShardWritten]:
+    """Writes shard (split, index, shards, file of its entries); what was written."""
+    split, index, shards, entries_path = shard
+    try:
+        return write_shards.write_shard(
+            _load_all(entries_path), split, index, shards, _WORKER_ARGS["temp_dir"],
+            _WORKER_ARGS["config"], _WORKER_ARGS["readers"],
+        )  # fmt: skip
+    finally:
+        os.remove(entries_path)

@@ -1,0 +1,73 @@
+"""Sorting more items than memory holds: sorted runs on disk, merged (an external sort).
+
+The local engine (`local_job.py`) groups and orders every input's small entry three ways
+(by content, by record key, and the rejections by path). Held in memory, as Beam's local
+runner holds its shuffles, that grows with the input count; here at most RUN_ITEMS items,
+plus one chunk per run being merged, are held at a time, whatever the count.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import pickle
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+
+RUN_ITEMS = 32_768  # items held before they are sorted and written as a run (~10-30 MB)
+CHUNK_ITEMS = 256  # items per pickle in a run file: what a run being merged holds in memory
+FAN_IN = 64  # runs merged at once; more are first merged into longer runs
+
+
+class SortedSpill:
+    """Items added in any order, given back sorted by `key` (items with equal keys in the
+    order they were added). Runs live in `folder` until read back."""
+
+    def __init__(self, folder: str, key: Callable, run_items: int = RUN_ITEMS):
+        self._folder = folder
+        self._key = key
+        self._run_items = run_items
+        self._held: list = []
+        self._runs: list[str] = []
+        self._added = 0
+
+    def __len__(self) -> int:
+        return self._added
+
+    def add(self, item) -> None:
+        self._held.append(item)
+        self._added += 1
+        if len(self._held) >= self._run_items:
+            self._runs.append(self._write_run(sorted(self._held, key=self._key)))
+            self._held = []
+
+    def sorted(self) -> Iterator:
+        """Every item added, in key order; once (the runs are deleted as they are read)."""
+        held, self._held = sorted(self._held, key=self._key), []
+        while len(self._runs) > FAN_IN:  # keeps the merge's memory bounded at any count
+            merged = heapq.merge(*map(_read_run, self._runs[:FAN_IN]), key=self._key)
+            self._runs = [self._write_run(merged)] + self._runs[FAN_IN:]  # the oldest first
+        # Runs hold earlier items than `held`, and merge keeps its inputs' order on ties.
+        return heapq.merge(*map(_read_run, self._runs), held, key=self._key)
+
+    def _write_run(self, items: Iterable) -> str:
+        fd, path = tempfile.mkstemp(dir=self._folder, suffix=".run")
+        with os.fdopen(fd, "wb") as f:
+            items = iter(items)
+            while chunk := list(itertools.islice(items, CHUNK_ITEMS)):
+                pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
+        return path
+
+
+def _read_run(path: str) -> Iterator:
+    try:
+        with open(path, "rb") as f:
+            while True:
+                try:
+                    chunk = pickle.load(f)
+                except EOFError:
+                    return
+                yield from chunk
+    finally:
+        os.remove(path)

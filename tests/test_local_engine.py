@@ -1,0 +1,162 @@
+"""The local engine (`beam_jobs/local_engine.py`): the conversion's default on one machine.
+
+It must write the Beam pipeline's dataset byte for byte, hold a bounded number of entries
+whatever the input count (sorted runs on disk, merged), and never outlive, hang on, or hide
+the failure of its worker processes.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from beam_jobs import convert, local_engine, spill
+
+from helpers import COMMAND, ODD_IMAGES, jpeg_bytes, write_image_folder
+from test_engines import files_of
+
+BEAM = ["--runner", "DirectRunner"]  # the Beam pipeline, on Beam's local runner
+
+
+def test_a_spill_gives_back_every_item_in_order_through_runs_merged_in_levels(tmp_path, monkeypatch):
+    monkeypatch.setattr(spill, "FAN_IN", 3)  # 50 runs: merged three at a time, then all
+    items = [(random.randrange(40), n) for n in range(997)]
+    random.Random(7).shuffle(items)
+    sorts = spill.SortedSpill(str(tmp_path), key=lambda item: item[0], run_items=20)
+    for item in items:
+        sorts.add(item)
+    assert len(sorts) == 997 and len(list(tmp_path.iterdir())) == 49  # the last 17 held
+    out = list(sorts.sorted())
+    assert out == sorted(items, key=lambda item: item[0])  # equal keys in the order added
+    assert list(tmp_path.iterdir()) == []  # runs are deleted once read
+
+
+def hostile_folder(root):
+    """Label folders with every odd file of tests/data (CMYK, EXIF-rotated, truncated, PNG,
+    GIF, ...), a non-image, a broken link, an empty file and the same bytes three times
+    (across labels)."""
+    odd = [path.name for path in ODD_IMAGES.iterdir() if not path.name.startswith(("LICENSE", "README"))]
+    src = write_image_folder(root, per_label=9, odd=odd)
+    (src / "red" / "notes.txt").write_text("not an image")
+    (src / "red" / "empty.jpg").write_bytes(b"")
+    (src / "green" / "broken.jpg").symlink_to(root / "nowhere.jpg")
+    same = (src / "blue" / "000.jpg").read_bytes()
+    (src / "red" / "copy-of-blue.jpg").write_bytes(same)
+    (src / "green" / "zz-copy-of-blue.jpg").write_bytes(same)
+    return src
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [
+    ["--validation_fraction", "0.3", "--formats", "tfrecord,array_record"],
+    ["--dedupe", "--compress", "--num_shards", "3"],
+])  # fmt: skip
+def test_the_local_engine_writes_the_beam_pipelines_dataset_byte_for_byte(
+    tmp_path, monkeypatch, options
+):
+    src = hostile_folder(tmp_path / "src")
+    # Tiny sorts: every entry goes through runs on disk, merged in levels, in every sort.
+    monkeypatch.setattr(spill, "RUN_ITEMS", 4)
+    monkeypatch.setattr(spill, "FAN_IN", 3)
+    convert.run([str(src), str(tmp_path / "engine"), *options])
+    convert.run([str(src), str(tmp_path / "beam"), *options, *BEAM])
+    engine = files_of(tmp_path / "engine")
+    assert engine == files_of(tmp_path / "beam")
+    assert "duplicates.jsonl" in engine and "rejected/rejected-train.jsonl" in engine
+    assert not [name for name in os.listdir(tmp_path / "engine") if name.startswith(".")]
+
+
+@pytest.mark.slow
+def test_a_csv_list_gives_the_beam_pipelines_dataset_byte_for_byte(tmp_path, monkeypatch):
+    src = hostile_folder(tmp_path / "src")
+    labels = tmp_path / "labels.txt"
+    labels.write_text("blue\ngreen\nred\n")
+    lines = ["path,label,split"]
+    for n, path in enumerate(sorted(src.rglob("*"))):
+        if not path.is_dir():
+            split = "validation" if n % 4 == 0 else "train"
+            lines.append(f"{path.relative_to(tmp_path)},{path.parent.name},{split}")
+    lines += [
+        "src/red/000.jpg,green,train",  # the same file again, under another label
+        "./src/red/../red/001.jpg,red,validation",  # and another spelling
+        "src/red/missing.jpg,red,train",
+        ",red,train",
+        "purple.jpg,purple,train",  # not in the labels file
+    ]
+    (tmp_path / "purple.jpg").write_bytes(jpeg_bytes(9, 9, (120, 0, 120)))
+    csv = tmp_path / "list.csv"
+    csv.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(spill, "RUN_ITEMS", 5)
+    options = ["--labels_file", str(labels)]
+    convert.run([str(csv), str(tmp_path / "engine"), *options])
+    convert.run([str(csv), str(tmp_path / "beam"), *options, *BEAM])
+    engine = files_of(tmp_path / "engine")
+    assert engine == files_of(tmp_path / "beam")
+    rejected = b"".join(data for name, data in engine.items() if name.startswith("rejected/"))
+    for reason in ("duplicate", "unknown_label", "unreadable", "truncated"):
+        assert f'"reason": "{reason}"'.encode() in rejected
+
+
+def children_of(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(child) for child in found.split()]
+
+
+def started_conversion(tmp_path, images: int = 1500):
+    """A conversion running in its own process, once its workers are up; what it prints goes
+    to tmp_path/stdout and tmp_path/stderr (a pipe would be held open by any worker left)."""
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "b").mkdir()
+    for n in range(images):
+        (src / "ab"[n % 2] / f"{n:05d}.jpg").write_bytes(jpeg_bytes(64 + n % 7, 48))
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        running = subprocess.Popen([COMMAND, "convert", str(src), str(tmp_path / "out")],
+                                   stdout=stdout, stderr=stderr, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(children_of(running.pid)) < local_engine.workers() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    workers = children_of(running.pid)
+    assert len(workers) == local_engine.workers(), (tmp_path / "stderr").read_text()
+    return running, workers
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:  # ended, but not yet reaped by anyone
+        return f.read().split(")")[-1].split()[0] == "Z"
+
+
+@pytest.mark.slow
+def test_workers_end_with_a_killed_launcher(tmp_path):
+    running, workers = started_conversion(tmp_path)
+    running.kill()  # SIGKILL: the OOM killer, a scheduler; no clean-up runs
+    running.wait()
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in workers if not gone(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left
+
+
+@pytest.mark.slow
+def test_a_killed_worker_fails_the_job_saying_so_and_the_next_run_converts(tmp_path):
+    running, workers = started_conversion(tmp_path)
+    os.kill(workers[0], signal.SIGKILL)
+    running.wait(timeout=60)
+    stderr = (tmp_path / "stderr").read_text()
+    assert running.returncode == 1, stderr
+    assert "The conversion job failed" in stderr and "Nothing was finalised" in stderr, stderr
+    assert "terminated abruptly" in stderr
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    again = subprocess.run([COMMAND, "convert", str(tmp_path / "src"), str(tmp_path / "out")],
+                           capture_output=True, text=True)  # fmt: skip
+    assert again.returncode == 0 and "1500 in" in again.stdout, again.stderr
