@@ -44,7 +44,9 @@ from tfrecord_pipe._core import manifest, messages, paths
 
 LOG = logging.getLogger("beam_jobs.convert")
 # Where Beam logs a failed step's traceback (in-process runner, and SDK workers).
-BEAM_FAILURE_LOGGERS = ("apache_beam.runners.common", "apache_beam.runners.worker.sdk_worker")
+# (and where the local engine logs a worker's).
+BEAM_FAILURE_LOGGERS = ("apache_beam.runners.common", "apache_beam.runners.worker.sdk_worker",
+                        "beam_jobs.local_engine")  # fmt: skip
 FLEX_LAUNCHER = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in a Flex Template's launcher container
 
 
@@ -144,7 +146,7 @@ def _failed(config: ConvertConfig, temp_dir: str, err: Exception, verbose: bool)
     """What a failed job left, and what to do."""
     what = f"The conversion job failed ({type(err).__name__}: {messages.one_line(err)})."
     if not verbose:
-        what += " (--verbose shows Beam's traceback.)"
+        what += " (--verbose shows the traceback.)"
     try:
         written, began = finalise.written(temp_dir), finalise.began(temp_dir)
     except Exception:  # the storage that failed the job may fail this look too

@@ -114,7 +114,7 @@ def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int)
     )
     try:
         data = storage.read_input(checked.path, policy.max_file_bytes)
-    except images.Rejected as err:  # emptied, grown past the cap, replaced by a FIFO, ...
+    except (images.Rejected, FileNotFoundError) as err:  # emptied, removed, replaced by a FIFO...
         raise changed from err
     if google_crc32c.value(data) != checked.crc32c:
         raise changed

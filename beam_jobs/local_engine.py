@@ -17,8 +17,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
+import logging
 import multiprocessing
 import operator
 import os
@@ -27,6 +29,7 @@ import signal
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Iterable, Iterator
 from concurrent import futures
 
@@ -36,6 +39,7 @@ from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import naming, parent_watch, paths
 from tfrecord_pipe._core.rejection import Rejection
 
+LOG = logging.getLogger(__name__)
 IN_FLIGHT = 4  # tasks per worker submitted ahead, so none waits for the next
 SPILL_NAME = "_spill"  # in the job's temporary folder (a local output), or in /tmp
 LINES_PER_WRITE = 1024  # lines of a rejection or duplicate list written at once
@@ -59,18 +63,26 @@ def run(
     when every input was rejected). `progress_dir`: where the progress line's counts go.
 
     Raises:
-      ValueError: bad input found while listing (its message says what to do).
-      Any error of a worker (storage, a source changed while the job ran), or
-      BrokenProcessPool when one was killed: nothing is finalised.
+      ValueError, FileNotFoundError: bad input found while listing (its message says what
+        to do); nothing is left in the output folder.
+      WorkerError: a worker failed (storage, a source changed while the job ran), or
+      BrokenProcessPool: one was killed; nothing is finalised.
     """
     paths.make_local_folder(temp_dir)
     spill_parent = None if paths.is_remote(temp_dir) else temp_dir
     with tempfile.TemporaryDirectory(prefix=SPILL_NAME, dir=spill_parent) as spill_dir:
         processes = processes or workers()
-        with _pool(processes, config, temp_dir, fixed_labels) as pool:
-            job = _Job(config, temp_dir, spill_dir, pool, processes, progress_dir)
-            labels = job.check(fixed_labels)
-            shards = job.write_shards(labels)
+        try:
+            with _pool(processes, config, temp_dir, fixed_labels) as pool:
+                job = _Job(config, temp_dir, spill_dir, pool, processes, progress_dir)
+                labels = job.check(fixed_labels)
+                shards = job.write_shards(labels)
+        except (ValueError, FileNotFoundError, FileExistsError):
+            storage.delete_folder(temp_dir)  # the listing found bad input: no run to clear up
+            raise
+        except WorkerError as err:
+            LOG.error("A worker failed:\n%s", err.worker_traceback)  # shown with --verbose
+            raise
         job.write_lists()
         storage.write_bytes(
             paths.join(temp_dir, finalise.SUMMARY_NAME),
@@ -90,6 +102,7 @@ def _pool(processes: int, config: ConvertConfig, temp_dir: str, fixed_labels):
         processes, mp_context=context, initializer=_start_worker,
         initargs=(config, temp_dir, fixed_labels),
     )  # fmt: skip
+    failed = True
     try:
         # Every worker is forked at the first task. A Ctrl-C during a fork is raised in
         # logging's fork handler, where Python ignores it (and the job went on to the end):
@@ -97,10 +110,14 @@ def _pool(processes: int, config: ConvertConfig, temp_dir: str, fixed_labels):
         with _ctrl_c_held():
             pool.submit(int).result()
         yield pool
+        failed = False
     finally:
         # Held back here too: raised midway through the shutdown, it left the workers waiting
         # for work, and the process waiting for them at exit, for ever.
         with _ctrl_c_held():
+            if failed:  # nothing they do now is used: a shard being written is not waited for
+                for process in list((getattr(pool, "_processes", None) or {}).values()):
+                    process.terminate()
             pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -307,6 +324,33 @@ class _Every:
         return True
 
 
+class WorkerError(RuntimeError):
+    """A worker's task failed: its error as `Type: message`, and its traceback. (The error
+    itself may not survive the trip back: one that pickle cannot rebuild broke the pool,
+    and a worker's FileNotFoundError or ValueError read as bad input, exit 2.)"""
+
+    def __init__(self, message: str, worker_traceback: str = ""):
+        super().__init__(message, worker_traceback)
+        self.worker_traceback = worker_traceback
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def _in_worker(task):
+    """A worker's task, whose errors come back as WorkerError."""
+
+    @functools.wraps(task)
+    def run(*args):
+        try:
+            return task(*args)
+        except Exception as err:
+            raise WorkerError(f"{type(err).__name__}: {err}", traceback.format_exc()) from None
+
+    return run
+
+
+@_in_worker
 def _check(batch: list[sources.SourceFile]) -> list:
     """(split, Checked) or a Rejection per input of `batch`, in order."""
     return [
@@ -315,6 +359,7 @@ def _check(batch: list[sources.SourceFile]) -> list:
     ]
 
 
+@_in_worker
 def _write(shard: tuple[str, int, int, str]) -> list[summary.ShardWritten]:
     """Writes shard (split, index, shards, file of its entries); what was written."""
     split, index, shards, entries_path = shard

@@ -1,6 +1,6 @@
 """Sorting more items than memory holds: sorted runs on disk, merged (an external sort).
 
-The local engine (`local_job.py`) groups and orders every input's small entry three ways
+The local engine (`local_engine.py`) groups and orders every input's small entry three ways
 (by content, by record key, and the rejections by path). Held in memory, as Beam's local
 runner holds its shuffles, that grows with the input count; here at most RUN_ITEMS items,
 plus one chunk per run being merged, are held at a time, whatever the count.
@@ -24,10 +24,10 @@ class SortedSpill:
     """Items added in any order, given back sorted by `key` (items with equal keys in the
     order they were added). Runs live in `folder` until read back."""
 
-    def __init__(self, folder: str, key: Callable, run_items: int = RUN_ITEMS):
+    def __init__(self, folder: str, key: Callable, run_items: int | None = None):
         self._folder = folder
         self._key = key
-        self._run_items = run_items
+        self._run_items = run_items or RUN_ITEMS  # read now: tests make it small
         self._held: list = []
         self._runs: list[str] = []
         self._added = 0
@@ -46,8 +46,11 @@ class SortedSpill:
         """Every item added, in key order; once (the runs are deleted as they are read)."""
         held, self._held = sorted(self._held, key=self._key), []
         while len(self._runs) > FAN_IN:  # keeps the merge's memory bounded at any count
-            merged = heapq.merge(*map(_read_run, self._runs[:FAN_IN]), key=self._key)
-            self._runs = [self._write_run(merged)] + self._runs[FAN_IN:]  # the oldest first
+            # One level: consecutive groups merged, each item rewritten once per level.
+            self._runs = [
+                self._write_run(heapq.merge(*map(_read_run, group), key=self._key))
+                for group in _groups(self._runs, FAN_IN)
+            ]
         # Runs hold earlier items than `held`, and merge keeps its inputs' order on ties.
         return heapq.merge(*map(_read_run, self._runs), held, key=self._key)
 
@@ -60,14 +63,17 @@ class SortedSpill:
         return path
 
 
+def _groups(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
 def _read_run(path: str) -> Iterator:
-    try:
-        with open(path, "rb") as f:
-            while True:
-                try:
-                    chunk = pickle.load(f)
-                except EOFError:
-                    return
-                yield from chunk
-    finally:
-        os.remove(path)
+    with open(path, "rb") as f:
+        os.remove(path)  # gone once read or dropped, and nothing left to remove later
+        while True:
+            try:
+                chunk = pickle.load(f)
+            except EOFError:
+                return
+            yield from chunk

@@ -191,7 +191,7 @@ def main(argv=None):
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="peers-bench-"))
     try:
-        src = convert_bench.cached_images(args.cache or work, args.images, args.side)
+        src = convert_bench.cached_images(args.cache or work, args.images, (args.side, args.side), 10)
         rounds = {tool: [] for tool in TOOLS}
         for round_index in range(args.repeats):
             for tool in TOOLS:

@@ -323,6 +323,9 @@ def test_a_source_that_changes_between_check_and_write_stops_the_write(tmp_path)
     path.write_bytes(b"")  # emptied: refused unread, and still said as a change of this file
     with pytest.raises(load.SourceChangedError, match=f"{path} changed while the job ran"):
         load.read_record(checked, images.ImagePolicy(), 1)
+    path.unlink()  # removed: a change too, not a bad input of the user's (exit 2)
+    with pytest.raises(load.SourceChangedError, match=f"{path} changed while the job ran"):
+        load.read_record(checked, images.ImagePolicy(), 1)
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from beam_jobs import convert, local_engine, spill
+from beam_jobs import convert, load, local_engine, spill, write_shards
+from tfrecord_pipe._core import images
 
 from helpers import COMMAND, ODD_IMAGES, jpeg_bytes, write_image_folder
 from test_engines import files_of
@@ -160,3 +161,40 @@ def test_a_killed_worker_fails_the_job_saying_so_and_the_next_run_converts(tmp_p
     again = subprocess.run([COMMAND, "convert", str(tmp_path / "src"), str(tmp_path / "out")],
                            capture_output=True, text=True)  # fmt: skip
     assert again.returncode == 0 and "1500 in" in again.stdout, again.stderr
+
+
+def test_an_input_removed_after_its_check_fails_the_job_saying_which_and_nothing_is_finalised(
+    tmp_path, monkeypatch
+):
+    src = write_image_folder(tmp_path / "src", per_label=4)
+    victim = src / "green" / "002.jpg"
+    checked = load.Checker._checked
+
+    def checked_then_removed(self, source, data, stored):
+        entry = checked(self, source, data, stored)
+        if source.path == str(victim):
+            victim.unlink()  # as a user tidying the folder while the job runs
+        return entry
+
+    monkeypatch.setattr(load.Checker, "_checked", checked_then_removed)  # the workers fork
+    with pytest.raises(convert.JobFailedError, match=f"{victim} changed while the job ran.*"
+                       "Nothing was finalised"):  # fmt: skip
+        convert.run([str(src), str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    monkeypatch.undo()
+    again = convert.run([str(src), str(tmp_path / "out")])
+    assert sum(split.num_examples for split in again.splits.values()) == 11
+
+
+def test_a_worker_error_that_pickle_cannot_rebuild_is_still_said(tmp_path, monkeypatch, caplog):
+    # images.Rejected cannot be rebuilt from its pickle: sent back as it is, it broke the pool,
+    # and the job said only that a worker was "terminated abruptly".
+    src = write_image_folder(tmp_path / "src", per_label=2)
+
+    def fails(*args, **kwargs):
+        raise images.Rejected(images.TRUNCATED, "cut short on purpose")
+
+    monkeypatch.setattr(write_shards, "write_shard", fails)
+    with pytest.raises(convert.JobFailedError, match="Rejected: .*cut short on purpose"):
+        convert.run([str(src), str(tmp_path / "out"), "--verbose"])
+    assert "Traceback" in caplog.text and "raise images.Rejected" in caplog.text  # the worker's
