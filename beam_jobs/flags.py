@@ -37,6 +37,8 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Convert image folders or CSV lists into sharded TFRecords. "
+        "Without --runner it runs here, a worker process per core; --runner DataflowRunner "
+        "runs it on Dataflow (--runner DirectRunner: the Beam pipeline, here). "
         "Flags not listed here go to Beam (--runner, --project, --region, ...).",
         allow_abbrev=False,  # --num_shard is a typo to report, not --num_shards
         formatter_class=help_format.HelpFormatter,
@@ -216,7 +218,8 @@ def pipeline_options(
     save_main_session: bool,
     worker_extras: tuple[str, ...] = worker_wheel.CONVERSION_EXTRAS,
 ) -> PipelineOptions:
-    """Beam options; locally, the FnApiRunner (one in-process worker unless the user chose).
+    """Beam options; locally, the FnApiRunner (one in-process worker unless the user chose;
+    used when Beam's runner was asked for: see `uses_local_engine`).
     Remote workers get a wheel of this project with the dependencies of `worker_extras`."""
     options = PipelineOptions(beam_args)
     standard = options.view_as(StandardOptions)

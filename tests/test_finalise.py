@@ -2,6 +2,7 @@
 overwrite replaces exactly the old dataset; what killed runs left is cleared and said."""
 
 import logging
+import shutil
 import signal
 import subprocess
 import time
@@ -139,13 +140,20 @@ def test_a_finalise_that_fails_midway_says_so_and_the_same_command_again_finishe
 
 
 def test_ctrl_c_says_interrupted_and_the_same_command_again_converts(tmp_path):
-    src = write_image_folder(tmp_path / "src", per_label=800)  # enough to be still running
+    src = write_image_folder(tmp_path / "src", per_label=2000)  # seconds of work, not less
     out = tmp_path / "out"
     command = [COMMAND, "convert", str(src), str(out), *IN_PROCESS]
-    running = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (out / claim.CLAIM_NAME).exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    for _ in range(3):  # a test process descheduled for the whole job saw nothing to stop
+        running = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not (out / claim.CLAIM_NAME).exists() and running.poll() is None:
+            assert time.monotonic() < deadline, "the conversion never claimed its output"
+            time.sleep(0.005)
+        if running.poll() is None:
+            break
+        running.communicate()
+        shutil.rmtree(out)
     running.send_signal(signal.SIGINT)  # as Ctrl-C does, once the job holds the output
     _, stderr = running.communicate(timeout=120)
     assert running.returncode == 130, stderr[-3000:]

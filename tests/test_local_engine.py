@@ -106,7 +106,7 @@ def children_of(pid: int) -> list[int]:
     return [int(child) for child in found.split()]
 
 
-def started_conversion(tmp_path, images: int = 1500):
+def started_conversion(tmp_path, images: int = 4000):
     """A conversion running in its own process, once its workers are up; what it prints goes
     to tmp_path/stdout and tmp_path/stderr (a pipe would be held open by any worker left)."""
     src = tmp_path / "src"
@@ -160,7 +160,7 @@ def test_a_killed_worker_fails_the_job_saying_so_and_the_next_run_converts(tmp_p
     assert not (tmp_path / "out" / "manifest.json").exists()
     again = subprocess.run([COMMAND, "convert", str(tmp_path / "src"), str(tmp_path / "out")],
                            capture_output=True, text=True)  # fmt: skip
-    assert again.returncode == 0 and "1500 in" in again.stdout, again.stderr
+    assert again.returncode == 0 and "4000 in" in again.stdout, again.stderr
 
 
 def test_an_input_removed_after_its_check_fails_the_job_saying_which_and_nothing_is_finalised(
