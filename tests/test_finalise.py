@@ -144,8 +144,12 @@ def test_ctrl_c_says_interrupted_and_the_same_command_again_converts(tmp_path):
     out = tmp_path / "out"
     command = [COMMAND, "convert", str(src), str(out), *IN_PROCESS]
     for _ in range(3):  # a test process descheduled for the whole job saw nothing to stop
-        running = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)  # fmt: skip
+        # Ctrl-C at its default, as in a terminal's foreground job: a suite started in the
+        # background (`make test &`) would hand on SIGINT ignored, which the job keeps.
+        running = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
         deadline = time.monotonic() + 60
         while not (out / claim.CLAIM_NAME).exists() and running.poll() is None:
             assert time.monotonic() < deadline, "the conversion never claimed its output"
