@@ -24,7 +24,6 @@ import logging
 import multiprocessing
 import operator
 import os
-import pickle
 import signal
 import tempfile
 import threading
@@ -256,7 +255,7 @@ class _Job:
             for shard, in_shard in itertools.groupby(ranked, key=of_rank):
                 fd, path = tempfile.mkstemp(dir=self._spill_dir, suffix=".shard")
                 with os.fdopen(fd, "wb") as f:
-                    _dump_all(f, (checked for _, (_, _, checked) in in_shard))
+                    spill.write_items(f, (checked for _, (_, _, checked) in in_shard))
                 yield split, shard, shards, path
 
     def write_lists(self) -> None:
@@ -282,21 +281,6 @@ def _write_lines(path: str, lines: Iterable[str]) -> None:
             yield "".join(line + "\n" for line in chunk).encode("utf-8")
 
     storage.write_chunks(path, chunks(), mime_type="application/x-ndjson")
-
-
-def _dump_all(f, items: Iterable) -> None:
-    items = iter(items)
-    while chunk := list(itertools.islice(items, spill.CHUNK_ITEMS)):
-        pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _load_all(path: str) -> Iterator:
-    with open(path, "rb") as f:
-        while True:
-            try:
-                yield from pickle.load(f)
-            except EOFError:
-                return
 
 
 # In each worker process: what `_start_worker` set up.
@@ -363,10 +347,7 @@ def _check(batch: list[sources.SourceFile]) -> list:
 def _write(shard: tuple[str, int, int, str]) -> list[summary.ShardWritten]:
     """Writes shard (split, index, shards, file of its entries); what was written."""
     split, index, shards, entries_path = shard
-    try:
-        return write_shards.write_shard(
-            _load_all(entries_path), split, index, shards, _WORKER_ARGS["temp_dir"],
-            _WORKER_ARGS["config"], _WORKER_ARGS["readers"],
-        )  # fmt: skip
-    finally:
-        os.remove(entries_path)
+    return write_shards.write_shard(
+        spill.read_items(entries_path), split, index, shards, _WORKER_ARGS["temp_dir"],
+        _WORKER_ARGS["config"], _WORKER_ARGS["readers"],
+    )  # fmt: skip

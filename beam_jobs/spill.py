@@ -48,19 +48,24 @@ class SortedSpill:
         while len(self._runs) > FAN_IN:  # keeps the merge's memory bounded at any count
             # One level: consecutive groups merged, each item rewritten once per level.
             self._runs = [
-                self._write_run(heapq.merge(*map(_read_run, group), key=self._key))
+                self._write_run(heapq.merge(*map(read_items, group), key=self._key))
                 for group in _groups(self._runs, FAN_IN)
             ]
         # Runs hold earlier items than `held`, and merge keeps its inputs' order on ties.
-        return heapq.merge(*map(_read_run, self._runs), held, key=self._key)
+        return heapq.merge(*map(read_items, self._runs), held, key=self._key)
 
     def _write_run(self, items: Iterable) -> str:
         fd, path = tempfile.mkstemp(dir=self._folder, suffix=".run")
         with os.fdopen(fd, "wb") as f:
-            items = iter(items)
-            while chunk := list(itertools.islice(items, CHUNK_ITEMS)):
-                pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
+            write_items(f, items)
         return path
+
+
+def write_items(f, items: Iterable) -> None:
+    """Writes `items` to the binary file `f`, CHUNK_ITEMS to a pickle (`read_items` reads)."""
+    items = iter(items)
+    while chunk := list(itertools.islice(items, CHUNK_ITEMS)):
+        pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _groups(items: list, size: int) -> Iterator[list]:
@@ -68,9 +73,11 @@ def _groups(items: list, size: int) -> Iterator[list]:
         yield items[start : start + size]
 
 
-def _read_run(path: str) -> Iterator:
+def read_items(path: str) -> Iterator:
+    """The items `write_items` wrote to `path`, a chunk at a time. The file is removed once
+    opened: gone once read or dropped, with nothing left to remove later."""
     with open(path, "rb") as f:
-        os.remove(path)  # gone once read or dropped, and nothing left to remove later
+        os.remove(path)
         while True:
             try:
                 chunk = pickle.load(f)
