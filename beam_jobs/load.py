@@ -159,6 +159,11 @@ class Checker:
     def check(self, batch: list[SourceFile]):
         """(source, Checked or None, bytes read, None or Rejection) per input, in input order,
         each once it and all before it are done; never raises for an input."""
+        return self.decide(batch, self._entry)
+
+    def decide(self, batch: list[SourceFile], then):
+        """then(source, `outcome.decide`'s Outcome) per input, in input order, run on the
+        checking threads; each once it and all before it are done."""
         if any(paths.is_remote(source.path) for source in batch):
             # Remote reads wait on the network: REMOTE_READERS of them run ahead of the checks.
             # (Several checking threads take a whole batch's reads at once: at most BATCH held.)
@@ -169,11 +174,13 @@ class Checker:
         else:  # a local read takes microseconds: in the checking thread
             reads = (functools.partial(self._read, source) for source in batch)
         check = self._pool.map if self._pool else map
-        return check(self._try_load, batch, reads)
+        return check(lambda source, read: then(source, self._decide(source, read)), batch, reads)
 
-    def _try_load(self, source: SourceFile, read):
+    def _decide(self, source: SourceFile, read) -> outcome.Outcome:
         """`read()` gives the source's bytes, or raises (see `outcome.decide`)."""
-        result = outcome.decide(source, self._labels, self._policy, read)
+        return outcome.decide(source, self._labels, self._policy, read)
+
+    def _entry(self, source: SourceFile, result: outcome.Outcome):
         if result.reason is not None:
             return source, None, len(result.data), rejection(source, result.reason, result.detail)
         return source, self._checked(source, result.data, result.stored), len(result.data), None

@@ -15,38 +15,26 @@ batches and shards in flight, and one group of inputs with the same bytes.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import functools
 import itertools
 import json
 import logging
-import multiprocessing
 import operator
 import os
-import signal
 import tempfile
-import threading
 import time
-import traceback
 from collections.abc import Iterable, Iterator
 from concurrent import futures
 
-from beam_jobs import duplicates, finalise, load, malloc, shard_plan, sources, spill, storage
-from beam_jobs import summary, worker_progress, write_shards
+from beam_jobs import duplicates, finalise, load, shard_plan, sources, spill, storage
+from beam_jobs import summary, worker_pool, worker_progress, write_shards
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import naming, parent_watch, paths
+from tfrecord_pipe._core import naming, paths
 from tfrecord_pipe._core.rejection import Rejection
 
 LOG = logging.getLogger(__name__)
-IN_FLIGHT = 4  # tasks per worker submitted ahead, so none waits for the next
 SPILL_NAME = "_spill"  # in the job's temporary folder (a local output), or in /tmp
 LINES_PER_WRITE = 1024  # lines of a rejection or duplicate list written at once
-
-
-def workers() -> int:
-    """Worker processes: one per core this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def run(
@@ -64,22 +52,22 @@ def run(
     Raises:
       ValueError, FileNotFoundError: bad input found while listing (its message says what
         to do); nothing is left in the output folder.
-      WorkerError: a worker failed (storage, a source changed while the job ran), or
+      worker_pool.WorkerError: a worker failed (storage, a source changed while the job ran), or
       BrokenProcessPool: one was killed; nothing is finalised.
     """
     paths.make_local_folder(temp_dir)
     spill_parent = None if paths.is_remote(temp_dir) else temp_dir
     with tempfile.TemporaryDirectory(prefix=SPILL_NAME, dir=spill_parent) as spill_dir:
-        processes = processes or workers()
+        processes = processes or worker_pool.processes()
         try:
-            with _pool(processes, config, temp_dir, fixed_labels) as pool:
+            with worker_pool.pool(processes, _start_worker, (config, temp_dir, fixed_labels)) as pool:
                 job = _Job(config, temp_dir, spill_dir, pool, processes, progress_dir)
                 labels = job.check(fixed_labels)
                 shards = job.write_shards(labels)
         except (ValueError, FileNotFoundError, FileExistsError):
             storage.delete_folder(temp_dir)  # the listing found bad input: no run to clear up
             raise
-        except WorkerError as err:
+        except worker_pool.WorkerError as err:
             LOG.error("A worker failed:\n%s", err.worker_traceback)  # shown with --verbose
             raise
         job.write_lists()
@@ -92,54 +80,6 @@ def run(
     finalise.finalise(config, temp_dir, version)
 
 
-@contextlib.contextmanager
-def _pool(processes: int, config: ConvertConfig, temp_dir: str, fixed_labels):
-    """Worker processes, forked (nothing to import again), ended whatever happens: on an error
-    or Ctrl-C the tasks not started are dropped, and a worker ends with this process."""
-    context = multiprocessing.get_context("fork")
-    pool = futures.ProcessPoolExecutor(
-        processes, mp_context=context, initializer=_start_worker,
-        initargs=(config, temp_dir, fixed_labels),
-    )  # fmt: skip
-    failed = True
-    try:
-        # Every worker is forked at the first task. A Ctrl-C during a fork is raised in
-        # logging's fork handler, where Python ignores it (and the job went on to the end):
-        # held back until the forks are done, it stops the job.
-        with _ctrl_c_held():
-            pool.submit(int).result()
-        yield pool
-        failed = False
-    finally:
-        # Held back here too: raised midway through the shutdown, it left the workers waiting
-        # for work, and the process waiting for them at exit, for ever.
-        with _ctrl_c_held():
-            if failed:  # nothing they do now is used: a shard being written is not waited for
-                for process in list((getattr(pool, "_processes", None) or {}).values()):
-                    process.terminate()
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-@contextlib.contextmanager
-def _ctrl_c_held():
-    """A Ctrl-C (SIGINT) during the block is held back, then handled as it would have been.
-    (Python runs signal handlers in the main thread, whichever thread the signal reached:
-    the handler is swapped, not the signal blocked.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread handles signals, and may set handlers
-        return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught and callable(previous):
-            previous(signal.SIGINT, caught[0])
-        elif caught and previous in (signal.SIG_DFL, None):
-            os.kill(os.getpid(), signal.SIGINT)
-
-
 class _Job:
     """One run's state in the launching process: the sorts on disk and the counts."""
 
@@ -148,13 +88,12 @@ class _Job:
         self._config = config
         self._temp_dir = temp_dir
         self._pool = pool
-        self._window = processes * IN_FLIGHT
+        self._window = processes * worker_pool.IN_FLIGHT
         self._progress_dir = progress_dir
         self._by_content = spill.SortedSpill(spill_dir, key=lambda entry: entry[1].sha256)
         self._by_key = spill.SortedSpill(spill_dir, key=operator.itemgetter(0, 1))
         self._rejected = spill.SortedSpill(spill_dir, key=operator.itemgetter(0, 1, 2))
         self._groups = spill.SortedSpill(spill_dir, key=operator.itemgetter(0))
-        self._by_path = spill.SortedSpill(spill_dir, key=operator.itemgetter(0))
         self._spill_dir = spill_dir
         self._counts: collections.Counter = collections.Counter()  # (split, reason) -> n
         self.duplicate_totals: collections.Counter = collections.Counter()
@@ -198,20 +137,13 @@ class _Job:
 
     def _listed(self) -> Iterator[sources.SourceFile]:
         """Every input listed, counted; a CSV's files named twice kept once (the others
-        rejected as `sources.DropDuplicatePaths` rejects them)."""
-        for source in sources.list_sources(self._config):
+        rejected by the workers, as `sources.DropDuplicatePaths` rejects them)."""
+        listed = sources.list_sources(self._config)
+        if self._config.layout == "csv":
+            listed = sources.kept_once(listed, self._spill_dir)
+        for source in listed:
             self._counts[source.split, None] += 1
-            if self._config.layout != "csv":
-                yield source
-            else:
-                self._by_path.add((sources.identity(source), source))
-        if self._config.layout != "csv":
-            return
-        for _, same in itertools.groupby(self._by_path.sorted(), key=operator.itemgetter(0)):
-            kept, others = sources.one_per_file([source for _, source in same])
-            for duplicate in others:
-                self._reject(sources.rejection(duplicate, *duplicate.problem))
-            yield kept
+            yield source
 
     def write_shards(self, labels: tuple[str, ...]) -> list[summary.ShardWritten]:
         """Groups the checked inputs by content (the duplicate report; --dedupe), then writes
@@ -288,9 +220,6 @@ _WORKER_ARGS: dict = {}
 
 
 def _start_worker(config: ConvertConfig, temp_dir: str, fixed_labels) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
-    parent_watch.exit_with_parent()
-    malloc.keep_large_buffers_in_mmap()
     checker = load.Checker(config.policy)
     if fixed_labels is not None:
         index = {label: i for i, label in enumerate(fixed_labels)}
@@ -308,33 +237,7 @@ class _Every:
         return True
 
 
-class WorkerError(RuntimeError):
-    """A worker's task failed: its error as `Type: message`, and its traceback. (The error
-    itself may not survive the trip back: one that pickle cannot rebuild broke the pool,
-    and a worker's FileNotFoundError or ValueError read as bad input, exit 2.)"""
-
-    def __init__(self, message: str, worker_traceback: str = ""):
-        super().__init__(message, worker_traceback)
-        self.worker_traceback = worker_traceback
-
-    def __str__(self) -> str:
-        return self.args[0]
-
-
-def _in_worker(task):
-    """A worker's task, whose errors come back as WorkerError."""
-
-    @functools.wraps(task)
-    def run(*args):
-        try:
-            return task(*args)
-        except Exception as err:
-            raise WorkerError(f"{type(err).__name__}: {err}", traceback.format_exc()) from None
-
-    return run
-
-
-@_in_worker
+@worker_pool.in_worker
 def _check(batch: list[sources.SourceFile]) -> list:
     """(split, Checked) or a Rejection per input of `batch`, in order."""
     return [
@@ -343,7 +246,7 @@ def _check(batch: list[sources.SourceFile]) -> list:
     ]
 
 
-@_in_worker
+@worker_pool.in_worker
 def _write(shard: tuple[str, int, int, str]) -> list[summary.ShardWritten]:
     """Writes shard (split, index, shards, file of its entries); what was written."""
     split, index, shards, entries_path = shard

@@ -23,17 +23,19 @@ import codecs
 import csv
 import dataclasses
 import hashlib
+import itertools
+import operator
 import os
 import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import listing, storage
+from beam_jobs import listing, spill, storage
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import images, naming, paths
 from tfrecord_pipe._core.rejection import Rejection
@@ -361,6 +363,20 @@ def one_per_file(listings: list[SourceFile]) -> tuple[SourceFile, list[SourceFil
         "lines."
     )
     return kept, [dataclasses.replace(s, problem=(images.DUPLICATE, detail)) for s in ordered[1:]]
+
+
+def kept_once(listed: Iterable[SourceFile], spill_dir: str) -> Iterator[SourceFile]:
+    """Every listing, each file's kept one (`one_per_file`) then its others marked as
+    duplicates; grouped through a sort on local disk in `spill_dir`, so memory stays flat
+    however long the list (the local engine and `verify`; Beam groups with
+    `DropDuplicatePaths`)."""
+    by_file = spill.SortedSpill(spill_dir, key=operator.itemgetter(0))
+    for source in listed:
+        by_file.add((identity(source), source))
+    for _, same in itertools.groupby(by_file.sorted(), key=operator.itemgetter(0)):
+        kept, others = one_per_file([source for _, source in same])
+        yield kept
+        yield from others
 
 
 def _keep_one_per_file(identity_and_sources):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from beam_jobs import convert, load, local_engine, spill, write_shards
+from beam_jobs import convert, load, spill, worker_pool, write_shards
 from tfrecord_pipe._core import images
 
 from helpers import COMMAND, ODD_IMAGES, jpeg_bytes, write_image_folder
@@ -118,10 +118,10 @@ def started_conversion(tmp_path, images: int = 4000):
         running = subprocess.Popen([COMMAND, "convert", str(src), str(tmp_path / "out")],
                                    stdout=stdout, stderr=stderr, text=True)  # fmt: skip
     deadline = time.monotonic() + 60
-    while len(children_of(running.pid)) < local_engine.workers() and time.monotonic() < deadline:
+    while len(children_of(running.pid)) < worker_pool.processes() and time.monotonic() < deadline:
         time.sleep(0.01)
     workers = children_of(running.pid)
-    assert len(workers) == local_engine.workers(), (tmp_path / "stderr").read_text()
+    assert len(workers) == worker_pool.processes(), (tmp_path / "stderr").read_text()
     return running, workers
 
 
