@@ -8,7 +8,7 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -90,9 +90,39 @@ def delete_folder(folder: str) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def read_text(path: str) -> str:
+def exists(path: str) -> bool:
+    """Whether a file is at `path` (taken literally: no pattern)."""
+    if not paths.is_remote(path):
+        return os.path.isfile(path)
+    return FileSystems.exists(path)
+
+
+def read_bytes(path: str) -> bytes:
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read().decode("utf-8")
+        return f.read()
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def read_lines(path: str) -> Iterator[str]:
+    """The lines of a UTF-8 text file, without their ends, read a block at a time.
+
+    Raises:
+      UnicodeDecodeError: a line is not UTF-8.
+    """
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        rest = b""
+        while block := f.read(LINES_BLOCK):
+            *lines, rest = (rest + block).split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8")
+        if rest:
+            yield rest.decode("utf-8")
+
+
+LINES_BLOCK = 1 << 20
 
 
 def read_input(path: str, max_bytes: int) -> bytes:
