@@ -216,7 +216,7 @@ def _beam_options() -> dict[bool, frozenset[str]]:
 def pipeline_options(
     beam_args: list[str],
     save_main_session: bool,
-    worker_extras: tuple[str, ...] = worker_wheel.CONVERSION_EXTRAS,
+    worker_extras: tuple[str, ...] = worker_wheel.WORKER_EXTRAS,
 ) -> PipelineOptions:
     """Beam options; locally, the FnApiRunner (one in-process worker unless the user chose;
     used when Beam's runner was asked for: see `uses_local_engine`).

@@ -24,10 +24,9 @@ import tfrecord_pipe
 DISTRIBUTION = "tfrecord-pipe"
 PACKAGES = (tfrecord_pipe, beam_jobs)
 
-# The extras whose requirements workers install with the core's. The conversion's: not
-# TensorFlow (the reader's extra), which its workers never import. verify's: both.
-CONVERSION_EXTRAS = ("beam",)
-VERIFY_EXTRAS = ("beam", "reader")
+# The extras whose requirements workers install with the core's: not TensorFlow (the reader's
+# extra), which the workers of the conversion and of verify never import.
+WORKER_EXTRAS = ("beam",)
 
 # Flags with which the user already tells Beam how workers get our code.
 USER_PACKAGING_FLAGS = (
@@ -66,7 +65,7 @@ def _without_marker(requirement: str) -> str:
 
 
 def build_wheel(
-    folder: str | pathlib.Path, extras: tuple[str, ...] = CONVERSION_EXTRAS
+    folder: str | pathlib.Path, extras: tuple[str, ...] = WORKER_EXTRAS
 ) -> pathlib.Path:
     """Writes `tfrecord_pipe-<version>-py3-none-any.whl` into `folder`, requiring the core's
     and `extras`' dependencies; returns its path."""

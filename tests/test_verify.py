@@ -2,17 +2,18 @@
 
 import dataclasses
 import json
+import os
 import pathlib
 import shutil
 
 import tensorflow as tf
 
-from beam_jobs import convert
+from beam_jobs import convert, spill
 from tfrecord_pipe._core import schema
 from tfrecord_pipe._reading import dataset
-from tfrecord_pipe._tools import verify
+from tfrecord_pipe._tools import verify, verify_reading, verify_rules
 
-from helpers import COLOURS, IN_PROCESS, jpeg_bytes, length_delimited, run_cli
+from helpers import COLOURS, IN_PROCESS, jpeg_bytes, length_delimited, run_cli, run_python
 
 
 def test_verify_passes_on_an_untouched_conversion(converted):
@@ -212,18 +213,62 @@ def test_the_rules_give_one_answer_whatever_order_the_rows_come_in(converted):
     # after the true one must give the same problems.
     _, out = converted
     found = dataset.read_manifest(str(out))
-    source = {"path": "p", "split": "train", "label": "red", "sha256": "s", "encoded_sha256": "e"}
+    source = {"path": "p", "split": "train", "label": "red", "sha256": "s", "encoded_sha256": "e",
+              "record_sha256": "r", "height": 5, "width": 7}  # fmt: skip
     true = {"shard": "b", "split": "train", "sha256": "s", "encoded_sha256": "e", "label": "red",
-            "record_problems": []}  # fmt: skip
-    modified = dict(true, shard="a", encoded_sha256="x")
+            "record_sha256": "r", "height": 5, "width": 7, "record_problems": []}  # fmt: skip
+    modified = dict(true, shard="a", encoded_sha256="x", record_sha256="y")
     lines = [{"reason": "truncated", "split": "train"}, {"reason": "unreadable", "split": "test"}]
     answers = {
-        tuple(verify.check_path("red/1.jpg", {"source": [source], "record": records,
-                                              "rejected": rejected}, dedupe=False))
+        tuple(verify_rules.check_path("red/1.jpg", {"source": [source], "record": records,
+                                                    "rejected": rejected}, dedupe=False))
         for records in ([true, modified], [modified, true])
         for rejected in (lines, lines[::-1])
     }  # fmt: skip
     assert len(answers) == 1 and any("written 2 times" in p for p in answers.pop())
-    twice = verify.check_content([], [["b.jpg", "c.jpg"], ["a.jpg", "b.jpg"]], found)[0]
+    twice = verify_rules.check_content([], [["b.jpg", "c.jpg"], ["a.jpg", "b.jpg"]], found)[0]
     assert twice[0] == "duplicates.jsonl: lists the bytes of a.jpg 2 times"
-    assert verify.check_content([], [["a.jpg", "b.jpg"], ["b.jpg", "c.jpg"]], found)[0] == twice
+    assert verify_rules.check_content([], [["a.jpg", "b.jpg"], ["b.jpg", "c.jpg"]], found)[0] == twice
+
+
+def test_verify_never_loads_tensorflow(converted):
+    # TensorFlow costs some 700 MB in a process: verify's memory would be four times the
+    # conversion's, for reading files it reads as well without.
+    src, out = converted
+    done = run_python(
+        "import sys\n"
+        "from tfrecord_pipe._tools import cli\n"
+        f"code = cli.main(['verify', {str(src)!r}, {str(out)!r}])\n"
+        "print('EXIT', code, 'TENSORFLOW', 'tensorflow' in sys.modules)"
+    )
+    assert "EXIT 0 TENSORFLOW False" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_the_same_report_when_every_row_goes_through_sorts_on_disk(converted_copy, monkeypatch):
+    # The joins sort on disk beyond spill.RUN_ITEMS rows: with runs of 2 rows merged 2 at a
+    # time, every row goes through several levels of runs, and the report must not change.
+    src, out = converted_copy
+    rewrite_shard(first_shard(out), lambda records: records + records[:1])  # written twice
+    (src / "green" / "999.jpg").write_bytes(jpeg_bytes(9, 9, (0, 250, 0)))  # lost
+    (src / "red" / "000.jpg").write_bytes(jpeg_bytes(9, 9, (250, 0, 1)))  # changed
+    in_memory = verify.verify(str(src), str(out))
+    monkeypatch.setattr(spill, "RUN_ITEMS", 2)
+    monkeypatch.setattr(spill, "FAN_IN", 2)
+    on_disk = verify.verify(str(src), str(out), processes=1)
+    assert on_disk == in_memory and in_memory.num_problems >= 3, in_memory
+
+
+def test_a_worker_that_fails_or_dies_fails_verify_with_nothing_proven(converted, monkeypatch):
+    src, out = converted
+
+    def fails(*_):
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(verify_rules.Expect, "row", fails)
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1 and "OK" not in done.stdout
+    assert "RuntimeError: a bug of ours" in done.stderr and "nothing was proven" in done.stderr
+    monkeypatch.setattr(verify_reading, "read_shard", lambda *_: os._exit(9))  # a worker killed
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1 and "OK" not in done.stdout
+    assert "BrokenProcessPool" in done.stderr and "nothing was proven" in done.stderr

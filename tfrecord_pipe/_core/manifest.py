@@ -11,7 +11,7 @@ import dataclasses
 import json
 import re
 
-from tfrecord_pipe._core import naming, schema, tfds_metadata
+from tfrecord_pipe._core import naming, paths, schema, tfds_metadata
 
 DUPLICATES_AND_TFDS_SINCE = (0, 3)  # the version that began to write both
 
@@ -175,6 +175,19 @@ class Manifest:
             for name, info in sorted(data["splits"].items(), key=lambda kv: naming.split_order(kv[0]))
         }
         return cls(**data)
+
+
+def not_a_dataset(folder: str) -> FileNotFoundError:
+    """The error for a folder without a manifest (every reader of datasets says the same)."""
+    return FileNotFoundError(
+        f"{paths.join(folder, naming.MANIFEST_NAME)} not found: {folder} is not a "
+        f"finished tfrecord-pipe dataset (the converter writes {naming.MANIFEST_NAME} last)."
+    )
+
+
+def edited(err: ValueError) -> ValueError:
+    """A manifest that does not parse, said with what to do."""
+    return ValueError(f"{err}. Was it edited, or written by another tool? Convert the images again.")
 
 
 def files_of(manifest: Manifest) -> list[tuple[str, str]]:

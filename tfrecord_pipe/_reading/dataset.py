@@ -321,18 +321,13 @@ def read_manifest(folder: str) -> manifest_lib.Manifest:
     """
     path = paths.join(folder, naming.MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(
-            f"{path} not found: {folder} is not a finished tfrecord-pipe dataset "
-            f"(the converter writes {naming.MANIFEST_NAME} last)."
-        )
+        raise manifest_lib.not_a_dataset(folder)
     with tf.io.gfile.GFile(path) as f:
         text = f.read()
     try:
         return manifest_lib.Manifest.from_file_text(text, path)
     except ValueError as err:
-        raise ValueError(
-            f"{err}. Was it edited, or written by another tool? Convert the images again."
-        ) from err.__cause__
+        raise manifest_lib.edited(err) from err.__cause__
 
 
 def write_manifest(folder: str, manifest: manifest_lib.Manifest) -> None:

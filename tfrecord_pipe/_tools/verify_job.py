@@ -17,16 +17,16 @@ import os
 import sys
 import tempfile
 import uuid
-from concurrent import futures
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from beam_jobs import flags, sources, storage, worker_wheel
+from beam_jobs import flags, sources, storage
 from tfrecord_pipe._core import manifest, messages, paths
-from tfrecord_pipe._tools import verify
-from tfrecord_pipe._tools.verify import (
+from tfrecord_pipe._tools import verify_reading as reading
+from tfrecord_pipe._tools import verify_rules as rules
+from tfrecord_pipe._tools.verify_rules import (
     COUNT,
     FILES,
     INPUTS,
@@ -41,14 +41,14 @@ log = logging.getLogger(__name__)
 
 METRICS = "tfrecord_pipe_verify"  # Beam counters: records, rejection lines, sources, problems
 REPORT_NAME = "report.json"
-_CONTENT = "content"  # a stored source under its content hash (verify.content_row)
+_CONTENT = "content"  # a stored source under its content hash (rules.content_row)
 
 
 class JobFailedError(RuntimeError):
     """The verify job itself failed (storage, workers): nothing was proven either way."""
 
 
-def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
+def run(source: str, dataset: str, beam_args: list[str]) -> rules.VerifyReport:
     """Verifies `dataset` against `source` with a Beam pipeline run with `beam_args`
     (`--runner`, `--project`, ...); waits for it.
 
@@ -57,15 +57,15 @@ def run(source: str, dataset: str, beam_args: list[str]) -> verify.VerifyReport:
         without a gs:// --temp_location; --template_location.
       JobFailedError: the job failed.
     """
-    found = verify.read_conversion(dataset)
-    config = verify.source_config(source, dataset, found)
+    found = reading.read_conversion(dataset)
+    config = reading.source_config(source, dataset, found)
     given = PipelineOptions(beam_args)
     local = flags.runs_here(given)
     temp_location = _check_options(given, local)
     # Checks of the dataset's small files, here, before minutes of job.
-    descriptions = verify.check_descriptions(dataset, found)
-    descriptions += verify.check_rejection_files(dataset, found)
-    options = flags.pipeline_options(beam_args, False, worker_extras=worker_wheel.VERIFY_EXTRAS)
+    descriptions = reading.check_descriptions(dataset, found)
+    descriptions += reading.check_rejection_files(dataset, found)
+    options = flags.pipeline_options(beam_args, False)
     # The report's folder: under --temp_location when given (the local runner too), else in a
     # local temporary folder of its own.
     work = temp_location or tempfile.mkdtemp(prefix="tfrecord-pipe-verify-")
@@ -119,22 +119,22 @@ def _check_options(given: PipelineOptions, local: bool) -> str | None:
     return temp_location
 
 
-def _report(found, source: str, written: dict, descriptions: list[str]) -> verify.VerifyReport:
+def _report(found, source: str, written: dict, descriptions: list[str]) -> rules.VerifyReport:
     """The job's report, with what it counted checked against the manifest."""
     tally = written["tally"]
     listed = {split: n for (what, split), n in tally if what == SOURCE}
     totals = {what: n for (what, _), n in tally if what != SOURCE}
     here = (
         descriptions
-        + verify.count_problems(found, source, listed)
-        + verify.group_count_problems(found, totals.get("groups", 0), totals.get("cross_split", 0))
+        + rules.count_problems(found, source, listed)
+        + rules.group_count_problems(found, totals.get("groups", 0), totals.get("cross_split", 0))
     )
     ranked = [(FILES, text) for text in here] + [tuple(pair) for pair in written["problems"]]
-    return verify.VerifyReport(
+    return rules.VerifyReport(
         sources=sum(listed.values()),
         records=totals.get("records", 0),
         rejected=totals.get("rejected", 0),
-        problems=tuple(verify.first_problems(ranked)),
+        problems=tuple(rules.first_problems(ranked)),
         num_problems=len(here) + written["num_problems"],
     )
 
@@ -144,7 +144,7 @@ class VerifyDataset(beam.PTransform):
     lines, by relative path, then the stored sources by content hash with duplicates.jsonl;
     writes the report (JSON: `problems`, the first MAX_PROBLEMS_KEPT [rank, text] pairs in
     order; `num_problems`; `tally`, [[what, split], n] pairs) to `report_path`. `config` is
-    the conversion's, as `verify.source_config` makes it."""
+    the conversion's, as `verify_reading.source_config` makes it."""
 
     def __init__(self, dataset: str, found: manifest.Manifest, config, report_path: str):
         super().__init__()
@@ -155,16 +155,16 @@ class VerifyDataset(beam.PTransform):
         dataset, found, config = self._dataset, self._found, self._config
         shards = (
             pbegin
-            | "Shards" >> beam.Create(verify.shards_of(found))
+            | "Shards" >> beam.Create(reading.shards_of(found))
             | "SpreadShards" >> beam.Reshuffle()
-            | "ReadShards" >> beam.ParDo(_ReadShards(dataset, found)).with_outputs(*_KINDS)
+            | "ReadShards" >> beam.FlatMap(_read_shard, dataset, found).with_outputs(*_KINDS)
         )
         rejected = (
             pbegin
-            | "RejectionFiles" >> beam.Create(verify.rejection_files(found))
+            | "RejectionFiles" >> beam.Create(reading.rejection_files(found))
             | "ReadRejected"
             >> beam.FlatMapTuple(
-                lambda split, n: _tagged(verify.read_rejected(dataset, split, n), "rejected")
+                lambda split, n: _tagged(reading.read_rejected(dataset, split, n), "rejected")
             ).with_outputs(*_KINDS)
         )
         listed = pbegin | "List" >> sources.ListSources(config)
@@ -192,7 +192,7 @@ class VerifyDataset(beam.PTransform):
             pbegin
             | "Start" >> beam.Create([None])
             | "ReadReported"
-            >> beam.FlatMap(lambda _: _tagged(verify.read_reported(dataset, found))).with_outputs(
+            >> beam.FlatMap(lambda _: _tagged(reading.read_reported(dataset, found))).with_outputs(
                 *_KINDS
             )
         )
@@ -211,7 +211,7 @@ class VerifyDataset(beam.PTransform):
             | "Tallies" >> beam.Flatten()
             | "SumTallies" >> beam.CombinePerKey(sum)
         )
-        first = problems | "FirstProblems" >> beam.combiners.Top.Smallest(verify.MAX_PROBLEMS_KEPT)
+        first = problems | "FirstProblems" >> beam.combiners.Top.Smallest(rules.MAX_PROBLEMS_KEPT)
         counted = problems | "CountProblems" >> beam.combiners.Count.Globally()
         return (
             pbegin
@@ -241,33 +241,23 @@ def _tagged(read, total: str | None = None):
         yield beam.pvalue.TaggedOutput(kind, value)
 
 
-class _ReadShards(beam.DoFn):
-    """Reads shards whole (verify.read_shard); decodes on threads set up once per worker."""
-
-    def __init__(self, dataset: str, found: manifest.Manifest):
-        self._dataset, self._found = dataset, found
-
-    def setup(self):
-        self._pool = futures.ThreadPoolExecutor(verify.THREADS)
-
-    def process(self, shard):
-        yield from _tagged(
-            verify.read_shard(self._dataset, self._found, shard, self._pool), "records"
-        )
-
-    def teardown(self):
-        self._pool.shutdown()
+def _read_shard(shard, dataset: str, found: manifest.Manifest):
+    """A shard read whole (verify_reading.read_shard)."""
+    return _tagged(reading.read_shard(dataset, found, shard), "records")
 
 
 class _Expect(beam.DoFn):
-    """What each source should have become (verify.expected_row), keyed by relative path."""
+    """What each source should have become (verify_rules.Expect), keyed by relative path."""
 
     def __init__(self, found: manifest.Manifest, policy):
-        self._labels, self._policy = frozenset(found.labels), policy
+        self._found, self._policy = found, policy
+
+    def setup(self):
+        self._expect = rules.Expect(self._found, self._policy)
 
     def process(self, listed):
         Metrics.counter(METRICS, "sources").inc()
-        yield listed.relpath, verify.expected_row(listed, self._labels, self._policy)
+        yield listed.relpath, self._expect(listed)
         yield beam.pvalue.TaggedOutput(COUNT, ((SOURCE, listed.split), 1))
 
 
@@ -279,17 +269,17 @@ def _one_per_file(group):
 def _check_path(joined, dedupe: bool):
     relpath, grouped = joined
     rows = {kind: list(grouped[kind]) for kind in (SOURCE, RECORD, REJECTED)}
-    for problem in verify.check_path(relpath, rows, dedupe):
+    for problem in rules.check_path(relpath, rows, dedupe):
         Metrics.counter(METRICS, "problems").inc()
         yield INPUTS, problem
-    same = verify.content_row(relpath, rows)
+    same = rules.content_row(relpath, rows)
     if same is not None:
         yield beam.pvalue.TaggedOutput(_CONTENT, same)
 
 
 def _check_content(joined, found):
     _, grouped = joined
-    found_problems, group, across = verify.check_content(
+    found_problems, group, across = rules.check_content(
         grouped[SOURCE], list(grouped[REPORTED]), found
     )
     for problem in found_problems:

@@ -1,0 +1,257 @@
+"""The dataset's side of `verify`: its manifest, small files, shards, rejection lists and
+duplicates report, read into the rows and problems the rules (`verify_rules`) judge.
+
+Read through Beam's filesystems (local disk, gs://) without TensorFlow, as the job writes
+them. A shard read that fails for a passing reason (storage, not damage) resumes after the
+last record read, a few times: our retry, on top of the client library's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import itertools
+import json
+import logging
+import posixpath
+import time
+from collections.abc import Iterator
+
+from beam_jobs import flags, record_reader, sources, storage
+from tfrecord_pipe._core import manifest, messages, naming, paths, tfds_metadata
+from tfrecord_pipe._core import rejection as rejection_lib
+from tfrecord_pipe._tools.verify_rules import COUNT, PROBLEM, RECORD, REJECTED, REPORTED, record_row
+
+log = logging.getLogger(__name__)
+
+READ_ATTEMPTS = 4  # reads of a shard that fail for a passing reason, before giving up
+RETRY_WAIT_S = 0.5  # doubled after each failed attempt
+# Errors that say something about the data, not about the storage at this moment.
+_LASTING = (record_reader.CorruptShardError, FileNotFoundError, PermissionError)
+
+
+def read_conversion(dataset: str) -> manifest.Manifest:
+    """The dataset's manifest, which must record how the dataset was converted.
+
+    Raises:
+      FileNotFoundError: `dataset` is not a finished dataset.
+      ValueError: the manifest does not parse, or does not record how the dataset was converted.
+    """
+    path = paths.join(dataset, naming.MANIFEST_NAME)
+    if not storage.exists(path):
+        raise manifest.not_a_dataset(dataset)
+    try:
+        found = manifest.Manifest.from_file_text(storage.read_text(path), path)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise manifest.edited(ValueError(messages.one_line(err))) from err
+    if not found.conversion:
+        raise ValueError(
+            f"The manifest of {dataset} does not record how it was converted, so verify cannot "
+            "redo the conversion. Convert the images again with this version to verify them."
+        )
+    return found
+
+
+def source_config(source: str, dataset: str, found: manifest.Manifest):
+    """The conversion's configuration as the manifest recorded it, for these paths."""
+    recorded = flags.recorded_config(found.conversion)
+    return sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
+
+
+def check_descriptions(dataset: str, found: manifest.Manifest) -> list[str]:
+    """labels.txt and TFDS's metadata must say what the manifest says (they are made from it)."""
+    problems = []
+    older = not found.knows_duplicates  # written before TFDS metadata too
+    for name, text in manifest.files_of(found):
+        if name == naming.MANIFEST_NAME or (older and name in tfds_metadata.FILES):
+            continue
+        path = paths.join(dataset, name)
+        try:
+            if not storage.exists(path):
+                problems.append(f"{name}: missing (it is written with the manifest)")
+            elif storage.read_bytes(path) != text.encode("utf-8"):
+                problems.append(
+                    f"{name}: does not say what manifest.json says (changed after writing?)"
+                )
+        except Exception as err:  # noqa: BLE001 - any filesystem's error: said, not fatal
+            problems.append(f"{name}: cannot be read: {messages.one_line(err)}")
+    return problems
+
+
+def check_rejection_files(dataset: str, found: manifest.Manifest) -> list[str]:
+    """rejected/ holds no rejections file of a split the manifest does not have (it would go
+    unread). Other files there are the user's."""
+    expected = {naming.rejected_name(split) for split in found.splits}
+    try:
+        _, names = storage.children(paths.join(dataset, naming.REJECTED_DIR))
+    except Exception as err:  # noqa: BLE001 - any filesystem's error: said, not fatal
+        return [f"{naming.REJECTED_DIR}/ cannot be listed: {messages.one_line(err)}"]
+    found_names = {
+        f"{naming.REJECTED_DIR}/{name}"
+        for name in names
+        if fnmatch.fnmatchcase(name, posixpath.basename(naming.rejected_name("*")))
+    }
+    return [
+        f"{name}: not a split of the manifest ({', '.join(sorted(found.splits))})"
+        for name in sorted(found_names - expected)
+    ]
+
+
+def shards_of(found: manifest.Manifest) -> list[tuple[str, str, int, str | None]]:
+    """(split, file name, records the manifest lists, the same shard in the other format or
+    None) for every shard, of the format read first (TFRecord, if the dataset has it);
+    `read_shard` checks the twin against it."""
+    first, *other = found.file_formats
+    rows = []
+    for split, info in sorted(found.splits.items()):
+        names = info.files_of(first)
+        twins = info.files_of(other[0]) if other else [None] * len(names)
+        rows += [(split, *shard) for shard in zip(names, info.shard_lengths, twins)]
+    return rows
+
+
+def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, int, str | None]
+               ) -> Iterator[tuple[str, object]]:  # fmt: skip
+    """One shard read whole: its records as RECORD rows (`verify_rules.record_row`); its
+    count against the manifest's; its twin in the other format (if any) against it, record
+    for record; then its COUNT of records."""
+    split, name, expected, twin = shard
+    path = paths.join(dataset, name)
+    count, failed, digest = 0, None, hashlib.sha256()
+    try:
+        for serialized in _serialized(path, found.compression):
+            count += 1
+            _add_record(digest, serialized)
+            row = record_row(serialized, found)
+            if "problem" in row:
+                yield PROBLEM, f"{name} record {count}: {row['problem']}"
+                continue
+            row.update(shard=name, split=split)
+            yield RECORD, (row.pop("relpath"), row)
+    except FileNotFoundError:
+        yield PROBLEM, f"shard {name} is missing (the manifest lists {expected} records)"
+        return
+    except Exception as err:  # noqa: BLE001 - damage, or a storage that kept failing
+        failed = err
+        doing = "is corrupt" if isinstance(err, record_reader.CorruptShardError) else (
+            "could not be read")  # fmt: skip
+        yield PROBLEM, f"shard {name} {doing} after {count} records: {messages.one_line(err)}"
+    if count != expected:
+        yield PROBLEM, f"shard {name} holds {count} records, the manifest lists {expected}"
+    if twin is not None and failed is None:
+        problem = _twin_problem(paths.join(dataset, twin), found, digest.hexdigest(), name)
+        if problem:
+            yield PROBLEM, problem
+    yield COUNT, count
+
+
+def _add_record(digest, serialized: bytes) -> None:
+    """Adds a record to a digest of a sequence of records (its length first: no two sequences
+    share one)."""
+    digest.update(len(serialized).to_bytes(8, "little"))
+    digest.update(serialized)
+
+
+def _twin_problem(path: str, found: manifest.Manifest, expected: str, name: str) -> str | None:
+    """Why the shard file `path` does not hold exactly the records of shard `name` (whose
+    records' digest is `expected`), or None."""
+    twin = paths.basename(path)
+    digest, count = hashlib.sha256(), 0
+    try:
+        for serialized in _serialized(path, found.compression):
+            _add_record(digest, serialized)
+            count += 1
+    except FileNotFoundError:
+        return f"shard {twin} is missing (the same records as {name})"
+    except Exception as err:  # noqa: BLE001 - damage, or a storage that kept failing
+        return f"shard {twin} is corrupt after {count} records: {messages.one_line(err)}"
+    if digest.hexdigest() != expected:
+        return f"shard {twin} does not hold the records of {name} ({count} records read)"
+    return None
+
+
+def _serialized(path: str, compression: str) -> Iterator[bytes]:
+    """The records of a shard (`record_reader.records`). A read that fails for a passing
+    reason resumes after the last record, a few times."""
+    done = failures = 0
+    while True:
+        try:
+            for record in itertools.islice(record_reader.records(path, compression), done, None):
+                yield record
+                done += 1
+            return
+        except _LASTING:
+            raise
+        except Exception as err:  # noqa: BLE001 - every filesystem raises its own
+            failures += 1
+            if failures >= READ_ATTEMPTS:
+                raise
+            log.warning("Reading %s failed (%s); again from record %d", path,
+                        messages.one_line(err), done)  # fmt: skip
+            time.sleep(RETRY_WAIT_S * 2**failures)
+
+
+def rejection_files(found: manifest.Manifest) -> list[tuple[str, int]]:
+    """(split, lines the manifest counts) for every split: a file the manifest counts none in
+    is read too, if it is there."""
+    return [(split, info.rejected) for split, info in sorted(found.splits.items())]
+
+
+def read_rejected(dataset: str, split: str, expected: int) -> Iterator[tuple[str, object]]:
+    """One split's rejected-inputs file: its lines as REJECTED rows, its count against the
+    manifest's, then its COUNT of lines."""
+    name = naming.rejected_name(split)
+    path = paths.join(dataset, name)
+    count = 0
+    try:
+        if not storage.exists(path):
+            if expected:
+                yield PROBLEM, f"{name} is missing ({expected} rejected)"
+            return
+        for number, line in enumerate(storage.read_lines(path), 1):
+            if not line.strip():
+                continue
+            count += 1
+            try:
+                row = dataclasses.asdict(rejection_lib.Rejection.from_json(line))
+            except ValueError as err:
+                yield PROBLEM, f"{name} line {number} is not a rejection ({err})"
+                continue
+            yield REJECTED, (row["relpath"] or row["path"], row)
+    except Exception as err:  # noqa: BLE001 - any filesystem's error, or a line not UTF-8
+        yield PROBLEM, f"{name} cannot be read after {count} lines: {messages.one_line(err)}"
+    if count != expected:
+        yield PROBLEM, f"{name} holds {count} lines, the manifest counts {expected} rejected"
+    yield COUNT, count
+
+
+def read_reported(dataset: str, found: manifest.Manifest) -> Iterator[tuple[str, object]]:
+    """duplicates.jsonl's groups as REPORTED (content hash, relative paths), or its PROBLEM.
+    Read whenever it is there: a report the manifest counts no groups in is checked too.
+    The file is read twice, to check it whole and then to give its groups, rather than held."""
+    path = paths.join(dataset, naming.DUPLICATES_NAME)
+    try:
+        if not storage.exists(path):
+            if found.duplicates.get("groups"):
+                yield (PROBLEM,
+                       f"{naming.DUPLICATES_NAME} is missing ({found.duplicates['groups']} groups)")  # fmt: skip
+            return
+        for _ in _groups(path):
+            pass
+    except Exception as err:  # noqa: BLE001 - any filesystem's error, or not a report
+        yield PROBLEM, f"{naming.DUPLICATES_NAME} is not a duplicates report ({messages.one_line(err)})"
+        return
+    for group in _groups(path):
+        yield REPORTED, group
+
+
+def _groups(path: str) -> Iterator[tuple[str, list[str]]]:
+    for line in storage.read_lines(path):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        sha256, files = row["sha256"], [f["relpath"] for f in row["files"]]
+        if not (isinstance(sha256, str) and files and all(isinstance(f, str) for f in files)):
+            raise TypeError("a group without a content hash or files")
+        yield sha256, files

@@ -1,0 +1,321 @@
+"""The rules of `verify`: what each source should have become, what each record and
+rejection line says, and how the two must agree. Both drivers run these: `verify` on this
+machine, `verify_job` as a Beam pipeline.
+
+A record is proven by its bytes: it must be, byte for byte, the record the converter writes
+for its source now (the same serialized Example: image, size, label, name, source hash). The
+converter's checks proved that image decodes (tests/test_convert.py holds every stored image
+to TensorFlow's decoder), so the record's image is not decoded again; what differs is
+explained field by field. The rows of one relative path (its SOURCE, RECORD and REJECTED
+rows) are judged by `check_path`; the sources with the same bytes, with duplicates.jsonl's
+group for them, by `check_content`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable
+
+from beam_jobs import outcome
+from beam_jobs.sources import SourceFile
+from tfrecord_pipe._core import images, manifest, naming, schema
+
+MAX_PROBLEMS_KEPT = 1000  # problems listed in full; beyond that only counted
+# What the readers of shards, rejection files and sources yield: (kind, value) with kind one
+# of these. A row goes into the join under its relative path; a problem is reported; a count
+# adds to the report's totals.
+SOURCE, RECORD, REJECTED, PROBLEM, COUNT = "source", "record", "rejected", "problem", "count"
+REPORTED = "reported"  # a group of duplicates.jsonl, joined on its content hash
+# Problems are listed in this order: those of the dataset's files (shards, rejection files,
+# the manifest's counts), then those of single inputs; alphabetically within each. The first
+# MAX_PROBLEMS_KEPT are kept, the same ones by both drivers.
+FILES, INPUTS = 0, 1
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """Attributes: sources listed; records read; rejected lines read; problems (the first
+    MAX_PROBLEMS_KEPT); num_problems in all."""
+
+    sources: int
+    records: int
+    rejected: int
+    problems: tuple[str, ...]
+    num_problems: int
+
+    @property
+    def ok(self) -> bool:
+        return self.num_problems == 0
+
+    def __str__(self):
+        head = (
+            f"{self.sources} sources listed; {self.records} records in the shards; "
+            f"{self.rejected} rejected"
+        )
+        if self.ok:
+            return head + ": every source accounted for, every record checked. OK"
+        lines = [head + f": {self.num_problems} problems"]
+        lines += [f"  {problem}" for problem in self.problems]
+        if self.num_problems > len(self.problems):
+            lines.append(f"  ... and {self.num_problems - len(self.problems)} more")
+        return "\n".join(lines)
+
+
+def first_problems(ranked: Iterable[tuple[int, str]]) -> list[str]:
+    """The problems listed: the first MAX_PROBLEMS_KEPT of (rank, text) pairs in order."""
+    return [text for _, text in sorted(ranked)[:MAX_PROBLEMS_KEPT]]
+
+
+class Expect:
+    """What the converter makes of a source now: a record's hashes (`row`), or its rejection.
+
+    The record is built as the job's `load.read_record` builds it, from `outcome.decide`'s
+    verdict (as the job's checks reach it) and the dataset's labels.
+    """
+
+    def __init__(self, found: manifest.Manifest, policy: images.ImagePolicy):
+        self._index = {label: i for i, label in enumerate(found.labels)}
+        self._label_offset = found.label_offset
+        self._policy = policy
+
+    @property
+    def labels(self) -> frozenset[str]:
+        return frozenset(self._index)
+
+    def __call__(self, listed: SourceFile) -> dict:
+        return self.row(listed, outcome.decide(listed, self._index, self._policy))
+
+    def row(self, listed: SourceFile, result: outcome.Outcome) -> dict:
+        row = {"path": listed.path, "split": listed.split, "label": listed.label}
+        if result.reason is not None:
+            return dict(row, rejected=result.reason)
+        stored = result.stored
+        sha256 = _sha256(result.data)
+        encoded = stored.encoded if stored.reencoded else result.data
+        record = schema.ImageRecord(
+            encoded=encoded, height=stored.height, width=stored.width,
+            label_index=self._index[listed.label], label_text=listed.label,
+            filename=listed.relpath, sha256=sha256,
+        )  # fmt: skip
+        return dict(
+            row,
+            sha256=sha256,
+            encoded_sha256=_sha256(encoded) if stored.reencoded else sha256,
+            record_sha256=_sha256(schema.serialize(record, label_offset=self._label_offset)),
+            height=stored.height,
+            width=stored.width,
+        )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def record_row(serialized: bytes, found: manifest.Manifest) -> dict:
+    """What a record says: its relative path, hashes and fields, or why it does not parse."""
+    try:
+        record = schema.decode_example(serialized, label_offset=found.label_offset)
+    except ValueError as err:
+        return {"problem": f"does not parse: {err}"}
+    problems = []
+    if not 0 <= record.label_index < len(found.labels) or (
+        found.labels[record.label_index] != record.label_text
+    ):
+        problems.append(
+            f"label {record.label_index} ({record.label_text!r}) does not match labels.txt"
+        )
+    return {
+        "relpath": record.filename,
+        "sha256": record.sha256,
+        "encoded_sha256": _sha256(record.encoded),
+        "record_sha256": _sha256(serialized),
+        "height": record.height,
+        "width": record.width,
+        "label": record.label_text,
+        "record_problems": problems,
+    }
+
+
+def count_problems(found: manifest.Manifest, source: str, listed: dict[str, int]) -> list[str]:
+    """Each split lists as many sources now as the manifest says it did."""
+    return [
+        f"split {split}: the manifest lists {info.listed} inputs, {source} now has "
+        f"{listed.get(split, 0)}"
+        for split, info in sorted(found.splits.items())
+        if listed.get(split, 0) != info.listed
+    ]
+
+
+def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[str]:
+    """The rules for one relative path: its SOURCE, RECORD and REJECTED rows agree.
+
+    A source rejected as a duplicate of another's content is checked with that other
+    (`check_content`), when the conversion deduplicated.
+    """
+    # In a fixed order: the joins deliver rows in any order (one row, the usual case, is).
+    listed, records, rejected = (
+        sorted(rows[kind], key=_order) if len(rows[kind]) > 1 else list(rows[kind])
+        for kind in (SOURCE, RECORD, REJECTED)
+    )
+    problems: list[str] = []
+    if (
+        dedupe
+        and not records
+        and [r.get("reason") for r in rejected] == [images.DUPLICATE_CONTENT]
+        and [s.get("rejected") for s in listed] == [None]
+    ):
+        return problems
+    if not listed:
+        where = [f"shard {r['shard']}" for r in records] + ["rejected/"] * len(rejected)
+        return [f"{relpath}: in {', '.join(where)} but not among the sources"]
+    if len(records) > 1:
+        shards = ", ".join(record["shard"] for record in records)
+        problems.append(f"{relpath}: written {len(records)} times (shards {shards})")
+    stored = [s for s in listed if "rejected" not in s]
+    refused = [s for s in listed if "rejected" in s]
+    if records and stored:
+        _check_record(relpath, records[0], stored[0], problems)
+    elif records:
+        reasons = ", ".join(sorted({s["rejected"] for s in refused}))
+        problems.append(
+            f"{relpath}: has a record, but the converter would reject it now ({reasons})"
+        )
+    elif stored:
+        if rejected:
+            problems.append(
+                f"{relpath}: in rejected/ ({rejected[0].get('reason')}), but the converter "
+                "would store it now"
+            )
+        else:
+            problems.append(f"{relpath}: listed but in no shard and not in rejected/ (lost)")
+    # A stored source's line in rejected/ was reported just above, and so was a record of a
+    # source that would be rejected now (it has no rejection line to miss).
+    lines = rejected[1:] if stored and not records and rejected else rejected
+    _check_rejections(relpath, refused if stored or not records else [], lines, problems)
+    return problems
+
+
+def _order(row: dict) -> str:
+    return json.dumps(row, sort_keys=True)
+
+
+def content_row(relpath: str, rows: dict[str, list[dict]]) -> tuple[str, dict] | None:
+    """A source the converter would store, under its content hash, with what became of it."""
+    stored = [s for s in rows[SOURCE] if "rejected" not in s]
+    if len(rows[SOURCE]) != 1 or not stored:
+        return None
+    became = "record" if rows[RECORD] else None
+    if not became and rows[REJECTED]:
+        became = min(rows[REJECTED], key=_order).get("reason")
+    source = stored[0]
+    row = {"relpath": relpath, "split": source["split"], "label": source["label"], "became": became}
+    return source["sha256"], row
+
+
+def check_content(rows: Iterable[dict], reported: list[list[str]], found: manifest.Manifest
+                  ) -> tuple[list[str], int, int]:  # fmt: skip
+    """The sources with the same bytes (`content_row`s), and the groups duplicates.jsonl gives
+    for those bytes (one, or none): listed there as they are; with dedupe, the first by path
+    is the one stored and the others are rejected.
+
+    Returns the problems, and 1 or 0 for: a group of duplicates, one across splits.
+    """
+    group = sorted(rows, key=lambda row: row["relpath"])
+    reported = sorted(reported)
+    problems = []
+    if len(reported) > 1:
+        problems.append(f"{naming.DUPLICATES_NAME}: lists the bytes of {reported[0][0]} "
+                        f"{len(reported)} times")  # fmt: skip
+    if found.conversion.get("dedupe") and group:
+        first, *others = group
+        if first["became"] != "record":
+            problems.append(
+                f"{first['relpath']}: the first of its content (--dedupe) is not stored"
+            )
+        for other in others:
+            if other["became"] != images.DUPLICATE_CONTENT:
+                problems.append(
+                    f"{other['relpath']}: the same bytes as {first['relpath']}, yet "
+                    f"{'stored' if other['became'] == 'record' else 'not rejected as such'}"
+                    " (--dedupe)"
+                )  # fmt: skip
+    if len(group) < 2:
+        if reported:
+            problems.append(f"{naming.DUPLICATES_NAME}: lists {reported[0][0]} and others, "
+                            "which differ now")  # fmt: skip
+        return problems, 0, 0
+    if found.knows_duplicates and reported[:1] != [[row["relpath"] for row in group]]:
+        problems.append(
+            f"{naming.DUPLICATES_NAME}: the inputs with the bytes of {group[0]['relpath']} "
+            f"({len(group)}) are not listed as one group"
+        )
+    return problems, 1, int(len({row["split"] for row in group}) > 1)
+
+
+def group_count_problems(found: manifest.Manifest, groups: int, cross_split: int) -> list[str]:
+    """The manifest's duplicate counts are the sources' (when it counts them)."""
+    in_manifest = (found.duplicates.get("groups", 0), found.duplicates.get("cross_split_groups", 0))
+    if not found.knows_duplicates or in_manifest == (groups, cross_split):
+        return []
+    return [
+        (
+            f"manifest.json counts {in_manifest[0]} duplicate groups ({in_manifest[1]} across "
+            f"splits); the sources have {groups} ({cross_split})"
+        )
+    ]
+
+
+def _check_record(relpath: str, record: dict, expected: dict, problems: list[str]) -> None:
+    where = f"{relpath} (shard {record['shard']})"
+    if record["split"] != expected["split"]:
+        problems.append(f"{where}: in split {record['split']}, but listed in {expected['split']}")
+    if record["record_sha256"] == expected["record_sha256"]:
+        return  # byte for byte what the converter writes
+    found = [f"{where}: {problem}" for problem in record["record_problems"]]
+    if record["sha256"] != expected["sha256"]:
+        found.append(f"{relpath}: the source changed since conversion (content hash differs)")
+    elif record["encoded_sha256"] != expected["encoded_sha256"]:
+        found.append(
+            f"{where}: the record's image is not what the converter writes for this source "
+            "(modified record)"
+        )
+    elif (record["height"], record["width"]) != (expected["height"], expected["width"]):
+        found.append(
+            f"{where}: the record says {record['height']}x{record['width']}, the converter "
+            f"stores {expected['height']}x{expected['width']} (modified record)"
+        )
+    if record["label"] != expected["label"]:
+        found.append(f"{where}: label {record['label']!r}, the source says {expected['label']!r}")
+    problems.extend(found or [
+        f"{where}: the record's bytes are not what the converter writes for this source "
+        "(modified record)"
+    ])  # fmt: skip
+
+
+def _check_rejections(relpath, refused, rejected, problems: list[str]) -> None:
+    """Each rejection the converter would make now has its line, with its reason and split."""
+    lines = list(rejected)
+    for expected in refused:
+        line = next((r for r in lines if r.get("reason") == expected["rejected"]), None)
+        if line is None and lines:
+            line = lines[0]
+            problems.append(
+                f"{relpath}: rejected as {line.get('reason')}, but the converter would now say "
+                f"{expected['rejected']}"
+            )
+        if line is None:
+            problems.append(
+                f"{relpath}: should be rejected ({expected['rejected']}), but is in no shard and "
+                "not in rejected/ (lost)"
+            )
+            continue
+        lines.remove(line)
+        if line.get("split") != expected["split"]:
+            problems.append(
+                f"{relpath}: rejected in split {line.get('split')}, but listed in "
+                f"{expected['split']}"
+            )
+    for line in lines:
+        problems.append(f"{relpath}: an extra rejection line ({line.get('reason')})")
