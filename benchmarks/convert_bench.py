@@ -8,8 +8,11 @@ several times, alternating (ceiling, job, ceiling, job, ..., ceiling), and the t
 median of each; every measurement is printed as well.
 Peak RSS: the largest process of the job (VmHWM; its workers' ru_maxrss), the largest over the runs, at N and KN.
 
+With --verify, `verify` runs on each job run's output too: its images/s and peak beside the
+job's (the issue's targets: at least as fast, at most 1.5x the memory).
+
 Run: .venv/bin/python -m benchmarks.convert_bench [--images N] [--larger K] [--side PX or A-B]
-     [--labels L] [--repeats R] [--cache FOLDER]
+     [--labels L] [--repeats R] [--cache FOLDER] [--verify]
 The issue's scale sets: --images 50000 --larger 10 --side 48-96 --labels 100.
 """
 
@@ -75,9 +78,20 @@ def ceiling(files: list[str]) -> float:
 
 def run_job(src: pathlib.Path, out: pathlib.Path) -> tuple[float, float]:
     """(images/s, peak RSS MiB of the largest job process), in a fresh process."""
+    call = f"convert.run([{str(src)!r}, {str(out)!r}], save_main_session=False)"
+    return _timed(src, "from beam_jobs import convert", call, "the conversion job")
+
+
+def run_verify(src: pathlib.Path, out: pathlib.Path) -> tuple[float, float]:
+    """`tfrecord-pipe verify SRC OUT`'s (images/s, peak RSS MiB of its largest process)."""
+    call = (f"report = verify.verify({str(src)!r}, {str(out)!r});"
+            "assert report.ok, report")  # fmt: skip
+    return _timed(src, "from tfrecord_pipe._tools import verify", call, "verify")
+
+
+def _timed(src: pathlib.Path, imports: str, call: str, what: str) -> tuple[float, float]:
     command = [sys.executable, "-c", (
-        "import resource, sys, time; from beam_jobs import convert; t = time.perf_counter();"
-        f"convert.run([{str(src)!r}, {str(out)!r}], save_main_session=False);"
+        f"import resource, sys, time; {imports}; t = time.perf_counter(); {call};"
         "d = time.perf_counter() - t;"
         # VmHWM, not ru_maxrss, for the job's own process: ru_maxrss survives exec, and
         # counted this process's memory before it (its list of 500,000 paths: +60 MiB).
@@ -87,7 +101,7 @@ def run_job(src: pathlib.Path, out: pathlib.Path) -> tuple[float, float]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode:
-        raise RuntimeError(f"the conversion job failed:\n{result.stderr[-4000:]}")
+        raise RuntimeError(f"{what} failed:\n{result.stderr[-4000:]}")
     line = next(li for li in result.stdout.splitlines() if li.startswith("RESULT"))
     _, seconds, max_rss_kib = line.split()
     # Only what the job's process says: this process's own children include the ceiling's
@@ -96,19 +110,32 @@ def run_job(src: pathlib.Path, out: pathlib.Path) -> tuple[float, float]:
     return count / float(seconds), int(max_rss_kib) / 1024
 
 
-def measure(src: pathlib.Path, work: pathlib.Path, repeats: int) -> tuple[float, float, float]:
-    """(median ceiling img/s, median job img/s, peak RSS MiB), alternating the two."""
+def measure(src: pathlib.Path, work: pathlib.Path, repeats: int, verify: bool = False) -> dict:
+    """Medians of ceiling, job (and verify) images/s, and their peak RSS MiB: runs alternating
+    ceiling, job (, verify of the job's output), ceiling, ..."""
     files = [str(p) for p in src.rglob("*.jpg")]
-    ceilings, jobs, peaks = [ceiling(files)], [], []
+    ceilings, jobs, peaks, verifies, verify_peaks = [ceiling(files)], [], [], [], []
     for run in range(repeats):
-        print(f"  job run {run + 1}/{repeats}, then the ceiling again...", flush=True)
-        rate, peak = run_job(src, work / f"out-{src.name}-{run}")
+        print(f"  job run {run + 1}/{repeats}{', verify' if verify else ''}, then the ceiling "
+              "again...", flush=True)  # fmt: skip
+        out = work / f"out-{src.name}-{run}"
+        rate, peak = run_job(src, out)
         jobs.append(rate)
         peaks.append(peak)
+        if verify:
+            rate, peak = run_verify(src, out)
+            verifies.append(rate)
+            verify_peaks.append(peak)
+        shutil.rmtree(out, ignore_errors=True)
         ceilings.append(ceiling(files))
     print(f"  ceiling {', '.join(f'{c:.0f}' for c in ceilings)} img/s; "
-          f"job {', '.join(f'{j:.0f}' for j in jobs)} img/s")
-    return statistics.median(ceilings), statistics.median(jobs), max(peaks)
+          f"job {', '.join(f'{j:.0f}' for j in jobs)} img/s"
+          + (f"; verify {', '.join(f'{v:.0f}' for v in verifies)} img/s" if verify else ""))
+    measured = {"ceiling": statistics.median(ceilings), "job": statistics.median(jobs),
+                "rss": max(peaks)}  # fmt: skip
+    if verify:
+        measured.update(verify=statistics.median(verifies), verify_rss=max(verify_peaks))
+    return measured
 
 
 def cached_images(folder: pathlib.Path, count: int, sides: tuple[int, int],
@@ -138,6 +165,8 @@ def main(argv=None):
     parser.add_argument("--cache", type=pathlib.Path,
                         help="keep the generated images in this folder and reuse them in "
                         "later runs (an A/B comparison then spends no time generating them)")
+    parser.add_argument("--verify", action="store_true",
+                        help="also run `verify` on each job run's output")
     args = parser.parse_args(argv)
     work = pathlib.Path(tempfile.mkdtemp(prefix="convert-bench-"))
     rows = []
@@ -145,20 +174,29 @@ def main(argv=None):
         for n in (args.images, args.larger * args.images):
             print(f"N={n}:")
             src = cached_images(args.cache or work, n, args.side, args.labels)
-            top, job, rss = measure(src, work, args.repeats)
-            rows.append((n, top, job, rss))
+            rows.append((n, measure(src, work, args.repeats, args.verify)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     side = "-".join(map(str, sorted(set(args.side))))
     print(f"\n{command_line('benchmarks.convert_bench', argv)}   ({os.cpu_count()} cores, "
           f"{side} px square JPEGs in {args.labels} folders)")
     print(f"medians of {args.repeats} job runs and {args.repeats + 1} ceiling runs, alternating")
-    print("| images | ceiling img/s | job img/s | job / ceiling | peak RSS MiB |")
-    print("|---|---|---|---|---|")
-    for n, top, job, rss in rows:
-        print(f"| {n} | {top:.0f} | {job:.0f} | {job / top:.2f}x | {rss:.0f} |")
-    print(f"peak RSS at {args.larger}N / N: {rows[1][3] / rows[0][3]:.2f}x (target <= 1.2x); "
-          f"throughput at {args.larger}N / N: {rows[1][2] / rows[0][2]:.2f}x (target >= 0.95x)")
+    print("| images | ceiling img/s | job img/s | job / ceiling | peak RSS MiB |"
+          + (" verify img/s | verify / job | verify peak RSS MiB | / job's |" if args.verify else ""))
+    print("|---|---|---|---|---|" + ("---|---|---|---|" if args.verify else ""))
+    for n, m in rows:
+        line = (f"| {n} | {m['ceiling']:.0f} | {m['job']:.0f} | {m['job'] / m['ceiling']:.2f}x "
+                f"| {m['rss']:.0f} |")  # fmt: skip
+        if args.verify:
+            line += (f" {m['verify']:.0f} | {m['verify'] / m['job']:.2f}x | {m['verify_rss']:.0f} "
+                     f"| {m['verify_rss'] / m['rss']:.2f}x |")  # fmt: skip
+        print(line)
+    (n, small), (_, large) = rows
+    print(f"peak RSS at {args.larger}N / N: {large['rss'] / small['rss']:.2f}x (target <= 1.2x); "
+          f"throughput at {args.larger}N / N: {large['job'] / small['job']:.2f}x (target >= 0.95x)")
+    if args.verify:
+        print(f"verify: peak RSS at {args.larger}N / N {large['verify_rss'] / small['verify_rss']:.2f}x; "
+              "target: verify / job >= 1.0x throughput, <= 1.5x peak RSS")
     return rows
 
 
