@@ -24,7 +24,7 @@ class ConvertConfig:
       output: dataset folder to write. Local or gs://.
       layout: "auto", "labels" (SRC/label/...), "splits" (SRC/split/label/...) or "csv".
       csv_header: whether a CSV's first line is a header: "yes", "no", or "auto" (the rule in
-        `sources.py`).
+        `csv_lists.py`).
       validation_fraction: share of inputs put in the validation split when the input does not
         say; chosen by a stable hash of the relative path, so adding images never moves others.
       labels_file: fixes the label order (one per line); default: sorted label names.

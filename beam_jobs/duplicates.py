@@ -19,7 +19,7 @@ from apache_beam.metrics import Metrics
 
 import beam_jobs
 from beam_jobs import storage
-from beam_jobs.sources import SourceFile, rejection
+from beam_jobs.source_file import SourceFile, rejection
 from tfrecord_pipe._core import images, naming, paths
 
 

@@ -32,7 +32,7 @@ from apache_beam.metrics import Metrics
 
 import beam_jobs
 from beam_jobs import malloc, outcome, shard_plan, storage, worker_progress
-from beam_jobs.sources import SourceFile, rejection
+from beam_jobs.source_file import SourceFile, rejection
 from tfrecord_pipe._core import images, paths, schema
 
 LOG = logging.getLogger(__name__)

@@ -26,9 +26,10 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent import futures
 
-from beam_jobs import duplicates, finalise, load, shard_plan, sources, spill, storage
+from beam_jobs import csv_lists, duplicates, finalise, load, shard_plan, sources, spill, storage
 from beam_jobs import summary, worker_pool, worker_progress, write_shards
 from beam_jobs.config import ConvertConfig
+from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import naming, paths
 from tfrecord_pipe._core.rejection import Rejection
 
@@ -106,7 +107,7 @@ class _Job:
         """Lists and checks every input; returns the dataset's labels."""
         found = set()
 
-        def inputs() -> Iterator[list[sources.SourceFile]]:
+        def inputs() -> Iterator[list[SourceFile]]:
             batch = []
             for source in self._listed():
                 if source.label is not None and source.problem is None:
@@ -135,12 +136,12 @@ class _Job:
             worker_progress.report(self._progress_dir, "local", seen, rejected)
         return fixed_labels if fixed_labels is not None else tuple(sorted(found))
 
-    def _listed(self) -> Iterator[sources.SourceFile]:
+    def _listed(self) -> Iterator[SourceFile]:
         """Every input listed, counted; a CSV's files named twice kept once (the others
-        rejected by the workers, as `sources.DropDuplicatePaths` rejects them)."""
+        rejected by the workers, as `csv_lists.DropDuplicatePaths` rejects them)."""
         listed = sources.list_sources(self._config)
         if self._config.layout == "csv":
-            listed = sources.kept_once(listed, self._spill_dir)
+            listed = csv_lists.kept_once(listed, self._spill_dir)
         for source in listed:
             self._counts[source.split, None] += 1
             yield source
@@ -238,7 +239,7 @@ class _Every:
 
 
 @worker_pool.in_worker
-def _check(batch: list[sources.SourceFile]) -> list:
+def _check(batch: list[SourceFile]) -> list:
     """(split, Checked) or a Rejection per input of `batch`, in order."""
     return [
         rejected if checked is None else (source.split, checked)

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Container
 
 from beam_jobs import storage
-from beam_jobs.sources import SourceFile
+from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import images
 
 LOG = logging.getLogger(__name__)

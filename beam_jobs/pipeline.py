@@ -13,7 +13,8 @@ from beam_jobs import duplicates as content
 from beam_jobs import finalise, storage, summary
 from beam_jobs.config import ConvertConfig
 from beam_jobs.load import BATCH, LoadImages
-from beam_jobs.sources import DropDuplicatePaths, ListSources
+from beam_jobs.csv_lists import DropDuplicatePaths
+from beam_jobs.sources import ListSources
 from beam_jobs.write_shards import WriteShards
 from tfrecord_pipe._core import naming, paths
 

@@ -31,7 +31,7 @@ def entry_bytes() -> dict[str, int]:
     ImageNet-like input on gs:// (a synset folder and file name)."""
     import apache_beam as beam
 
-    from beam_jobs import load, shard_plan, sources
+    from beam_jobs import load, shard_plan, source_file
 
     relpath = "n01440764/n01440764_10026.JPEG"
     path = "gs://my-bucket/imagenet/train/" + relpath
@@ -41,7 +41,7 @@ def entry_bytes() -> dict[str, int]:
         label_text="n01440764", sha256=digest, crc32c=2**31, height=375, width=500,
         size=110_000, reencoded=False,
     )  # fmt: skip
-    listed = sources.SourceFile(path=path, relpath=relpath, label="n01440764", split="train")
+    listed = source_file.SourceFile(path=path, relpath=relpath, label="n01440764", split="train")
 
     def size(value) -> int:
         return len(beam.coders.registry.get_coder(type(value)).encode(value))

@@ -257,7 +257,7 @@ def test_remote_sources_of_a_batch_are_read_at_once_and_checked_in_order(gcs, tm
     import time
 
     from beam_jobs import load
-    from beam_jobs.sources import SourceFile
+    from beam_jobs.source_file import SourceFile
     from tfrecord_pipe._core import images
 
     src = make_folder(tmp_path / "src", per_label=6, odd=("truncated_jpeg.jpg",))

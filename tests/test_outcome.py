@@ -3,7 +3,7 @@
 import pytest
 
 from beam_jobs import outcome
-from beam_jobs.sources import SourceFile
+from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import images
 
 from helpers import jpeg_bytes

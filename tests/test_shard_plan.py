@@ -5,7 +5,7 @@ import random
 import pytest
 
 from beam_jobs import shard_plan
-from beam_jobs.sources import split_by_hash
+from beam_jobs.source_file import split_by_hash
 from tfrecord_pipe._core import naming
 
 

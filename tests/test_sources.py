@@ -1,5 +1,6 @@
-"""sources.py: what the job takes as its inputs, and the rules a user can rely on (layout,
-CSV headers, one record per file however its path is spelled); `verify` lists the same way."""
+"""sources.py and csv_lists.py: what the job takes as its inputs, and the rules a user can
+rely on (layout, CSV headers, one record per file however its path is spelled); `verify`
+lists the same way."""
 
 import collections
 import json
@@ -7,7 +8,7 @@ import os
 
 import pytest
 
-from beam_jobs import convert, sources, storage
+from beam_jobs import convert, csv_lists, sources, storage
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import images, naming
 
@@ -248,13 +249,13 @@ def test_a_csv_that_never_ends_is_refused_not_read_forever(tmp_path):
     for name in ("zero.csv", "fifo.csv"):
         with pytest.raises(ValueError, match="not a regular file"):
             resolved(tmp_path / name)
-    (tmp_path / "one.csv").write_bytes(b"a" * (sources.MAX_CSV_LINE_BYTES + 1))
+    (tmp_path / "one.csv").write_bytes(b"a" * (csv_lists.MAX_CSV_LINE_BYTES + 1))
     with pytest.raises(ValueError, match="has a line over"):
         resolved(tmp_path / "one.csv")
 
 
 def test_line_ends_split_across_read_blocks_are_one_line_end(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "_BLOCK_BYTES", 3)  # "\r" and "\n" in different blocks
+    monkeypatch.setattr(csv_lists, "_BLOCK_BYTES", 3)  # "\r" and "\n" in different blocks
     (tmp_path / "list.csv").write_bytes(b"a.jpg,red\r\nb.jpg,green\r\n\rc.jpg,blue")
-    lines = list(sources.csv_lines(str(tmp_path / "list.csv")))
+    lines = list(csv_lists.csv_lines(str(tmp_path / "list.csv")))
     assert lines == [(1, "a.jpg,red"), (2, "b.jpg,green"), (3, ""), (4, "c.jpg,blue")]

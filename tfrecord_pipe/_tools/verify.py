@@ -27,7 +27,8 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 
-from beam_jobs import load, sources, spill, worker_pool
+from beam_jobs import csv_lists, load, sources, spill, worker_pool
+from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, progress
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
@@ -168,11 +169,11 @@ class _Join:
         self._problems.extend(rules.group_count_problems(found, groups, cross_split), FILES)
 
 
-def _listed(config, work: str) -> Iterator[sources.SourceFile]:
+def _listed(config, work: str) -> Iterator[SourceFile]:
     """The inputs as the converter listed them; a CSV's files named twice kept once (the
     others marked, and expected among the rejections, as the converter does)."""
     listed = sources.list_sources(config)
-    return sources.kept_once(listed, work) if config.layout == "csv" else listed
+    return csv_lists.kept_once(listed, work) if config.layout == "csv" else listed
 
 
 def _batches(items: Iterable, size: int = load.BATCH) -> Iterator[list]:

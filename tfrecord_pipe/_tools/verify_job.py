@@ -22,7 +22,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from beam_jobs import flags, sources, storage
+from beam_jobs import csv_lists, flags, sources, storage
 from tfrecord_pipe._core import manifest, messages, paths
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
@@ -171,7 +171,7 @@ class VerifyDataset(beam.PTransform):
         if config.layout == "csv":  # a file listed twice is kept once, as the converter does
             listed = (
                 listed
-                | "KeyByFile" >> beam.Map(lambda s: (sources.identity(s), s))
+                | "KeyByFile" >> beam.Map(lambda s: (csv_lists.identity(s), s))
                 | "GroupByFile" >> beam.GroupByKey()
                 | "OnePerFile" >> beam.FlatMapTuple(lambda _, group: _one_per_file(group))
             )
@@ -262,7 +262,7 @@ class _Expect(beam.DoFn):
 
 
 def _one_per_file(group):
-    kept, duplicates = sources.one_per_file(list(group))
+    kept, duplicates = csv_lists.one_per_file(list(group))
     return [kept, *duplicates]
 
 

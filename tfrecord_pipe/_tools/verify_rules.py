@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable
 
 from beam_jobs import outcome
-from beam_jobs.sources import SourceFile
+from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import images, manifest, naming, schema
 
 MAX_PROBLEMS_KEPT = 1000  # problems listed in full; beyond that only counted

@@ -1,0 +1,215 @@
+"""CSV lists of inputs (`path,label[,split]` lines): read as UTF-8 text a block at a time,
+the header rule, paths normalised, and a file listed twice kept once.
+
+Rules a user can rely on (docs/conversion.md, "What we guarantee"): the first line, and only
+it, may be a header (`--csv_header`, default auto: it is one when its path cell is a plain
+name, no "/" or ".", that names no existing file). A UTF-8 BOM is ignored. Paths are
+normalised (`./a.jpg`, `x/../a.jpg`, `imgs//a.jpg` and the absolute path are one file, local
+symlinks resolved); a file listed twice is kept once, the other lines rejected as duplicates.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import dataclasses
+import itertools
+import operator
+import os
+import posixpath
+import re
+from collections.abc import Iterable, Iterator
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+import beam_jobs
+from beam_jobs import spill
+from beam_jobs.config import ConvertConfig
+from beam_jobs.source_file import SourceFile, check_label, check_split_name, rejection, split_by_hash
+from tfrecord_pipe._core import images, paths
+
+
+_PLAIN_NAME = re.compile(r"[\w -]+")
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def csv_lines(csv_path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text without its line end) of a CSV list, read as UTF-8 (a BOM ignored);
+    lines may end in \\r\\n, \\n or \\r alone (old Mac spreadsheets).
+
+    Raises:
+      ValueError: not a regular file (a FIFO or /dev/zero would never end), a line over
+        MAX_CSV_LINE_BYTES, text that is not UTF-8, or a NUL byte (a binary file or UTF-16);
+        names the file and the line, and says what to do.
+    """
+    save_as = "Save it as UTF-8 text (spreadsheets: \"CSV UTF-8\")."
+    if not paths.is_remote(csv_path) and not os.path.isfile(csv_path):
+        raise ValueError(f"CSV list {csv_path} is not a regular file (a pipe or a device?).")
+    with FileSystems.open(csv_path) as f:
+        for number, raw in enumerate(_raw_lines(f, csv_path), start=1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            if number == 1 and raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+                raise ValueError(f"CSV list {csv_path} is UTF-16 text, not UTF-8. {save_as}")
+            if b"\0" in raw:
+                raise ValueError(
+                    f"CSV list {csv_path} line {number} holds a NUL byte: it is a binary file "
+                    f"or UTF-16 text, not a UTF-8 CSV. {save_as}"
+                )
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"CSV list {csv_path} line {number} is not UTF-8 text (byte "
+                    f"{err.start + 1}: {err.reason}). {save_as}"
+                ) from None
+            yield number, text
+
+
+MAX_CSV_LINE_BYTES = 1 << 16  # a path and a label; far more is no CSV list
+_BLOCK_BYTES = 1 << 20
+
+
+def _raw_lines(f, csv_path: str) -> Iterator[bytes]:
+    """The lines of a binary file, read a block at a time, without their ends."""
+    rest = b""
+    while block := f.read(_BLOCK_BYTES):
+        data = rest + block
+        held = b"\r" if data.endswith(b"\r") else b""  # maybe the first half of \r\n
+        *lines, rest = _LINE_END.split(data[: len(data) - len(held)])
+        yield from lines
+        rest += held
+        if len(rest) > MAX_CSV_LINE_BYTES:
+            raise ValueError(
+                f"CSV list {csv_path} has a line over {MAX_CSV_LINE_BYTES} bytes: it is not a "
+                "list of `path,label[,split]` lines."
+            )
+    if rest.rstrip(b"\r"):
+        yield rest.rstrip(b"\r")
+
+
+def is_a_header(first: str, csv_path: str) -> bool:
+    """The auto rule: a header's path cell is a plain name that names no existing file."""
+    cells = cells_of(first)
+    if not cells or not cells[0] or not _PLAIN_NAME.fullmatch(cells[0]):
+        return False
+    return not FileSystems.exists(_resolved(cells[0], csv_path)[0])
+
+
+def cells_of(line: str) -> list[str]:
+    return [cell.strip() for cell in next(csv.reader([line]), [])]  # csv_lines took the BOM
+
+
+def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
+    """The input of a data line `path,label[,split]`; none for a blank line.
+
+    A line without a path comes out with its problem, so that it is rejected, not dropped.
+
+    Raises:
+      ValueError: a split that cannot name shard files, or a label that cannot be a line of
+        labels.txt (the job stops at listing).
+    """
+    cells = cells_of(line)
+    if not any(cells):
+        return []
+    path, relpath = _resolved(cells[0], config.source) if cells[0] else ("", line)
+    label = cells[1] if len(cells) > 1 and cells[1] else None
+    split = cells[2] if len(cells) > 2 and cells[2] else None
+    if split is None:
+        split = split_by_hash(relpath, config.validation_fraction)
+    check_split_name(split, f"{config.source}: line {line!r}: split", "change it")
+    check_label(label, f"{config.source}: line {line!r}: its", "write it without them")
+    problem = None if cells[0] else (images.UNREADABLE, f"the line has no path: {line!r}")
+    return [SourceFile(path, relpath, label, split, problem)]
+
+
+def _resolved(path: str, csv_path: str) -> tuple[str, str]:
+    """(full path, path relative to the CSV's folder) of a CSV cell, normalised: `./a.jpg`,
+    `x/../a.jpg`, `imgs//..//a.jpg` and the absolute path are one `a.jpg`. A path outside the
+    CSV's folder keeps its whole path, without the scheme, as its relative path."""
+    base = posixpath.dirname(csv_path)
+    if not paths.is_remote(path) and not path.startswith("/"):
+        path = posixpath.join(base, path) if base else path
+    full, folder = _normalised(path), _normalised(base)
+    if full.startswith(folder.rstrip("/") + "/"):
+        return full, full[len(folder.rstrip("/")) + 1 :]
+    return full, full.split("://", 1)[-1].lstrip("/")
+
+
+def _normalised(path: str) -> str:
+    """One spelling of a path: without ".", ".." and doubled slashes; local paths absolute."""
+    if paths.is_remote(path):
+        scheme, rest = path.split("://", 1)
+        return f"{scheme}://{posixpath.normpath(rest)}"
+    return os.path.abspath(path)
+
+
+def identity(source: SourceFile) -> str:
+    """What makes two listings the same file: the real path of a local file, else the path."""
+    if paths.is_remote(source.path) or not source.path:
+        return source.path or source.relpath
+    return os.path.realpath(source.path)
+
+
+def one_per_file(listings: list[SourceFile]) -> tuple[SourceFile, list[SourceFile]]:
+    """The listing of a file that is kept, and the others, each with its DUPLICATE problem.
+
+    Which one is kept must not depend on the order the listings come in: the smallest by
+    (split, label, relpath) is kept, so re-runs write the same records.
+    """
+    ordered = sorted(listings, key=lambda s: (s.split, s.label or "", s.relpath))
+    kept = ordered[0]
+    detail = (
+        f"the same file as {kept.relpath} is listed {len(ordered)} times; kept the listing "
+        f"{kept.relpath!r} with label {kept.label!r} in split {kept.split!r}. Remove the extra "
+        "lines."
+    )
+    return kept, [dataclasses.replace(s, problem=(images.DUPLICATE, detail)) for s in ordered[1:]]
+
+
+def kept_once(listed: Iterable[SourceFile], spill_dir: str) -> Iterator[SourceFile]:
+    """Every listing, each file's kept one (`one_per_file`) then its others marked as
+    duplicates; grouped through a sort on local disk in `spill_dir`, so memory stays flat
+    however long the list (the local engine and `verify`; Beam groups with
+    `DropDuplicatePaths`)."""
+    by_file = spill.SortedSpill(spill_dir, key=operator.itemgetter(0))
+    for source in listed:
+        by_file.add((identity(source), source))
+    for _, same in itertools.groupby(by_file.sorted(), key=operator.itemgetter(0)):
+        kept, others = one_per_file([source for _, source in same])
+        yield kept
+        yield from others
+
+
+def _keep_one_per_file(identity_and_sources):
+    """The kept listing, and the others as rejections (DropDuplicatePaths.REJECTED)."""
+    kept, duplicates = one_per_file(list(identity_and_sources[1]))
+    yield kept
+    for duplicate in duplicates:
+        Metrics.counter(beam_jobs.METRICS_NAMESPACE, "inputs_duplicate").inc()
+        yield beam.pvalue.TaggedOutput(
+            DropDuplicatePaths.REJECTED, rejection(duplicate, *duplicate.problem)
+        )
+
+
+class DropDuplicatePaths(beam.PTransform):
+    """Keeps one listing per file; the others go to the REJECTED output (reason "duplicate").
+
+    CSV lists can name a file twice, sometimes with two labels or in two splits, or under two
+    spellings of its path. Writing it twice would count it twice and could put the same image
+    in train and validation.
+    """
+
+    REJECTED = "rejected"
+
+    def expand(self, sources):
+        return (
+            sources
+            | "KeyByFile" >> beam.Map(lambda source: (identity(source), source))
+            | "GroupByFile" >> beam.GroupByKey()
+            | "KeepOne" >> beam.FlatMap(_keep_one_per_file).with_outputs(
+                self.REJECTED, main="sources"
+            )
+        )
