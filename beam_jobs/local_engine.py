@@ -98,6 +98,17 @@ class _Job:
         self._spill_dir = spill_dir
         self._counts: collections.Counter = collections.Counter()  # (split, reason) -> n
         self.duplicate_totals: collections.Counter = collections.Counter()
+        self._seen = self._seen_rejected = 0  # inputs checked, and rejected by the checks
+        self._reported = time.monotonic()
+
+    def _report(self, force: bool = False, written: int = 0, to_write: int = 0) -> None:
+        """The progress line's counts (`worker_progress`), at most every POLL_S."""
+        now = time.monotonic()
+        if self._progress_dir is None or (not force and now - self._reported < worker_progress.POLL_S):
+            return
+        self._reported = now
+        worker_progress.report(self._progress_dir, "local", self._seen, self._seen_rejected,
+                               written, to_write)  # fmt: skip
 
     def _reject(self, row: Rejection) -> None:
         self._counts[row.split, row.reason] += 1
@@ -119,21 +130,16 @@ class _Job:
             if batch:
                 yield batch
 
-        seen = rejected = 0
-        reported = time.monotonic()
         for future in load.in_order(self._pool, _check, inputs(), self._window):
             for result in future.result():
-                seen += 1
+                self._seen += 1
                 if isinstance(result, Rejection):
-                    rejected += 1
+                    self._seen_rejected += 1
                     self._reject(result)
                 else:
                     self._by_content.add(result)
-            if self._progress_dir is not None and time.monotonic() - reported > worker_progress.POLL_S:
-                worker_progress.report(self._progress_dir, "local", seen, rejected)
-                reported = time.monotonic()
-        if self._progress_dir is not None:
-            worker_progress.report(self._progress_dir, "local", seen, rejected)
+            self._report()
+        self._report(force=True)
         return fixed_labels if fixed_labels is not None else tuple(sorted(found))
 
     def _listed(self) -> Iterator[SourceFile]:
@@ -173,9 +179,14 @@ class _Job:
             for split, (n, size) in totals.items()
         }
         shards = self._shard_files(plans, {split: n for split, (n, _) in totals.items()})
-        written = []
+        written, to_write, done = [], sum(n for n, _ in totals.values()), 0
+        self._report(force=True, to_write=to_write)
         for future in load.in_order(self._pool, _write, shards, self._window):
-            written.extend(future.result())
+            files = future.result()
+            written.extend(files)
+            done += files[0].count if files else 0  # a shard in two formats is two files
+            self._report(written=done, to_write=to_write)
+        self._report(force=True, written=done, to_write=to_write)
         return written
 
     def _shard_files(self, plans: dict[str, int], examples: dict[str, int]):

@@ -19,27 +19,30 @@ from tfrecord_pipe._core import progress
 POLL_S = 1.0  # how often the launcher sums the workers' reports
 
 
-def report(folder: str, worker: str, seen: int, rejected: int) -> None:
-    """Called by a worker: its counts so far (replaces its previous report)."""
+def report(folder: str, worker: str, seen: int, rejected: int, written: int = 0,
+           to_write: int = 0) -> None:  # fmt: skip
+    """Called by a worker: its counts so far (replaces its previous report). The local engine
+    adds the records written and to write, once it writes shards (Beam's steps overlap)."""
     path = pathlib.Path(folder) / worker
     partial = path.with_suffix(".partial")
-    partial.write_text(f"{seen} {rejected}")
+    partial.write_text(f"{seen} {rejected} {written} {to_write}")
     os.replace(partial, path)
 
 
-def totals(folder: str) -> tuple[int, int]:
-    """(inputs loaded, rejected), summed over every worker's latest report."""
-    seen = rejected = 0
+def totals(folder: str) -> tuple[int, int, int, int]:
+    """(inputs loaded, rejected, records written, records to write), summed over every
+    worker's latest report."""
+    summed = [0, 0, 0, 0]
     for path in pathlib.Path(folder).glob("*"):
         if path.suffix == ".partial":
             continue
         try:
-            a, b = path.read_text().split()
+            counts = [int(n) for n in path.read_text().split()]
         except (OSError, ValueError):  # being replaced right now: counted at the next poll
             continue
-        seen += int(a)
-        rejected += int(b)
-    return seen, rejected
+        for i, n in enumerate(counts[:4]):
+            summed[i] += n
+    return tuple(summed)
 
 
 class ProgressLine:
@@ -51,6 +54,7 @@ class ProgressLine:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._started = time.monotonic()
+        self._writing_since: float | None = None  # the local engine's second phase
 
     def __enter__(self):
         self._thread.start()
@@ -63,10 +67,16 @@ class ProgressLine:
 
     def _run(self):
         while not self._stop.wait(POLL_S):
-            seen, rejected = totals(self._folder)
-            if seen:
-                self._line.update(self._text(seen, rejected))
+            counts = totals(self._folder)
+            if counts[0]:
+                self._line.update(self._text(*counts))
 
-    def _text(self, seen: int, rejected: int) -> str:
-        elapsed = max(time.monotonic() - self._started, 1e-9)
-        return f"converting: {seen} inputs loaded ({rejected} rejected), {seen / elapsed:.0f}/s"
+    def _text(self, seen: int, rejected: int, written: int = 0, to_write: int = 0) -> str:
+        now = time.monotonic()
+        text = f"converting: {seen} inputs loaded ({rejected} rejected)"
+        if not to_write:
+            return text + f", {seen / max(now - self._started, 1e-9):.0f}/s"
+        if self._writing_since is None:
+            self._writing_since = now
+        rate = written / max(now - self._writing_since, 1e-9)
+        return text + f"; {written}/{to_write} records written" + (f", {rate:.0f}/s" if written else "")

@@ -25,6 +25,21 @@ def test_convert_writes_a_dataset_and_prints_the_summary(tmp_path):
     assert manifest["labels"] == ["cat", "dog"]
 
 
+def test_the_local_engine_s_progress_line_counts_the_records_it_writes(tmp_path):
+    # The engine writes the shards after checking every input: its line must go on moving
+    # then (on millions of inputs that is half the run), not stop at the last input checked.
+    for label in ("cat", "dog"):
+        (tmp_path / "src" / label).mkdir(parents=True)
+        for i in range(4):
+            (tmp_path / "src" / label / f"{i}.jpg").write_bytes(jpeg_bytes(8 + i, 8))
+    (tmp_path / "src" / "dog" / "bad.jpg").write_bytes(b"not an image")
+    result = run_command("convert", tmp_path / "src", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    finals = [line for line in result.stderr.splitlines() if line.startswith("converting: ")]
+    assert finals and finals[-1].startswith(
+        "converting: 9 inputs loaded (1 rejected); 8/8 records written"), result.stderr
+
+
 def test_convert_on_a_missing_folder_exits_2_with_one_clear_line(tmp_path):
     result = run_cli("convert", tmp_path / "missing", tmp_path / "out")
     assert result.returncode == 2
