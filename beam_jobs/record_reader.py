@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
+import stat
 import struct
 import tempfile
 import zlib
@@ -32,12 +33,14 @@ class CorruptShardError(Exception):
     Lasting: reading it again gives the same."""
 
 
-def records(path: str, compression: str = "") -> Iterator[bytes]:
+def records(path: str, compression: str = "", temp_dir: str | None = None) -> Iterator[bytes]:
     """The records of one shard file, of the format its name says, in order.
 
     Args:
       path: local or remote (gs://...).
       compression: "GZIP" or "" (TFRecord files; ArrayRecord files say their own).
+      temp_dir: where a remote ArrayRecord file is copied to be read (default: the system's
+        temporary folder); a copy left by a killed process goes with that folder.
 
     Raises:
       CorruptShardError: after the records before the damage.
@@ -45,7 +48,7 @@ def records(path: str, compression: str = "") -> Iterator[bytes]:
       OSError, or Beam's own errors: the storage failed (perhaps for a moment).
     """
     if naming.file_format_of(path) == naming.ARRAY_RECORD:
-        return _array_records(path)
+        return _array_records(path, temp_dir)
     return _tfrecords(path, compression)
 
 
@@ -79,7 +82,7 @@ def _open(path: str, compression: str):
         raise ValueError(f"compression must be '' or 'GZIP', got {compression!r}")
     with contextlib.ExitStack() as stack:
         if not paths.is_remote(path):
-            raw = stack.enter_context(open(path, "rb", buffering=1 << 20))  # Beam's costs more
+            raw = stack.enter_context(_open_local(path))
         elif not FileSystems.exists(path):
             raise FileNotFoundError(f"{path} not found")
         else:
@@ -87,6 +90,17 @@ def _open(path: str, compression: str):
                 FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
             )
         yield stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb")) if compression else raw
+
+
+def _open_local(path: str):
+    """A local file opened for reading, if it is a regular file (a FIFO would block for
+    ever); with plain `open`: Beam's wrapper costs more per call."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptShardError(f"{path}: not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb", buffering=1 << 20)
 
 
 def _read(f, size: int, path: str) -> bytes:
@@ -103,8 +117,8 @@ def _read(f, size: int, path: str) -> bytes:
     return data
 
 
-def _array_records(path: str) -> Iterator[bytes]:
-    with _local_copy(path) as local:
+def _array_records(path: str, temp_dir: str | None) -> Iterator[bytes]:
+    with _local_copy(path, temp_dir) as local:
         try:
             yield from array_records.records(local)
         except (OSError, RuntimeError) as err:  # RuntimeError: the package's, for damaged chunks
@@ -112,17 +126,19 @@ def _array_records(path: str) -> Iterator[bytes]:
 
 
 @contextlib.contextmanager
-def _local_copy(path: str):
+def _local_copy(path: str, temp_dir: str | None):
     """`path` on local disk: itself, or a temporary copy of a remote file (the array-record
     package reads local files only)."""
     if not paths.is_remote(path):
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path} not found")
+        if not os.path.isfile(path):
+            raise CorruptShardError(f"{path}: not a regular file")
         yield path
         return
     if not FileSystems.exists(path):
         raise FileNotFoundError(f"{path} not found")
-    handle, local = tempfile.mkstemp(suffix="." + naming.ARRAY_RECORD)
+    handle, local = tempfile.mkstemp(suffix="." + naming.ARRAY_RECORD, dir=temp_dir)
     try:
         with os.fdopen(handle, "wb") as out, FileSystems.open(
             path, compression_type=CompressionTypes.UNCOMPRESSED

@@ -6,6 +6,7 @@ import os
 import pathlib
 import shutil
 
+import pytest
 import tensorflow as tf
 
 from beam_jobs import convert, spill
@@ -13,7 +14,9 @@ from tfrecord_pipe._core import schema
 from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import verify, verify_reading, verify_rules
 
-from helpers import COLOURS, IN_PROCESS, jpeg_bytes, length_delimited, run_cli, run_python
+from helpers import (
+    COLOURS, IN_PROCESS, jpeg_bytes, length_delimited, run_cli, run_command, run_python,
+)  # fmt: skip
 
 
 def test_verify_passes_on_an_untouched_conversion(converted):
@@ -272,3 +275,49 @@ def test_a_worker_that_fails_or_dies_fails_verify_with_nothing_proven(converted,
     done = run_cli("verify", src, out)
     assert done.returncode == 1 and "OK" not in done.stdout
     assert "BrokenProcessPool" in done.stderr and "nothing was proven" in done.stderr
+
+
+def _break_first_image(records):
+    """The first record with its image cut in half: it parses, its image does not decode."""
+    record = schema.decode_example(records[0], label_offset=1)
+    broken = dataclasses.replace(record, encoded=record.encoded[: len(record.encoded) // 2])
+    return [schema.serialize(broken, label_offset=1)] + records[1:]
+
+
+@pytest.mark.slow
+def test_decode_decodes_every_record_as_the_reader_does(converted_copy):
+    # Without --decode a record is proven to be the converter's bytes; with it, its image is
+    # also decoded by TensorFlow in the workers (a new process: TensorFlow is not fork-safe
+    # once started, and this test's process started it).
+    src, out = converted_copy
+    clean = run_command("verify", src, out, "--decode")
+    assert clean.returncode == 0 and clean.stdout.strip().endswith("OK"), clean.stderr
+    assert "cuda" not in clean.stderr.lower(), clean.stderr  # TensorFlow's start-up noise
+    rewrite_shard(first_shard(out), _break_first_image)
+    plain = run_command("verify", src, out)
+    decoded = run_command("verify", src, out, "--decode")
+    assert plain.returncode == decoded.returncode == 1, plain.stderr + decoded.stderr
+    assert "(modified record)" in plain.stdout and "does not decode" not in plain.stdout
+    assert "image does not decode" in decoded.stdout, decoded.stdout + decoded.stderr
+
+
+def test_a_shard_that_is_a_fifo_is_a_problem_not_a_hang(converted_copy):
+    src, out = converted_copy
+    shard = first_shard(out)
+    shard.unlink()
+    os.mkfifo(shard)
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    assert f"shard {shard.name} is corrupt after 0 records" in done.stdout
+    assert "not a regular file" in done.stdout
+
+
+def test_ctrl_c_during_verify_exits_130_with_nothing_proven(converted, monkeypatch):
+    src, out = converted
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verify, "verify", interrupted)
+    done = run_cli("verify", src, out)
+    assert done.returncode == 130 and "interrupted; nothing was proven" in done.stderr

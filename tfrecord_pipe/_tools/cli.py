@@ -2,26 +2,25 @@
 
   convert SRC OUT [options] [Beam flags]   run the Beam conversion job (beam_jobs.convert)
   inspect PATH [--grid FILE.png]           what a dataset holds, with histograms and a picture
-  verify SRC OUT [Beam flags]              prove nothing was lost or changed (with Beam
+  verify SRC OUT [--decode] [Beam flags]   prove nothing was lost or changed (with Beam
                                            flags: as a Beam pipeline, e.g. on Dataflow)
   bench PATH                               the reader's images/s next to the decode ceiling
 
-Exit codes: 0 success; 1 `verify` or `inspect --check` found problems, or verify's Beam job
-failed; 2 bad input (a missing path, a folder that is not a dataset, ...), with one line on
-stderr saying what to do.
+Exit codes: 0 success; 1 `verify` or `inspect --check` found problems, or verify itself
+failed (its Beam job, a worker); 2 bad input (a missing path, a folder that is not a dataset,
+...), with one line on stderr saying what to do; 130 verify interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
-import tempfile
 
 from tfrecord_pipe._core import help_format, messages, naming, paths
+from tfrecord_pipe._tools import tensorflow_start
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,9 +83,9 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
         "verify", **sub,
         help="prove nothing was lost or changed between the inputs and a dataset",
         description="Check a dataset against the inputs it was converted from: every listed "
-        "source is in exactly one shard (matched by content hash) or in rejected/, no record "
+        "source is in exactly one shard (matched by its relative path) or in rejected/, no record "
         "appears twice, shard counts match the manifest, every record is byte for byte the one the "
-        "converter writes for its source. Exits 1 and lists the problems otherwise. A worker "
+        "converter writes for its source (and, with --decode, decodes with TensorFlow). Exits 1 and lists the problems otherwise. A worker "
         "process per core; memory stays flat however large the dataset. Given Beam flags, it runs the same checks as a "
         "Beam pipeline on their runner and prints the same report.",
         epilog="""on Dataflow (workers read the data; the report comes back here):
@@ -95,6 +94,12 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
     )
     verify.add_argument("source", help="what was converted: the image folder or CSV list")
     verify.add_argument("dataset", help="the dataset folder written by `tfrecord-pipe convert`")
+    verify.add_argument(
+        "--decode", action="store_true",
+        help="also decode every record's image as the reader will, with TensorFlow (the "
+        "[reader] extra; some 700 MB of memory per worker process): proves TensorFlow reads "
+        "every image, beyond the records being the converter's output",
+    )  # fmt: skip
     verify.set_defaults(own_flags=verify)  # what is not among them goes to Beam
     bench = commands.add_parser(
         "bench", **sub,
@@ -145,55 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     try:
         if args.command != "verify":  # verify reads shards without it
-            _start_tensorflow(args.verbose)
+            tensorflow_start.start(args.verbose)
         return COMMANDS[args.command](args)
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-
-
-# TensorFlow's start-up lines on a machine without a GPU: nothing a user needs to act on. The
-# oneDNN note comes on CPUs where TensorFlow turns oneDNN on by default (AVX-512 ones), twice.
-_START_UP_NOISE = re.compile(
-    r"WARNING: All log messages before absl::InitializeLog|"
-    r"[IWE]\d{4} [\d:. ]+\d+ (cudart_stub|cuda_platform|cuda_executor|cuda_dnn|cuda_fft|"
-    r"cuda_blas|cpu_feature_guard)\.cc|"
-    r"To enable the following instructions:|This TensorFlow binary is optimized|"
-    r"[IWE]\d{4} [\d:. ]+\d+ port\.cc:\d+\] oneDNN custom operations are on"
-)
-
-
-def _start_tensorflow(verbose: bool) -> None:
-    """Loads TensorFlow and lets it find its devices with its stderr held back, unless
-    `verbose`: on a machine without a GPU it prints CUDA failures, CPU feature notes and
-    absl's pre-init warning on every command, none of which is news. What it printed besides
-    those is passed on; all of it, if loading fails. (A crash that kills the process, as a
-    CPU without AVX does, loses it: --verbose shows it then.)
-    """
-    if verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
-        import tensorflow  # noqa: F401
-
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # later INFO lines too ("rendezvous")
-    sys.stderr.flush()
-    kept = os.dup(2)
-    failed = True
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            import tensorflow as tf
-
-            tf.config.list_physical_devices()  # where the CUDA probing prints
-            tf.get_logger().setLevel("ERROR")
-            failed = False
-        finally:
-            os.dup2(kept, 2)
-            os.close(kept)
-            held.seek(0)
-            lines = held.read().decode("utf-8", "replace").splitlines(keepends=True)
-            shown = [line for line in lines if failed or not _START_UP_NOISE.match(line)]
-            sys.stderr.write("".join(shown))
 
 
 # Each command imports what it runs when it runs: TensorFlow takes seconds to load, and
@@ -282,8 +243,14 @@ def _verify(args) -> int:
         from beam_jobs import worker_pool
 
         try:
-            report = verify.verify(args.source, args.dataset, show_progress=True)
-        except (worker_pool.WorkerError, BrokenProcessPool) as err:
+            report = verify.verify(args.source, args.dataset, show_progress=True,
+                                   decode=args.decode)  # fmt: skip
+        except KeyboardInterrupt:
+            print("\nerror: interrupted; nothing was proven either way.", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except (worker_pool.WorkerError, BrokenProcessPool, OSError) as err:
+            if isinstance(err, FileNotFoundError):
+                raise  # the listing's: a source or a folder that is not there (exit 2)
             if args.verbose and isinstance(err, worker_pool.WorkerError):
                 print(err.worker_traceback, file=sys.stderr)
             print(f"error: verify failed ({type(err).__name__}: {messages.one_line(err)}); "
@@ -293,7 +260,7 @@ def _verify(args) -> int:
         from tfrecord_pipe._tools import verify_job
 
         try:
-            report = verify_job.run(args.source, args.dataset, args.beam_args)
+            report = verify_job.run(args.source, args.dataset, args.beam_args, args.decode)
         except verify_job.JobFailedError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_PROBLEMS
@@ -304,7 +271,7 @@ def _verify(args) -> int:
 def _check_verify_order(args) -> None:
     """Beam's flags are not known here: a flag's value before SRC would be taken for SRC, and
     a stray word after them for one of Beam's. Both are refused, saying how to give them."""
-    words = [word for word in args.argv if word != "--verbose"]
+    words = [word for word in args.argv if word not in ("--verbose", "--decode")]
     if any(word.startswith("-") for word in words[:2]):
         raise ValueError("Give SRC and OUT first, then Beam's flags: "
                          "tfrecord-pipe verify SRC OUT --runner ...")  # fmt: skip

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from beam_jobs import csv_lists, load, sources, spill, worker_pool
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, progress
+from tfrecord_pipe._tools import tensorflow_start
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
 from tfrecord_pipe._tools.verify_rules import (
@@ -50,10 +51,12 @@ PROGRESS_EVERY_S = 0.5  # a terminal's progress line, at most this often
 _ORDER = {SOURCE: 0, RECORD: 1, REJECTED: 2, REPORTED: 3}  # within a key, for the joins
 
 
-def verify(source: str, dataset: str, processes: int | None = None, show_progress: bool = False
-           ) -> VerifyReport:  # fmt: skip
+def verify(source: str, dataset: str, processes: int | None = None, show_progress: bool = False,
+           decode: bool = False) -> VerifyReport:  # fmt: skip
     """Checks dataset `dataset` against the inputs at `source` (as given to the converter), on
-    this machine, with `processes` worker processes (default: one per core).
+    this machine, with `processes` worker processes (default: one per core). `decode`: every
+    record's image is also decoded as the reader decodes it (TensorFlow, loaded in each
+    worker: some 700 MB each).
 
     Raises:
       FileNotFoundError: `dataset` is not a finished dataset, or `source` lists nothing.
@@ -71,7 +74,8 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
         job = _Join(work, problems)
         for split, expected in reading.rejection_files(found):
             job.add(reading.read_rejected(dataset, split, expected), REJECTED)
-        with worker_pool.pool(processes, _start_worker, (dataset, found, config, work)) as pool:
+        worker_args = (dataset, found, config, work, decode)
+        with worker_pool.pool(processes, _start_worker, worker_args) as pool:
             tasks = itertools.chain(
                 ((_SHARD, shard) for shard in reading.shards_of(found)),
                 ((_SOURCES, batch) for batch in _batches(_listed(config, work))),
@@ -205,11 +209,14 @@ _SHARD, _SOURCES = "shard", "sources"
 _WORKER: dict = {}
 
 
-def _start_worker(dataset: str, found: manifest.Manifest, config, work: str) -> None:
+def _start_worker(dataset: str, found: manifest.Manifest, config, work: str, decode: bool) -> None:
     expect = rules.Expect(found, config.policy)
     checker = load.Checker(config.policy)
     checker.set_labels(expect.labels, {})
-    _WORKER.update(dataset=dataset, found=found, work=work, expect=expect, checker=checker)
+    if decode:
+        tensorflow_start.start(verbose=False)
+    _WORKER.update(dataset=dataset, found=found, work=work, expect=expect, checker=checker,
+                   decode=decode)  # fmt: skip
 
 
 @worker_pool.in_worker
@@ -220,7 +227,8 @@ def _task(item: tuple[str, object]) -> tuple[str, object]:
     if kind == _SHARD:
         fd, path = tempfile.mkstemp(dir=_WORKER["work"], suffix=".shard-rows")
         with os.fdopen(fd, "wb") as f:
-            spill.write_items(f, reading.read_shard(_WORKER["dataset"], _WORKER["found"], value))
+            spill.write_items(f, reading.read_shard(
+                _WORKER["dataset"], _WORKER["found"], value, _WORKER["decode"], _WORKER["work"]))
         return kind, path
     expect = _WORKER["expect"]
     rows = _WORKER["checker"].decide(value, lambda listed, result: (

@@ -22,7 +22,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from beam_jobs import csv_lists, flags, sources, storage
+from beam_jobs import csv_lists, flags, sources, storage, worker_wheel
 from tfrecord_pipe._core import manifest, messages, paths
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
@@ -48,9 +48,11 @@ class JobFailedError(RuntimeError):
     """The verify job itself failed (storage, workers): nothing was proven either way."""
 
 
-def run(source: str, dataset: str, beam_args: list[str]) -> rules.VerifyReport:
+def run(source: str, dataset: str, beam_args: list[str], decode: bool = False
+        ) -> rules.VerifyReport:  # fmt: skip
     """Verifies `dataset` against `source` with a Beam pipeline run with `beam_args`
-    (`--runner`, `--project`, ...); waits for it.
+    (`--runner`, `--project`, ...); waits for it. `decode`: as `verify.verify`'s (the
+    workers then install TensorFlow too).
 
     Raises:
       FileNotFoundError, ValueError: as `verify.verify`; options Beam refuses; a remote runner
@@ -65,7 +67,8 @@ def run(source: str, dataset: str, beam_args: list[str]) -> rules.VerifyReport:
     # Checks of the dataset's small files, here, before minutes of job.
     descriptions = reading.check_descriptions(dataset, found)
     descriptions += reading.check_rejection_files(dataset, found)
-    options = flags.pipeline_options(beam_args, False)
+    extras = worker_wheel.WORKER_EXTRAS + (("reader",) if decode else ())
+    options = flags.pipeline_options(beam_args, False, worker_extras=extras)
     # The report's folder: under --temp_location when given (the local runner too), else in a
     # local temporary folder of its own.
     work = temp_location or tempfile.mkdtemp(prefix="tfrecord-pipe-verify-")
@@ -77,7 +80,7 @@ def run(source: str, dataset: str, beam_args: list[str]) -> rules.VerifyReport:
             job = beam.Pipeline(options=options)
         except ValueError as err:  # Beam's check of the options: a line each
             raise ValueError(" ".join(str(err).split())) from None
-        _ = job | "Verify" >> VerifyDataset(dataset, found, config, report_path)
+        _ = job | "Verify" >> VerifyDataset(dataset, found, config, report_path, decode)
         try:
             launched = True
             result = job.run()
@@ -146,10 +149,11 @@ class VerifyDataset(beam.PTransform):
     order; `num_problems`; `tally`, [[what, split], n] pairs) to `report_path`. `config` is
     the conversion's, as `verify_reading.source_config` makes it."""
 
-    def __init__(self, dataset: str, found: manifest.Manifest, config, report_path: str):
+    def __init__(self, dataset: str, found: manifest.Manifest, config, report_path: str,
+                 decode: bool = False):  # fmt: skip
         super().__init__()
         self._dataset, self._found = dataset, found
-        self._config, self._report_path = config, report_path
+        self._config, self._report_path, self._decode = config, report_path, decode
 
     def expand(self, pbegin):
         dataset, found, config = self._dataset, self._found, self._config
@@ -157,7 +161,8 @@ class VerifyDataset(beam.PTransform):
             pbegin
             | "Shards" >> beam.Create(reading.shards_of(found))
             | "SpreadShards" >> beam.Reshuffle()
-            | "ReadShards" >> beam.FlatMap(_read_shard, dataset, found).with_outputs(*_KINDS)
+            | "ReadShards"
+            >> beam.FlatMap(_read_shard, dataset, found, self._decode).with_outputs(*_KINDS)
         )
         rejected = (
             pbegin
@@ -241,9 +246,9 @@ def _tagged(read, total: str | None = None):
         yield beam.pvalue.TaggedOutput(kind, value)
 
 
-def _read_shard(shard, dataset: str, found: manifest.Manifest):
+def _read_shard(shard, dataset: str, found: manifest.Manifest, decode: bool):
     """A shard read whole (verify_reading.read_shard)."""
-    return _tagged(reading.read_shard(dataset, found, shard), "records")
+    return _tagged(reading.read_shard(dataset, found, shard, decode), "records")
 
 
 class _Expect(beam.DoFn):

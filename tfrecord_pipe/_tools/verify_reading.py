@@ -111,19 +111,22 @@ def shards_of(found: manifest.Manifest) -> list[tuple[str, str, int, str | None]
     return rows
 
 
-def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, int, str | None]
+def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, int, str | None],
+               decode: bool = False, temp_dir: str | None = None
                ) -> Iterator[tuple[str, object]]:  # fmt: skip
-    """One shard read whole: its records as RECORD rows (`verify_rules.record_row`); its
-    count against the manifest's; its twin in the other format (if any) against it, record
-    for record; then its COUNT of records."""
+    """One shard read whole: its records as RECORD rows (`verify_rules.record_row`, which
+    decodes each image with `decode`); its count against the manifest's; its twin in the
+    other format (if any) against it, record for record; then its COUNT of records.
+    `temp_dir`: where a remote ArrayRecord shard is copied to be read."""
     split, name, expected, twin = shard
     path = paths.join(dataset, name)
-    count, failed, digest = 0, None, hashlib.sha256()
+    count, failed, digest = 0, None, hashlib.sha256() if twin is not None else None
     try:
-        for serialized in _serialized(path, found.compression):
+        for serialized in _serialized(path, found.compression, temp_dir):
             count += 1
-            _add_record(digest, serialized)
-            row = record_row(serialized, found)
+            if digest is not None:
+                _add_record(digest, serialized)
+            row = record_row(serialized, found, decode)
             if "problem" in row:
                 yield PROBLEM, f"{name} record {count}: {row['problem']}"
                 continue
@@ -140,7 +143,8 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     if count != expected:
         yield PROBLEM, f"shard {name} holds {count} records, the manifest lists {expected}"
     if twin is not None and failed is None:
-        problem = _twin_problem(paths.join(dataset, twin), found, digest.hexdigest(), name)
+        problem = _twin_problem(paths.join(dataset, twin), found, digest.hexdigest(), name,
+                                temp_dir)  # fmt: skip
         if problem:
             yield PROBLEM, problem
     yield COUNT, count
@@ -153,13 +157,14 @@ def _add_record(digest, serialized: bytes) -> None:
     digest.update(serialized)
 
 
-def _twin_problem(path: str, found: manifest.Manifest, expected: str, name: str) -> str | None:
+def _twin_problem(path: str, found: manifest.Manifest, expected: str, name: str,
+                  temp_dir: str | None) -> str | None:  # fmt: skip
     """Why the shard file `path` does not hold exactly the records of shard `name` (whose
     records' digest is `expected`), or None."""
     twin = paths.basename(path)
     digest, count = hashlib.sha256(), 0
     try:
-        for serialized in _serialized(path, found.compression):
+        for serialized in _serialized(path, found.compression, temp_dir):
             _add_record(digest, serialized)
             count += 1
     except FileNotFoundError:
@@ -171,13 +176,13 @@ def _twin_problem(path: str, found: manifest.Manifest, expected: str, name: str)
     return None
 
 
-def _serialized(path: str, compression: str) -> Iterator[bytes]:
+def _serialized(path: str, compression: str, temp_dir: str | None) -> Iterator[bytes]:
     """The records of a shard (`record_reader.records`). A read that fails for a passing
     reason resumes after the last record, a few times."""
     done = failures = 0
     while True:
         try:
-            for record in itertools.islice(record_reader.records(path, compression), done, None):
+            for record in itertools.islice(record_reader.records(path, compression, temp_dir), done, None):
                 yield record
                 done += 1
             return
@@ -242,8 +247,11 @@ def read_reported(dataset: str, found: manifest.Manifest) -> Iterator[tuple[str,
     except Exception as err:  # noqa: BLE001 - any filesystem's error, or not a report
         yield PROBLEM, f"{naming.DUPLICATES_NAME} is not a duplicates report ({messages.one_line(err)})"
         return
-    for group in _groups(path):
-        yield REPORTED, group
+    try:
+        for group in _groups(path):
+            yield REPORTED, group
+    except Exception as err:  # noqa: BLE001 - changed, or the storage failed, since the check
+        yield PROBLEM, f"{naming.DUPLICATES_NAME} cannot be read again ({messages.one_line(err)})"
 
 
 def _groups(path: str) -> Iterator[tuple[str, list[str]]]:

@@ -3,10 +3,11 @@ rejection line says, and how the two must agree. Both drivers run these: `verify
 machine, `verify_job` as a Beam pipeline.
 
 A record is proven by its bytes: it must be, byte for byte, the record the converter writes
-for its source now (the same serialized Example: image, size, label, name, source hash). The
-converter's checks proved that image decodes (tests/test_convert.py holds every stored image
-to TensorFlow's decoder), so the record's image is not decoded again; what differs is
-explained field by field. The rows of one relative path (its SOURCE, RECORD and REJECTED
+for its source now (the same serialized Example: image, size, label, name, source hash); what
+differs is explained field by field. That proves the dataset is the converter's output for
+these sources, not that TensorFlow decodes every image: the converter's checks decode with
+Pillow, and a file Pillow takes and TensorFlow refuses would pass. `decode` (`verify
+--decode`) decodes every record's image as the reader will, with TensorFlow, for that. The rows of one relative path (its SOURCE, RECORD and REJECTED
 rows) are judged by `check_path`; the sources with the same bytes, with duplicates.jsonl's
 group for them, by `check_content`.
 """
@@ -113,13 +114,22 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def record_row(serialized: bytes, found: manifest.Manifest) -> dict:
-    """What a record says: its relative path, hashes and fields, or why it does not parse."""
+def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False) -> dict:
+    """What a record says: its relative path, hashes and fields, or why it does not parse.
+    With `decode`, its image decoded as the reader decodes it (TensorFlow)."""
+    # What the converter wrote reads fast; anything else as TensorFlow's parser reads it.
+    record = schema.decode_written(serialized, label_offset=found.label_offset)
     try:
-        record = schema.decode_example(serialized, label_offset=found.label_offset)
+        record = record or schema.decode_example(serialized, label_offset=found.label_offset)
     except ValueError as err:
         return {"problem": f"does not parse: {err}"}
     problems = []
+    if decode:
+        from tfrecord_pipe._reading import records  # TensorFlow: only where asked for
+
+        image = records.image_problem(record)
+        if image is not None:
+            problems.append(image)
     if not 0 <= record.label_index < len(found.labels) or (
         found.labels[record.label_index] != record.label_text
     ):
@@ -271,9 +281,10 @@ def _check_record(relpath: str, record: dict, expected: dict, problems: list[str
     where = f"{relpath} (shard {record['shard']})"
     if record["split"] != expected["split"]:
         problems.append(f"{where}: in split {record['split']}, but listed in {expected['split']}")
+    problems.extend(f"{where}: {problem}" for problem in record["record_problems"])
     if record["record_sha256"] == expected["record_sha256"]:
         return  # byte for byte what the converter writes
-    found = [f"{where}: {problem}" for problem in record["record_problems"]]
+    found = []
     if record["sha256"] != expected["sha256"]:
         found.append(f"{relpath}: the source changed since conversion (content hash differs)")
     elif record["encoded_sha256"] != expected["encoded_sha256"]:
@@ -288,10 +299,10 @@ def _check_record(relpath: str, record: dict, expected: dict, problems: list[str
         )
     if record["label"] != expected["label"]:
         found.append(f"{where}: label {record['label']!r}, the source says {expected['label']!r}")
-    problems.extend(found or [
-        f"{where}: the record's bytes are not what the converter writes for this source "
-        "(modified record)"
-    ])  # fmt: skip
+    if not found and not record["record_problems"]:
+        found.append(f"{where}: the record's bytes are not what the converter writes for this "
+                     "source (modified record)")  # fmt: skip
+    problems.extend(found)
 
 
 def _check_rejections(relpath, refused, rejected, problems: list[str]) -> None:
