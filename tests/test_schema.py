@@ -163,3 +163,37 @@ def test_malformed_features_are_read_as_tensorflows_parser_reads_them(dtype):
             kind, values = schema.parse_features(example)["k"]
             ours = values[0] if kind == wanted and len(values) == 1 else None
             assert ours == theirs, combo
+
+
+def _decoded(serialized: bytes, offset: int = 1):
+    try:
+        return schema.decode_example(serialized, label_offset=offset)
+    except ValueError as err:
+        return f"refused: {err}"
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_the_fast_reading_of_written_records_reads_as_the_full_parser_or_not_at_all(offset):
+    # verify reads records laid out as `serialize` writes them with `decode_written`, which
+    # must never read bytes otherwise than `decode_example` (TensorFlow's rules): on every
+    # damaged copy of written records (each byte of the layout changed to three others, cut
+    # short, a byte added or dropped), it reads what decode_example reads, or gives None.
+    records = [make_record(), make_record(label_index=300, height=200, width=70000,
+                                           filename="a/" + "ü" * 90 + ".jpg", label_text="x" * 130)]
+    read_fast = 0
+    for record in records:
+        written = schema.serialize(record, label_offset=offset)
+        assert schema.decode_written(written, label_offset=offset) == record
+        start = written.index(record.encoded)
+        layout = [*range(start), *range(start + len(record.encoded), len(written))]
+        damaged = [written[:cut] for cut in range(len(written))]
+        damaged += [written[:at] + written[at + 1:] for at in layout]
+        damaged += [written[:at] + b"\x01" + written[at:] for at in layout]
+        damaged += [written[:at] + bytes([(written[at] + delta) % 256]) + written[at + 1:]
+                    for at in layout for delta in (1, 0x80, 0x7F)]  # fmt: skip
+        for data in damaged:
+            fast = schema.decode_written(data, label_offset=offset)
+            if fast is not None:
+                read_fast += 1
+                assert _decoded(data, offset) == fast, data
+    assert read_fast, "no damaged record read fast: the comparison proves nothing"
