@@ -191,6 +191,12 @@ def test_the_fast_reading_of_written_records_reads_as_the_full_parser_or_not_at_
         damaged += [written[:at] + b"\x01" + written[at:] for at in layout]
         damaged += [written[:at] + bytes([(written[at] + delta) % 256]) + written[at + 1:]
                     for at in layout for delta in (1, 0x80, 0x7F)]  # fmt: skip
+        # Whole entries added inside the message (its length fixed): a key again, or another.
+        _, body_start = schema._read_varint(memoryview(written), 1)
+        for key, value in ((schema.LABEL, b"\x07"), (schema.FILENAME, b"x.jpg"), ("other", b"")):
+            kind = schema._INT64_LIST if key == schema.LABEL else schema._BYTES_LIST
+            body = written[body_start:] + schema._entry(key, kind, value)
+            damaged.append(b"\x0a" + schema._varint(len(body)) + body)
         for data in damaged:
             fast = schema.decode_written(data, label_offset=offset)
             if fast is not None:

@@ -112,6 +112,14 @@ def serialize(record: ImageRecord, *, label_offset: int) -> bytes:
     Raises:
       ValueError: `label_offset` is negative.
     """
+    head, tail = serialized_around_image(record, label_offset=label_offset)
+    return b"".join((head, record.encoded, tail))
+
+
+def serialized_around_image(record: ImageRecord, *, label_offset: int) -> tuple[bytes, bytes]:
+    """What `serialize` writes before and after the image bytes: a record's bytes are
+    head + record.encoded + tail, for anything that takes records apart without copying the
+    image (verify's digests)."""
     if label_offset < 0:
         raise ValueError(f"label_offset must be >= 0, got {label_offset}")
     image_head = _entry_head(ENCODED, _BYTES_LIST, len(record.encoded))
@@ -130,8 +138,8 @@ def serialize(record: ImageRecord, *, label_offset: int) -> bytes:
         _entry(WIDTH, _INT64_LIST, _varint(record.width)),
     ))  # fmt: skip
     length = len(before) + len(record.encoded) + len(after)
-    # Example.features (field 1) holding the entries; the image bytes are copied once, here.
-    return b"".join((b"\x0a", _varint(length), before, record.encoded, after))
+    # Example.features (field 1) holding the entries.
+    return b"\x0a" + _varint(length) + before, after
 
 
 # Field numbers of the messages in tensorflow/core/example/{example,feature}.proto:
@@ -302,7 +310,15 @@ def _expect_length(wire: int, what: str) -> None:
 
 
 def decode_written(serialized: bytes, *, label_offset: int) -> ImageRecord | None:
-    """The record, if `serialized` is laid out as `serialize` lays records out; else None.
+    """The record, if `serialized` is laid out as `serialize` lays records out; else None."""
+    parts = decode_written_parts(serialized, label_offset=label_offset)
+    return parts[0] if parts else None
+
+
+def decode_written_parts(serialized: bytes, *, label_offset: int
+                         ) -> tuple[ImageRecord, bytes, bytes] | None:  # fmt: skip
+    """(record, the bytes before its image, the bytes after it), if `serialized` is laid out
+    as `serialize` lays records out; else None.
 
     Reads what the converter wrote at half of `decode_example`'s cost (verify reads every
     record), and exactly as `decode_example` would: every length must fit the layout, each
@@ -321,12 +337,17 @@ def decode_written(serialized: bytes, *, label_offset: int) -> ImageRecord | Non
         values = {}
         for key, name, kind in _WRITTEN_ORDER:
             position, values[name] = _written_entry(data, position, key, kind)
+            if name == ENCODED:
+                image_end = position
+                image_start = image_end - len(values[name])
+        if position != len(data):  # more entries (a key twice: TensorFlow takes the last)
+            return None
         ints = {name: _one_int(values[name]) for name in (HEIGHT, WIDTH, LABEL, CHANNELS)}
         if (bytes(values[FORMAT]), bytes(values[COLORSPACE]), ints[CHANNELS]) != (
             STORED_FORMAT, STORED_COLORSPACE, STORED_CHANNELS
         ):
             return None
-        return ImageRecord(
+        record = ImageRecord(
             encoded=bytes(values[ENCODED]),
             height=ints[HEIGHT],
             width=ints[WIDTH],
@@ -337,6 +358,7 @@ def decode_written(serialized: bytes, *, label_offset: int) -> ImageRecord | Non
         )
     except (ValueError, IndexError):  # UnicodeDecodeError is a ValueError
         return None
+    return record, serialized[:image_start], serialized[image_end:]
 
 
 def _written_entry(data: memoryview, position: int, key: bytes, kind: int
