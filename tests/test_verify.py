@@ -217,10 +217,10 @@ def test_the_rules_give_one_answer_whatever_order_the_rows_come_in(converted):
     _, out = converted
     found = dataset.read_manifest(str(out))
     source = {"path": "p", "split": "train", "label": "red", "sha256": "s", "encoded_sha256": "e",
-              "record_sha256": "r", "height": 5, "width": 7}  # fmt: skip
+              "record_digest": "r", "height": 5, "width": 7}  # fmt: skip
     true = {"shard": "b", "split": "train", "sha256": "s", "encoded_sha256": "e", "label": "red",
-            "record_sha256": "r", "height": 5, "width": 7, "record_problems": []}  # fmt: skip
-    modified = dict(true, shard="a", encoded_sha256="x", record_sha256="y")
+            "record_digest": "r", "height": 5, "width": 7, "record_problems": []}  # fmt: skip
+    modified = dict(true, shard="a", encoded_sha256="x", record_digest="y")
     lines = [{"reason": "truncated", "split": "train"}, {"reason": "unreadable", "split": "test"}]
     answers = {
         tuple(verify_rules.check_path("red/1.jpg", {"source": [source], "record": records,
@@ -299,6 +299,12 @@ def test_decode_decodes_every_record_as_the_reader_does(converted_copy):
     assert plain.returncode == decoded.returncode == 1, plain.stderr + decoded.stderr
     assert "(modified record)" in plain.stdout and "does not decode" not in plain.stdout
     assert "image does not decode" in decoded.stdout, decoded.stdout + decoded.stderr
+    # The Beam pipeline decodes as well, and says the same.
+    from tfrecord_pipe._tools import verify_job
+
+    beam = verify_job.run(str(src), str(out), ["--runner", "DirectRunner", *IN_PROCESS],
+                          decode=True)  # fmt: skip
+    assert [line for line in decoded.stdout.splitlines()[1:]] == [f"  {p}" for p in beam.problems]
 
 
 def test_a_shard_that_is_a_fifo_is_a_problem_not_a_hang(converted_copy):

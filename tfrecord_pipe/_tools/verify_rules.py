@@ -93,36 +93,50 @@ class Expect:
         if result.reason is not None:
             return dict(row, rejected=result.reason)
         stored = result.stored
-        sha256 = _sha256(result.data)
+        source_hash = hashlib.sha256(result.data)
         encoded = stored.encoded if stored.reencoded else result.data
+        image_hash = hashlib.sha256(encoded) if stored.reencoded else source_hash
         record = schema.ImageRecord(
             encoded=encoded, height=stored.height, width=stored.width,
             label_index=self._index[listed.label], label_text=listed.label,
-            filename=listed.relpath, sha256=sha256,
+            filename=listed.relpath, sha256=source_hash.hexdigest(),
         )  # fmt: skip
+        head, tail = schema.serialized_around_image(record, label_offset=self._label_offset)
         return dict(
             row,
-            sha256=sha256,
-            encoded_sha256=_sha256(encoded) if stored.reencoded else sha256,
-            record_sha256=_sha256(schema.serialize(record, label_offset=self._label_offset)),
+            sha256=record.sha256,
+            encoded_sha256=image_hash.hexdigest(),
+            record_digest=record_digest(head, image_hash.digest(), tail),
             height=stored.height,
             width=stored.width,
         )
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def record_digest(head: bytes, image_sha256: bytes, tail: bytes) -> str:
+    """A digest of a record's bytes (head + image + tail) from its image's SHA-256: equal
+    digests are equal bytes, and the image, most of a record, is hashed once, not twice."""
+    digest = hashlib.sha256(len(head).to_bytes(8, "little"))
+    digest.update(head)
+    digest.update(image_sha256)
+    digest.update(tail)
+    return digest.hexdigest()
 
 
 def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False) -> dict:
     """What a record says: its relative path, hashes and fields, or why it does not parse.
     With `decode`, its image decoded as the reader decodes it (TensorFlow)."""
     # What the converter wrote reads fast; anything else as TensorFlow's parser reads it.
-    record = schema.decode_written(serialized, label_offset=found.label_offset)
+    parts = schema.decode_written_parts(serialized, label_offset=found.label_offset)
     try:
-        record = record or schema.decode_example(serialized, label_offset=found.label_offset)
+        record = parts[0] if parts else schema.decode_example(
+            serialized, label_offset=found.label_offset)  # fmt: skip
     except ValueError as err:
         return {"problem": f"does not parse: {err}"}
+    image_hash = hashlib.sha256(record.encoded)
+    # Bytes not of the written layout are never what the converter writes: no digest of
+    # them can be one of its records'.
+    digest = record_digest(parts[1], image_hash.digest(), parts[2]) if parts else (
+        "not the written layout")  # fmt: skip
     problems = []
     if decode:
         from tfrecord_pipe._reading import records  # TensorFlow: only where asked for
@@ -139,8 +153,8 @@ def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False
     return {
         "relpath": record.filename,
         "sha256": record.sha256,
-        "encoded_sha256": _sha256(record.encoded),
-        "record_sha256": _sha256(serialized),
+        "encoded_sha256": image_hash.hexdigest(),
+        "record_digest": digest,
         "height": record.height,
         "width": record.width,
         "label": record.label_text,
@@ -282,7 +296,7 @@ def _check_record(relpath: str, record: dict, expected: dict, problems: list[str
     if record["split"] != expected["split"]:
         problems.append(f"{where}: in split {record['split']}, but listed in {expected['split']}")
     problems.extend(f"{where}: {problem}" for problem in record["record_problems"])
-    if record["record_sha256"] == expected["record_sha256"]:
+    if record["record_digest"] == expected["record_digest"]:
         return  # byte for byte what the converter writes
     found = []
     if record["sha256"] != expected["sha256"]:
