@@ -10,8 +10,9 @@ One function for the conversion job and `verify`, so that both see the same inpu
 - Nothing is dropped: a broken link, a FIFO, a device, a folder that cannot be opened is an
   entry with its problem, which the job rejects with that reason, without reading it.
 
-Local folders are walked with os.scandir; other filesystems (gs://) are listed through Beam's,
-where there are no links or special files.
+Local folders are walked with os.scandir, one folder's names in memory at a time; gs:// is
+listed a page at a time (google-cloud-storage), other filesystems whole through Beam's; there
+are no links or special files there.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 from tfrecord_pipe._core import images, paths
 
 UNREADABLE, NOT_A_FILE, DUPLICATE = images.UNREADABLE, images.NOT_A_FILE, images.DUPLICATE
+GCS_PAGE = 1000  # objects a gs:// listing request gives (GCS's most)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +69,20 @@ def matching_below(folder: str) -> list:
 
 
 def _walk_remote(root: str) -> Iterator[Entry]:
+    # Folder markers (empty objects named "images/daisy/", which the Cloud console makes for
+    # "Create folder") are folders, not inputs.
+    if root.startswith("gs://"):
+        # Streamed a page at a time (GCS lists in name order): ten million objects listed
+        # whole would hold gigabytes.
+        from beam_jobs import storage  # storage lists with this module
+
+        bucket, _, prefix = root[len("gs://") :].partition("/")
+        prefix = f"{prefix}/" if prefix else ""
+        for blob in storage.gcs_client().list_blobs(bucket, prefix=prefix, page_size=GCS_PAGE):
+            if not blob.name.endswith("/"):
+                yield Entry(f"gs://{bucket}/{blob.name}", blob.name[len(prefix) :], blob.size)
+        return
     for meta in sorted(matching_below(root), key=lambda meta: meta.path):
-        # Folder markers (empty objects named "images/daisy/", which the Cloud console makes
-        # for "Create folder") are folders, not inputs.
         if not meta.path.endswith("/"):
             yield Entry(meta.path, meta.path[len(root) + 1 :], meta.size_in_bytes)
 
