@@ -76,11 +76,20 @@ def _walk_remote(root: str) -> Iterator[Entry]:
         # whole would hold gigabytes.
         from beam_jobs import storage  # storage lists with this module
 
+        import google.api_core.exceptions
+        import google.auth.exceptions
+
         bucket, _, prefix = root[len("gs://") :].partition("/")
         prefix = f"{prefix}/" if prefix else ""
-        for blob in storage.gcs_client().list_blobs(bucket, prefix=prefix, page_size=GCS_PAGE):
-            if not blob.name.endswith("/"):
-                yield Entry(f"gs://{bucket}/{blob.name}", blob.name[len(prefix) :], blob.size)
+        blobs = storage.gcs_client().list_blobs(bucket, prefix=prefix, page_size=GCS_PAGE)
+        try:
+            for blob in blobs:  # a page is fetched when the one before is used up
+                if not blob.name.endswith("/"):
+                    yield Entry(f"gs://{bucket}/{blob.name}", blob.name[len(prefix) :], blob.size)
+        except (google.api_core.exceptions.GoogleAPIError,
+                google.auth.exceptions.GoogleAuthError) as err:  # fmt: skip
+            # As Beam's listing said it (an OSError): a storage failure, not bad input.
+            raise OSError(f"Listing {root} failed: {type(err).__name__}: {err}") from err
         return
     for meta in sorted(matching_below(root), key=lambda meta: meta.path):
         if not meta.path.endswith("/"):

@@ -113,3 +113,26 @@ def test_a_gcs_folder_streams_page_by_page_the_entries_beam_lists(gcs, monkeypat
     whole = sorted((m.path, m.path[len(root) + 1:], m.size_in_bytes)
                    for m in listing.matching_below(root) if not m.path.endswith("/"))  # fmt: skip
     assert streamed == whole and len(streamed) == 6
+
+
+def test_a_gcs_listing_that_fails_midway_is_a_storage_error_naming_the_folder(monkeypatch):
+    # Pages are fetched as the walk goes on: an outage or an expired token hours into a run
+    # must read as the storage failing (OSError, as Beam's listing raised), not crash with
+    # the client library's own error types. (The failure is staged: a real outage cannot be.)
+    import google.api_core.exceptions
+
+    from beam_jobs import storage
+
+    class Blob:
+        name, size = "pages/a.jpg", 3
+
+    class Client:
+        def list_blobs(self, bucket, prefix, page_size):
+            yield Blob()
+            raise google.api_core.exceptions.ServiceUnavailable("try again later")
+
+    monkeypatch.setattr(storage, "gcs_client", Client)
+    walked = listing.walk("gs://bucket/pages")
+    assert next(walked).relpath == "a.jpg"
+    with pytest.raises(OSError, match="Listing gs://bucket/pages failed: ServiceUnavailable"):
+        next(walked)
