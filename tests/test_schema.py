@@ -150,6 +150,8 @@ def test_malformed_features_are_read_as_tensorflows_parser_reads_them(dtype):
         "f1": ld(2, tf.train.FloatList(value=[1.0]).SerializeToString()),
         "i0": ld(3, b""), "i1": ld(3, tf.train.Int64List(value=[5]).SerializeToString()),
         "i2": ld(3, tf.train.Int64List(value=[5, 6]).SerializeToString()), "i1u": ld(3, b"\x08\x07"),
+        # 2**65 + 100 in ten varint bytes: protobuf keeps the low 64 bits (100).
+        "i1long": ld(3, b"\x08" + bytes([0x80 | 100] + [0x80] * 8 + [0x04])),
     }  # fmt: skip
     spec = {"k": tf.io.FixedLenFeature([], dtype)}
     wanted = schema.INT64 if dtype == tf.int64 else schema.BYTES

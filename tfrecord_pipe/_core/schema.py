@@ -293,10 +293,13 @@ def _read_varint(data: memoryview, position: int) -> tuple[int, int]:
         position += 1
         result |= (byte & 0x7F) << shift
         if not byte & 0x80:
-            return result, position
+            return result & _UINT64, position  # bits past 64 dropped, as protobuf drops them
         shift += 7
         if shift >= 70:
             raise ValueError("a varint longer than 10 bytes")
+
+
+_UINT64 = (1 << 64) - 1
 
 
 def _signed(value: int) -> int:
