@@ -80,7 +80,7 @@ Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
         "with (1 by tfrecord-pipe and the Cloud TPU scripts); unknown, labels show as stored",
     )  # fmt: skip
     verify = commands.add_parser(
-        "verify", **sub,
+        "verify", **sub, allow_abbrev=False,  # what it does not know goes to Beam, whole
         help="prove nothing was lost or changed between the inputs and a dataset",
         description="Check a dataset against the inputs it was converted from: every listed "
         "source is in exactly one shard (matched by its relative path) or in rejected/, no record "
