@@ -169,15 +169,15 @@ def test_malformed_features_are_read_as_tensorflows_parser_reads_them(dtype):
 
 def _decoded(serialized: bytes, offset: int = 1):
     try:
-        return schema.decode_example(serialized, label_offset=offset)
+        return schema.decode_parsed(serialized, label_offset=offset)
     except ValueError as err:
         return f"refused: {err}"
 
 
 @pytest.mark.parametrize("offset", [0, 1])
 def test_the_fast_reading_of_written_records_reads_as_the_full_parser_or_not_at_all(offset):
-    # verify reads records laid out as `serialize` writes them with `decode_written`, which
-    # must never read bytes otherwise than `decode_example` (TensorFlow's rules): on every
+    # Records laid out as `serialize` writes them are read by `decode_written`, which must
+    # never read bytes otherwise than `decode_parsed` (TensorFlow's rules): on every
     # damaged copy of written records (each byte of the layout changed to three others, cut
     # short, a byte added or dropped), it reads what decode_example reads, or gives None.
     records = [make_record(), make_record(label_index=300, height=200, width=70000,

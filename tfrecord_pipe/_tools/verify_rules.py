@@ -128,7 +128,7 @@ def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False
     # What the converter wrote reads fast; anything else as TensorFlow's parser reads it.
     parts = schema.decode_written_parts(serialized, label_offset=found.label_offset)
     try:
-        record = parts[0] if parts else schema.decode_example(
+        record = parts[0] if parts else schema.decode_parsed(
             serialized, label_offset=found.label_offset)  # fmt: skip
     except ValueError as err:
         return {"problem": f"does not parse: {err}"}
