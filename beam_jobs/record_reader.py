@@ -26,6 +26,7 @@ from tfrecord_pipe._core import array_records, messages, naming, paths
 _HEADER = 12  # uint64 length, uint32 masked CRC-32C of it
 _FOOTER = 4  # uint32 masked CRC-32C of the data
 COPY_CHUNK = 8 << 20  # bytes copied at a time, fetching a remote ArrayRecord file
+READ_CHUNK = 64 << 20  # bytes of one record read at a time
 
 
 class CorruptShardError(Exception):
@@ -104,11 +105,13 @@ def _open_local(path: str):
 
 
 def _read(f, size: int, path: str) -> bytes:
-    """`size` bytes, fewer only at the file's end (a gzip stream cut short is damage)."""
+    """`size` bytes, fewer only at the file's end (a gzip stream cut short is damage). Read
+    READ_CHUNK at a time: a damaged length saying a terabyte must end at the file's end, not
+    in an allocation of a terabyte."""
     try:
-        data = f.read(size)
+        data = f.read(min(size, READ_CHUNK))
         while data and len(data) < size:
-            more = f.read(size - len(data))
+            more = f.read(min(size - len(data), READ_CHUNK))
             if not more:
                 break
             data += more

@@ -17,6 +17,7 @@ import time
 from tfrecord_pipe._core import progress
 
 POLL_S = 1.0  # how often the launcher sums the workers' reports
+RATE_AFTER_S = 0.5  # a rate is shown once it is measured over this long
 
 
 def report(folder: str, worker: str, seen: int, rejected: int, written: int = 0,
@@ -78,5 +79,6 @@ class ProgressLine:
             return text + f", {seen / max(now - self._started, 1e-9):.0f}/s"
         if self._writing_since is None:
             self._writing_since = now
-        rate = written / max(now - self._writing_since, 1e-9)
-        return text + f"; {written}/{to_write} records written" + (f", {rate:.0f}/s" if written else "")
+        elapsed = now - self._writing_since
+        rate = f", {written / elapsed:.0f}/s" if written and elapsed >= RATE_AFTER_S else ""
+        return text + f"; {written}/{to_write} records written" + rate

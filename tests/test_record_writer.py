@@ -89,3 +89,20 @@ def test_a_missing_shard_is_not_found_not_empty(tmp_path):
     for name in ("gone.tfrecord", "gone.array_record"):
         with pytest.raises(FileNotFoundError):
             list(record_reader.records(str(tmp_path / name)))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_length_of_a_terabyte_with_a_good_checksum_is_damage_said_at_once(tmp_path, compress):
+    # Read as asked, it was a terabyte's allocation: a MemoryError that verify took for a
+    # storage failure, retried, and reported with no reason.
+    import gzip
+    import struct
+
+    from beam_jobs.record_writer import masked_crc32c
+
+    length = struct.pack("<Q", 1 << 40)
+    data = length + struct.pack("<I", masked_crc32c(length)) + b"only a few bytes"
+    path = tmp_path / ("huge.tfrecord.gz" if compress else "huge.tfrecord")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    with pytest.raises(record_reader.CorruptShardError, match="truncated record at offset 0"):
+        list(record_reader.records(str(path), "GZIP" if compress else ""))

@@ -327,3 +327,30 @@ def test_ctrl_c_during_verify_exits_130_with_nothing_proven(converted, monkeypat
     monkeypatch.setattr(verify, "verify", interrupted)
     done = run_cli("verify", src, out)
     assert done.returncode == 130 and "interrupted; nothing was proven" in done.stderr
+
+
+def test_records_out_of_the_converters_order_or_stray_shards_are_problems(converted_copy):
+    # Placement is part of the conversion: records reordered in a shard, or a file named like
+    # a shard that the manifest does not list (a `train-*` pattern reads it), are found.
+    src, out = converted_copy
+    rewrite_shard(first_shard(out), lambda records: records[::-1])
+    (out / "train-00000-of-00009.tfrecord").write_bytes(b"")
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    assert f"shard {first_shard(out).name}: its records are not in the order" in done.stdout
+    assert "train-00000-of-00009.tfrecord: named like a shard of split train" in done.stdout
+
+
+def test_an_edited_source_hash_blames_the_record_not_the_source(converted_copy):
+    src, out = converted_copy
+
+    def rehash(records):
+        record = schema.decode_example(records[0], label_offset=1)
+        edited = dataclasses.replace(record, sha256="0" * 64)
+        return [schema.serialize(edited, label_offset=1)] + records[1:]
+
+    rewrite_shard(first_shard(out), rehash)
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1 and "1 problem\n" in done.stdout + "\n"
+    assert "the record's source hash is not its source's" in done.stdout
+    assert "changed since conversion" not in done.stdout

@@ -68,6 +68,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     problems = _Problems()
     problems.extend(reading.check_descriptions(dataset, found), FILES)
     problems.extend(reading.check_rejection_files(dataset, found), FILES)
+    problems.extend(reading.check_stray_shards(dataset, found), FILES)
     processes = processes or worker_pool.processes()
     line = _Progress(sum(info.listed for info in found.splits.values()), show_progress)
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-") as work:
@@ -98,6 +99,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
         rejected=job.totals[REJECTED],
         problems=tuple(problems.kept),
         num_problems=problems.count,
+        decoded=decode,
     )
 
 

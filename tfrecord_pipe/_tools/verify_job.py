@@ -11,6 +11,7 @@ progress in Dataflow's console.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -67,6 +68,7 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False
     # Checks of the dataset's small files, here, before minutes of job.
     descriptions = reading.check_descriptions(dataset, found)
     descriptions += reading.check_rejection_files(dataset, found)
+    descriptions += reading.check_stray_shards(dataset, found)
     extras = worker_wheel.WORKER_EXTRAS + (("reader",) if decode else ())
     options = flags.pipeline_options(beam_args, False, worker_extras=extras)
     # The report's folder: under --temp_location when given (the local runner too), else in a
@@ -100,7 +102,7 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False
         flags.remove_wheel(options)
         if launched or not temp_location:  # else nothing was written (and gs:// may hang)
             _remove(folder if temp_location else work)
-    return _report(found, source, written, descriptions)
+    return dataclasses.replace(_report(found, source, written, descriptions), decoded=decode)
 
 
 def _check_options(given: PipelineOptions, local: bool) -> str | None:

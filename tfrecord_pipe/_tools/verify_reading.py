@@ -18,7 +18,7 @@ import posixpath
 import time
 from collections.abc import Iterator
 
-from beam_jobs import flags, record_reader, sources, storage
+from beam_jobs import flags, record_reader, shard_plan, sources, storage
 from tfrecord_pipe._core import manifest, messages, naming, paths, tfds_metadata
 from tfrecord_pipe._core import rejection as rejection_lib
 from tfrecord_pipe._tools.verify_rules import COUNT, PROBLEM, RECORD, REJECTED, REPORTED, record_row
@@ -98,6 +98,22 @@ def check_rejection_files(dataset: str, found: manifest.Manifest) -> list[str]:
     ]
 
 
+def check_stray_shards(dataset: str, found: manifest.Manifest) -> list[str]:
+    """No file named like a shard lies in the dataset's folder unlisted: `train-*` (a reader
+    of a file pattern, TFDS's or ours) would read it as part of the dataset."""
+    listed = {name for info in found.splits.values() for name in info.all_files}
+    try:
+        _, names = storage.children(dataset)
+    except Exception as err:  # noqa: BLE001 - any filesystem's error: said, not fatal
+        return [f"{dataset} cannot be listed: {messages.one_line(err)}"]
+    return [
+        f"{name}: named like a shard of split {naming.split_of(name)}, but the manifest does "
+        "not list it (a file pattern would read it as part of the dataset)"
+        for name in sorted(names)
+        if naming.split_of(name) is not None and name not in listed
+    ]
+
+
 def shards_of(found: manifest.Manifest) -> list[tuple[str, str, int, str | None]]:
     """(split, file name, records the manifest lists, the same shard in the other format or
     None) for every shard, of the format read first (TFRecord, if the dataset has it);
@@ -121,6 +137,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     split, name, expected, twin = shard
     path = paths.join(dataset, name)
     count, failed, digest = 0, None, hashlib.sha256() if twin is not None else None
+    last_key, out_of_order = "", None
     try:
         for serialized in _serialized(path, found.compression, temp_dir):
             count += 1
@@ -130,6 +147,11 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
             if "problem" in row:
                 yield PROBLEM, f"{name} record {count}: {row['problem']}"
                 continue
+            # The converter writes a shard's records in key order (shard_plan.order_key).
+            key = shard_plan.order_key(row["relpath"])
+            if key <= last_key and out_of_order is None:
+                out_of_order = count
+            last_key = max(key, last_key)
             row.update(shard=name, split=split)
             yield RECORD, (row.pop("relpath"), row)
     except FileNotFoundError:
@@ -139,7 +161,11 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
         failed = err
         doing = "is corrupt" if isinstance(err, record_reader.CorruptShardError) else (
             "could not be read")  # fmt: skip
-        yield PROBLEM, f"shard {name} {doing} after {count} records: {messages.one_line(err)}"
+        yield PROBLEM, (f"shard {name} {doing} after {count} records: "
+                        f"{messages.one_line(err) or type(err).__name__}")  # fmt: skip
+    if out_of_order is not None:
+        yield PROBLEM, (f"shard {name}: its records are not in the order the converter writes "
+                        f"them, from record {out_of_order} on (moved or reordered?)")  # fmt: skip
     if count != expected:
         yield PROBLEM, f"shard {name} holds {count} records, the manifest lists {expected}"
     if twin is not None and failed is None:

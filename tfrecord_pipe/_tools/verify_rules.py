@@ -38,13 +38,15 @@ FILES, INPUTS = 0, 1
 @dataclasses.dataclass(frozen=True)
 class VerifyReport:
     """Attributes: sources listed; records read; rejected lines read; problems (the first
-    MAX_PROBLEMS_KEPT); num_problems in all."""
+    MAX_PROBLEMS_KEPT); num_problems in all; decoded: every record's image was decoded with
+    TensorFlow too (`--decode`)."""
 
     sources: int
     records: int
     rejected: int
     problems: tuple[str, ...]
     num_problems: int
+    decoded: bool = False
 
     @property
     def ok(self) -> bool:
@@ -56,8 +58,9 @@ class VerifyReport:
             f"{self.rejected} rejected"
         )
         if self.ok:
-            return head + ": every source accounted for, every record checked. OK"
-        lines = [head + f": {self.num_problems} problems"]
+            checked = "checked and decoded with TensorFlow" if self.decoded else "checked"
+            return head + f": every source accounted for, every record {checked}. OK"
+        lines = [head + f": {self.num_problems} problem{'s' if self.num_problems != 1 else ''}"]
         lines += [f"  {problem}" for problem in self.problems]
         if self.num_problems > len(self.problems):
             lines.append(f"  ... and {self.num_problems - len(self.problems)} more")
@@ -299,8 +302,12 @@ def _check_record(relpath: str, record: dict, expected: dict, problems: list[str
     if record["record_digest"] == expected["record_digest"]:
         return  # byte for byte what the converter writes
     found = []
-    if record["sha256"] != expected["sha256"]:
-        found.append(f"{relpath}: the source changed since conversion (content hash differs)")
+    if record["sha256"] != expected["sha256"] and record["encoded_sha256"] == expected["encoded_sha256"]:
+        found.append(f"{where}: the record's source hash is not its source's, whose image it "
+                     "holds (modified record)")  # fmt: skip
+    elif record["sha256"] != expected["sha256"]:
+        found.append(f"{relpath}: the source, or the record, changed since conversion (the "
+                     "source's content hash differs from the record's)")  # fmt: skip
     elif record["encoded_sha256"] != expected["encoded_sha256"]:
         found.append(
             f"{where}: the record's image is not what the converter writes for this source "
