@@ -354,3 +354,16 @@ def test_an_edited_source_hash_blames_the_record_not_the_source(converted_copy):
     assert done.returncode == 1 and "1 problem\n" in done.stdout + "\n"
     assert "the record's source hash is not its source's" in done.stdout
     assert "changed since conversion" not in done.stdout
+
+
+def test_a_manifest_that_disagrees_with_itself_is_a_problem(converted_copy):
+    src, out = converted_copy
+    path = out / "manifest.json"
+    written = json.loads(path.read_text())
+    written["rejected_reasons"] = {"truncated": 5}  # the splits reject 1
+    written["format_version"] = 99
+    path.write_text(json.dumps(written))
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    assert "manifest.json: its rejection reasons count 5 rejected, its splits 1" in done.stdout
+    assert "manifest.json: record format 99, but this version reads format" in done.stdout

@@ -69,6 +69,7 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False
     descriptions = reading.check_descriptions(dataset, found)
     descriptions += reading.check_rejection_files(dataset, found)
     descriptions += reading.check_stray_shards(dataset, found)
+    descriptions += reading.check_manifest(found)
     extras = worker_wheel.WORKER_EXTRAS + (("reader",) if decode else ())
     options = flags.pipeline_options(beam_args, False, worker_extras=extras)
     # The report's folder: under --temp_location when given (the local runner too), else in a

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 
 from beam_jobs import flags, record_reader, shard_plan, sources, storage
-from tfrecord_pipe._core import manifest, messages, naming, paths, tfds_metadata
+from tfrecord_pipe._core import manifest, messages, naming, paths, schema, tfds_metadata
 from tfrecord_pipe._core import rejection as rejection_lib
 from tfrecord_pipe._tools.verify_rules import COUNT, PROBLEM, RECORD, REJECTED, REPORTED, record_row
 
@@ -96,6 +96,26 @@ def check_rejection_files(dataset: str, found: manifest.Manifest) -> list[str]:
         f"{name}: not a split of the manifest ({', '.join(sorted(found.splits))})"
         for name in sorted(found_names - expected)
     ]
+
+
+def check_manifest(found: manifest.Manifest) -> list[str]:
+    """The manifest agrees with itself: its record format is this version's, and its counts
+    of rejection reasons add up to its splits' rejections (a manifest older than the reasons
+    has none)."""
+    problems = []
+    if found.format_version != schema.FORMAT_VERSION:
+        problems.append(
+            f"{naming.MANIFEST_NAME}: record format {found.format_version}, but this version "
+            f"reads format {schema.FORMAT_VERSION}: convert again, or verify with the version "
+            f"that wrote it ({found.tool_version or 'unknown'})"
+        )
+    reasons = sum(found.rejected_reasons.values())
+    if found.rejected_reasons and reasons != found.num_rejected:
+        problems.append(
+            f"{naming.MANIFEST_NAME}: its rejection reasons count {reasons} rejected, its splits "
+            f"{found.num_rejected} (edited?)"
+        )
+    return problems
 
 
 def check_stray_shards(dataset: str, found: manifest.Manifest) -> list[str]:
