@@ -174,11 +174,11 @@ class Checker:
         else:  # a local read takes microseconds: in the checking thread
             reads = (functools.partial(self._read, source) for source in batch)
         check = self._pool.map if self._pool else map
-        return check(lambda source, read: then(source, self._decide(source, read)), batch, reads)
-
-    def _decide(self, source: SourceFile, read) -> outcome.Outcome:
-        """`read()` gives the source's bytes, or raises (see `outcome.decide`)."""
-        return outcome.decide(source, self._labels, self._policy, read)
+        # `read()` gives the source's bytes, or raises (see `outcome.decide`).
+        return check(
+            lambda source, read: then(source, outcome.decide(source, self._labels, self._policy, read)),
+            batch, reads,
+        )  # fmt: skip
 
     def _entry(self, source: SourceFile, result: outcome.Outcome):
         if result.reason is not None:
