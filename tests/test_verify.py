@@ -16,6 +16,7 @@ from tfrecord_pipe._tools import verify, verify_reading, verify_rules
 
 from helpers import (
     COLOURS, IN_PROCESS, jpeg_bytes, length_delimited, run_cli, run_command, run_python,
+    verified_both_ways,
 )  # fmt: skip
 
 
@@ -339,6 +340,22 @@ def test_records_out_of_the_converters_order_or_stray_shards_are_problems(conver
     assert done.returncode == 1
     assert f"shard {first_shard(out).name}: its records are not in the order" in done.stdout
     assert "train-00000-of-00009.tfrecord: named like a shard of split train" in done.stdout
+
+
+def test_shards_swapped_whole_are_found_by_both_drivers(converted_copy):
+    # Each shard keeps the manifest's count and the order inside it; only the order across
+    # the shards says the records were moved.
+    src, out = converted_copy
+    first, second = (out / name for name in dataset.read_manifest(str(out)).splits["train"].files)
+    records = [r.numpy() for shard in (first, second) for r in tf.data.TFRecordDataset(str(shard))]
+    cut = len(records) - len(list(tf.data.TFRecordDataset(str(first))))
+    rewrite_shard(first, lambda _: records[cut:])
+    rewrite_shard(second, lambda _: records[:cut])
+    report = verified_both_ways(src, out)
+    assert report.problems == (
+        f"shards {first.name} and {second.name} of split train: records are not in the order "
+        "the converter writes them across the shards (shards swapped or renamed?)",
+    )
 
 
 def test_an_edited_source_hash_blames_the_record_not_the_source(converted_copy):

@@ -42,6 +42,7 @@ from tfrecord_pipe._tools.verify_rules import (
     REJECTED,
     REPORTED,
     SOURCE,
+    SPAN,
     VerifyReport,
 )
 
@@ -135,6 +136,7 @@ class _Join:
         self._problems = problems
         self.totals: collections.Counter = collections.Counter()
         self.per_split: collections.Counter = collections.Counter()
+        self._spans: list[tuple[str, str, str, str]] = []  # one per shard
 
     def add(self, read: Iterable[tuple[str, object]], total: str | None) -> None:
         """The (kind, value) pairs of `verify_reading`: rows joined, problems, counts."""
@@ -145,6 +147,8 @@ class _Join:
                 self.totals[total] += value
             elif kind == REPORTED:
                 self._by_content.add((value[0], _ORDER[REPORTED], value[1]))
+            elif kind == SPAN:
+                self._spans.append(value)
             else:
                 key, row = value
                 self._by_path.add((key, _ORDER[kind], kind, row))
@@ -156,6 +160,7 @@ class _Join:
 
     def check(self, found: manifest.Manifest) -> None:
         """The rules, per relative path and then per content hash."""
+        self._problems.extend(rules.span_problems(self._spans), FILES)
         dedupe = bool(found.conversion.get("dedupe"))
         for relpath, same in itertools.groupby(self._by_path.sorted(), key=operator.itemgetter(0)):
             rows = {SOURCE: [], RECORD: [], REJECTED: []}

@@ -36,6 +36,7 @@ from tfrecord_pipe._tools.verify_rules import (
     REJECTED,
     REPORTED,
     SOURCE,
+    SPAN,
 )
 
 log = logging.getLogger(__name__)
@@ -210,9 +211,14 @@ class VerifyDataset(beam.PTransform):
             | "CheckContents"
             >> beam.FlatMap(_check_content, found).with_outputs(COUNT, main=PROBLEM)
         )
+        across = (
+            shards[SPAN]
+            | "ShardSpans" >> beam.combiners.ToList()
+            | "OrderAcrossShards" >> beam.FlatMap(_span_problems)
+        )
         problems = (
             shards[PROBLEM], rejected[PROBLEM], checked[PROBLEM], reported[PROBLEM],
-            contents[PROBLEM],
+            contents[PROBLEM], across,
         ) | "Problems" >> beam.Flatten()  # fmt: skip
         tally = (
             (shards[COUNT], rejected[COUNT], expected[COUNT], contents[COUNT])
@@ -234,7 +240,7 @@ class VerifyDataset(beam.PTransform):
         )
 
 
-_KINDS = (SOURCE, RECORD, REJECTED, REPORTED, PROBLEM, COUNT)
+_KINDS = (SOURCE, RECORD, REJECTED, REPORTED, PROBLEM, COUNT, SPAN)
 
 
 def _tagged(read, total: str | None = None):
@@ -295,6 +301,12 @@ def _check_content(joined, found):
         yield INPUTS, problem
     yield beam.pvalue.TaggedOutput(COUNT, (("groups", None), group))
     yield beam.pvalue.TaggedOutput(COUNT, (("cross_split", None), across))
+
+
+def _span_problems(spans):
+    for problem in rules.span_problems(spans):
+        Metrics.counter(METRICS, "problems").inc()
+        yield FILES, problem
 
 
 def _write_report(path: str, first, counted: int, tally) -> None:

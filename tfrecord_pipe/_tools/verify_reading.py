@@ -21,7 +21,15 @@ from collections.abc import Iterator
 from beam_jobs import flags, record_reader, shard_plan, sources, storage
 from tfrecord_pipe._core import manifest, messages, naming, paths, schema, tfds_metadata
 from tfrecord_pipe._core import rejection as rejection_lib
-from tfrecord_pipe._tools.verify_rules import COUNT, PROBLEM, RECORD, REJECTED, REPORTED, record_row
+from tfrecord_pipe._tools.verify_rules import (
+    COUNT,
+    PROBLEM,
+    RECORD,
+    REJECTED,
+    REPORTED,
+    SPAN,
+    record_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +160,13 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
                ) -> Iterator[tuple[str, object]]:  # fmt: skip
     """One shard read whole: its records as RECORD rows (`verify_rules.record_row`, which
     decodes each image with `decode`); its count against the manifest's; its twin in the
-    other format (if any) against it, record for record; then its COUNT of records.
+    other format (if any) against it, record for record; its SPAN of keys (read whole); then
+    its COUNT of records.
     `temp_dir`: where a remote ArrayRecord shard is copied to be read."""
     split, name, expected, twin = shard
     path = paths.join(dataset, name)
     count, failed, digest = 0, None, hashlib.sha256() if twin is not None else None
-    last_key, out_of_order = "", None
+    first_key, last_key, out_of_order = None, "", None
     try:
         for serialized in _serialized(path, found.compression, temp_dir):
             count += 1
@@ -171,6 +180,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
             key = shard_plan.order_key(row["relpath"])
             if key <= last_key and out_of_order is None:
                 out_of_order = count
+            first_key = key if first_key is None else first_key
             last_key = max(key, last_key)
             row.update(shard=name, split=split)
             yield RECORD, (row.pop("relpath"), row)
@@ -188,6 +198,8 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
                         f"them, from record {out_of_order} on (moved or reordered?)")  # fmt: skip
     if count != expected:
         yield PROBLEM, f"shard {name} holds {count} records, the manifest lists {expected}"
+    if failed is None and first_key is not None:
+        yield SPAN, (split, name, first_key, last_key)
     if twin is not None and failed is None:
         problem = _twin_problem(paths.join(dataset, twin), found, digest.hexdigest(), name,
                                 temp_dir)  # fmt: skip

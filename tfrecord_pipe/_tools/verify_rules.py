@@ -29,6 +29,7 @@ MAX_PROBLEMS_KEPT = 1000  # problems listed in full; beyond that only counted
 # adds to the report's totals.
 SOURCE, RECORD, REJECTED, PROBLEM, COUNT = "source", "record", "rejected", "problem", "count"
 REPORTED = "reported"  # a group of duplicates.jsonl, joined on its content hash
+SPAN = "span"  # a shard's first and last record keys, for the order across shards
 # Problems are listed in this order: those of the dataset's files (shards, rejection files,
 # the manifest's counts), then those of single inputs; alphabetically within each. The first
 # MAX_PROBLEMS_KEPT are kept, the same ones by both drivers.
@@ -279,6 +280,27 @@ def check_content(rows: Iterable[dict], reported: list[list[str]], found: manife
             f"({len(group)}) are not listed as one group"
         )
     return problems, 1, int(len({row["split"] for row in group}) > 1)
+
+
+def span_problems(spans: Iterable[tuple[str, str, str, str]]) -> list[str]:
+    """The converter ranks a split's records by key and cuts the ranks into shards in order,
+    so every key of a shard sorts before every key of the next one. `spans`: (split, shard
+    name, first key, last key) of each shard read whole. Two shards swapped or renamed keep
+    their counts and the order inside them; this finds them."""
+    problems = []
+    by_split: dict[str, list[tuple[str, str, str]]] = {}
+    for split, name, first, last in spans:
+        by_split.setdefault(split, []).append((name, first, last))
+    for split, shards in sorted(by_split.items()):
+        shards.sort()  # shard names sort by their number (naming pads it)
+        for (before, _, last), (after, first, _) in zip(shards, shards[1:]):
+            if first <= last:
+                problems.append(
+                    f"shards {before} and {after} of split {split}: records are not in the "
+                    "order the converter writes them across the shards (shards swapped or "
+                    "renamed?)"
+                )
+    return problems
 
 
 def group_count_problems(found: manifest.Manifest, groups: int, cross_split: int) -> list[str]:
