@@ -21,7 +21,7 @@ from tfrecord_pipe import grain, serving
 from tfrecord_pipe._core import array_records, crops, schema
 from tfrecord_pipe._reading import preprocess
 
-from helpers import IN_PROCESS, write_image_folder
+from helpers import IN_PROCESS, run_python, write_image_folder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -146,6 +146,39 @@ def test_each_epoch_is_a_new_permutation_and_hosts_share_one_stream(both):
             assert [int(k) for k in host_keys] == [keys[p] for p in places]
             assert np.array_equal(host_images, images[places])
     assert keys_of([next(iter(train(both, seed=8)))]) != keys[:4]
+
+
+def test_batch_memory_is_used_again_only_once_nobody_holds_the_batch(both):
+    # The batches' arrays are recycled: one the trainer still holds, or a view of, keeps its
+    # pixels while many more batches are made.
+    expected = [batch[0].copy() for batch, _ in zip(train(both), range(40))]
+    stream = iter(train(both))
+    held = next(stream)[0]
+    view = next(stream)[0][1:]
+    for step in range(2, 40):
+        assert np.array_equal(next(stream)[0], expected[step])
+    assert np.array_equal(held, expected[0])
+    assert np.array_equal(view, expected[1][1:])
+
+
+@pytest.mark.slow
+def test_a_batch_put_on_a_jax_device_keeps_its_pixels(both):
+    # On CPU, jax.device_put may alias the numpy array rather than copy it. In a process of
+    # its own: JAX's threads in the test process would make later forks unsafe.
+    done = run_python(
+        "import jax, numpy as np\n"
+        "from tfrecord_pipe import grain\n"
+        f"def train(): return iter(grain.make_dataset({str(both)!r}, is_training=True, "
+        f"batch_size=4, image_size={SIZE}, dtype='float32', seed=7, host_index=0, "
+        "host_count=1))\n"
+        "expected = [next(s)[0].copy() for s in [train()] for _ in range(30)]\n"
+        "stream = train()\n"
+        "on_device = jax.device_put(next(stream)[0])\n"
+        "for _ in range(29): next(stream)\n"
+        "assert np.array_equal(np.asarray(on_device), expected[0])\n"
+        "print('kept')\n"
+    )
+    assert done.returncode == 0 and "kept" in done.stdout, done.stderr
 
 
 def test_a_state_resumes_at_the_next_batch_and_other_settings_are_refused(both):

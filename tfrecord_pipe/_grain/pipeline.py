@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+import threading
 
 import numpy as np
 
@@ -130,11 +132,10 @@ def make_dataset(
     chosen = find_split(data, split or (naming.TRAIN if is_training else naming.VALIDATION))
     records = grain.MapDataset.source(Keyed(source(chosen), chosen))
     if is_training:
-        examples, make_batch = _training(records, chosen, image_size, dtype, seed, num_epochs,
-                                         with_keys, index, count, batch_size)  # fmt: skip
+        examples = _training(records, chosen, seed, num_epochs, index, count, batch_size)
     else:
-        examples, make_batch = _evaluation(records, chosen, image_size, dtype, index, count,
-                                           batch_size)  # fmt: skip
+        examples = _evaluation(records, chosen, image_size, index, count, batch_size)
+    make_batch = _batch_maker(image_size, dtype, threads, keys=with_keys, weights=not is_training)
     # Batched while the stream is still indexable: batch j is places j*batch ... of the
     # stream, whoever makes it. Each thread, or worker process, makes whole batches, and the
     # batches come back in order: the same ones whatever the threads and workers (batched in
@@ -182,8 +183,7 @@ def _exit_with_parent(worker_index: int, worker_count: int) -> None:
 
 
 
-def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, index, count,
-              batch_size):  # fmt: skip
+def _training(records, split, seed, num_epochs, index, count, batch_size):
     def choices(keyed, rng: np.random.Generator) -> _Planned:
         """A record, and its crop and flip drawn (the window, then the flip, as
         `images.train_image` draws them)."""
@@ -202,10 +202,10 @@ def _training(records, split, image_size, dtype, seed, num_epochs, with_keys, in
                 "no batch at all. Give a smaller batch_size or more epochs."
             )
         stream = stream[: len(stream) // window * window]
-    return stream[index::count], _batch_maker(image_size, dtype, keys=with_keys)
+    return stream[index::count]
 
 
-def _evaluation(records, split, image_size, dtype, index, count, batch_size):
+def _evaluation(records, split, image_size, index, count, batch_size):
     grain = grain_module()
     mine = records[index::count]
     # Every host yields as many batches as the host with the most records needs.
@@ -222,7 +222,7 @@ def _evaluation(records, split, image_size, dtype, index, count, batch_size):
         return _Planned(record, window, False, _label(record, split), weight=weight)
 
     slots = grain.MapDataset.range(steps * batch_size).map(planned)
-    return slots, _batch_maker(image_size, dtype, weights=True)
+    return slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,16 +238,17 @@ class _Planned:
     weight: np.float32 = np.float32(1.0)
 
 
-def _batch_maker(image_size: int, dtype: str, keys: bool = False, weights: bool = False):
+def _batch_maker(image_size: int, dtype: str, threads: int, keys: bool = False,
+                 weights: bool = False):  # fmt: skip
     """Grain's `batch_fn`: a batch's images made straight into it (None: a padding slot,
     a zero image of weight 0)."""
+    shape = (image_size, image_size, 3)
+    # Each thread makes one batch and its prefetch holds one more; the trainer holds a few.
+    arrays = _BatchArrays(kept=2 * threads + 4)
 
     def make(planned: list[_Planned | None]):
         count = len(planned)
-        # Empty, not zeros: numpy backs a large empty array with huge pages, and every slot
-        # is written anyway; zeros' fresh pages cost a page fault each 4 KB
-        # (benchmarks/RESULTS.md, "Grain").
-        images_out = np.empty((count, image_size, image_size, 3), images.numpy_dtype(dtype))
+        images_out = arrays.take((count, *shape), images.numpy_dtype(dtype))
         labels = np.zeros(count, np.int32)
         extra = np.zeros(count, np.float32 if weights else np.int64)
         for slot, plan in enumerate(planned):
@@ -264,3 +265,34 @@ def _batch_maker(image_size: int, dtype: str, keys: bool = False, weights: bool 
         return images_out, labels
 
     return make
+
+
+class _BatchArrays:
+    """The batches' image arrays, each used again once nobody holds it: a fresh 77 MB batch
+    is 19,000 page faults, a seventh of the Grain path's time (benchmarks/RESULTS.md, "Grain").
+    An array is free when only this pool refers to it: a trainer holding the batch, a view
+    of it, or an array that aliases it (a zero-copy `jax.device_put` on CPU) refers to it
+    too. Worker processes each start with an empty pool."""
+
+    def __init__(self, kept: int):
+        self._kept = kept  # at most this many arrays kept; more are made fresh
+        self._arrays: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        with self._lock:
+            for place in range(len(self._arrays)):
+                # 2: this list and getrefcount's argument.
+                if sys.getrefcount(self._arrays[place]) == 2:
+                    if self._arrays[place].shape == shape:
+                        return self._arrays[place]
+            array = np.empty(shape, dtype)
+            if len(self._arrays) < self._kept:
+                self._arrays.append(array)
+            return array
+
+    def __getstate__(self):
+        return {"kept": self._kept}
+
+    def __setstate__(self, state):
+        self.__init__(state["kept"])
