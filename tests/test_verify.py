@@ -358,6 +358,18 @@ def test_shards_swapped_whole_are_found_by_both_drivers(converted_copy):
     )
 
 
+def test_what_verify_cannot_work_with_exits_2_saying_why(converted_copy, monkeypatch):
+    src, out = converted_copy
+    for source in (out, out.parent):  # the dataset twice; a folder that holds it
+        done = run_cli("verify", source, out)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "are the same folder, or one holds the other" in done.stderr
+        assert "tfrecord-pipe verify SRC OUT" in done.stderr
+    monkeypatch.setenv("TMPDIR", str(out / "no such folder"))  # where the sorts would spill
+    done = run_cli("verify", src, out)
+    assert done.returncode == 2 and "is not a writable folder" in done.stderr
+
+
 def test_an_edited_source_hash_blames_the_record_not_the_source(converted_copy):
     src, out = converted_copy
 

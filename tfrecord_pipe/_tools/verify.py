@@ -73,7 +73,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     problems.extend(reading.check_manifest(found), FILES)
     processes = processes or worker_pool.processes()
     line = _Progress(sum(info.listed for info in found.splits.values()), show_progress)
-    with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-") as work:
+    with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-", dir=_work_parent()) as work:
         job = _Join(work, problems)
         for split, expected in reading.rejection_files(found):
             job.add(reading.read_rejected(dataset, split, expected), REJECTED)
@@ -103,6 +103,22 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
         num_problems=problems.count,
         decoded=decode,
     )
+
+
+def _work_parent() -> str | None:
+    """TMPDIR, where verify's sorts spill (about 0.7 kB per input), if it is set: Python
+    would fall back to /tmp silently when it is not a writable folder.
+
+    Raises:
+      ValueError: TMPDIR is set to what is not a writable folder.
+    """
+    chosen = os.environ.get("TMPDIR")
+    if chosen and not (os.path.isdir(chosen) and os.access(chosen, os.W_OK | os.X_OK)):
+        raise ValueError(
+            f"TMPDIR={chosen} is not a writable folder; verify's sorts spill there (about "
+            "0.7 kB per input). Create it, or set TMPDIR to a folder with room."
+        )
+    return chosen or None
 
 
 class _Problems:

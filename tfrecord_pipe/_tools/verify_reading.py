@@ -44,13 +44,16 @@ def read_conversion(dataset: str) -> manifest.Manifest:
 
     Raises:
       FileNotFoundError: `dataset` is not a finished dataset.
-      ValueError: the manifest does not parse, or does not record how the dataset was converted.
+      ValueError: the manifest cannot be read, does not parse, or does not record how the
+        dataset was converted.
     """
     path = paths.join(dataset, naming.MANIFEST_NAME)
     if not storage.exists(path):
         raise manifest.not_a_dataset(dataset)
     try:
         found = manifest.Manifest.from_file_text(storage.read_text(path), path)
+    except PermissionError as err:
+        raise ValueError(f"{path} cannot be read: {messages.one_line(err)}") from err
     except (ValueError, UnicodeDecodeError) as err:
         raise manifest.edited(ValueError(messages.one_line(err))) from err
     if not found.conversion:
@@ -62,9 +65,22 @@ def read_conversion(dataset: str) -> manifest.Manifest:
 
 
 def source_config(source: str, dataset: str, found: manifest.Manifest):
-    """The conversion's configuration as the manifest recorded it, for these paths."""
+    """The conversion's configuration as the manifest recorded it, for these paths.
+
+    Raises:
+      ValueError: the source folder and the dataset are one folder, or one holds the other
+        (the arguments swapped or mistyped: the converter refuses such an output).
+    """
     recorded = flags.recorded_config(found.conversion)
-    return sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
+    config = sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
+    root = config.source_root
+    if config.layout != "csv" and (paths.is_inside(dataset, root) or paths.is_inside(root, dataset)):
+        raise ValueError(
+            f"The source {root} and the dataset {dataset} are the same folder, or one holds the "
+            "other. Give the images the dataset was converted from first, then the dataset: "
+            "tfrecord-pipe verify SRC OUT."
+        )
+    return config
 
 
 def check_descriptions(dataset: str, found: manifest.Manifest) -> list[str]:

@@ -152,7 +152,8 @@ def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False
         found.labels[record.label_index] != record.label_text
     ):
         problems.append(
-            f"label {record.label_index} ({record.label_text!r}) does not match labels.txt"
+            f"label {record.label_index} ({record.label_text!r}) is not that label in the "
+            "manifest's list of labels (labels.txt is written from it)"
         )
     return {
         "relpath": record.filename,
