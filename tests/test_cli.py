@@ -55,6 +55,18 @@ def test_help_lists_the_commands():
         assert command in result.stdout
 
 
+def test_ctrl_c_while_tensorflow_loads_exits_130_in_one_line(converted, monkeypatch):
+    from tfrecord_pipe._tools import tensorflow_start
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tensorflow_start, "start", interrupted)
+    done = run_cli("inspect", converted[1])
+    assert done.returncode == 130
+    assert done.stderr.strip() == "error: interrupted."
+
+
 def test_no_command_is_bad_input():
     assert run_cli().returncode == 2
 

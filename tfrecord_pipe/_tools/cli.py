@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C while TensorFlow or a command loads: one line
+        print("\nerror: interrupted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 # Each command imports what it runs when it runs: TensorFlow takes seconds to load, and
