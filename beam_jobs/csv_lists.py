@@ -45,6 +45,9 @@ def csv_lines(csv_path: str) -> Iterator[tuple[int, str]]:
         names the file and the line, and says what to do.
     """
     save_as = "Save it as UTF-8 text (spreadsheets: \"CSV UTF-8\")."
+    if not paths.is_remote(csv_path) and os.path.isdir(csv_path):
+        raise ValueError(f"{csv_path} is a folder, not a CSV list: give the CSV file that lists "
+                         "the images.")  # fmt: skip
     if not paths.is_remote(csv_path) and not os.path.isfile(csv_path):
         raise ValueError(f"CSV list {csv_path} is not a regular file (a pipe or a device?).")
     with FileSystems.open(csv_path) as f:

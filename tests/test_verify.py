@@ -159,6 +159,12 @@ def test_verify_a_csv_conversion_with_a_duplicate_line_and_a_missing_file(tmp_pa
     done = run_cli("verify", tmp_path / "list.csv", tmp_path / "out")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "5 sources listed; 3 records in the shards; 2 rejected" in done.stdout
+    # The images' folder given instead of the list: said, with the list's name.
+    done = run_cli("verify", tmp_path / "imgs", tmp_path / "out")
+    assert done.returncode == 2
+    assert f"converted from the CSV list {tmp_path / 'list.csv'}: give that file" in done.stderr
+    done = run_cli("convert", tmp_path / "imgs", tmp_path / "again", "--layout", "csv")
+    assert done.returncode == 2 and "is a folder, not a CSV list" in done.stderr
 
 
 def test_verify_catches_records_that_changed_split(converted_copy):

@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 import posixpath
 import time
 from collections.abc import Iterator
@@ -72,6 +73,11 @@ def source_config(source: str, dataset: str, found: manifest.Manifest):
         (the arguments swapped or mistyped: the converter refuses such an output).
     """
     recorded = flags.recorded_config(found.conversion)
+    if recorded.layout == "csv" and not paths.is_remote(source) and os.path.isdir(source):
+        raise ValueError(
+            f"{dataset} was converted from the CSV list {recorded.source}: give that file (or "
+            f"its copy) as SRC, not the folder {source}."
+        )
     config = sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
     root = config.source_root
     if config.layout != "csv" and (paths.is_inside(dataset, root) or paths.is_inside(root, dataset)):
