@@ -272,7 +272,8 @@ class _BatchArrays:
     is 19,000 page faults, a seventh of the Grain path's time (benchmarks/RESULTS.md, "Grain").
     An array is free when only this pool refers to it: a trainer holding the batch, a view
     of it, or an array that aliases it (a zero-copy `jax.device_put` on CPU) refers to it
-    too. Worker processes each start with an empty pool."""
+    too. Worker processes each start with an empty pool. The arrays live as long as the
+    `GrainInput` (up to `kept` batches' memory between two evaluations, say)."""
 
     def __init__(self, kept: int):
         self._kept = kept  # at most this many arrays kept; more are made fresh

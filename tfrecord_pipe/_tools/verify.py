@@ -176,7 +176,7 @@ class _Join:
 
     def check(self, found: manifest.Manifest) -> None:
         """The rules, per relative path and then per content hash."""
-        self._problems.extend(rules.span_problems(self._spans), FILES)
+        self._problems.extend(rules.span_problems(found, self._spans), FILES)
         dedupe = bool(found.conversion.get("dedupe"))
         for relpath, same in itertools.groupby(self._by_path.sorted(), key=operator.itemgetter(0)):
             rows = {SOURCE: [], RECORD: [], REJECTED: []}

@@ -214,7 +214,7 @@ class VerifyDataset(beam.PTransform):
         across = (
             shards[SPAN]
             | "ShardSpans" >> beam.combiners.ToList()
-            | "OrderAcrossShards" >> beam.FlatMap(_span_problems)
+            | "OrderAcrossShards" >> beam.FlatMap(_span_problems, found)
         )
         problems = (
             shards[PROBLEM], rejected[PROBLEM], checked[PROBLEM], reported[PROBLEM],
@@ -303,8 +303,8 @@ def _check_content(joined, found):
     yield beam.pvalue.TaggedOutput(COUNT, (("cross_split", None), across))
 
 
-def _span_problems(spans):
-    for problem in rules.span_problems(spans):
+def _span_problems(spans, found: manifest.Manifest):
+    for problem in rules.span_problems(found, spans):
         Metrics.counter(METRICS, "problems").inc()
         yield FILES, problem
 

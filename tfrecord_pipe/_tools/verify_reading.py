@@ -69,8 +69,8 @@ def source_config(source: str, dataset: str, found: manifest.Manifest):
     """The conversion's configuration as the manifest recorded it, for these paths.
 
     Raises:
-      ValueError: the source folder and the dataset are one folder, or one holds the other
-        (the arguments swapped or mistyped: the converter refuses such an output).
+      ValueError: the dataset is the source folder or inside it (the arguments swapped or
+        mistyped: the converter refuses such an output).
     """
     recorded = flags.recorded_config(found.conversion)
     if recorded.layout == "csv" and not paths.is_remote(source) and os.path.isdir(source):
@@ -80,11 +80,11 @@ def source_config(source: str, dataset: str, found: manifest.Manifest):
         )
     config = sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
     root = config.source_root
-    if config.layout != "csv" and (paths.is_inside(dataset, root) or paths.is_inside(root, dataset)):
+    if config.layout != "csv" and paths.is_inside(dataset, root):
         raise ValueError(
-            f"The source {root} and the dataset {dataset} are the same folder, or one holds the "
-            "other. Give the images the dataset was converted from first, then the dataset: "
-            "tfrecord-pipe verify SRC OUT."
+            f"The dataset {dataset} is the source folder {root}, or inside it: its own files "
+            "would be listed as inputs. Give the images the dataset was converted from first, "
+            "then the dataset: tfrecord-pipe verify SRC OUT."
         )
     return config
 

@@ -283,18 +283,25 @@ def check_content(rows: Iterable[dict], reported: list[list[str]], found: manife
     return problems, 1, int(len({row["split"] for row in group}) > 1)
 
 
-def span_problems(spans: Iterable[tuple[str, str, str, str]]) -> list[str]:
+def span_problems(found: manifest.Manifest, spans: Iterable[tuple[str, str, str, str]]
+                  ) -> list[str]:  # fmt: skip
     """The converter ranks a split's records by key and cuts the ranks into shards in order,
     so every key of a shard sorts before every key of the next one. `spans`: (split, shard
     name, first key, last key) of each shard read whole. Two shards swapped or renamed keep
     their counts and the order inside them; this finds them."""
     problems = []
-    by_split: dict[str, list[tuple[str, str, str]]] = {}
+    # The manifest's order (names stop sorting by number past 99,999 shards).
+    places = {
+        (split, name): place
+        for split, info in found.splits.items()
+        for place, name in enumerate(info.files_of(found.file_formats[0]))
+    }
+    by_split: dict[str, list[tuple[int, str, str, str]]] = {}
     for split, name, first, last in spans:
-        by_split.setdefault(split, []).append((name, first, last))
+        by_split.setdefault(split, []).append((places[split, name], name, first, last))
     for split, shards in sorted(by_split.items()):
-        shards.sort()  # shard names sort by their number (naming pads it)
-        for (before, _, last), (after, first, _) in zip(shards, shards[1:]):
+        shards.sort()
+        for (_, before, _, last), (_, after, first, _) in zip(shards, shards[1:]):
             if first <= last:
                 problems.append(
                     f"shards {before} and {after} of split {split}: records are not in the "
