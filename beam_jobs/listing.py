@@ -81,7 +81,8 @@ def _walk_remote(root: str) -> Iterator[Entry]:
 
         bucket, _, prefix = root[len("gs://") :].partition("/")
         prefix = f"{prefix}/" if prefix else ""
-        blobs = storage.gcs_client().list_blobs(bucket, prefix=prefix, page_size=GCS_PAGE)
+        blobs = storage.gcs_client().list_blobs(bucket, prefix=prefix, page_size=GCS_PAGE,
+                                                retry=storage.gcs_retry())  # fmt: skip
         try:
             for blob in blobs:  # a page is fetched when the one before is used up
                 if not blob.name.endswith("/"):

@@ -4,9 +4,11 @@ disk, gs://, ...) without TensorFlow: the few operations the job needs, each wri
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import stat
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 
@@ -14,7 +16,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import listing
-from tfrecord_pipe._core import images, paths
+from tfrecord_pipe._core import images, messages, paths
+
+log = logging.getLogger(__name__)
 
 
 def size(path: str) -> int:
@@ -44,7 +48,7 @@ def children(root: str) -> tuple[set[str], set[str]]:
     if root.startswith("gs://"):
         bucket, _, prefix = root[len("gs://") :].partition("/")
         prefix = f"{prefix}/" if prefix else ""
-        blobs = gcs_client().list_blobs(bucket, prefix=prefix, delimiter="/")
+        blobs = gcs_client().list_blobs(bucket, prefix=prefix, delimiter="/", retry=gcs_retry())
         files = {blob.name[len(prefix) :] for blob in blobs if blob.name != prefix}
         return {name[len(prefix) :].rstrip("/") for name in blobs.prefixes}, files
     # Other filesystems: a whole listing; Beam's filesystems have no cheaper way.
@@ -61,6 +65,29 @@ def gcs_client():
         return gcs.Client()
     except google.auth.exceptions.DefaultCredentialsError as err:
         raise ConnectionError(NO_CREDENTIALS) from err
+
+
+GCS_RETRY_S = 120.0  # how long a Cloud Storage call is retried (the client library's default)
+GCS_RETRY_SAID_EVERY_S = 30.0  # a retry said at most this often
+
+
+@functools.cache
+def gcs_retry():
+    """The client library's retry policy for Cloud Storage calls, each retry said on the log:
+    alone, a run with no network or a wrong endpoint waits two minutes in silence."""
+    from google.api_core.retry import Retry
+    from google.cloud.storage import retry
+
+    last = [-GCS_RETRY_SAID_EVERY_S]
+
+    def said(err: Exception) -> None:
+        if time.monotonic() - last[0] >= GCS_RETRY_SAID_EVERY_S:
+            last[0] = time.monotonic()
+            log.warning("Cloud Storage did not answer; retrying for up to %.0f s (Ctrl-C stops): "
+                        "%.200s", GCS_RETRY_S, messages.one_line(err))  # fmt: skip
+
+    # The library's own predicate (which errors are passing); it has no way to add on_error.
+    return Retry(predicate=retry.DEFAULT_RETRY._predicate, timeout=GCS_RETRY_S, on_error=said)
 
 
 NO_CREDENTIALS = (

@@ -75,3 +75,21 @@ def test_a_conversion_on_a_flaky_storage_loses_nothing_or_fails_clearly(gcs, tmp
         assert "INSPECT EXIT 0" in read.stdout, read.stdout[-3000:] + read.stderr[-3000:]
         assert f"IMAGES {result.splits['validation'].num_examples}" in read.stdout, read.stderr[-3000:]
     assert sum(dealt.values()), f"verify, inspect and the reader met no faults: {dealt}"
+
+
+def test_a_storage_that_does_not_answer_is_said_while_the_client_retries(gcs, monkeypatch, caplog):
+    # The client library retries for two minutes in silence; each wait is now said, and the
+    # call still ends in an error once the retries are spent.
+    from google.api_core import exceptions as cloud
+
+    from beam_jobs import storage as storage_lib
+
+    monkeypatch.setattr(storage_lib, "GCS_RETRY_S", 2.0)
+    storage_lib.gcs_retry.cache_clear()
+    try:
+        with gcs.faults(error_rate=1.0), pytest.raises(cloud.GoogleAPIError):
+            storage_lib.children(gcs.url("anything"))
+    finally:
+        storage_lib.gcs_retry.cache_clear()
+    said = [r.getMessage() for r in caplog.records if r.name == "beam_jobs.storage"]
+    assert said and said[0].startswith("Cloud Storage did not answer; retrying for up to 2 s")
