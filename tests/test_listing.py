@@ -127,7 +127,7 @@ def test_a_gcs_listing_that_fails_midway_is_a_storage_error_naming_the_folder(mo
         name, size = "pages/a.jpg", 3
 
     class Client:
-        def list_blobs(self, bucket, prefix, page_size):
+        def list_blobs(self, bucket, prefix, page_size, retry=None):
             yield Blob()
             raise google.api_core.exceptions.ServiceUnavailable("try again later")
 
