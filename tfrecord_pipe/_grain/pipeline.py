@@ -276,15 +276,16 @@ class _BatchArrays:
     `GrainInput` (up to `kept` batches' memory between two evaluations, say)."""
 
     def __init__(self, kept: int):
-        self._kept = kept  # at most this many arrays kept; more are made fresh
+        # At most this many arrays kept; more are made fresh. None where the GIL is off: a
+        # free-threaded build's reference counts are not read this way.
+        self._kept = kept if getattr(sys, "_is_gil_enabled", lambda: True)() else 0
         self._arrays: list[np.ndarray] = []
         self._lock = threading.Lock()
 
     def take(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         with self._lock:
             for place in range(len(self._arrays)):
-                # 2: this list and getrefcount's argument.
-                if sys.getrefcount(self._arrays[place]) == 2:
+                if sys.getrefcount(self._arrays[place]) == _COUNT_WHEN_ONLY_LISTED:
                     if self._arrays[place].shape == shape:
                         return self._arrays[place]
             array = np.empty(shape, dtype)
@@ -297,3 +298,14 @@ class _BatchArrays:
 
     def __setstate__(self, state):
         self.__init__(state["kept"])
+
+
+def _count_when_only_listed() -> int:
+    """What `sys.getrefcount` says of an item only a list holds, asked as `take` asks: 2 on
+    CPython 3.11 (the list and the argument); newer versions may skip the argument's
+    reference, and a fixed 2 would then take a held array for a free one."""
+    listed = [object()]
+    return sys.getrefcount(listed[0])
+
+
+_COUNT_WHEN_ONLY_LISTED = _count_when_only_listed()
