@@ -384,7 +384,10 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
         ],
     )
     decoded.set_shape([None, None, 4])
-    image = tf.switch_case(
+    # Turned as floats (exact for these values): TensorFlow's oneDNN build logs an error line
+    # for every uint8 Transpose on CPUs it lacks uint8 kernels for, in every serving process.
+    decoded = tf.cast(decoded, tf.float32)
+    pixels = tf.switch_case(
         tf.cast(turn - 1, tf.int32),
         [
             lambda: decoded,
@@ -397,7 +400,6 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
             lambda: tf.image.rot90(decoded, 1),
         ],
     )
-    pixels = tf.cast(image, tf.float32)
     alpha = pixels[..., 3:] / 255.0
     on_white = pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)
     return tf.cast(tf.round(on_white), tf.uint8)
