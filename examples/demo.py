@@ -7,16 +7,18 @@
 3. Checks that nothing was lost and that validation accuracy is well above chance.
 """
 
-import os
+import argparse
+import pathlib
+import random
+import shutil
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from PIL import Image, ImageDraw
 
-import argparse  # noqa: E402
-import pathlib  # noqa: E402
-import random  # noqa: E402
-import shutil  # noqa: E402
+from tfrecord_pipe._tools import tensorflow_start
 
-from PIL import Image, ImageDraw  # noqa: E402
+# TensorFlow loaded as the CLI loads it: without its start-up lines on a machine with no GPU
+# (CUDA probes, CPU notes), which a first run would take for errors.
+tensorflow_start.start(verbose=False)
 
 from examples import train  # noqa: E402
 from tfrecord_pipe import dataset  # noqa: E402
