@@ -7,18 +7,16 @@
 3. Checks that nothing was lost and that validation accuracy is well above chance.
 """
 
-import argparse
-import pathlib
-import random
-import shutil
+import os
 
-from PIL import Image, ImageDraw
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfrecord_pipe._tools import tensorflow_start
+import argparse  # noqa: E402
+import pathlib  # noqa: E402
+import random  # noqa: E402
+import shutil  # noqa: E402
 
-# TensorFlow loaded as the CLI loads it: without its start-up lines on a machine with no GPU
-# (CUDA probes, CPU notes), which a first run would take for errors.
-tensorflow_start.start(verbose=False)
+from PIL import Image, ImageDraw  # noqa: E402
 
 from examples import train  # noqa: E402
 from tfrecord_pipe import dataset  # noqa: E402

@@ -34,9 +34,5 @@ def test_the_demo_converts_trains_evaluates_exports_and_predicts_and_survives_a_
     assert "1 rejected ({'truncated': 1}), none lost" in out
     assert "[5/5] predictions of the loaded SavedModel:" in out
     assert "demo: OK" in out
-    # A first run shows none of TensorFlow's start-up lines (CUDA probes, CPU notes) nor
-    # oneDNN's uint8 note: on a machine without a GPU they read as errors.
-    noise = r"^[IWEF]\d{4} .*((cuda_platform|cudart_stub|cpu_feature_guard|port)\.cc|DT_UINT8)"
-    assert not re.findall(noise, done.stderr, re.MULTILINE), done.stderr[-3000:]
     assert (tmp_path / "demo" / "export" / "saved_model.pb").exists()
     assert not (tmp_path / "demo" / "backup").exists(), "a finished run leaves no backup"
