@@ -219,6 +219,11 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="is inside the input folder"):
         run(src, src / "dataset")
     assert not (src / "dataset").exists()
+    (tmp_path / "away").mkdir()  # a folder elsewhere, reached through a link in the input
+    os.symlink(tmp_path / "away", src / "away")
+    with pytest.raises(ValueError, match="is inside the input folder"):
+        run(src, src / "away")
+    os.unlink(src / "away")
     with pytest.raises(FileNotFoundError, match="Labels file .* does not exist"):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     (tmp_path / "labels.txt").write_text("red\nblue\nred\n")

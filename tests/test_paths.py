@@ -37,6 +37,9 @@ def test_inside_compares_whole_folder_names_and_follows_symlinks(tmp_path):
     assert paths.is_inside(str(tmp_path / "images" / "out"), str(tmp_path / "images"))
     assert paths.is_inside(str(tmp_path / "link" / "out"), str(tmp_path / "images/"))
     assert not paths.is_inside(str(tmp_path / "images2"), str(tmp_path / "images"))
+    # A folder elsewhere, reached through a link inside the parent: a listing gets to it.
+    os.symlink(tmp_path / "images2", tmp_path / "images" / "away")
+    assert paths.is_inside(str(tmp_path / "images" / "away"), str(tmp_path / "images"))
     assert paths.is_inside("gs://b/images/out", "gs://b/images/")
     assert not paths.is_inside("gs://b/images2", "gs://b/images")
 

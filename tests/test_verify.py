@@ -374,6 +374,11 @@ def test_what_verify_cannot_work_with_exits_2_saying_why(converted_copy, monkeyp
     done = run_cli("verify", src, out)
     assert done.returncode == 2 and "is not a writable folder" in done.stderr
     monkeypatch.delenv("TMPDIR")
+    # The dataset reached through a link inside the source: the listing would follow it.
+    os.symlink(out, src / "link")
+    done = run_cli("verify", src, src / "link")
+    assert done.returncode == 2 and "is the source folder" in done.stderr
+    os.unlink(src / "link")
     # The other way round is a conversion the converter makes: verified as usual.
     shutil.move(src, out / "images")
     assert run_cli("verify", out / "images", out).returncode == 0

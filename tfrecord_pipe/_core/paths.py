@@ -44,9 +44,17 @@ def basename(path: str) -> str:
 
 
 def is_inside(path: str, parent: str) -> bool:
-    """Whether `path` is `parent` or below it (local paths resolved, symlinks followed)."""
-    if not is_remote(path) and not is_remote(parent):
-        path, parent = os.path.realpath(path), os.path.realpath(parent)
+    """Whether `path` is `parent` or below it: as written, or with links followed (local
+    paths). A folder reached through a link inside `parent` is inside it: a listing of
+    `parent` follows the link to it."""
+    if is_remote(path) or is_remote(parent):
+        return _below(path, parent)
+    return _below(os.path.abspath(path), os.path.abspath(parent)) or _below(
+        os.path.realpath(path), os.path.realpath(parent)
+    )
+
+
+def _below(path: str, parent: str) -> bool:
     path, parent = folder(path), folder(parent)
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
