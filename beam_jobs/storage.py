@@ -78,11 +78,12 @@ def gcs_retry():
     from google.api_core.retry import Retry
     from google.cloud.storage import retry
 
-    last = [-GCS_RETRY_SAID_EVERY_S]
+    last_said = -GCS_RETRY_SAID_EVERY_S
 
     def said(err: Exception) -> None:
-        if time.monotonic() - last[0] >= GCS_RETRY_SAID_EVERY_S:
-            last[0] = time.monotonic()
+        nonlocal last_said
+        if time.monotonic() - last_said >= GCS_RETRY_SAID_EVERY_S:
+            last_said = time.monotonic()
             log.warning("Cloud Storage did not answer; retrying for up to %.0f s (Ctrl-C stops): "
                         "%.200s", GCS_RETRY_S, messages.one_line(err))  # fmt: skip
 

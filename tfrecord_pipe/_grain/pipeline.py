@@ -269,7 +269,7 @@ def _batch_maker(image_size: int, dtype: str, threads: int, keys: bool = False,
 
 class _BatchArrays:
     """The batches' image arrays, each used again once nobody holds it: a fresh 77 MB batch
-    is 19,000 page faults, a seventh of the Grain path's time (benchmarks/RESULTS.md, "Grain").
+    is 19,000 page faults (benchmarks/RESULTS.md, "Grain").
     An array is free when only this pool refers to it: a trainer holding the batch, a view
     of it, or an array that aliases it (a zero-copy `jax.device_put` on CPU) refers to it
     too. Worker processes each start with an empty pool. The arrays live as long as the

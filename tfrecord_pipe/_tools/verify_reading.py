@@ -70,7 +70,8 @@ def source_config(source: str, dataset: str, found: manifest.Manifest):
 
     Raises:
       ValueError: the dataset is the source folder or inside it (the arguments swapped or
-        mistyped: the converter refuses such an output).
+        mistyped: the converter refuses such an output), or a folder is given for a dataset
+        converted from a CSV list.
     """
     recorded = flags.recorded_config(found.conversion)
     if recorded.layout == "csv" and not paths.is_remote(source) and os.path.isdir(source):
