@@ -1,13 +1,15 @@
 """Worker processes for the jobs that run on this machine without Beam's runner (the local
-engine of the conversion, and `verify`): one per core, forked, ended whatever happens.
+engine of the conversion, and `verify`): one per core, ended whatever happens.
 
-What every such pool needs, written once: a Ctrl-C is the launcher's alone, and is never
-lost during a fork or the pool's shutdown; a worker ends with its launcher, even one killed
-by SIGKILL; a worker's error comes back whole, as a `WorkerError`.
+What every such pool needs, written once: workers that share no lock with the launcher's
+threads; a Ctrl-C that is the launcher's alone, and never lost during the pool's start or
+shutdown; a worker that ends with its launcher, even one killed by SIGKILL; a worker's error
+that comes back whole, as a `WorkerError`.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import multiprocessing
@@ -16,11 +18,18 @@ import signal
 import threading
 import traceback
 from concurrent import futures
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import connection as connection_lib
 
-from beam_jobs import malloc
+from beam_jobs import fork_server, malloc
 from tfrecord_pipe._core import parent_watch
 
 IN_FLIGHT = 4  # tasks per worker submitted ahead, so none waits for the next
+
+# Workers come from a fork server (fork_server.py says why); "fork" forks them from this
+# process, for tests that patch a worker's code here.
+START_METHOD = "forkserver"
+JOB_MODULES = ("beam_jobs.local_engine", "tfrecord_pipe._tools.verify")  # what workers run
 
 
 def processes() -> int:
@@ -30,35 +39,216 @@ def processes() -> int:
 
 @contextlib.contextmanager
 def pool(count: int, initializer, initargs: tuple = ()):
-    """`count` worker processes, forked (nothing to import again), each set up by
-    `initializer(*initargs)`; ended whatever happens: on an error or Ctrl-C the tasks not
-    started are dropped, and a worker ends with this process."""
-    context = multiprocessing.get_context("fork")
-    executor = futures.ProcessPoolExecutor(
-        count, mp_context=context, initializer=_start, initargs=(initializer, initargs)
-    )
+    """`count` worker processes, each set up by `initializer(*initargs)` (its arguments must
+    pickle) in this process's environment, working folder and log levels; ended whatever
+    happens: on an error or Ctrl-C the tasks not started are dropped, and a worker ends with
+    this process."""
+    start_server()
+    forked = fork_server.CONTEXT if START_METHOD == "forkserver" else multiprocessing.get_context("fork")
+    start = (fork_server.Launcher.now(), START_METHOD, initializer, initargs)
+    # A Ctrl-C while a worker is forked from this process is raised in logging's fork
+    # handler, where Python ignores it (and the job went on to the end): held back until the
+    # workers are up, it stops the job.
+    with ctrl_c_held():
+        workers = Pool(count, forked, start)
     failed = True
     try:
-        # Every worker is forked at the first task. A Ctrl-C during a fork is raised in
-        # logging's fork handler, where Python ignores it (and the job went on to the end):
-        # held back until the forks are done, it stops the job.
-        with ctrl_c_held():
-            executor.submit(int).result()
-        yield executor
+        yield workers
         failed = False
     finally:
         # Held back here too: raised midway through the shutdown, it left the workers waiting
         # for work, and the process waiting for them at exit, for ever.
         with ctrl_c_held():
-            if failed:  # nothing they do now is used: a task under way is not waited for
-                for process in list((getattr(executor, "_processes", None) or {}).values()):
-                    process.terminate()
-            executor.shutdown(wait=True, cancel_futures=True)
+            workers.close(stop_work=failed)
 
 
-def _start(initializer, initargs) -> None:
+class Pool(futures.Executor):
+    """Worker processes, each with a pipe of its own to this process: a worker that ends
+    midway (killed by the OOM killer, or by hand) fails every task not done with
+    BrokenProcessPool, whatever it was doing. (In Python's ProcessPoolExecutor the workers
+    share one pipe for their results, and a lock on it: a worker killed while sending left
+    the pipe half written and the lock held, and the job waited for ever.)"""
+
+    def __init__(self, count: int, context, start: tuple):
+        self._lock = threading.Lock()
+        self._waiting: collections.deque = collections.deque()  # (future, fn, args)
+        self._running: dict = {}  # connection -> the future of its worker's task
+        self._idle: list = []
+        self._broken: BaseException | None = None
+        self._closing = False
+        self._workers: dict = {}  # connection -> process
+        try:
+            for _ in range(count):
+                ours, theirs = context.Pipe()
+                process = context.Process(target=_serve, args=(theirs, *start), daemon=True)
+                process.start()
+                theirs.close()  # so that the worker's end reads as closed once it ends
+                self._workers[ours] = process
+                self._idle.append(ours)
+        except BaseException:
+            self._end_workers()
+            raise
+        self._wake_reader, self._wake = context.Pipe(duplex=False)
+        self._collector = threading.Thread(target=self._collect, name="worker-results", daemon=True)
+        self._collector.start()
+
+    def submit(self, fn, /, *args, **kwargs) -> futures.Future:
+        if kwargs:
+            raise TypeError("worker tasks take positional arguments only")
+        future: futures.Future = futures.Future()
+        with self._lock:
+            if self._broken is not None:
+                raise self._broken
+            if self._closing:
+                raise RuntimeError("the worker pool is closed")
+            self._waiting.append((future, fn, args))
+            self._send_waiting()
+        return future
+
+    def close(self, stop_work: bool) -> None:
+        """Ends the workers: at once if `stop_work` (the tasks not done fail), else once
+        their tasks are done."""
+        with self._lock:
+            self._closing = True
+            if stop_work:
+                self._fail_all(BrokenProcessPool("the worker pool was stopped"))
+        if stop_work:
+            self._end_workers()
+        else:
+            for connection in self._workers:
+                with contextlib.suppress(OSError):
+                    connection.send(None)  # after its tasks: nothing more to do
+            for process in self._workers.values():
+                process.join()
+        self._wake.send(None)
+        self._collector.join()
+        for connection in (*self._workers, self._wake, self._wake_reader):
+            connection.close()
+
+    def _send_waiting(self) -> None:
+        """Hands waiting tasks to idle workers (with the lock held)."""
+        while self._idle and self._waiting and self._broken is None:
+            future, fn, args = self._waiting.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            connection = self._idle.pop()
+            try:
+                connection.send((fn, args))
+            except OSError:  # the worker has ended: the collector says why
+                self._running[connection] = future
+            except Exception as err:  # the task does not pickle; nothing was sent
+                self._idle.append(connection)
+                future.set_exception(err)
+            else:
+                self._running[connection] = future
+
+    def _collect(self) -> None:
+        """The collector thread: each result to its future, then the worker's next task; a
+        worker that ended breaks the pool unless it was told to end."""
+        sentinels = {process.sentinel: connection for connection, process in self._workers.items()}
+        ends = set(self._workers)
+        while True:
+            ready = connection_lib.wait([*ends, *sentinels, self._wake_reader])
+            if self._wake_reader in ready:
+                return
+            for end in [end for end in ready if end in ends]:
+                try:
+                    done, value = end.recv()
+                except (EOFError, OSError):  # it ended, midway or not: its sentinel says how
+                    ends.discard(end)
+                    continue
+                except Exception as err:  # read whole, but it does not unpickle
+                    done, value = False, WorkerError(f"its result could not be read: {err!r}")
+                self._finish(end, done, value)
+            for sentinel in [sentinel for sentinel in ready if sentinel in sentinels]:
+                ended = sentinels.pop(sentinel)
+                ends.discard(ended)
+                with self._lock:
+                    if not self._closing:  # the others are ended when the pool is closed
+                        self._fail_all(BrokenProcessPool(_ended(self._workers[ended])))
+
+    def _finish(self, connection, done: bool, value) -> None:
+        with self._lock:
+            future = self._running.pop(connection, None)
+            if future is None:  # its initializer failed: nothing can run
+                self._fail_all(value if isinstance(value, BaseException) else WorkerError(str(value)))
+                return
+            self._idle.append(connection)
+            self._send_waiting()
+        if done:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def _fail_all(self, error: BaseException) -> None:
+        """Every task not done fails with `error`, and so will any submitted later (with the
+        lock held)."""
+        if self._broken is None:
+            self._broken = error
+        pending = [*self._running.values(), *(future for future, _, _ in self._waiting)]
+        self._running.clear()
+        self._waiting.clear()
+        for future in pending:
+            if not future.done():
+                future.set_exception(error)
+
+    def _end_workers(self) -> None:
+        for process in self._workers.values():
+            process.terminate()
+        for process in self._workers.values():
+            process.join()
+
+
+def _ended(process) -> str:
+    code = process.exitcode
+    if code is not None and code < 0:
+        how = f"killed by {signal.Signals(-code).name}"
+        if -code == signal.SIGKILL:
+            how += ", as the out-of-memory killer does"
+    else:
+        how = f"exit code {code}"
+    return f"a worker process was terminated abruptly ({how}); nothing it did is used"
+
+
+def _serve(connection, launcher: fork_server.Launcher, start_method: str, initializer, initargs):
+    """A worker: set up, then runs each task it is sent and sends back (True, result) or
+    (False, error), until told to end (None) or its launcher ends."""
+    try:
+        _start(launcher, start_method, initializer, initargs)
+    except BaseException as err:
+        connection.send((False, WorkerError(f"{type(err).__name__} while a worker started: {err}",
+                                            traceback.format_exc())))  # fmt: skip
+        return
+    while True:
+        try:
+            task = connection.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        fn, args = task
+        try:
+            answer = (True, fn(*args))
+        except BaseException as err:
+            answer = (False, err)
+        try:
+            connection.send(answer)
+        except Exception as err:  # it does not pickle; nothing was sent
+            connection.send((False, WorkerError(
+                f"{type(answer[1]).__name__}, which cannot be sent back: {err}", traceback.format_exc())))
+
+
+def start_server() -> None:
+    """Starts the workers' fork server now (once per process): it imports JOB_MODULES while
+    this process does its own work, and a pool started later finds it ready."""
+    if START_METHOD == "forkserver":
+        fork_server.start(JOB_MODULES)
+
+
+def _start(launcher: fork_server.Launcher, start_method: str, initializer, initargs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
-    parent_watch.exit_with_parent()
+    parent_watch.exit_with_parent(os.getppid() if start_method == "forkserver" else None)
+    launcher.restore()
     malloc.keep_large_buffers_in_mmap()
     initializer(*initargs)
 

@@ -40,6 +40,16 @@ def converted(tmp_path_factory):
 
 
 @pytest.fixture
+def workers_forked(monkeypatch):
+    """The local engine's and verify's workers forked from this process, as they were before
+    they came from a fork server: so that what a test patches here, to make a worker fail,
+    reaches them."""
+    from beam_jobs import worker_pool
+
+    monkeypatch.setattr(worker_pool, "START_METHOD", "fork")
+
+
+@pytest.fixture
 def converted_copy(converted, tmp_path):
     """A copy of `converted` that a test may tamper with."""
     src, out = converted

@@ -9,7 +9,9 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -106,6 +108,18 @@ def children_of(pid: int) -> list[int]:
     return [int(child) for child in found.split()]
 
 
+def descendants_of(pid: int) -> list[int]:
+    children = children_of(pid)
+    return children + [grandchild for child in children for grandchild in descendants_of(child)]
+
+
+def workers_of(pid: int) -> list[int]:
+    """The job's workers: the children of its fork server."""
+    servers = [child for child in children_of(pid)
+               if b"forkserver" in Path(f"/proc/{child}/cmdline").read_bytes()]  # fmt: skip
+    return [worker for server in servers for worker in children_of(server)]
+
+
 def started_conversion(tmp_path, images: int = 4000):
     """A conversion running in its own process, once its workers are up; what it prints goes
     to tmp_path/stdout and tmp_path/stderr (a pipe would be held open by any worker left)."""
@@ -118,9 +132,9 @@ def started_conversion(tmp_path, images: int = 4000):
         running = subprocess.Popen([COMMAND, "convert", str(src), str(tmp_path / "out")],
                                    stdout=stdout, stderr=stderr, text=True)  # fmt: skip
     deadline = time.monotonic() + 60
-    while len(children_of(running.pid)) < worker_pool.processes() and time.monotonic() < deadline:
+    while len(workers_of(running.pid)) < worker_pool.processes() and time.monotonic() < deadline:
         time.sleep(0.01)
-    workers = children_of(running.pid)
+    workers = workers_of(running.pid)
     assert len(workers) == worker_pool.processes(), (tmp_path / "stderr").read_text()
     return running, workers
 
@@ -135,14 +149,33 @@ def gone(pid: int) -> bool:
 
 
 @pytest.mark.slow
+def test_a_script_that_converts_without_a_main_guard_converts_once(tmp_path):
+    # Workers from a fork server ran the launcher's script again, each starting a conversion
+    # of its own, as Python's spawned workers do; a script needs no guard for ours.
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    script = tmp_path / "convert_it.py"
+    script.write_text(
+        "from beam_jobs import convert\n"
+        "print('SCRIPT RUNS')\n"
+        f"convert.run([{str(src)!r}, {str(tmp_path / 'out')!r}])\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("SCRIPT RUNS") == 1 and "6 in" in done.stdout, done.stdout
+
+
+@pytest.mark.slow
 def test_workers_end_with_a_killed_launcher(tmp_path):
     running, workers = started_conversion(tmp_path)
+    started = descendants_of(running.pid)  # the workers, their fork server, its tracker
+    assert set(workers) < set(started)
     running.kill()  # SIGKILL: the OOM killer, a scheduler; no clean-up runs
     running.wait()
     deadline = time.monotonic() + 10
-    while not all(gone(pid) for pid in workers) and time.monotonic() < deadline:
+    while not all(gone(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = [pid for pid in workers if not gone(pid)]
+    left = [pid for pid in started if not gone(pid)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left
@@ -164,7 +197,7 @@ def test_a_killed_worker_fails_the_job_saying_so_and_the_next_run_converts(tmp_p
 
 
 def test_an_input_removed_after_its_check_fails_the_job_saying_which_and_nothing_is_finalised(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, workers_forked
 ):
     src = write_image_folder(tmp_path / "src", per_label=4)
     victim = src / "green" / "002.jpg"
@@ -176,7 +209,7 @@ def test_an_input_removed_after_its_check_fails_the_job_saying_which_and_nothing
             victim.unlink()  # as a user tidying the folder while the job runs
         return entry
 
-    monkeypatch.setattr(load.Checker, "_checked", checked_then_removed)  # the workers fork
+    monkeypatch.setattr(load.Checker, "_checked", checked_then_removed)
     with pytest.raises(convert.JobFailedError, match=f"{victim} changed while the job ran.*"
                        "Nothing was finalised"):  # fmt: skip
         convert.run([str(src), str(tmp_path / "out")])
@@ -186,7 +219,9 @@ def test_an_input_removed_after_its_check_fails_the_job_saying_which_and_nothing
     assert sum(split.num_examples for split in again.splits.values()) == 11
 
 
-def test_a_worker_error_that_pickle_cannot_rebuild_is_still_said(tmp_path, monkeypatch, caplog):
+def test_a_worker_error_that_pickle_cannot_rebuild_is_still_said(
+    tmp_path, monkeypatch, caplog, workers_forked
+):
     # images.Rejected cannot be rebuilt from its pickle: sent back as it is, it broke the pool,
     # and the job said only that a worker was "terminated abruptly".
     src = write_image_folder(tmp_path / "src", per_label=2)

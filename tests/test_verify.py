@@ -268,7 +268,9 @@ def test_the_same_report_when_every_row_goes_through_sorts_on_disk(converted_cop
     assert on_disk == in_memory and in_memory.num_problems >= 3, in_memory
 
 
-def test_a_worker_that_fails_or_dies_fails_verify_with_nothing_proven(converted, monkeypatch):
+def test_a_worker_that_fails_or_dies_fails_verify_with_nothing_proven(
+    converted, monkeypatch, workers_forked
+):
     src, out = converted
 
     def fails(*_):

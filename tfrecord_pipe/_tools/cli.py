@@ -139,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return EXIT_OK if argv else EXIT_BAD_INPUT
+    if argv[0] in ("convert", "verify") and not any(
+        word.startswith(("--runner", "--direct_", "-h", "--help")) for word in argv
+    ):  # the job's workers: their server imports while this process does
+        from beam_jobs import worker_pool
+
+        worker_pool.start_server()
     if argv[0] == "convert":
         from beam_jobs import convert  # without TensorFlow: the job starts in a second
 

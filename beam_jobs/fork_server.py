@@ -1,0 +1,98 @@
+"""Worker processes forked from a server process that has imported the job's modules and
+runs no other thread (multiprocessing's "forkserver", as Python 3.14 does by default).
+
+Forked from the launcher, a worker inherited every lock as the launcher's threads held it at
+that instant, and nothing in the worker ever let it go: verify on gs:// hung for ever on a
+lock google-auth holds while a Cloud Storage request of another thread copies its session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import os
+import signal
+import tempfile
+from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
+
+
+def start(modules) -> None:
+    """Starts the server, once per process, with `modules` imported so that each worker
+    starts without importing them again. SIGINT is blocked while it starts: the server and
+    its workers keep it blocked (Ctrl-C is the launcher's), and one sent meanwhile reaches
+    this process once unblocked."""
+    forkserver.set_forkserver_preload(list(modules))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+class _WorkerPopen(popen_forkserver.Popen):
+    """Starts a worker from the fork server as multiprocessing does, less one step: the
+    launcher's main script is not run again in the worker. (A spawned or fork server's child
+    runs it to find what was pickled from `__main__`; our workers get nothing from there, and
+    a script calling `convert.run` without `if __name__ == "__main__":` converted again in
+    each worker.)"""
+
+    def _launch(self, process_obj):
+        setup = spawn.get_preparation_data(process_obj._name)
+        setup.pop("init_main_from_name", None)
+        setup.pop("init_main_from_path", None)
+        message = io.BytesIO()
+        context.set_spawning_popen(self)  # pickling may hand file descriptors to the child
+        try:
+            reduction.dump(setup, message)
+            reduction.dump(process_obj, message)
+        finally:
+            context.set_spawning_popen(None)
+        self.sentinel, to_child = forkserver.connect_to_new_process(self._fds)
+        # The child's sign that this process lives: a copy of its pipe's write end, open
+        # until this process ends.
+        self.finalizer = util.Finalize(self, util.close_fds, (os.dup(to_child), self.sentinel))
+        with open(to_child, "wb", closefd=True) as pipe:
+            pipe.write(message.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _WorkerProcess(context.ForkServerProcess):
+    _Popen = _WorkerPopen
+
+
+class _FromServer(context.ForkServerContext):
+    Process = _WorkerProcess
+
+
+CONTEXT = _FromServer()  # the multiprocessing context for a pool of such workers
+
+
+@dataclasses.dataclass(frozen=True)
+class Launcher:
+    """What a forked worker had from its launcher and a fork server's does not: the
+    environment (the Cloud Storage endpoint, TMPDIR), the working folder (relative paths),
+    the log levels and the log line's format."""
+
+    environ: dict
+    cwd: str
+    levels: dict
+    log_format: str | None
+
+    @classmethod
+    def now(cls) -> "Launcher":
+        loggers = logging.root.manager.loggerDict.values()
+        levels = {log.name: log.level for log in loggers if isinstance(log, logging.Logger)}
+        formats = [h.formatter._fmt for h in logging.root.handlers if h.formatter]
+        levels[""] = logging.root.level
+        return cls(dict(os.environ), os.getcwd(), levels, formats[0] if formats else None)
+
+    def restore(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.environ)
+        tempfile.tempdir = None  # found again from the environment
+        os.chdir(self.cwd)
+        if self.log_format and not logging.root.handlers:
+            logging.basicConfig(format=self.log_format)
+        for name, level in self.levels.items():
+            logging.getLogger(name or None).setLevel(level)
