@@ -8,10 +8,12 @@ lock google-auth holds while a Cloud Storage request of another thread copies it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import logging
 import os
+import pickle
 import signal
 import tempfile
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
@@ -38,7 +40,8 @@ class _WorkerPopen(popen_forkserver.Popen):
     each worker.)"""
 
     def _launch(self, process_obj):
-        setup = spawn.get_preparation_data(process_obj._name)
+        with _in_a_folder_that_exists():
+            setup = spawn.get_preparation_data(process_obj._name)
         setup.pop("init_main_from_name", None)
         setup.pop("init_main_from_path", None)
         message = io.BytesIO()
@@ -71,28 +74,58 @@ CONTEXT = _FromServer()  # the multiprocessing context for a pool of such worker
 @dataclasses.dataclass(frozen=True)
 class Launcher:
     """What a forked worker had from its launcher and a fork server's does not: the
-    environment (the Cloud Storage endpoint, TMPDIR), the working folder (relative paths),
-    the log levels and the log line's format."""
+    environment (the Cloud Storage endpoint, TMPDIR), the working folder (relative paths;
+    None once removed), the log levels and the log lines' formatter."""
 
     environ: dict
-    cwd: str
+    cwd: str | None
     levels: dict
-    log_format: str | None
+    formatter: logging.Formatter | None
 
     @classmethod
     def now(cls) -> "Launcher":
         loggers = logging.root.manager.loggerDict.values()
         levels = {log.name: log.level for log in loggers if isinstance(log, logging.Logger)}
-        formats = [h.formatter._fmt for h in logging.root.handlers if h.formatter]
         levels[""] = logging.root.level
-        return cls(dict(os.environ), os.getcwd(), levels, formats[0] if formats else None)
+        formatter = next((h.formatter for h in logging.root.handlers if h.formatter), None)
+        try:
+            pickle.dumps(formatter)
+        except Exception:  # a formatter of the user's making: the workers log plainly
+            formatter = None
+        return cls(dict(os.environ), _working_folder(), levels, formatter)
 
     def restore(self) -> None:
         os.environ.clear()
         os.environ.update(self.environ)
         tempfile.tempdir = None  # found again from the environment
-        os.chdir(self.cwd)
-        if self.log_format and not logging.root.handlers:
-            logging.basicConfig(format=self.log_format)
+        if self.cwd is not None:
+            os.chdir(self.cwd)
         for name, level in self.levels.items():
             logging.getLogger(name or None).setLevel(level)
+        if self.formatter is not None and not logging.root.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(self.formatter)
+            logging.root.addHandler(handler)
+
+
+def _working_folder() -> str | None:
+    try:
+        return os.getcwd()
+    except FileNotFoundError:  # removed while this process ran in it
+        return None
+
+
+@contextlib.contextmanager
+def _in_a_folder_that_exists():
+    """In "/" while the block runs if the working folder was removed (multiprocessing
+    records it for the child, and fails), then back in it."""
+    if _working_folder() is not None:
+        yield
+        return
+    removed = os.open(".", os.O_RDONLY)
+    try:
+        os.chdir("/")
+        yield
+    finally:
+        os.fchdir(removed)
+        os.close(removed)

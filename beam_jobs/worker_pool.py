@@ -40,34 +40,40 @@ def processes() -> int:
 @contextlib.contextmanager
 def pool(count: int, initializer, initargs: tuple = ()):
     """`count` worker processes, each set up by `initializer(*initargs)` (its arguments must
-    pickle) in this process's environment, working folder and log levels; ended whatever
-    happens: on an error or Ctrl-C the tasks not started are dropped, and a worker ends with
-    this process."""
+    pickle; nothing defined in the main script) in this process's environment, working
+    folder and log levels; ended whatever happens: on an error or Ctrl-C the tasks not
+    started are dropped, and a worker ends with this process."""
     start_server()
     forked = fork_server.CONTEXT if START_METHOD == "forkserver" else multiprocessing.get_context("fork")
     start = (fork_server.Launcher.now(), START_METHOD, initializer, initargs)
-    # A Ctrl-C while a worker is forked from this process is raised in logging's fork
-    # handler, where Python ignores it (and the job went on to the end): held back until the
-    # workers are up, it stops the job.
-    with ctrl_c_held():
-        workers = Pool(count, forked, start)
+    workers = None
     failed = True
     try:
+        # A Ctrl-C while a worker is forked from this process is raised in logging's fork
+        # handler, where Python ignores it (and the job went on to the end): held back until
+        # the workers are up, it stops the job.
+        with ctrl_c_held():
+            workers = Pool(count, forked, start)
         yield workers
         failed = False
     finally:
         # Held back here too: raised midway through the shutdown, it left the workers waiting
         # for work, and the process waiting for them at exit, for ever.
         with ctrl_c_held():
-            workers.close(stop_work=failed)
+            if workers is not None:
+                workers.close(stop_work=failed)
 
 
 class Pool(futures.Executor):
     """Worker processes, each with a pipe of its own to this process: a worker that ends
     midway (killed by the OOM killer, or by hand) fails every task not done with
     BrokenProcessPool, whatever it was doing. (In Python's ProcessPoolExecutor the workers
-    share one pipe for their results, and a lock on it: a worker killed while sending left
-    the pipe half written and the lock held, and the job waited for ever.)"""
+    share one pipe for their answers, and a lock on it: a worker killed while sending left
+    the pipe half written and the lock held, and the job waited for ever.)
+
+    Tasks go out and answers come back as (kind, value) over each worker's pipe, written by
+    one thread at a time (the lock); futures are resolved outside the lock, so that their
+    callbacks may submit."""
 
     def __init__(self, count: int, context, start: tuple):
         self._lock = threading.Lock()
@@ -89,7 +95,7 @@ class Pool(futures.Executor):
             self._end_workers()
             raise
         self._wake_reader, self._wake = context.Pipe(duplex=False)
-        self._collector = threading.Thread(target=self._collect, name="worker-results", daemon=True)
+        self._collector = threading.Thread(target=self._collect, name="worker-answers", daemon=True)
         self._collector.start()
 
     def submit(self, fn, /, *args, **kwargs) -> futures.Future:
@@ -98,35 +104,48 @@ class Pool(futures.Executor):
         future: futures.Future = futures.Future()
         with self._lock:
             if self._broken is not None:
-                raise self._broken
+                raise BrokenProcessPool(str(self._broken)) from self._broken
             if self._closing:
                 raise RuntimeError("the worker pool is closed")
             self._waiting.append((future, fn, args))
-            self._send_waiting()
+            outcomes = self._send_waiting()
+        _resolve(outcomes)
         return future
 
     def close(self, stop_work: bool) -> None:
-        """Ends the workers: at once if `stop_work` (the tasks not done fail), else once
-        their tasks are done."""
+        """Ends the workers: at once if `stop_work`, else once their tasks are done; the
+        tasks not done fail, those not started are cancelled."""
         with self._lock:
             self._closing = True
-            if stop_work:
-                self._fail_all(BrokenProcessPool("the worker pool was stopped"))
+            stop_work = stop_work or self._broken is not None  # nothing it does is used
+            waiting = [future for future, _, _ in self._waiting]
+            self._waiting.clear()
+            outcomes = self._fail_all(BrokenProcessPool("the worker pool was stopped")) if stop_work else []
+            for connection in self._idle:  # a busy one is told when it answers
+                with contextlib.suppress(OSError):
+                    connection.send(None)
+            self._idle.clear()
+        for future in waiting:
+            future.cancel()
+        _resolve(outcomes)
         if stop_work:
             self._end_workers()
         else:
-            for connection in self._workers:
-                with contextlib.suppress(OSError):
-                    connection.send(None)  # after its tasks: nothing more to do
             for process in self._workers.values():
                 process.join()
         self._wake.send(None)
         self._collector.join()
+        with self._lock:
+            outcomes = self._fail_all(BrokenProcessPool("the worker pool was closed"))
+        _resolve(outcomes)
         for connection in (*self._workers, self._wake, self._wake_reader):
             connection.close()
+        for process in self._workers.values():
+            process.close()
 
-    def _send_waiting(self) -> None:
-        """Hands waiting tasks to idle workers (with the lock held)."""
+    def _send_waiting(self) -> list:
+        """Hands waiting tasks to idle workers (with the lock held); the futures to resolve."""
+        outcomes = []
         while self._idle and self._waiting and self._broken is None:
             future, fn, args = self._waiting.popleft()
             if not future.set_running_or_notify_cancel():
@@ -134,17 +153,27 @@ class Pool(futures.Executor):
             connection = self._idle.pop()
             try:
                 connection.send((fn, args))
-            except OSError:  # the worker has ended: the collector says why
+            except OSError:  # the worker has ended: its sentinel says how
                 self._running[connection] = future
             except Exception as err:  # the task does not pickle; nothing was sent
                 self._idle.append(connection)
-                future.set_exception(err)
+                outcomes.append((future, _FAILED, err))
             else:
                 self._running[connection] = future
+        return outcomes
 
     def _collect(self) -> None:
-        """The collector thread: each result to its future, then the worker's next task; a
-        worker that ended breaks the pool unless it was told to end."""
+        """The collector thread: each answer to its future, then the worker's next task. A
+        worker that ends breaks the pool, unless it was told to end; so does anything that
+        goes wrong here, rather than leave a future unresolved."""
+        try:
+            self._collect_answers()
+        except BaseException as err:
+            with self._lock:
+                outcomes = self._fail_all(BrokenProcessPool(f"the pool failed: {err!r}"))
+            _resolve(outcomes)
+
+    def _collect_answers(self) -> None:
         sentinels = {process.sentinel: connection for connection, process in self._workers.items()}
         ends = set(self._workers)
         while True:
@@ -153,56 +182,78 @@ class Pool(futures.Executor):
                 return
             for end in [end for end in ready if end in ends]:
                 try:
-                    done, value = end.recv()
+                    kind, value = end.recv()
                 except (EOFError, OSError):  # it ended, midway or not: its sentinel says how
                     ends.discard(end)
                     continue
                 except Exception as err:  # read whole, but it does not unpickle
-                    done, value = False, WorkerError(f"its result could not be read: {err!r}")
-                self._finish(end, done, value)
+                    kind, value = _FAILED, WorkerError(f"its answer could not be read: {err!r}")
+                self._answered(end, kind, value)
             for sentinel in [sentinel for sentinel in ready if sentinel in sentinels]:
                 ended = sentinels.pop(sentinel)
                 ends.discard(ended)
-                with self._lock:
-                    if not self._closing:  # the others are ended when the pool is closed
-                        self._fail_all(BrokenProcessPool(_ended(self._workers[ended])))
+                with self._lock:  # told to end, and nothing under way: as it should
+                    told = self._closing and ended not in self._running
+                    outcomes = [] if told else self._fail_all(BrokenProcessPool(_ended(self._workers[ended])))
+                _resolve(outcomes)
 
-    def _finish(self, connection, done: bool, value) -> None:
+    def _answered(self, connection, kind: str, value) -> None:
         with self._lock:
-            future = self._running.pop(connection, None)
-            if future is None:  # its initializer failed: nothing can run
-                self._fail_all(value if isinstance(value, BaseException) else WorkerError(str(value)))
-                return
-            self._idle.append(connection)
-            self._send_waiting()
-        if done:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
+            if kind == _NOT_STARTED:
+                outcomes = self._fail_all(value)
+            else:
+                future = self._running.pop(connection, None)  # None: failed as the pool broke
+                if self._closing or self._broken is not None:  # nothing more for it to do
+                    with contextlib.suppress(OSError):
+                        connection.send(None)
+                    outcomes = []
+                else:
+                    self._idle.append(connection)
+                    outcomes = self._send_waiting()
+                if future is not None:
+                    outcomes.append((future, kind, value))
+        _resolve(outcomes)
 
-    def _fail_all(self, error: BaseException) -> None:
-        """Every task not done fails with `error`, and so will any submitted later (with the
-        lock held)."""
+    def _fail_all(self, error: BaseException) -> list:
+        """Every task not done fails with `error`, and any submitted later (with the lock
+        held); the futures to resolve."""
         if self._broken is None:
             self._broken = error
         pending = [*self._running.values(), *(future for future, _, _ in self._waiting)]
         self._running.clear()
         self._waiting.clear()
-        for future in pending:
-            if not future.done():
-                future.set_exception(error)
+        return [(future, _FAILED, error) for future in pending]
 
     def _end_workers(self) -> None:
         for process in self._workers.values():
             process.terminate()
         for process in self._workers.values():
-            process.join()
+            process.join(END_S)
+            if process.exitcode is None:  # it ignores SIGTERM
+                process.kill()
+                process.join()
+
+
+END_S = 5.0  # how long a worker told to end (SIGTERM) has before it is killed
+_DONE, _FAILED, _NOT_STARTED = "done", "failed", "not started"  # the kinds of answer
+
+
+def _resolve(outcomes: list) -> None:
+    for future, kind, value in outcomes:
+        with contextlib.suppress(futures.InvalidStateError):  # cancelled meanwhile
+            if kind == _DONE:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
 
 
 def _ended(process) -> str:
     code = process.exitcode
     if code is not None and code < 0:
-        how = f"killed by {signal.Signals(-code).name}"
+        try:
+            how = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"killed by signal {-code}"
         if -code == signal.SIGKILL:
             how += ", as the out-of-memory killer does"
     else:
@@ -211,13 +262,13 @@ def _ended(process) -> str:
 
 
 def _serve(connection, launcher: fork_server.Launcher, start_method: str, initializer, initargs):
-    """A worker: set up, then runs each task it is sent and sends back (True, result) or
-    (False, error), until told to end (None) or its launcher ends."""
+    """A worker: set up, then runs each task it is sent and answers (_DONE, result) or
+    (_FAILED, error), until told to end (None) or its launcher ends."""
     try:
         _start(launcher, start_method, initializer, initargs)
     except BaseException as err:
-        connection.send((False, WorkerError(f"{type(err).__name__} while a worker started: {err}",
-                                            traceback.format_exc())))  # fmt: skip
+        error = WorkerError(f"{type(err).__name__} while a worker started: {err}", traceback.format_exc())
+        connection.send((_NOT_STARTED, error))
         return
     while True:
         try:
@@ -228,13 +279,13 @@ def _serve(connection, launcher: fork_server.Launcher, start_method: str, initia
             return
         fn, args = task
         try:
-            answer = (True, fn(*args))
+            answer = (_DONE, fn(*args))
         except BaseException as err:
-            answer = (False, err)
+            answer = (_FAILED, err)
         try:
             connection.send(answer)
         except Exception as err:  # it does not pickle; nothing was sent
-            connection.send((False, WorkerError(
+            connection.send((_FAILED, WorkerError(
                 f"{type(answer[1]).__name__}, which cannot be sent back: {err}", traceback.format_exc())))
 
 
@@ -242,7 +293,8 @@ def start_server() -> None:
     """Starts the workers' fork server now (once per process): it imports JOB_MODULES while
     this process does its own work, and a pool started later finds it ready."""
     if START_METHOD == "forkserver":
-        fork_server.start(JOB_MODULES)
+        with ctrl_c_held():  # SIGINT may reach another thread, which the block does not cover
+            fork_server.start(JOB_MODULES)
 
 
 def _start(launcher: fork_server.Launcher, start_method: str, initializer, initargs) -> None:

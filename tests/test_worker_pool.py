@@ -31,11 +31,11 @@ def test_a_lock_held_while_the_workers_start_is_not_held_in_them():
             assert all(pool.map(_lock_is_free, range(4)))
 
 
-def _killed_while_sending(_) -> None:
-    """Writes the start of a 10 kB answer to the launcher, then dies as SIGKILL leaves it."""
+def _killed_while_sending(kill_with: int) -> None:
+    """Writes the start of a 10 kB answer to the launcher, then is killed."""
     to_launcher = multiprocessing.current_process()._args[0]
     os.write(to_launcher.fileno(), struct.pack("!i", 10_000) + b"half an answer")
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), kill_with)
 
 
 def _slow(seconds: float) -> float:
@@ -43,14 +43,18 @@ def _slow(seconds: float) -> float:
     return seconds
 
 
-def test_a_worker_killed_while_it_sends_its_answer_fails_every_task_not_done():
+@pytest.mark.parametrize(("kill_with", "said"), [
+    (signal.SIGKILL, "killed by SIGKILL, as the out-of-memory killer does"),
+    (signal.SIGRTMIN + 5, f"killed by signal {signal.SIGRTMIN + 5}"),  # one with no name
+])  # fmt: skip
+def test_a_worker_killed_while_it_sends_its_answer_fails_every_task_not_done(kill_with, said):
     # Python's ProcessPoolExecutor waited for ever on the rest of a half-sent answer (and the
     # other workers on the lock of the pipe they shared): a conversion whose worker the OOM
     # killer ended hung.
-    with pytest.raises(BrokenProcessPool, match="killed by SIGKILL"):
+    with pytest.raises(BrokenProcessPool, match=said):
         with worker_pool.pool(2, int) as pool:
             other = pool.submit(_slow, 60)  # ended with the pool, not waited for
-            pool.submit(_killed_while_sending, None).result(timeout=60)
+            pool.submit(_killed_while_sending, kill_with).result(timeout=60)
     with pytest.raises(BrokenProcessPool):
         other.result(timeout=0)
 
@@ -83,3 +87,30 @@ def test_answers_that_cannot_travel_fail_their_task_and_the_pool_goes_on():
         with pytest.raises(worker_pool.WorkerError, match="could not be read"):
             pool.submit(_answers_what_cannot_travel, "error").result(timeout=60)
         assert pool.submit(abs, -3).result(timeout=60) == 3
+
+
+def test_a_callback_that_submits_as_the_pool_breaks_is_told_and_nothing_waits():
+    # Futures resolved while the pool's lock was held: a done-callback that submitted
+    # waited on that lock for ever, and so did the job.
+    told = []
+
+    def submit_again(_):
+        try:
+            pool.submit(abs, -1)
+        except BrokenProcessPool as err:
+            told.append(err)
+
+    with worker_pool.pool(2, int) as pool:
+        pool.submit(_slow, 60).add_done_callback(submit_again)
+        with pytest.raises(BrokenProcessPool):
+            pool.submit(_killed_while_sending, signal.SIGKILL).result(timeout=60)
+    assert len(told) == 1
+
+
+def test_workers_start_in_a_working_folder_that_was_removed(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()  # as a user's shell sits in a folder another command removed
+    with worker_pool.pool(2, int) as pool:
+        assert pool.submit(abs, -2).result(timeout=60) == 2
