@@ -15,6 +15,7 @@ import logging
 import os
 import pickle
 import signal
+import sys
 import tempfile
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 
@@ -27,9 +28,34 @@ def start(modules) -> None:
     forkserver.set_forkserver_preload(list(modules))
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        forkserver.ensure_running()
+        # The server imports from this process's module path, not from the working folder
+        # (Python 3.11 starts it with `-c`, which puts the folder first and drops the path it
+        # is given): a proto.py where the user stood was imported in Beam's place.
+        with _environment(PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(_module_path())):
+            forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _module_path() -> list[str]:
+    """sys.path, its "" (the working folder, for `python -c` and `-m`) spelled out."""
+    here = _working_folder()
+    return [entry or here for entry in sys.path if entry or here]
+
+
+@contextlib.contextmanager
+def _environment(**values: str):
+    """os.environ with `values` while the block runs (what a process started then gets)."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class _WorkerPopen(popen_forkserver.Popen):

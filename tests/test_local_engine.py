@@ -151,14 +151,17 @@ def gone(pid: int) -> bool:
 @pytest.mark.slow
 def test_a_script_that_converts_without_a_main_guard_converts_once(tmp_path):
     # Workers from a fork server ran the launcher's script again, each starting a conversion
-    # of its own, as Python's spawned workers do; a script needs no guard for ours.
+    # of its own, as Python's spawned workers do; a script needs no guard for ours. And the
+    # server imported modules from the folder the user stood in before the installed ones.
     src = write_image_folder(tmp_path / "src", per_label=2)
-    script = tmp_path / "convert_it.py"
+    script = tmp_path / "scripts" / "convert_it.py"
+    script.parent.mkdir()
     script.write_text(
         "from beam_jobs import convert\n"
         "print('SCRIPT RUNS')\n"
         f"convert.run([{str(src)!r}, {str(tmp_path / 'out')!r}])\n"
     )
+    (tmp_path / "numpy.py").write_text("raise SystemExit('numpy.py of the working folder')\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
