@@ -17,6 +17,8 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
 
 
@@ -25,16 +27,23 @@ def start(modules) -> None:
     starts without importing them again. SIGINT is blocked while it starts: the server and
     its workers keep it blocked (Ctrl-C is the launcher's), and one sent meanwhile reaches
     this process once unblocked."""
-    forkserver.set_forkserver_preload(list(modules))
+    # The server must import from this process's module path, not from the working folder
+    # (Python 3.11 starts it with `-c`, which puts the folder first and drops the path it is
+    # given): a proto.py where the user stood was imported in Beam's place. Under `python -E`
+    # the environment cannot say so, and the server imports nothing: each worker imports
+    # for itself, from this process's path.
+    preload = [] if sys.flags.ignore_environment else list(modules)
+    forkserver.set_forkserver_preload(preload)
+    path = os.pathsep.join(_module_path())
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        # The server imports from this process's module path, not from the working folder
-        # (Python 3.11 starts it with `-c`, which puts the folder first and drops the path it
-        # is given): a proto.py where the user stood was imported in Beam's place.
-        with _environment(PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(_module_path())):
+        with _STARTING, _in_a_folder_that_exists(), _environment(PYTHONSAFEPATH="1", PYTHONPATH=path):
             forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+_STARTING = threading.Lock()  # one thread at a time sets the environment the server gets
 
 
 def _module_path() -> list[str]:
@@ -77,13 +86,19 @@ class _WorkerPopen(popen_forkserver.Popen):
             reduction.dump(process_obj, message)
         finally:
             context.set_spawning_popen(None)
-        self.sentinel, to_child = forkserver.connect_to_new_process(self._fds)
-        # The child's sign that this process lives: a copy of its pipe's write end, open
-        # until this process ends.
-        self.finalizer = util.Finalize(self, util.close_fds, (os.dup(to_child), self.sentinel))
-        with open(to_child, "wb", closefd=True) as pipe:
-            pipe.write(message.getbuffer())
-        self.pid = forkserver.read_signed(self.sentinel)
+        try:
+            self.sentinel, to_child = forkserver.connect_to_new_process(self._fds)
+            # The child's sign that this process lives: a copy of its pipe's write end, open
+            # until this process ends.
+            self.finalizer = util.Finalize(self, util.close_fds, (os.dup(to_child), self.sentinel))
+            with open(to_child, "wb", closefd=True) as pipe:
+                pipe.write(message.getbuffer())
+            self.pid = forkserver.read_signed(self.sentinel)
+        except (EOFError, OSError) as err:  # the server has ended, as it started or since
+            raise BrokenProcessPool(
+                f"the server that starts the worker processes has ended ({err!r}); what it "
+                "said as it ended, if anything, is printed above"
+            ) from err
 
 
 class _WorkerProcess(context.ForkServerProcess):

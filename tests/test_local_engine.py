@@ -149,7 +149,8 @@ def gone(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_a_script_that_converts_without_a_main_guard_converts_once(tmp_path):
+@pytest.mark.parametrize("flags", [[], ["-E"]])  # -E: the environment cannot steer the server
+def test_a_script_that_converts_without_a_main_guard_converts_once(tmp_path, flags):
     # Workers from a fork server ran the launcher's script again, each starting a conversion
     # of its own, as Python's spawned workers do; a script needs no guard for ours. And the
     # server imported modules from the folder the user stood in before the installed ones.
@@ -162,10 +163,22 @@ def test_a_script_that_converts_without_a_main_guard_converts_once(tmp_path):
         f"convert.run([{str(src)!r}, {str(tmp_path / 'out')!r}])\n"
     )
     (tmp_path / "numpy.py").write_text("raise SystemExit('numpy.py of the working folder')\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, *flags, str(script)], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("SCRIPT RUNS") == 1 and "6 in" in done.stdout, done.stdout
+
+
+@pytest.mark.slow
+def test_the_command_converts_from_a_working_folder_that_was_removed(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    done = subprocess.run(
+        f"cd {gone} && rmdir {gone} && {COMMAND} convert {src} {tmp_path / 'out'}",
+        shell=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and "6 in" in done.stdout, done.stderr[-3000:]
 
 
 @pytest.mark.slow
