@@ -38,7 +38,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 import tfrecord_pipe
-from beam_jobs import claim, finalise, flags, local_engine, pipeline, sources, worker_progress
+from beam_jobs import (claim, finalise, flags, local_engine, pipeline, sources, worker_pool,
+                       worker_progress)
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import manifest, messages, paths
 
@@ -89,12 +90,14 @@ def _beam_logging(verbose: bool):
 
 
 def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | None:
+    given = PipelineOptions(beam_args)  # to check; the job's are made when it is launched
+    local = flags.runs_here(given)
+    if local and flags.uses_local_engine(given):
+        worker_pool.start_server()  # it imports while this process lists the inputs
     with _cloud_errors_said_plainly(f"{args.source} or {args.output}"):
         config = sources.resolve_layout(flags.config_from_args(args))
         finalise.check_output(config)
         fixed_labels = _read_labels(config.labels_file) if config.labels_file else None
-    given = PipelineOptions(beam_args)  # to check; the job's are made when it is launched
-    local = flags.runs_here(given)
     if args.no_wait and local:
         raise ValueError("--no_wait is for a runner that runs the job elsewhere (Dataflow); "
                          "the local runner runs it in this process.")  # fmt: skip

@@ -47,9 +47,11 @@ _STARTING = threading.Lock()  # one thread at a time sets the environment the se
 
 
 def _module_path() -> list[str]:
-    """sys.path, its "" (the working folder, for `python -c` and `-m`) spelled out."""
+    """sys.path, its "" (the working folder, for `python -c` and `-m`) spelled out; less
+    folders whose names hold os.pathsep, which PYTHONPATH cannot say (the workers still get
+    the whole path)."""
     here = _working_folder()
-    return [entry or here for entry in sys.path if entry or here]
+    return [entry for entry in (entry or here for entry in sys.path) if entry and os.pathsep not in entry]
 
 
 @contextlib.contextmanager

@@ -153,13 +153,13 @@ class Pool(futures.Executor):
             connection = self._idle.pop()
             try:
                 connection.send((fn, args))
-            except OSError:  # the worker has ended: its sentinel says how
-                self._running[connection] = future
+            except OSError:  # the worker has ended: its sentinel fails the task
+                pass
             except Exception as err:  # the task does not pickle; nothing was sent
                 self._idle.append(connection)
                 outcomes.append((future, _FAILED, err))
-            else:
-                self._running[connection] = future
+                continue
+            self._running[connection] = future
         return outcomes
 
     def _collect(self) -> None:
@@ -275,6 +275,8 @@ def _serve(connection, launcher: fork_server.Launcher, start_method: str, initia
             task = connection.recv()
         except EOFError:
             return
+        except Exception as err:  # read whole, but it does not unpickle here
+            task = (_unreadable, (f"the task could not be read in the worker: {err!r}",))
         if task is None:
             return
         fn, args = task
@@ -287,6 +289,10 @@ def _serve(connection, launcher: fork_server.Launcher, start_method: str, initia
         except Exception as err:  # it does not pickle; nothing was sent
             connection.send((_FAILED, WorkerError(
                 f"{type(answer[1]).__name__}, which cannot be sent back: {err}", traceback.format_exc())))
+
+
+def _unreadable(message: str):
+    raise WorkerError(message, traceback.format_exc())
 
 
 def start_server() -> None:

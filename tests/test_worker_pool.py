@@ -80,8 +80,19 @@ def _answers_what_cannot_travel(kind: str):
     raise _NoRebuild("rebuilt", "never")
 
 
-def test_answers_that_cannot_travel_fail_their_task_and_the_pool_goes_on():
+def _raise_on_arrival():
+    raise RuntimeError("cannot be rebuilt here")
+
+
+class _BreaksOnArrival:
+    def __reduce__(self):
+        return _raise_on_arrival, ()
+
+
+def test_what_cannot_travel_fails_its_task_and_the_pool_goes_on():
     with worker_pool.pool(1, int) as pool:
+        with pytest.raises(worker_pool.WorkerError, match="task could not be read in the worker"):
+            pool.submit(abs, _BreaksOnArrival()).result(timeout=60)
         with pytest.raises(worker_pool.WorkerError, match="cannot be sent back"):
             pool.submit(_answers_what_cannot_travel, "unpicklable").result(timeout=60)
         with pytest.raises(worker_pool.WorkerError, match="could not be read"):
