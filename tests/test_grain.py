@@ -19,6 +19,7 @@ from beam_jobs import convert
 from benchmarks import photos
 from tfrecord_pipe import grain, serving
 from tfrecord_pipe._core import array_records, crops, schema
+from tfrecord_pipe._grain import images
 from tfrecord_pipe._reading import preprocess
 
 from helpers import IN_PROCESS, run_python, write_image_folder
@@ -78,13 +79,40 @@ def accurate_eval_image(jpeg: bytes, image_size: int) -> np.ndarray:
     """The reader's evaluation crop, made with TensorFlow's ops as `preprocess.eval_image`
     makes it, but decoded with the accurate IDCT (dct_method="INTEGER_ACCURATE")."""
     height, width = (int(n) for n in tf.image.extract_jpeg_shape(jpeg).numpy()[:2])
-    top, left, side, _ = preprocess.centre_window(height, width, image_size).numpy()
-    ratio = crops.dct_ratio(int(side), int(side), image_size)
+    window = (int(n) for n in preprocess.centre_window(height, width, image_size).numpy())
+    return accurate_image(jpeg, tuple(window), False, image_size)
+
+
+def accurate_image(jpeg: bytes, window, flip: bool, image_size: int) -> np.ndarray:
+    """The crop `window` (top, left, height, width) of a JPEG, mirrored if `flip`, resized,
+    made with TensorFlow's ops as the reader's preprocessing makes it (decoded at the same DCT
+    scale, flipped before the resize), but with the accurate IDCT, as uint8."""
+    top, left, height, width = window
+    ratio = crops.dct_ratio(height, width, image_size)
     scaled = tf.io.decode_jpeg(jpeg, channels=3, ratio=ratio, dct_method="INTEGER_ACCURATE")
-    crop = scaled[top // ratio : top // ratio + side // ratio,
-                  left // ratio : left // ratio + side // ratio]  # fmt: skip
+    crop = scaled[top // ratio : top // ratio + height // ratio,
+                  left // ratio : left // ratio + width // ratio]  # fmt: skip
+    if flip:
+        crop = tf.image.flip_left_right(crop)
     resized = tf.image.resize(tf.cast(crop, tf.float32), [image_size, image_size])
     return tf.cast(resized + 0.5, tf.uint8).numpy().astype(int)
+
+
+def test_a_training_image_is_its_drawn_window_mirrored_when_drawn_as_tensorflow_makes_it(both):
+    """The window and flip drawn from the record's Generator, made as the reader makes a
+    window (flip, then resize) within rounding: the Grain path mirrors after the resize."""
+    flips = set()
+    for number, record in enumerate(records_of(both, "train")):
+        for image_size in (SIZE, 224):
+            ours = grain.train_image(record.encoded, image_size, np.random.default_rng(number),
+                                     "uint8", size=(record.height, record.width))  # fmt: skip
+            replay = np.random.default_rng(number)
+            window = images.random_window(record.height, record.width, replay)
+            flip = bool(replay.random() < 0.5)
+            expected = accurate_image(record.encoded, window, flip, image_size)
+            assert np.abs(ours.astype(int) - expected).max() <= 1, (number, image_size, flip)
+            flips.add(flip)
+    assert flips == {False, True}
 
 
 def test_evaluation_gives_every_record_once_in_padded_batches_the_same_count_on_every_host(both):

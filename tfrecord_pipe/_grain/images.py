@@ -27,6 +27,8 @@ from tfrecord_pipe._core import crops
 
 _SCALE = np.asarray([1 / s for s in crops.STDDEV_RGB], np.float32)
 _SHIFT = np.asarray([-m / s for m, s in zip(crops.MEAN_RGB, crops.STDDEV_RGB)], np.float32)
+# The same as an affine map of a pixel's channels, for OpenCV (`cv2.transform`): one pass.
+_NORMALIZE = np.concatenate([np.diag(_SCALE), _SHIFT[:, None]], axis=1)
 
 
 def eval_image(encoded: bytes, image_size: int, dtype: str = "float32",
@@ -67,16 +69,19 @@ def write(out: np.ndarray, encoded: bytes, size: tuple[int, int], window, flip: 
     cv2 = _cv2()
     image_size = out.shape[0]
     crop = _decode_crop(encoded, size, window, image_size)
-    if flip:  # before the resize, as TensorFlow's path: they commute exactly
-        crop = crop[:, ::-1]
     source = _scratch("crop", crop.shape)
-    np.copyto(source, crop, casting="unsafe")  # uint8 to float32, the flip included
+    np.copyto(source, crop, casting="unsafe")  # uint8 to float32
     resized = out if out.dtype == np.float32 else _scratch("resized", out.shape)
     cv2.resize(source, (image_size, image_size), dst=resized, interpolation=cv2.INTER_LINEAR)
+    # Mirrored after the resize, on the smaller image: the same pixels as TensorFlow's flip
+    # before it (the resize is symmetric) within float rounding, and a mirrored copy of the
+    # crop cost more than the resize.
+    if flip:
+        cv2.flip(resized, 1, dst=resized)
     if dtype == "uint8":  # bilinear resizing only averages: values stay in 0..255
         resized += np.float32(0.5)
     else:
-        _normalize_in_place(resized)
+        cv2.transform(resized, _NORMALIZE, dst=resized)
     if resized is not out:
         np.copyto(out, resized, casting="unsafe")  # to uint8 (truncating) or bfloat16
 
