@@ -93,6 +93,8 @@ def _timed(src: pathlib.Path, imports: str, call: str, what: str) -> tuple[float
     command = [sys.executable, "-c", (
         f"import resource, sys, time; {imports}; t = time.perf_counter(); {call};"
         "d = time.perf_counter() - t;"
+        # Ended and waited for, so that its workers' peaks count as this process's children's.
+        "from beam_jobs import fork_server; fork_server.stop();"
         # VmHWM, not ru_maxrss, for the job's own process: ru_maxrss survives exec, and
         # counted this process's memory before it (its list of 500,000 paths: +60 MiB).
         "hwm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM'));"

@@ -136,9 +136,12 @@ def run_tfds(src: pathlib.Path, out: pathlib.Path) -> None:
 
 
 def run_ours(src: pathlib.Path, out: pathlib.Path) -> None:
-    from beam_jobs import convert
+    from beam_jobs import convert, fork_server
 
     convert.run([str(src), str(out), "--num_shards", str(SHARDS)])
+    # Ended and waited for, as at exit, so that its workers' time and peaks count as this
+    # process's children's in `_usage`.
+    fork_server.stop()
 
 
 RUNS = {"tfrecord-pipe": run_ours, "tfds builder": run_tfds,

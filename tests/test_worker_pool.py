@@ -5,12 +5,15 @@ import multiprocessing
 import os
 import signal
 import struct
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
-from beam_jobs import worker_pool
+from beam_jobs import fork_server, worker_pool
 
 _HELD = threading.Lock()
 
@@ -125,3 +128,44 @@ def test_workers_start_in_a_working_folder_that_was_removed(tmp_path, monkeypatc
     gone.rmdir()  # as a user's shell sits in a folder another command removed
     with worker_pool.pool(2, int) as pool:
         assert pool.submit(abs, -2).result(timeout=60) == 2
+
+
+_BUSY = """
+import os, resource, sys, time
+from multiprocessing import forkserver
+from beam_jobs import fork_server, worker_pool
+
+work = [range(20_000_000)] * 2
+started = time.process_time()
+sum(work[0])
+one = time.process_time() - started
+with worker_pool.pool(2, int) as pool:
+    assert list(pool.map(sum, work)) == [sum(work[0])] * 2
+mine = resource.getrusage(resource.RUSAGE_SELF)
+print(mine.ru_utime + mine.ru_stime, one, forkserver._forkserver._forkserver_pid)
+"""
+
+
+def test_the_workers_end_with_the_command_and_their_time_counts_as_its():
+    # The fork server, left to end on its own after the launcher, was nobody's child: the
+    # workers' CPU time went uncounted (`time`, a benchmark's rusage: a conversion measured
+    # at a third of its cost), and it could outlive the command.
+    command = subprocess.Popen([sys.executable, "-c", _BUSY], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while (ended := os.wait4(command.pid, os.WNOHANG))[0] == 0:
+        assert time.monotonic() < deadline, "the command did not end"
+        time.sleep(0.05)
+    command.returncode = os.waitstatus_to_exitcode(ended[1])
+    assert command.returncode == 0
+    own, one_sum, server = command.stdout.read().split()
+    usage = ended[2]
+    # Its own time and the two sums the workers made, at least most of them.
+    assert usage.ru_utime + usage.ru_stime >= float(own) + 1.5 * float(one_sum)
+    assert not os.path.exists(f"/proc/{server}")  # ended and waited for: not even a zombie
+
+
+def test_a_stopped_server_is_started_again_by_the_next_pool():
+    for _ in range(2):
+        with worker_pool.pool(1, int) as pool:
+            assert pool.submit(abs, -3).result(timeout=60) == 3
+        fork_server.stop()
