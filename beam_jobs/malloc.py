@@ -11,7 +11,9 @@ images, at the same speed (benchmarks/RESULTS.md, "Conversion: memory").
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import sys
 
 # glibc's malloc.h: the mallopt parameter, and the limit glibc starts with.
@@ -32,3 +34,16 @@ def keep_large_buffers_in_mmap() -> bool:
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     except (OSError, AttributeError):
         return False
+
+
+@contextlib.contextmanager
+def objects_so_far_frozen():
+    """The objects that exist as a job starts out of the garbage collector's reach while it
+    runs (`gc.freeze`), then back: the launcher's every full collection walked the modules'
+    objects, Beam's among them (benchmarks/RESULTS.md, "Conversion: peers"). Put back
+    after, so that a long-lived caller's garbage from before is still collected then."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -40,3 +40,26 @@ def held_mib(mode: str) -> int:
 def test_freed_image_buffers_are_returned_to_the_system():
     assert held_mib("default") > 100  # what happens without it: 200 MiB freed, kept
     assert held_mib("fixed") < 32
+
+
+def test_a_conversion_leaves_its_callers_garbage_to_the_collector(tmp_path):
+    # The launcher freezes the objects that exist as the job starts (so that its collections
+    # skip the modules'); a long-lived caller's garbage from before must still go after.
+    import gc
+    import weakref
+
+    from beam_jobs import convert
+
+    from helpers import write_image_folder
+
+    class Node:
+        pass
+
+    node = Node()
+    node.me = node  # a cycle: only the collector frees it
+    gone = weakref.ref(node)
+    del node
+    convert.run([str(write_image_folder(tmp_path / "src", per_label=2)), str(tmp_path / "out")])
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert gone() is None
