@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 import traceback
 from concurrent import futures
 from concurrent.futures.process import BrokenProcessPool
@@ -225,11 +226,18 @@ class Pool(futures.Executor):
         return [(future, _FAILED, error) for future in pending]
 
     def _end_workers(self) -> None:
+        """SIGTERM, then SIGKILL for those not ended END_S later (ignoring SIGTERM): one
+        deadline for all. SIGCONT too: a stopped worker (SIGSTOP, a debugger) ends at once
+        rather than at the deadline."""
         for process in self._workers.values():
             process.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
+        deadline = time.monotonic() + END_S
         for process in self._workers.values():
-            process.join(END_S)
-            if process.exitcode is None:  # it ignores SIGTERM
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in self._workers.values():
+            if process.exitcode is None:
                 process.kill()
                 process.join()
 

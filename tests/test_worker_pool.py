@@ -169,3 +169,18 @@ def test_a_stopped_server_is_started_again_by_the_next_pool():
         with worker_pool.pool(1, int) as pool:
             assert pool.submit(abs, -3).result(timeout=60) == 3
         fork_server.stop()
+
+
+def test_a_stopped_worker_ends_with_the_pool_without_waiting_for_the_deadline(monkeypatch):
+    # Ctrl-C with a worker stopped (SIGSTOP, a debugger): its SIGTERM waited until it was
+    # continued, and each such worker cost the job END_S more before it was killed.
+    monkeypatch.setattr(worker_pool, "END_S", 60.0)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with worker_pool.pool(2, int) as pool:
+            busy = [pool.submit(_slow, 60) for _ in range(2)]
+            for process in pool._workers.values():
+                os.kill(process.pid, signal.SIGSTOP)
+            raise KeyboardInterrupt
+    assert time.monotonic() - started < 30  # not the 60 s deadline
+    assert all(isinstance(future.exception(timeout=0), BrokenProcessPool) for future in busy)
