@@ -8,7 +8,6 @@ lock google-auth holds while a Cloud Storage request of another thread copies it
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import io
@@ -51,31 +50,42 @@ END_S = 5.0  # how long the server has to end as this process exits
 
 def stop() -> None:
     """Ends the server and waits for it (END_S at most); the next `start` starts another.
-    Run as this process exits: nothing of the command outlives it, and the server's CPU
-    time and its workers' (which it waited for) count as this process's children's, as
-    `time` and a benchmark read them. Left to end on its own, it was nobody's child: a
-    conversion's workers' time went uncounted."""
+    Not while a pool of its workers runs: the server ends only after its workers.
+
+    Run as this process exits, after multiprocessing has ended its daemon workers: nothing
+    of the command outlives it, and the server's CPU time and its workers' (which it waited
+    for) count as this process's children's, as `time` and a benchmark read them. Left to
+    end on its own, it was nobody's child: a conversion's workers' time went uncounted. In a
+    process forked from the launcher it does nothing: the server is not its child."""
     server = forkserver._forkserver
     with _STARTING, getattr(server, "_lock", contextlib.nullcontext()):
         pid = getattr(server, "_forkserver_pid", None)
         alive = getattr(server, "_forkserver_alive_fd", None)
         if pid is None or alive is None:  # not started, or another Python's private names
             return
-        os.close(alive)  # the server's sign to end
-        deadline = time.monotonic() + END_S
         try:
-            while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+            ended = os.waitpid(pid, os.WNOHANG) != (0, 0)
+        except ChildProcessError:  # forked from the launcher: its server, not this one's
+            return
+        try:
+            os.close(alive)  # the server's sign to end, once its workers hold it no more
+            deadline = time.monotonic() + END_S
+            while not ended and time.monotonic() < deadline:
                 time.sleep(0.005)
-        except ChildProcessError:  # already waited for
-            pass
-        address = server._forkserver_address
-        if address and not util.is_abstract_socket_namespace(address):
-            os.unlink(address)
-        # Forgotten, even one that did not end in time: the next start makes another.
-        server._forkserver_alive_fd = server._forkserver_pid = server._forkserver_address = None
+                ended = os.waitpid(pid, os.WNOHANG) != (0, 0)
+        finally:
+            address = server._forkserver_address
+            if address and not util.is_abstract_socket_namespace(address):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(address)
+            # Forgotten, even one that did not end in time: the next start makes another.
+            server._forkserver_alive_fd = server._forkserver_pid = None
+            server._forkserver_address = None
 
 
-atexit.register(stop)
+# After multiprocessing's exit step has ended the daemon processes (a pool still open at
+# exit, say): their copies of the server's pipe kept it running, and the wait took END_S.
+util.Finalize(None, stop, exitpriority=-100)
 
 
 def _module_path() -> list[str]:

@@ -41,7 +41,11 @@ def objects_so_far_frozen():
     """The objects that exist as a job starts out of the garbage collector's reach while it
     runs (`gc.freeze`), then back: the launcher's every full collection walked the modules'
     objects, Beam's among them (benchmarks/RESULTS.md, "Conversion: peers"). Put back
-    after, so that a long-lived caller's garbage from before is still collected then."""
+    after, so that a long-lived caller's garbage from before is still collected then. Left
+    as it is where the caller froze objects itself (it may fork, and count on them)."""
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
     try:
         yield

@@ -59,7 +59,16 @@ def test_a_conversion_leaves_its_callers_garbage_to_the_collector(tmp_path):
     node.me = node  # a cycle: only the collector frees it
     gone = weakref.ref(node)
     del node
-    convert.run([str(write_image_folder(tmp_path / "src", per_label=2)), str(tmp_path / "out")])
+    source = write_image_folder(tmp_path / "src", per_label=2)
+    convert.run([str(source), str(tmp_path / "out")])
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert gone() is None
+    # A caller's own freeze (before it forks, say) is left as it was.
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        convert.run([str(source), str(tmp_path / "again")])
+        assert gc.get_freeze_count() > frozen // 2  # (frozen objects freed leave it)
+    finally:
+        gc.unfreeze()

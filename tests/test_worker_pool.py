@@ -15,6 +15,8 @@ import pytest
 
 from beam_jobs import fork_server, worker_pool
 
+from helpers import run_python
+
 _HELD = threading.Lock()
 
 
@@ -133,7 +135,7 @@ def test_workers_start_in_a_working_folder_that_was_removed(tmp_path, monkeypatc
 _BUSY = """
 import os, resource, sys, time
 from multiprocessing import forkserver
-from beam_jobs import fork_server, worker_pool
+from beam_jobs import worker_pool
 
 work = [range(20_000_000)] * 2
 started = time.process_time()
@@ -184,3 +186,38 @@ def test_a_stopped_worker_ends_with_the_pool_without_waiting_for_the_deadline(mo
             raise KeyboardInterrupt
     assert time.monotonic() - started < 30  # not the 60 s deadline
     assert all(isinstance(future.exception(timeout=0), BrokenProcessPool) for future in busy)
+
+
+def test_a_process_forked_from_the_launcher_leaves_the_launchers_server_alone():
+    # Its exit ran the launcher's `stop`: it unlinked the server's socket, and every pool of
+    # the launcher failed after.
+    ran = run_python(
+        "import os, sys\n"
+        "from beam_jobs import worker_pool\n"
+        "with worker_pool.pool(1, int) as pool: pool.submit(abs, -1).result(timeout=60)\n"
+        "child = os.fork()\n"
+        "if child == 0: sys.exit(0)\n"
+        "os.waitpid(child, 0)\n"
+        "with worker_pool.pool(1, int) as pool: print(pool.submit(abs, -2).result(timeout=60))\n"
+    )
+    assert ran.returncode == 0 and ran.stdout.split() == ["2"], ran.stderr
+
+
+def test_a_pool_left_open_at_exit_does_not_hold_the_exit():
+    # The server ends only once its workers do; waited for before multiprocessing ended
+    # them, it held every exit END_S.
+    ran = run_python(
+        "import threading, time\n"
+        "from beam_jobs import fork_server, worker_pool\n"
+        "fork_server.END_S = 600\n"
+        "ready = threading.Event()\n"
+        "def hold():\n"
+        "    with worker_pool.pool(2, int) as pool:\n"
+        "        pool.submit(abs, -1).result(timeout=60)\n"
+        "        ready.set()\n"
+        "        time.sleep(1000)\n"
+        "threading.Thread(target=hold, daemon=True).start()\n"
+        "assert ready.wait(60)\n",
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr

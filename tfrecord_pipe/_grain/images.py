@@ -74,8 +74,8 @@ def write(out: np.ndarray, encoded: bytes, size: tuple[int, int], window, flip: 
     resized = out if out.dtype == np.float32 else _scratch("resized", out.shape)
     cv2.resize(source, (image_size, image_size), dst=resized, interpolation=cv2.INTER_LINEAR)
     # Mirrored after the resize, on the smaller image: the same pixels as TensorFlow's flip
-    # before it (the resize is symmetric) within float rounding, and a mirrored copy of the
-    # crop cost more than the resize.
+    # before it (the resize is symmetric) within float rounding (a level, rarely, in uint8),
+    # and a mirrored copy of the crop cost more than the resize.
     if flip:
         cv2.flip(resized, 1, dst=resized)
     if dtype == "uint8":  # bilinear resizing only averages: values stay in 0..255
