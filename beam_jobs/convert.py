@@ -23,11 +23,19 @@ Run on Dataflow (the usual Beam flags pass through); --no_wait returns once it i
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":
+    # Run as a program: the workers' server starts first, and imports the job's modules
+    # (Beam's take most of a second) while this process imports its own.
+    from beam_jobs import worker_pool
+
+    worker_pool.start_server_for(sys.argv[1:])
+
 import contextlib
 import logging
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time

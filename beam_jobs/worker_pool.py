@@ -311,6 +311,13 @@ def start_server() -> None:
             fork_server.start(JOB_MODULES)
 
 
+def start_server_for(args: list[str]) -> None:
+    """`start_server`, as a command with these arguments starts, before it imports Beam:
+    unless they give the job to Beam's runner (or ask for help), where no pool runs."""
+    if not any(word.startswith(("--runner", "--direct_", "-h", "--help")) for word in args):
+        start_server()
+
+
 def _start(launcher: fork_server.Launcher, start_method: str, initializer, initargs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     parent_watch.exit_with_parent(os.getppid() if start_method == "forkserver" else None)

@@ -221,3 +221,19 @@ def test_a_pool_left_open_at_exit_does_not_hold_the_exit():
         timeout=120,
     )
     assert ran.returncode == 0, ran.stderr
+
+
+@pytest.mark.parametrize(("args", "starts"), [
+    (["SRC", "OUT"], True),
+    (["SRC", "OUT", "--runner", "DataflowRunner"], False),  # Beam's runner: no pool here
+    (["SRC", "OUT", "--direct_num_workers=2"], False),
+    (["--help"], False),
+])  # fmt: skip
+def test_a_command_starts_the_server_only_where_a_pool_will_run(args, starts):
+    ran = run_python(
+        "from multiprocessing import forkserver\n"
+        "from beam_jobs import worker_pool\n"
+        f"worker_pool.start_server_for({args!r})\n"
+        "print(forkserver._forkserver._forkserver_pid is not None)\n"
+    )
+    assert ran.stdout.split() == [str(starts)], ran.stderr

@@ -139,12 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return EXIT_OK if argv else EXIT_BAD_INPUT
-    if argv[0] in ("convert", "verify") and not any(
-        word.startswith(("--runner", "--direct_", "-h", "--help")) for word in argv
-    ):  # the job's workers: their server imports while this process does
+    if argv[0] in ("convert", "verify"):  # the job's workers: their server imports meanwhile
         from beam_jobs import worker_pool
 
-        worker_pool.start_server()
+        worker_pool.start_server_for(argv[1:])
     if argv[0] == "convert":
         from beam_jobs import convert  # without TensorFlow: the job starts in a second
 
