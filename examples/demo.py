@@ -7,9 +7,12 @@
 3. Checks that nothing was lost and that validation accuracy is well above chance.
 """
 
-import os
+from tfrecord_pipe._tools import tensorflow_start
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow loaded as the `tfrecord-pipe` command loads it: without its start-up lines on a
+# machine with no GPU ("failed call to cuInit", oneDNN notes), which read as failures and are
+# not. (A training script of one's own needs none of this: examples/train.py.)
+tensorflow_start.start(verbose=False)
 
 import argparse  # noqa: E402
 import pathlib  # noqa: E402
