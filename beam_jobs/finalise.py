@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import claim, storage, summary
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import manifest, naming, paths, tfds_metadata
+from tfrecord_pipe._core import images, manifest, naming, paths, tfds_metadata
 
 LOG = logging.getLogger(__name__)
 TEMP_PREFIX = ".tmp-"  # OUT/.tmp-<run>: where a run writes before finalising
@@ -36,12 +36,13 @@ class NothingWrittenError(ValueError):
 
 
 def check_output(config: ConvertConfig) -> manifest.Manifest | None:
-    """Refuses an output that is a file, lies inside the input folder, or already holds a
-    dataset (unless overwrite was asked for); returns the dataset's manifest, if one is there.
+    """Refuses an output that is a file, lies inside the input folder or holds it, or already
+    holds a dataset (unless overwrite was asked for); returns the dataset's manifest, if one
+    is there.
 
     Raises:
-      ValueError: the output is a file or inside the input folder, or its manifest.json is
-        not a valid manifest (so the old dataset's files are unknown).
+      ValueError: the output is a file, inside the input folder or holding it, or its
+        manifest.json is not a valid manifest (so the old dataset's files are unknown).
       FileExistsError: the output holds a dataset and `config.overwrite` is off.
     """
     out = paths.folder(config.output)
@@ -50,6 +51,12 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
             f"{out} is inside the input folder {config.source_root}: every file there is an "
             "input, so a later run would take this dataset's shards and manifest for images "
             f"(and the folder name for a label). Write the dataset outside {config.source_root}."
+        )
+    if config.layout != "csv" and paths.is_inside(config.source_root, out):
+        raise ValueError(
+            f"{out} holds the input folder {config.source_root}: the dataset's shards and "
+            "files would lie among the folders of your images. Write the dataset to a folder "
+            f"of its own (a new one, or a dataset's), not one that holds {config.source_root}."
         )
     try:
         folders, files = storage.children(out)
@@ -219,6 +226,12 @@ def finalise(
             f"({reasons}). The reasons are in {paths.join(temp_dir, naming.REJECTED_DIR)} (the "
             f"next conversion into {out} removes it)."
         )
+        if set(result.rejected_reasons) == {images.NO_LABEL}:  # a flat folder, most likely
+            said += (
+                f" No input had a label: put the images in one sub-folder per label under "
+                f"{config.source} (cat/1.jpg, dog/2.jpg), or list them with their labels in a "
+                "CSV file."
+            )
         _nothing_written(out, temp_dir, run, said)
     old = _old_dataset(config, temp_dir)
     # First: no manifest ever describes a mix, nor does TFDS's metadata (which a killed run

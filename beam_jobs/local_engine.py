@@ -61,9 +61,10 @@ def run(
     with tempfile.TemporaryDirectory(prefix=SPILL_NAME, dir=spill_parent) as spill_dir:
         processes = processes or worker_pool.processes()
         try:
+            worker_args = (config, temp_dir, fixed_labels)
             with (
                 malloc.objects_so_far_frozen(),
-                worker_pool.pool(processes, _start_worker, (config, temp_dir, fixed_labels)) as pool,
+                worker_pool.pool(processes, _start_worker, worker_args) as pool,
             ):
                 job = _Job(config, temp_dir, spill_dir, pool, processes, progress_dir)
                 labels = job.check(fixed_labels)

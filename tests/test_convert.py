@@ -224,6 +224,12 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="is inside the input folder"):
         run(src, src / "away")
     os.unlink(src / "away")
+    # The converse: the images' folder inside the output (`convert pets ./`) scattered the
+    # dataset's files among the user's.
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds the input folder"):
+        run(src, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["away", "notes.txt", "src"]
     with pytest.raises(FileNotFoundError, match="Labels file .* does not exist"):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     (tmp_path / "labels.txt").write_text("red\nblue\nred\n")

@@ -63,7 +63,15 @@ def test_a_run_that_writes_no_record_fails_and_leaves_no_manifest(tmp_path):
     done = run_cli("convert", tmp_path / "src", tmp_path / "out", *IN_PROCESS)
     assert done.returncode == 2
     assert "No record was written: all 1 inputs were rejected (not_an_image 1)" in done.errors[0]
+    assert "sub-folder per label" not in done.errors[0]
     assert not (tmp_path / "out" / naming.MANIFEST_NAME).exists()
+    # A folder of images without label sub-folders: every input has no label; say how.
+    flat = write_image_folder(tmp_path / "flat", per_label=1)
+    for path in list(flat.rglob("*.jpg")):
+        path.rename(flat / f"{path.parent.name}-{path.name}")
+    done = run_cli("convert", flat, tmp_path / "flat-out", *IN_PROCESS)
+    assert done.returncode == 2
+    assert "(no_label 3)" in done.errors[0] and "one sub-folder per label" in done.errors[0]
 
 
 def test_nothing_written_leaves_an_old_dataset_as_it_was(tmp_path):

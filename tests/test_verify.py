@@ -46,7 +46,7 @@ def test_verify_catches_a_deleted_shard(converted_copy):
     done = run_cli("verify", src, out)
     assert done.returncode == 1
     assert "is missing (the manifest lists" in done.stdout
-    assert "in no shard and not in rejected/ (lost)" in done.stdout
+    assert "in no shard and not in rejected/ (lost, or added to the source since)" in done.stdout
 
 
 def test_verify_catches_a_duplicated_record(converted_copy):
@@ -98,7 +98,8 @@ def test_verify_catches_a_source_in_neither_shards_nor_rejected(converted_copy):
     (src / "green" / "999.jpg").write_bytes(jpeg_bytes(9, 9, (0, 250, 0)))  # never converted
     done = run_cli("verify", src, out)
     assert done.returncode == 1
-    assert "green/999.jpg: listed but in no shard and not in rejected/ (lost)" in done.stdout
+    lost = "green/999.jpg: listed but in no shard and not in rejected/ (lost, or added to the"
+    assert f"{lost} source since)" in done.stdout
 
 
 def test_verify_redoes_the_conversion_with_its_recorded_configuration(tmp_path):

@@ -56,7 +56,8 @@ def test_the_pipeline_finds_every_problem_local_verify_finds(converted_copy):
     report = verified_both_ways(src, out)
     assert report.num_problems >= 8, report
     for said in ("written 2 times", "(modified record)", "does not parse", "is missing",
-                 "(lost)", "green/new.jpg", "gone.jpg: in rejected/", "labels.txt"):  # fmt: skip
+                 "(lost, or added to the source since)", "green/new.jpg",
+                 "gone.jpg: in rejected/", "labels.txt"):  # fmt: skip
         assert any(said in problem for problem in report.problems), (said, report)
 
 
@@ -196,7 +197,8 @@ def test_on_gcs_inspect_and_both_verifies_read_both_sides_there(converted, gcs, 
     assert reports and all(path.startswith(temp + "/") for path in reports)
     assert not list(bucket.list_blobs(prefix="vj-tmp/"))
     assert report.sources == 17 and report.records == 15 and report.num_problems == 2, report
-    assert "red/extra.jpg: listed but in no shard and not in rejected/ (lost)" in report.problems
+    lost = "red/extra.jpg: listed but in no shard and not in rejected/ (lost, or added to the"
+    assert f"{lost} source since)" in report.problems
     assert any(p.startswith(f"split {split}: the manifest lists") for p in report.problems
                for split in ("train", "validation"))  # fmt: skip
 

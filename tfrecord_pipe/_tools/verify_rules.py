@@ -218,7 +218,10 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
                 "would store it now"
             )
         else:
-            problems.append(f"{relpath}: listed but in no shard and not in rejected/ (lost)")
+            problems.append(
+                f"{relpath}: listed but in no shard and not in rejected/ (lost, or added to the "
+                "source since)"
+            )
     # A stored source's line in rejected/ was reported just above, and so was a record of a
     # source that would be rejected now (it has no rejection line to miss).
     lines = rejected[1:] if stored and not records and rejected else rejected
@@ -370,7 +373,7 @@ def _check_rejections(relpath, refused, rejected, problems: list[str]) -> None:
         if line is None:
             problems.append(
                 f"{relpath}: should be rejected ({expected['rejected']}), but is in no shard and "
-                "not in rejected/ (lost)"
+                "not in rejected/ (lost, or added to the source since)"
             )
             continue
         lines.remove(line)
