@@ -29,7 +29,7 @@ from beam_jobs import listing, storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.csv_lists import cells_of, csv_lines, is_a_header, sources_of_csv_line
 from beam_jobs.source_file import SourceFile, check_label, check_split_name, split_by_hash
-from tfrecord_pipe._core import images, naming
+from tfrecord_pipe._core import images, naming, paths
 
 
 def resolve_layout(config: ConvertConfig) -> ConvertConfig:
@@ -67,9 +67,11 @@ def resolve_layout(config: ConvertConfig) -> ConvertConfig:
         raise ValueError(f"{err}: give {wanted}.") from err
     has_files = bool(files)
     if not folders and not has_files:
+        missing = not paths.is_remote(root) and not os.path.lexists(root)
+        found = f"{root} does not exist" if missing else f"No files found under {root}"
         raise FileNotFoundError(
-            f"No files found under {root}. Give a folder whose sub-folders are labels "
-            "(SRC/daisy/1.jpg), a folder of split folders (SRC/train/daisy/1.jpg), or a CSV file."
+            f"{found}. Give a folder whose sub-folders are labels (SRC/daisy/1.jpg), a folder "
+            "of split folders (SRC/train/daisy/1.jpg), or a CSV file."
         )
     if config.layout != "auto":
         return config

@@ -43,6 +43,10 @@ def test_the_local_engine_s_progress_line_counts_the_records_it_writes(tmp_path)
 def test_convert_on_a_missing_folder_exits_2_with_one_clear_line(tmp_path):
     result = run_cli("convert", tmp_path / "missing", tmp_path / "out")
     assert result.returncode == 2
+    assert len(result.errors) == 1 and "missing does not exist. Give a folder" in result.errors[0]
+    (tmp_path / "empty").mkdir()
+    result = run_cli("convert", tmp_path / "empty", tmp_path / "out")
+    assert result.returncode == 2
     assert len(result.errors) == 1 and "No files found under" in result.errors[0]
     assert not (tmp_path / "out").exists()
 

@@ -211,7 +211,7 @@ def test_compressed_shards_read_back_with_gzip(tmp_path):
 
 
 def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="No files found"):
+    with pytest.raises(FileNotFoundError, match="nothing-here does not exist"):
         run(tmp_path / "nothing-here", tmp_path / "out")
     src = make_folder(tmp_path / "src", per_label=1, odd=())
     with pytest.raises(ValueError, match="validation_fraction"):
