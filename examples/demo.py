@@ -7,11 +7,11 @@
 3. Checks that nothing was lost and that validation accuracy is well above chance.
 """
 
-from tfrecord_pipe._tools import tensorflow_start
+from tfrecord_pipe import tensorflow_start
 
 # TensorFlow loaded as the `tfrecord-pipe` command loads it: without its start-up lines on a
 # machine with no GPU ("failed call to cuInit", oneDNN notes), which read as failures and are
-# not. (A training script of one's own needs none of this: examples/train.py.)
+# not.
 tensorflow_start.start(verbose=False)
 
 import argparse  # noqa: E402

@@ -60,7 +60,7 @@ def test_help_lists_the_commands():
 
 
 def test_ctrl_c_while_tensorflow_loads_exits_130_in_one_line(converted, monkeypatch):
-    from tfrecord_pipe._tools import tensorflow_start
+    from tfrecord_pipe._reading import tensorflow_start
 
     def interrupted(*_):
         raise KeyboardInterrupt

@@ -30,6 +30,7 @@ __version__ = "0.5.0"
 PUBLIC_MODULES = (
     "schema", "manifest", "images",  # the core: no TensorFlow
     "dataset", "reader", "preprocess", "serving", "distribute", "hosts", "tpu_ready",
+    "tensorflow_start",
     "grain",  # Grain over ArrayRecord shards: no TensorFlow
 )  # fmt: skip
 

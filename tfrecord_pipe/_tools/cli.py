@@ -18,7 +18,7 @@ import os
 import sys
 
 from tfrecord_pipe._core import help_format, messages, naming, paths
-from tfrecord_pipe._tools import tensorflow_start
+from tfrecord_pipe._reading import tensorflow_start
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 

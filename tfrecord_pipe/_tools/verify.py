@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from beam_jobs import csv_lists, load, sources, spill, worker_pool
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, progress
-from tfrecord_pipe._tools import tensorflow_start
+from tfrecord_pipe._reading import tensorflow_start
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
 from tfrecord_pipe._tools.verify_rules import (

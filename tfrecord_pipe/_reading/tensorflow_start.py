@@ -1,5 +1,6 @@
 """TensorFlow loaded without its start-up noise: the commands that read with it (inspect,
-bench), and `verify --decode`'s workers."""
+bench), `verify --decode`'s workers, and any program that calls `start` before it imports
+TensorFlow (`make demo`)."""
 
 from __future__ import annotations
 
