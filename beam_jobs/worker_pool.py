@@ -231,8 +231,9 @@ class Pool(futures.Executor):
         rather than at the deadline."""
         for process in self._workers.values():
             process.terminate()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGCONT)
+            if process.exitcode is None:  # as terminate: never a pid that may be another's now
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGCONT)
         deadline = time.monotonic() + END_S
         for process in self._workers.values():
             process.join(max(0.0, deadline - time.monotonic()))
