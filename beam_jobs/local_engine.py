@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from concurrent import futures
 
 from beam_jobs import csv_lists, duplicates, finalise, load, shard_plan, sources, spill, storage
-from beam_jobs import malloc, summary, worker_pool, worker_progress, write_shards
+from beam_jobs import summary, worker_pool, worker_progress, write_shards
 from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import naming, paths
@@ -61,11 +61,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix=SPILL_NAME, dir=spill_parent) as spill_dir:
         processes = processes or worker_pool.processes()
         try:
-            worker_args = (config, temp_dir, fixed_labels)
-            with (
-                malloc.objects_so_far_frozen(),
-                worker_pool.pool(processes, _start_worker, worker_args) as pool,
-            ):
+            with worker_pool.pool(processes, _start_worker, (config, temp_dir, fixed_labels)) as pool:
                 job = _Job(config, temp_dir, spill_dir, pool, processes, progress_dir)
                 labels = job.check(fixed_labels)
                 shards = job.write_shards(labels)

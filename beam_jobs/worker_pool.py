@@ -43,7 +43,8 @@ def pool(count: int, initializer, initargs: tuple = ()):
     """`count` worker processes, each set up by `initializer(*initargs)` (its arguments must
     pickle; nothing defined in the main script) in this process's environment, working
     folder and log levels; ended whatever happens: on an error or Ctrl-C the tasks not
-    started are dropped, and a worker ends with this process."""
+    started are dropped, and a worker ends with this process. While it runs (the job's main
+    loop), this process's objects from before are out of the garbage collector's reach."""
     start_server()
     forked = fork_server.CONTEXT if START_METHOD == "forkserver" else multiprocessing.get_context("fork")
     start = (fork_server.Launcher.now(), START_METHOD, initializer, initargs)
@@ -55,7 +56,8 @@ def pool(count: int, initializer, initargs: tuple = ()):
         # the workers are up, it stops the job.
         with ctrl_c_held():
             workers = Pool(count, forked, start)
-        yield workers
+        with malloc.objects_so_far_frozen():
+            yield workers
         failed = False
     finally:
         # Held back here too: raised midway through the shutdown, it left the workers waiting

@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 
-from beam_jobs import csv_lists, load, malloc, sources, spill, worker_pool
+from beam_jobs import csv_lists, load, sources, spill, worker_pool
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, progress
 from tfrecord_pipe._reading import tensorflow_start
@@ -78,10 +78,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
         for split, expected in reading.rejection_files(found):
             job.add(reading.read_rejected(dataset, split, expected), REJECTED)
         worker_args = (dataset, found, config, work, decode)
-        with (
-            malloc.objects_so_far_frozen(),
-            worker_pool.pool(processes, _start_worker, worker_args) as pool,
-        ):
+        with worker_pool.pool(processes, _start_worker, worker_args) as pool:
             tasks = itertools.chain(
                 ((_SHARD, shard) for shard in reading.shards_of(found)),
                 ((_SOURCES, batch) for batch in _batches(_listed(config, work))),
