@@ -23,8 +23,6 @@ import threading
 import time
 import uuid
 
-from apache_beam.io.filesystems import FileSystems
-
 from beam_jobs import storage
 from tfrecord_pipe._core import paths
 
@@ -327,7 +325,7 @@ class _OtherClaim:
         self._path = path
 
     def create(self, holder: Holder) -> bool:
-        if FileSystems.exists(self._path):
+        if storage.exists(self._path):
             return False
         LOG.warning(
             "%s: this filesystem has no atomic create; two conversions started at the same "
@@ -337,10 +335,9 @@ class _OtherClaim:
         return True
 
     def read(self) -> Holder | None:
-        if not FileSystems.exists(self._path):
+        if not storage.exists(self._path):
             return None
-        with FileSystems.open(self._path) as f:
-            return _decode(f.read())
+        return _decode(storage.read_bytes(self._path))
 
     def remove_stale(self, holder: Holder) -> bool:
         storage.delete([self._path])

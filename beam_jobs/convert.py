@@ -27,7 +27,7 @@ import sys
 
 if __name__ == "__main__":
     # Run as a program: the workers' server starts first, and imports the job's modules
-    # (Beam's take most of a second) while this process imports its own.
+    # while this process imports its own.
     from beam_jobs import worker_pool
 
     worker_pool.start_server_for(sys.argv[1:])
@@ -41,12 +41,8 @@ import threading
 import time
 import uuid
 
-import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
-
 import tfrecord_pipe
-from beam_jobs import (claim, finalise, flags, local_engine, pipeline, sources, worker_pool,
+from beam_jobs import (claim, finalise, flags, local_engine, sources, storage, worker_pool,
                        worker_progress)
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import manifest, messages, paths
@@ -98,9 +94,9 @@ def _beam_logging(verbose: bool):
 
 
 def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | None:
-    given = PipelineOptions(beam_args)  # to check; the job's are made when it is launched
-    local = flags.runs_here(given)
-    if local and flags.uses_local_engine(given):
+    launch = flags.launch_of(beam_args)  # Beam's options themselves are made at launch
+    local = launch.here
+    if launch.local_engine:
         worker_pool.start_server()  # it imports while this process lists the inputs
     with _cloud_errors_said_plainly(f"{args.source} or {args.output}"):
         config = sources.resolve_layout(flags.config_from_args(args))
@@ -109,7 +105,7 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
     if args.no_wait and local:
         raise ValueError("--no_wait is for a runner that runs the job elsewhere (Dataflow); "
                          "the local runner runs it in this process.")  # fmt: skip
-    template = given.view_as(GoogleCloudOptions).template_location
+    template = launch.template
     # In a Flex Template's launcher: submit and return (it must not wait), and the job, not
     # this process, holds the output's claim.
     if args.no_wait and template:
@@ -132,10 +128,10 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
             # the launch fail, leaving this block gives the claim up again.
             held.hand_over()
         try:
-            options = flags.pipeline_options(beam_args, save_main_session)
-            if local and flags.uses_local_engine(given):
+            if launch.local_engine:
                 result = _run_locally(config, temp_dir, fixed_labels)
             else:
+                options = flags.pipeline_options(beam_args, save_main_session)
                 result = _run_pipeline(config, options, temp_dir, fixed_labels, local, waits,
                                        run=run_id if no_wait else None)  # fmt: skip
         except (ValueError, FileNotFoundError, FileExistsError):
@@ -193,6 +189,10 @@ def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: b
     """Builds and starts the pipeline, waiting for it if `waits`; locally with a progress line
     summed over workers. `run` is the claim's run, for the job to give it up (None: the
     launcher gives it up). Returns Beam's result. The wheel `options` ship is removed after."""
+    import apache_beam as beam
+
+    from beam_jobs import pipeline
+
     try:
         with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
             job = beam.Pipeline(options=options)
@@ -251,10 +251,9 @@ def _clear_under_claim(config: ConvertConfig, held: claim.Claim) -> None:
 
 
 def _read_labels(path: str) -> tuple[str, ...]:
-    if not FileSystems.exists(path):
+    if not storage.exists(path):
         raise FileNotFoundError(f"Labels file {path} does not exist.")
-    with FileSystems.open(path) as f:
-        data = f.read()
+    data = storage.read_bytes(path)
     try:
         return manifest.parse_labels(data.decode("utf-8-sig"), path)
     except UnicodeDecodeError as err:

@@ -20,14 +20,9 @@ import posixpath
 import re
 from collections.abc import Iterable, Iterator
 
-import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
-
-import beam_jobs
-from beam_jobs import spill
+from beam_jobs import spill, storage
 from beam_jobs.config import ConvertConfig
-from beam_jobs.source_file import SourceFile, check_label, check_split_name, rejection, split_by_hash
+from beam_jobs.source_file import SourceFile, check_label, check_split_name, split_by_hash
 from tfrecord_pipe._core import images, paths
 
 
@@ -50,7 +45,7 @@ def csv_lines(csv_path: str) -> Iterator[tuple[int, str]]:
                          "the images.")  # fmt: skip
     if not paths.is_remote(csv_path) and not os.path.isfile(csv_path):
         raise ValueError(f"CSV list {csv_path} is not a regular file (a pipe or a device?).")
-    with FileSystems.open(csv_path) as f:
+    with storage.open_to_read(csv_path) as f:
         for number, raw in enumerate(_raw_lines(f, csv_path), start=1):
             if number == 1 and raw.startswith(codecs.BOM_UTF8):
                 raw = raw[len(codecs.BOM_UTF8) :]
@@ -98,7 +93,7 @@ def is_a_header(first: str, csv_path: str) -> bool:
     cells = cells_of(first)
     if not cells or not cells[0] or not _PLAIN_NAME.fullmatch(cells[0]):
         return False
-    return not FileSystems.exists(_resolved(cells[0], csv_path)[0])
+    return not storage.exists_at_all(_resolved(cells[0], csv_path)[0])
 
 
 def cells_of(line: str) -> list[str]:
@@ -176,7 +171,7 @@ def kept_once(listed: Iterable[SourceFile], spill_dir: str) -> Iterator[SourceFi
     """Every listing, each file's kept one (`one_per_file`) then its others marked as
     duplicates; grouped through a sort on local disk in `spill_dir`, so memory stays flat
     however long the list (the local engine and `verify`; Beam groups with
-    `DropDuplicatePaths`)."""
+    `pipeline.DropDuplicatePaths`)."""
     by_file = spill.SortedSpill(spill_dir, key=operator.itemgetter(0))
     for source in listed:
         by_file.add((identity(source), source))
@@ -184,35 +179,3 @@ def kept_once(listed: Iterable[SourceFile], spill_dir: str) -> Iterator[SourceFi
         kept, others = one_per_file([source for _, source in same])
         yield kept
         yield from others
-
-
-def _keep_one_per_file(identity_and_sources):
-    """The kept listing, and the others as rejections (DropDuplicatePaths.REJECTED)."""
-    kept, duplicates = one_per_file(list(identity_and_sources[1]))
-    yield kept
-    for duplicate in duplicates:
-        Metrics.counter(beam_jobs.METRICS_NAMESPACE, "inputs_duplicate").inc()
-        yield beam.pvalue.TaggedOutput(
-            DropDuplicatePaths.REJECTED, rejection(duplicate, *duplicate.problem)
-        )
-
-
-class DropDuplicatePaths(beam.PTransform):
-    """Keeps one listing per file; the others go to the REJECTED output (reason "duplicate").
-
-    CSV lists can name a file twice, sometimes with two labels or in two splits, or under two
-    spellings of its path. Writing it twice would count it twice and could put the same image
-    in train and validation.
-    """
-
-    REJECTED = "rejected"
-
-    def expand(self, sources):
-        return (
-            sources
-            | "KeyByFile" >> beam.Map(lambda source: (identity(source), source))
-            | "GroupByFile" >> beam.GroupByKey()
-            | "KeepOne" >> beam.FlatMap(_keep_one_per_file).with_outputs(
-                self.REJECTED, main="sources"
-            )
-        )

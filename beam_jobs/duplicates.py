@@ -12,38 +12,8 @@ the grouping moves a few hundred bytes per input, not the images.
 
 from __future__ import annotations
 
-import json
-
-import apache_beam as beam
-from apache_beam.metrics import Metrics
-
-import beam_jobs
-from beam_jobs import storage
 from beam_jobs.source_file import SourceFile, rejection
-from tfrecord_pipe._core import images, naming, paths
-
-
-class FindDuplicateContent(beam.PTransform):
-    """(split, Checked) records in; out: `records` (all of them, or with `dedupe` one per
-    content), `groups` (a report row per group of more than one) and `rejected` (dedupe's)."""
-
-    def __init__(self, dedupe: bool):
-        super().__init__()
-        self._dedupe = dedupe
-
-    def expand(self, records):
-        grouped = (
-            records
-            | "ByContent" >> beam.Map(lambda split_checked: (split_checked[1].sha256, split_checked))
-            | "SameContent" >> beam.GroupByKey()
-        )
-        groups = grouped | "Groups" >> beam.FlatMap(_group_row)
-        if not self._dedupe:
-            return {"records": records, "groups": groups, "rejected": None}
-        kept = grouped | "KeepFirst" >> beam.FlatMap(_keep_first).with_outputs(
-            "rejected", main="records"
-        )
-        return {"records": kept.records, "groups": groups, "rejected": kept.rejected}
+from tfrecord_pipe._core import images
 
 
 def _ordered(split_checked_list) -> list:
@@ -76,20 +46,6 @@ def keep_first(records) -> tuple[tuple, list]:
     ]
 
 
-def _group_row(sha256_and_records):
-    row = group_row(*sha256_and_records)
-    if row is not None:
-        Metrics.counter(beam_jobs.METRICS_NAMESPACE, "duplicate_content_groups").inc()
-        yield row
-
-
-def _keep_first(sha256_and_records):
-    first, rejected = keep_first(sha256_and_records[1])
-    yield first
-    for row in rejected:
-        yield beam.pvalue.TaggedOutput("rejected", row)
-
-
 def totals(row: dict):
     """(what, n) pairs of one group, summed into the manifest's `duplicates`."""
     yield "groups", 1
@@ -101,26 +57,3 @@ def totals(row: dict):
 def report_order(row: dict) -> tuple:
     """Groups across splits first, then across labels, then by their first path."""
     return (not row["cross_split"], not row["cross_label"], row["files"][0]["relpath"])
-
-
-class WriteDuplicates(beam.PTransform):
-    """Writes the groups, in `report_order`, to `duplicates.jsonl` in `folder` (nothing when
-    there are none); one worker writes them, as they are few next to the inputs."""
-
-    def __init__(self, folder: str):
-        super().__init__()
-        self._path = paths.join(folder, naming.DUPLICATES_NAME)
-
-    def expand(self, groups):
-        path = self._path
-        return (
-            groups
-            | "OneKey" >> beam.Map(lambda row: (None, row))
-            | "AllGroups" >> beam.GroupByKey()
-            | "WriteJsonl" >> beam.MapTuple(lambda _, rows: _write(path, rows))
-        )
-
-
-def _write(path: str, rows) -> None:
-    lines = [json.dumps(row, sort_keys=True) + "\n" for row in sorted(rows, key=report_order)]
-    storage.write_bytes(path, "".join(lines).encode("utf-8"), mime_type="application/x-ndjson")

@@ -15,9 +15,6 @@ from __future__ import annotations
 import json
 import logging
 
-import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-
 from beam_jobs import claim, storage, summary
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import images, manifest, naming, paths, tfds_metadata
@@ -143,12 +140,12 @@ def _moved_in(out: str, temp_dir: str) -> list[str]:
 
 def began(temp_dir: str) -> bool:
     """Whether a run's finalise had begun to change the output folder."""
-    return FileSystems.exists(paths.join(temp_dir, PLAN_NAME))
+    return storage.exists(paths.join(temp_dir, PLAN_NAME))
 
 
 def written(temp_dir: str) -> bool:
     """Whether a run's finalise wrote the manifest (only its clean-up may be left)."""
-    return FileSystems.exists(paths.join(temp_dir, DONE_NAME))
+    return storage.exists(paths.join(temp_dir, DONE_NAME))
 
 
 def _orphans(out: str, temp_dir: str) -> list[str]:
@@ -160,14 +157,14 @@ def _orphans(out: str, temp_dir: str) -> list[str]:
     replaced = _replaced(temp_dir)
     if replaced is not None:
         named |= set(_files_of(replaced))
-    if FileSystems.exists(paths.join(temp_dir, SUMMARY_NAME)):
+    if storage.exists(paths.join(temp_dir, SUMMARY_NAME)):
         job = _read_summary(temp_dir)
         named |= {row.file for row in job.shards}
         named |= {naming.rejected_name(row.split) for row in job.counts}
         named.add(naming.DUPLICATES_NAME)
-    if FileSystems.exists(paths.join(out, naming.MANIFEST_NAME)):
+    if storage.exists(paths.join(out, naming.MANIFEST_NAME)):
         named -= set(_files_of(read_manifest(out)))
-    return sorted(name for name in named if FileSystems.exists(paths.join(out, name)))
+    return sorted(name for name in named if storage.exists(paths.join(out, name)))
 
 
 def _files_of(found: manifest.Manifest) -> list[str]:
@@ -203,12 +200,12 @@ def finalise(
     manifest_path = paths.join(out, naming.MANIFEST_NAME)
     summary_path = paths.join(temp_dir, SUMMARY_NAME)
     finished = written(temp_dir) or (
-        not FileSystems.exists(summary_path) and FileSystems.exists(manifest_path)
+        not storage.exists(summary_path) and storage.exists(manifest_path)
     )
     if finished:  # an earlier try wrote the manifest; its clean-up may not have ended
         _clean_up(out, temp_dir, run)
         return read_manifest(out)
-    if not FileSystems.exists(summary_path):
+    if not storage.exists(summary_path):
         _nothing_written(out, temp_dir, run, "The job's summary is missing from "
                          f"{temp_dir}: was that folder changed? Run the conversion again.")  # fmt: skip
     job = _read_summary(temp_dir)
@@ -280,35 +277,7 @@ def _nothing_written(out: str, temp_dir: str, run: str | None, said: str):
 def nothing_written(temp_dir: str) -> str | None:
     """Why a finalise found nothing to finalise, if that is why it failed."""
     path = paths.join(temp_dir, NOTHING_NAME)
-    return storage.read_text(path) if FileSystems.exists(path) else None
-
-
-class FinaliseDataset(beam.PTransform):
-    """The job's last step: `finalise`, on one worker, once the summary, the rejections and
-    the duplicate groups are written.
-
-    Its input is the summary's path (one element); `written` are the PCollections of the
-    other writes, taken as side inputs only so that this step waits for them.
-    """
-
-    def __init__(self, config: ConvertConfig, temp_dir: str, version: str, run: str | None,
-                 written=()):  # fmt: skip
-        super().__init__()
-        self._finalise = _Finalise(config, temp_dir, version, run)
-        self._written = written
-
-    def expand(self, summary_path):
-        waits = [beam.pvalue.AsList(done) for done in self._written]
-        return summary_path | "Finalise" >> beam.ParDo(self._finalise, *waits)
-
-
-class _Finalise(beam.DoFn):
-    def __init__(self, config, temp_dir, version, run):
-        self._args = (config, temp_dir, version, run)
-
-    def process(self, summary_path, *written):
-        result = finalise(*self._args)
-        yield sum(info.num_examples for info in result.splits.values())
+    return storage.read_text(path) if storage.exists(path) else None
 
 
 def _old_dataset(config: ConvertConfig, temp_dir: str) -> manifest.Manifest | None:
@@ -331,10 +300,10 @@ def _replaced(temp_dir: str) -> manifest.Manifest | None:
 
 def _move(moves: list[tuple[str, str]]) -> None:
     """Renames each file into place; one already there (moved by an earlier try) is left."""
-    pending = [(source, target) for source, target in moves if FileSystems.exists(source)]
+    pending = [(source, target) for source, target in moves if storage.exists(source)]
     missing = [
         source for source, target in moves
-        if (source, target) not in pending and not FileSystems.exists(target)
+        if (source, target) not in pending and not storage.exists(target)
     ]  # fmt: skip
     if missing:
         raise FileNotFoundError(
@@ -342,7 +311,7 @@ def _move(moves: list[tuple[str, str]]) -> None:
             "temporary folder changed? Run the conversion again."
         )
     if pending:
-        FileSystems.rename([source for source, _ in pending], [target for _, target in pending])
+        storage.rename([source for source, _ in pending], [target for _, target in pending])
 
 
 def _shard_files(found: manifest.Manifest) -> list[str]:
@@ -359,7 +328,7 @@ def _rejected_files(found: manifest.Manifest) -> list[str]:
 
 
 def _delete_existing(files: list[str]) -> None:
-    storage.delete([path for path in files if FileSystems.exists(path)])
+    storage.delete([path for path in files if storage.exists(path)])
 
 
 def _read_summary(temp_dir: str) -> summary.Summary:

@@ -1,7 +1,9 @@
 """The conversion job's options: our flags, Beam's, and the pipeline options they make.
 
 Our flags become a `ConvertConfig` (`config_from_args`); every other flag must be Beam's
-(`check_beam_flags`: Beam itself would drop a misspelt one with a warning).
+(`check_beam_flags`: Beam itself would drop a misspelt one with a warning). Beam is imported
+only when Beam's flags are given: without them the job runs on the local engine, which needs
+no Beam, and its import costs most of a CPU-second.
 """
 
 from __future__ import annotations
@@ -16,16 +18,14 @@ import shutil
 import sys
 import tempfile
 
-from apache_beam.options.pipeline_options import (
-    DirectOptions,
-    PipelineOptions,
-    SetupOptions,
-    StandardOptions,
-)
+from typing import TYPE_CHECKING
 
 from beam_jobs import worker_wheel
 from beam_jobs.config import CSV_HEADERS, LAYOUTS, ConvertConfig
 from tfrecord_pipe._core import help_format, images
+
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
 
 LOCAL_RUNNER = "FnApiRunner"  # what DirectRunner runs on; naming it skips the Prism attempt
 _WHEEL_FOLDER = "tfrecord-pipe-wheel-"
@@ -171,10 +171,12 @@ def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser,
     Beam itself only logs a warning and drops it: `--validaton_fraction 0.2` would write a
     dataset without the validation split.
     """
-    ours = [flag for action in parser._actions for flag in action.option_strings]
-    known = set(ours) | _beam_flags()
-    for arg in beam_args:
-        flag = arg.split("=", 1)[0]
+    ours = {flag for action in parser._actions for flag in action.option_strings}
+    given = [arg.split("=", 1)[0] for arg in beam_args]
+    if not any(flag.startswith("-") and flag not in ours for flag in given):
+        return  # nothing to look up in Beam's flags (which imports Beam)
+    known = ours | _beam_flags()
+    for flag in given:
         if flag.startswith("-") and flag not in known:
             names = sorted(name.lstrip("-") for name in known)
             close = difflib.get_close_matches(flag.lstrip("-"), names, n=1, cutoff=0.75)
@@ -198,6 +200,7 @@ def beam_switches() -> frozenset[str]:
 @functools.cache
 def _beam_options() -> dict[bool, frozenset[str]]:
     """Beam's flags, by whether they take no value."""
+    from apache_beam.options.pipeline_options import PipelineOptions
 
     def subclasses(cls):
         for sub in cls.__subclasses__():
@@ -221,6 +224,8 @@ def pipeline_options(
     """Beam options; locally, the FnApiRunner (one in-process worker unless the user chose;
     used when Beam's runner was asked for: see `uses_local_engine`).
     Remote workers get a wheel of this project with the dependencies of `worker_extras`."""
+    from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+
     options = PipelineOptions(beam_args)
     standard = options.view_as(StandardOptions)
     if runs_here(options):
@@ -236,12 +241,46 @@ def pipeline_options(
     return options
 
 
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Where the job runs, as Beam's flags say.
+
+    Attributes:
+      here: on this machine (Beam's local runner, or the local engine).
+      local_engine: on the local engine (`uses_local_engine`).
+      template: where Dataflow's template is to be written, if that is what was asked for.
+    """
+
+    here: bool = True
+    local_engine: bool = True
+    template: str | None = None
+
+
+def launch_of(beam_args: list[str]) -> Launch:
+    """Where the job runs, from Beam's flags: with none, on the local engine, and Beam is not
+    imported.
+
+    Raises:
+      ValueError: a runner that cannot run the job (`runs_here`).
+    """
+    if not beam_args:
+        return Launch()
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+    given = PipelineOptions(beam_args)
+    here = runs_here(given)
+    return Launch(here, here and uses_local_engine(given),
+                  given.view_as(GoogleCloudOptions).template_location)  # fmt: skip
+
+
 def runs_here(options: PipelineOptions) -> bool:
     """Whether the runner is Beam's local one (named as Beam accepts it, in any case).
 
     Raises:
       ValueError: a runner that cannot run the job (UNSUPPORTED_RUNNERS), saying why.
     """
+    from apache_beam.options.pipeline_options import StandardOptions
+
     runner = options.view_as(StandardOptions).runner
     name = (runner or "").rsplit(".", 1)[-1].lower()
     if name in UNSUPPORTED_RUNNERS:
@@ -270,6 +309,8 @@ UNSUPPORTED_RUNNERS = {
 
 def remove_wheel(options: PipelineOptions) -> None:
     """The wheel `pipeline_options` built, once the job has staged it."""
+    from apache_beam.options.pipeline_options import SetupOptions
+
     for wheel in options.view_as(SetupOptions).extra_packages or ():
         folder = os.path.dirname(wheel)
         if os.path.basename(folder).startswith(_WHEEL_FOLDER):
@@ -285,6 +326,8 @@ def local_load_threads(options: PipelineOptions) -> int:
     runner"); worker processes (`multi_processing`) each start a Beam SDK harness first.
     Anything else the user chose keeps one thread per worker.
     """
+    from apache_beam.options.pipeline_options import DirectOptions
+
     direct = options.view_as(DirectOptions)
     one_worker = direct.direct_running_mode == "in_memory" and direct.direct_num_workers == 1
     return (os.cpu_count() or 1) if one_worker else 1

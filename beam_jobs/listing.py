@@ -23,8 +23,6 @@ import os
 import stat
 from collections.abc import Iterator
 
-from apache_beam.io.filesystems import FileSystems
-
 from tfrecord_pipe._core import images, paths
 
 UNREADABLE, NOT_A_FILE, DUPLICATE = images.UNREADABLE, images.NOT_A_FILE, images.DUPLICATE
@@ -62,6 +60,8 @@ def matching_below(folder: str) -> list:
     Beam's patterns cannot quote "[", "*" or "?": the listing asks for everything that starts
     like `folder` up to the first of them, and keeps what lies below `folder` itself.
     """
+    from apache_beam.io.filesystems import FileSystems  # remote only: Beam's import is slow
+
     below = paths.folder(folder) + "/"
     cut = min((below.index(char) for char in "[*?" if char in below), default=len(below))
     found = FileSystems.match([below[:cut] + "**"])[0].metadata_list

@@ -1,4 +1,6 @@
-"""LoadImages: one input file in, a small `Checked` entry or one dead letter out.
+"""The inputs' checks: one input file in, a small `Checked` entry or one dead letter out.
+Plain Python (no Beam), for the Beam job's `load_images.LoadImages` and the local engine's
+workers.
 
 The image bytes are not passed on. Carrying them through the shuffle that groups records by
 shard made a local run hold the whole dataset in memory (Beam's local runner keeps grouped
@@ -6,7 +8,7 @@ data in RAM). Instead each shard writer reads its sources again (`read_record`):
 are checked against the checksum taken here, and only images that are re-encoded pay for
 normalising a second time.
 
-LoadImages takes inputs in batches. Remote sources (gs://...) are read ahead of their checks,
+Inputs are checked in batches. Remote sources (gs://...) are read ahead of their checks,
 REMOTE_READERS at a time: one request after another, a worker would spend its time waiting on
 the network. Checking can use a few threads too: locally the job runs as one in-process
 worker (Beam's cheapest local mode), and this is where the cores are used; Pillow decoding,
@@ -19,26 +21,16 @@ import collections
 import dataclasses
 import functools
 import hashlib
-import logging
-import os
-import time
-import uuid
 from collections.abc import Container, Mapping
 from concurrent import futures
 
-import apache_beam as beam
 import google_crc32c
-from apache_beam.metrics import Metrics
 
-import beam_jobs
-from beam_jobs import malloc, outcome, shard_plan, storage, worker_progress
+from beam_jobs import outcome, shard_plan, storage
 from beam_jobs.source_file import SourceFile, rejection
 from tfrecord_pipe._core import images, paths, schema
 
-LOG = logging.getLogger(__name__)
-NAMESPACE = beam_jobs.METRICS_NAMESPACE
-PROGRESS_EVERY_S = 30.0  # remote runs: a log line per worker this often (counters hold totals)
-BATCH = 64  # inputs per LoadImages call: threads stay busy, and only small entries wait
+BATCH = 64  # inputs per check call: threads stay busy, and only small entries wait
 REMOTE_READERS = 16  # threads reading remote sources at once, hiding request latency
 
 
@@ -204,75 +196,3 @@ class Checker:
             size=_record_size(len(stored.encoded), source.relpath, source.label),
             reencoded=stored.reencoded,
         )
-
-
-class LoadImages(beam.DoFn):
-    """Reads, checks and normalises a batch of inputs (`Checker`); emits (split, Checked) per
-    input.
-
-    Inputs that cannot be used go to the REJECTED output with their reason; nothing is dropped.
-    With `threads` > 1 the inputs of a batch are checked on that many threads (local runs).
-    Beam's counters only count on the bundle's own thread, so the checks return what to count.
-    """
-
-    REJECTED = "rejected"
-
-    def __init__(
-        self,
-        policy: images.ImagePolicy,
-        label_offset: int,
-        progress_dir: str | None = None,
-        threads: int = 1,
-    ):
-        self._policy = policy
-        self._label_offset = label_offset
-        self._progress_dir = progress_dir  # local runs: where the launcher sums our counts
-        self._threads = threads
-
-    def setup(self):
-        malloc.keep_large_buffers_in_mmap()
-        self._checker = Checker(self._policy, self._threads)
-        self._labels_seen: tuple[str, ...] | None = None
-        self._stored = Metrics.counter(NAMESPACE, "images_stored_unchanged")
-        self._reencoded = Metrics.counter(NAMESPACE, "images_reencoded")
-        self._rejected = Metrics.counter(NAMESPACE, "images_rejected")
-        self._bytes_read = Metrics.counter(NAMESPACE, "bytes_read")
-        self._seen = self._seen_rejected = 0
-        self._last_report = time.monotonic()
-        self._worker = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # this instance's report file
-
-    def teardown(self):
-        if hasattr(self, "_checker"):  # setup may not have got this far
-            self._checker.close()
-
-    def process(self, batch: list[SourceFile], labels: tuple[str, ...]):
-        if labels is not self._labels_seen:
-            self._labels_seen = labels
-            index = {label: i for i, label in enumerate(labels)}
-            self._checker.set_labels(index, index)
-        for source, checked, bytes_read, rejected in self._checker.check(batch):
-            self._seen += 1
-            self._bytes_read.inc(bytes_read)
-            if checked is not None:
-                (self._reencoded if checked.reencoded else self._stored).inc()
-                yield source.split, checked
-            else:
-                self._seen_rejected += 1
-                self._rejected.inc()
-                yield beam.pvalue.TaggedOutput(self.REJECTED, rejected)
-            self._report_progress()
-
-    def _report_progress(self, force: bool = False):
-        now = time.monotonic()
-        every = PROGRESS_EVERY_S if self._progress_dir is None else worker_progress.POLL_S
-        if not force and now - self._last_report < every:
-            return
-        self._last_report = now
-        if self._progress_dir is not None:
-            worker_progress.report(self._progress_dir, self._worker, self._seen, self._seen_rejected)
-        elif not force:
-            LOG.info("worker %d: %d inputs loaded, %d rejected", os.getpid(), self._seen,
-                     self._seen_rejected)  # fmt: skip
-
-    def finish_bundle(self):
-        self._report_progress(force=True)  # the launcher's final line counts every input

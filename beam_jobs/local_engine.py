@@ -3,10 +3,10 @@ worker process per core, in memory that does not grow with the number of inputs.
 
 Beam's local runner holds each step's whole output until the next step reads it: about 3 KB
 per input, so ten million inputs needed some 30 GB. Here the listing streams to worker
-processes that check the inputs (`load.Checker`); the small entries they give back go
+processes (`local_workers`) that check the inputs; the small entries they give back go
 through sorts on disk (`spill.py`): by content for the duplicate report, by record key for
 the shards, by split and path for the rejection lists; then the workers write the shards,
-reading the sources again (`write_shards.write_shard`), as on Beam. The same functions decide
+reading the sources again (`shard_writer.write_shard`), as on Beam. The same functions decide
 every input's fate and every record's place, so the dataset is the Beam pipeline's, byte for
 byte (tests/test_engines.py). What is held at once: RUN_ITEMS entries per sort, a window of
 batches and shards in flight, and one group of inputs with the same bytes.
@@ -24,10 +24,9 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from concurrent import futures
 
-from beam_jobs import csv_lists, duplicates, finalise, load, shard_plan, sources, spill, storage
-from beam_jobs import summary, worker_pool, worker_progress, write_shards
+from beam_jobs import csv_lists, duplicates, finalise, load, local_workers, shard_plan, sources
+from beam_jobs import spill, storage, summary, worker_pool, worker_progress
 from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import naming, paths
@@ -61,7 +60,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix=SPILL_NAME, dir=spill_parent) as spill_dir:
         processes = processes or worker_pool.processes()
         try:
-            with worker_pool.pool(processes, _start_worker, (config, temp_dir, fixed_labels)) as pool:
+            with worker_pool.pool(processes, local_workers.start, (config, temp_dir, fixed_labels)) as pool:
                 job = _Job(config, temp_dir, spill_dir, pool, processes, progress_dir)
                 labels = job.check(fixed_labels)
                 shards = job.write_shards(labels)
@@ -130,7 +129,7 @@ class _Job:
             if batch:
                 yield batch
 
-        for future in load.in_order(self._pool, _check, inputs(), self._window):
+        for future in load.in_order(self._pool, local_workers.check, inputs(), self._window):
             for result in future.result():
                 self._seen += 1
                 if isinstance(result, Rejection):
@@ -144,7 +143,7 @@ class _Job:
 
     def _listed(self) -> Iterator[SourceFile]:
         """Every input listed, counted; a CSV's files named twice kept once (the others
-        rejected by the workers, as `csv_lists.DropDuplicatePaths` rejects them)."""
+        rejected by the workers, as `pipeline.DropDuplicatePaths` rejects them)."""
         listed = sources.list_sources(self._config)
         if self._config.layout == "csv":
             listed = csv_lists.kept_once(listed, self._spill_dir)
@@ -181,7 +180,7 @@ class _Job:
         shards = self._shard_files(plans, {split: n for split, (n, _) in totals.items()})
         written, to_write, done = [], sum(n for n, _ in totals.values()), 0
         self._report(force=True, to_write=to_write)
-        for future in load.in_order(self._pool, _write, shards, self._window):
+        for future in load.in_order(self._pool, local_workers.write, shards, self._window):
             files = future.result()
             written.extend(files)
             done += files[0].count if files else 0  # a shard in two formats is two files
@@ -205,7 +204,7 @@ class _Job:
     def write_lists(self) -> None:
         """rejected/rejected-<split>.jsonl (lines by path) and duplicates.jsonl (groups in
         `duplicates.report_order`), written as `pipeline.WriteRejected` and
-        `duplicates.WriteDuplicates` write them."""
+        `pipeline.WriteDuplicates` write them."""
         temp_dir = self._temp_dir
         for split, rows in itertools.groupby(self._rejected.sorted(), key=operator.itemgetter(0)):
             _write_lines(paths.join(temp_dir, naming.rejected_name(split)),
@@ -225,44 +224,3 @@ def _write_lines(path: str, lines: Iterable[str]) -> None:
             yield "".join(line + "\n" for line in chunk).encode("utf-8")
 
     storage.write_chunks(path, chunks(), mime_type="application/x-ndjson")
-
-
-# In each worker process: what `_start_worker` set up.
-_WORKER_ARGS: dict = {}
-
-
-def _start_worker(config: ConvertConfig, temp_dir: str, fixed_labels) -> None:
-    checker = load.Checker(config.policy)
-    if fixed_labels is not None:
-        index = {label: i for i, label in enumerate(fixed_labels)}
-        checker.set_labels(index, index)
-    else:  # every label is the dataset's: its index is given once all are known
-        checker.set_labels(_Every(), {})
-    _WORKER_ARGS.update(config=config, temp_dir=temp_dir, checker=checker,
-                        readers=futures.ThreadPoolExecutor(load.REMOTE_READERS))  # fmt: skip
-
-
-class _Every:
-    """The labels container that holds every label."""
-
-    def __contains__(self, label) -> bool:
-        return True
-
-
-@worker_pool.in_worker
-def _check(batch: list[SourceFile]) -> list:
-    """(split, Checked) or a Rejection per input of `batch`, in order."""
-    return [
-        rejected if checked is None else (source.split, checked)
-        for source, checked, _, rejected in _WORKER_ARGS["checker"].check(batch)
-    ]
-
-
-@worker_pool.in_worker
-def _write(shard: tuple[str, int, int, str]) -> list[summary.ShardWritten]:
-    """Writes shard (split, index, shards, file of its entries); what was written."""
-    split, index, shards, entries_path = shard
-    return write_shards.write_shard(
-        spill.read_items(entries_path), split, index, shards, _WORKER_ARGS["temp_dir"],
-        _WORKER_ARGS["config"], _WORKER_ARGS["readers"],
-    )  # fmt: skip

@@ -1,20 +1,30 @@
-"""The conversion pipeline: list → load and check → plan and write shards, plus what
-finalising needs (the summary) and the rejected inputs → finalise.
+"""The conversion as a Beam pipeline: list → load and check → plan and write shards, plus
+what finalising needs (the summary) and the rejected inputs → finalise.
 
 Every output goes to a temporary folder inside the output folder; the last step
-(`finalise.FinaliseDataset`) moves it into place once everything is written.
+(`FinaliseDataset`) moves it into place once everything is written.
+
+Its steps are here, but for the two large ones (`load_images`, `write_shards`): each wires
+plain functions into Beam, the functions the local engine runs without Beam (`sources`,
+`csv_lists`, `duplicates`, `finalise`, `load`, `shard_writer`). Only this module and those
+two import Beam, so that a local conversion never does.
 """
 
 from __future__ import annotations
 
-import apache_beam as beam
+import json
 
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+import beam_jobs
+from beam_jobs import csv_lists, finalise, storage, summary
 from beam_jobs import duplicates as content
-from beam_jobs import finalise, storage, summary
 from beam_jobs.config import ConvertConfig
-from beam_jobs.load import BATCH, LoadImages
-from beam_jobs.csv_lists import DropDuplicatePaths
-from beam_jobs.sources import ListSources
+from beam_jobs.load import BATCH
+from beam_jobs.load_images import LoadImages
+from beam_jobs.source_file import rejection
+from beam_jobs.sources import list_sources
 from beam_jobs.write_shards import WriteShards
 from tfrecord_pipe._core import naming, paths
 
@@ -139,6 +149,143 @@ def _write_summary(path: str, rows) -> str:
     return path
 
 
+class ListSources(beam.PTransform):
+    """The inputs of a resolved config, listed on a worker by `list_sources`, the function
+    `verify` lists with: a folder walked (`listing.walk`), or a CSV's lines read in order.
+
+    The listing comes out of one step that runners cannot split: spread it (`Spread`) before
+    any per-image work, or one worker thread would load every image (on Dataflow too).
+    """
+
+    def __init__(self, config: ConvertConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, pbegin):
+        config = self._config
+        return (
+            pbegin
+            | "Start" >> beam.Create([config.source])
+            | "Walk" >> beam.FlatMap(lambda _: list_sources(config))
+        )
+
+def _keep_one_per_file(identity_and_sources):
+    """The kept listing, and the others as rejections (DropDuplicatePaths.REJECTED)."""
+    kept, duplicates = csv_lists.one_per_file(list(identity_and_sources[1]))
+    yield kept
+    for duplicate in duplicates:
+        Metrics.counter(beam_jobs.METRICS_NAMESPACE, "inputs_duplicate").inc()
+        yield beam.pvalue.TaggedOutput(
+            DropDuplicatePaths.REJECTED, rejection(duplicate, *duplicate.problem)
+        )
+
+
+class DropDuplicatePaths(beam.PTransform):
+    """Keeps one listing per file; the others go to the REJECTED output (reason "duplicate").
+
+    CSV lists can name a file twice, sometimes with two labels or in two splits, or under two
+    spellings of its path. Writing it twice would count it twice and could put the same image
+    in train and validation.
+    """
+
+    REJECTED = "rejected"
+
+    def expand(self, sources):
+        return (
+            sources
+            | "KeyByFile" >> beam.Map(lambda source: (csv_lists.identity(source), source))
+            | "GroupByFile" >> beam.GroupByKey()
+            | "KeepOne" >> beam.FlatMap(_keep_one_per_file).with_outputs(
+                self.REJECTED, main="sources"
+            )
+        )
+
+class FindDuplicateContent(beam.PTransform):
+    """(split, Checked) records in; out: `records` (all of them, or with `dedupe` one per
+    content), `groups` (a report row per group of more than one) and `rejected` (dedupe's)."""
+
+    def __init__(self, dedupe: bool):
+        super().__init__()
+        self._dedupe = dedupe
+
+    def expand(self, records):
+        grouped = (
+            records
+            | "ByContent" >> beam.Map(lambda split_checked: (split_checked[1].sha256, split_checked))
+            | "SameContent" >> beam.GroupByKey()
+        )
+        groups = grouped | "Groups" >> beam.FlatMap(_group_row)
+        if not self._dedupe:
+            return {"records": records, "groups": groups, "rejected": None}
+        kept = grouped | "KeepFirst" >> beam.FlatMap(_keep_first).with_outputs(
+            "rejected", main="records"
+        )
+        return {"records": kept.records, "groups": groups, "rejected": kept.rejected}
+
+def _group_row(sha256_and_records):
+    row = content.group_row(*sha256_and_records)
+    if row is not None:
+        Metrics.counter(beam_jobs.METRICS_NAMESPACE, "duplicate_content_groups").inc()
+        yield row
+
+
+def _keep_first(sha256_and_records):
+    first, rejected = content.keep_first(sha256_and_records[1])
+    yield first
+    for row in rejected:
+        yield beam.pvalue.TaggedOutput("rejected", row)
+
+class WriteDuplicates(beam.PTransform):
+    """Writes the groups, in `report_order`, to `duplicates.jsonl` in `folder` (nothing when
+    there are none); one worker writes them, as they are few next to the inputs."""
+
+    def __init__(self, folder: str):
+        super().__init__()
+        self._path = paths.join(folder, naming.DUPLICATES_NAME)
+
+    def expand(self, groups):
+        path = self._path
+        return (
+            groups
+            | "OneKey" >> beam.Map(lambda row: (None, row))
+            | "AllGroups" >> beam.GroupByKey()
+            | "WriteJsonl" >> beam.MapTuple(lambda _, rows: _write_duplicates(path, rows))
+        )
+
+
+def _write_duplicates(path: str, rows) -> None:
+    ordered = sorted(rows, key=content.report_order)
+    lines = [json.dumps(row, sort_keys=True) + "\n" for row in ordered]
+    storage.write_bytes(path, "".join(lines).encode("utf-8"), mime_type="application/x-ndjson")
+
+class FinaliseDataset(beam.PTransform):
+    """The job's last step: `finalise`, on one worker, once the summary, the rejections and
+    the duplicate groups are written.
+
+    Its input is the summary's path (one element); `written` are the PCollections of the
+    other writes, taken as side inputs only so that this step waits for them.
+    """
+
+    def __init__(self, config: ConvertConfig, temp_dir: str, version: str, run: str | None,
+                 written=()):  # fmt: skip
+        super().__init__()
+        self._finalise = _Finalise(config, temp_dir, version, run)
+        self._written = written
+
+    def expand(self, summary_path):
+        waits = [beam.pvalue.AsList(done) for done in self._written]
+        return summary_path | "Finalise" >> beam.ParDo(self._finalise, *waits)
+
+
+class _Finalise(beam.DoFn):
+    def __init__(self, config, temp_dir, version, run):
+        self._args = (config, temp_dir, version, run)
+
+    def process(self, summary_path, *written):
+        result = finalise.finalise(*self._args)
+        yield sum(info.num_examples for info in result.splits.values())
+
+
 def build_pipeline(
     pipeline: beam.Pipeline,
     config: ConvertConfig,
@@ -178,7 +325,7 @@ def build_pipeline(
             labels=beam.pvalue.AsSingleton(labels, default_value=()),
         ).with_outputs(LoadImages.REJECTED, main="records")
     )
-    same = loaded.records | "DuplicateContent" >> content.FindDuplicateContent(config.dedupe)
+    same = loaded.records | "DuplicateContent" >> FindDuplicateContent(config.dedupe)
     shards = same["records"] | "WriteShards" >> WriteShards(config, temp_dir)
     deduped = (same["rejected"],) if same["rejected"] is not None else ()
     rejected = (
@@ -186,7 +333,7 @@ def build_pipeline(
         loaded[LoadImages.REJECTED],
         *deduped,
     ) | "AllRejected" >> beam.Flatten()
-    duplicates_written = same["groups"] | "WriteDuplicates" >> content.WriteDuplicates(temp_dir)
+    duplicates_written = same["groups"] | "WriteDuplicates" >> WriteDuplicates(temp_dir)
     duplicate_totals = (
         same["groups"]
         | "DuplicateTotals" >> beam.FlatMap(content.totals)
@@ -206,6 +353,6 @@ def build_pipeline(
         paths.join(temp_dir, finalise.SUMMARY_NAME)
     )
     rejected_written = rejected | "WriteRejected" >> WriteRejected(temp_dir)
-    _ = summary_path | "FinaliseDataset" >> finalise.FinaliseDataset(
+    _ = summary_path | "FinaliseDataset" >> FinaliseDataset(
         config, temp_dir, version, run, written=(rejected_written, duplicates_written)
     )

@@ -1,4 +1,4 @@
-"""Shard files read through Beam's filesystems, without TensorFlow: TFRecord (its framing and
+"""Shard files read wherever they are (`storage`), without TensorFlow: TFRecord (its framing and
 checksums checked as `tf.data.TFRecordDataset` checks them) and ArrayRecord.
 
 `verify` reads every record of a dataset. Loading TensorFlow to do it costs some 700 MB of
@@ -17,9 +17,7 @@ import tempfile
 import zlib
 from collections.abc import Iterator
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
+from beam_jobs import storage
 from beam_jobs.record_writer import masked_crc32c
 from tfrecord_pipe._core import array_records, messages, naming, paths
 
@@ -84,12 +82,10 @@ def _open(path: str, compression: str):
     with contextlib.ExitStack() as stack:
         if not paths.is_remote(path):
             raw = stack.enter_context(_open_local(path))
-        elif not FileSystems.exists(path):
+        elif not storage.exists(path):
             raise FileNotFoundError(f"{path} not found")
         else:
-            raw = stack.enter_context(
-                FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-            )
+            raw = stack.enter_context(storage.open_to_read(path))
         yield stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb")) if compression else raw
 
 
@@ -139,13 +135,11 @@ def _local_copy(path: str, temp_dir: str | None):
             raise CorruptShardError(f"{path}: not a regular file")
         yield path
         return
-    if not FileSystems.exists(path):
+    if not storage.exists(path):
         raise FileNotFoundError(f"{path} not found")
     handle, local = tempfile.mkstemp(suffix="." + naming.ARRAY_RECORD, dir=temp_dir)
     try:
-        with os.fdopen(handle, "wb") as out, FileSystems.open(
-            path, compression_type=CompressionTypes.UNCOMPRESSED
-        ) as remote:
+        with os.fdopen(handle, "wb") as out, storage.open_to_read(path) as remote:
             while chunk := remote.read(COPY_CHUNK):
                 out.write(chunk)
         yield local

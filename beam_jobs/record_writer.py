@@ -1,5 +1,6 @@
-"""Shard files written through Beam's filesystems: TFRecord (its framing, checksums and
-optional GZIP, written here) and ArrayRecord (written by the array-record package).
+"""Shard files, written wherever the job writes (`storage.create`): TFRecord (its framing,
+checksums and optional GZIP, written here) and ArrayRecord (written by the array-record
+package).
 
 The format (what `tf.data.TFRecordDataset` reads), per record:
   uint64 length, little-endian | uint32 masked CRC-32C of those 8 bytes | data |
@@ -8,7 +9,7 @@ and with GZIP the whole file is one gzip stream.
 
 Why not `tf.io.TFRecordWriter`: from Python it costs several times more per record than this
 (benchmarks/RESULTS.md, "Writing shards"), and a shard is written by one thread; Beam's
-filesystems also reach every place the job can write to (local, gs://) without TensorFlow.
+filesystems also reach every remote place the job can write to (gs://) without TensorFlow.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import struct
 import tempfile
 
 import google_crc32c
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import storage
 from tfrecord_pipe._core import array_records, naming, paths
@@ -41,7 +40,7 @@ def _header(data: bytes) -> bytes:
 
 
 class RecordWriter:
-    """Writes records to a new TFRecord file at `path` (any Beam filesystem path).
+    """Writes records to a new TFRecord file at `path` (local, or any Beam filesystem path).
 
     Use as a context manager. The records go to a part file beside `path`, which takes the
     name when the writer closes: a file under `path` is always complete, whatever happens to
@@ -49,11 +48,8 @@ class RecordWriter:
     """
 
     def __init__(self, path: str, compress: bool = False):
-        compression = CompressionTypes.GZIP if compress else CompressionTypes.UNCOMPRESSED
         self._path, self._part = path, storage.part_path(path)
-        self._file = FileSystems.create(
-            self._part, mime_type="application/octet-stream", compression_type=compression
-        )
+        self._file = storage.create(self._part, compress=compress)
 
     def write(self, data: bytes) -> None:
         # Three writes into the file's buffer rather than one joined copy of the record.
@@ -77,8 +73,8 @@ class RecordWriter:
 
 
 class ArrayRecordFileWriter:
-    """Writes records to a new ArrayRecord file at `path` (any Beam filesystem path); used as
-    RecordWriter is, with the same guarantee: a file under `path` is always complete.
+    """Writes records to a new ArrayRecord file at `path` (local, or any Beam filesystem path);
+    used as RecordWriter is, with the same guarantee: a file under `path` is always complete.
 
     The array-record package writes local files only: a remote file is written to local disk
     first, then copied to its part file beside `path`.
@@ -90,7 +86,7 @@ class ArrayRecordFileWriter:
         if paths.is_remote(path):
             handle, self._local = tempfile.mkstemp(suffix="." + naming.ARRAY_RECORD)
             os.close(handle)
-        else:  # Beam's filesystems make a file's folder; the package does not
+        else:  # `storage.create` makes a file's folder; the package does not
             paths.make_local_folder(paths.parent(path))
         try:
             self._writer = array_records.Writer(self._local or self._part, compress)
@@ -106,9 +102,7 @@ class ArrayRecordFileWriter:
         try:
             self._writer.close()
             if self._local:
-                with open(self._local, "rb") as source, FileSystems.create(
-                    self._part, mime_type="application/octet-stream"
-                ) as target:
+                with open(self._local, "rb") as source, storage.create(self._part) as target:
                     shutil.copyfileobj(source, target, 1 << 20)
         finally:
             self._remove_local()

@@ -1,7 +1,7 @@
 """The inputs: folders (labels from sub-folders), split folders, or CSV lists.
 
 `list_sources` gives every input the conversion job reads, in plain Python: `verify` lists
-with it, and the job's `ListSources` runs the same functions inside the pipeline (so no list
+with it, and the Beam job's `pipeline.ListSources` runs the same functions inside the pipeline (so no list
 of every path is ever built on the launching machine or embedded in the job graph). Every
 input listed comes out: one that cannot be used carries its problem, and the job rejects it
 with that reason.
@@ -22,9 +22,6 @@ import dataclasses
 import os
 from collections.abc import Iterator
 
-import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-
 from beam_jobs import listing, storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.csv_lists import cells_of, csv_lines, is_a_header, sources_of_csv_line
@@ -41,7 +38,7 @@ def resolve_layout(config: ConvertConfig) -> ConvertConfig:
     """
     is_csv = config.layout == "auto" and config.source.lower().endswith(".csv")
     if config.layout == "csv" or is_csv:
-        if not FileSystems.exists(config.source):
+        if not storage.exists_at_all(config.source):
             raise FileNotFoundError(f"CSV list {config.source} does not exist.")
         # Read whole here, once, streaming: a bad byte is found before the job starts.
         lines = (line for _, line in csv_lines(config.source))
@@ -150,24 +147,3 @@ def _not_utf8(entry: listing.Entry, label: str | None, split: str) -> SourceFile
         _escaped(entry.path), relpath, label and _escaped(label), split,
         (images.UNREADABLE, f"its name is not valid UTF-8 ({relpath}): rename it"),
     )  # fmt: skip
-
-
-class ListSources(beam.PTransform):
-    """The inputs of a resolved config, listed on a worker by `list_sources`, the function
-    `verify` lists with: a folder walked (`listing.walk`), or a CSV's lines read in order.
-
-    The listing comes out of one step that runners cannot split: spread it (`Spread`) before
-    any per-image work, or one worker thread would load every image (on Dataflow too).
-    """
-
-    def __init__(self, config: ConvertConfig):
-        super().__init__()
-        self._config = config
-
-    def expand(self, pbegin):
-        config = self._config
-        return (
-            pbegin
-            | "Start" >> beam.Create([config.source])
-            | "Walk" >> beam.FlatMap(lambda _: list_sources(config))
-        )

@@ -1,5 +1,9 @@
-"""Files through Beam's filesystems, which reach every place the job reads and writes (local
-disk, gs://, ...) without TensorFlow: the few operations the job needs, each written once."""
+"""The few file operations the job needs, each written once, for every place it reads and
+writes: local disk with Python's own calls, remote places (gs://, ...) through Beam's
+filesystems, which reach them without TensorFlow.
+
+Beam is imported only for a remote path: its import costs most of a CPU-second, and the local
+engine's workers, which touch local files only for a local job, never pay it."""
 
 from __future__ import annotations
 
@@ -10,10 +14,9 @@ import shutil
 import stat
 import time
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator
-
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+from typing import BinaryIO
 
 from beam_jobs import listing
 from tfrecord_pipe._core import images, messages, paths
@@ -21,9 +24,18 @@ from tfrecord_pipe._core import images, messages, paths
 log = logging.getLogger(__name__)
 
 
+def beam_filesystems():
+    """Beam's FileSystems, imported on first use: for remote paths only."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems
+
+
 def size(path: str) -> int:
     """Bytes of the file at `path` (taken literally: no pattern)."""
-    return FileSystems.get_filesystem(path).metadata(path).size_in_bytes
+    if not paths.is_remote(path):
+        return os.path.getsize(path)
+    return beam_filesystems().get_filesystem(path).metadata(path).size_in_bytes
 
 
 def children(root: str) -> tuple[set[str], set[str]]:
@@ -107,7 +119,7 @@ def delete(files: list[str]) -> None:
             bucket, _, name = path[len("gs://") :].partition("/")
             gcs_client().bucket(bucket).blob(name).delete()
         else:
-            FileSystems.delete([path])
+            beam_filesystems().delete([path])
 
 
 def delete_folder(folder: str) -> None:
@@ -122,11 +134,28 @@ def exists(path: str) -> bool:
     """Whether a file is at `path` (taken literally: no pattern)."""
     if not paths.is_remote(path):
         return os.path.isfile(path)
-    return FileSystems.exists(path)
+    return beam_filesystems().exists(path)
+
+
+def exists_at_all(path: str) -> bool:
+    """Whether anything is at `path`: a file, or locally a folder too (taken literally)."""
+    if not paths.is_remote(path):
+        return os.path.exists(path)
+    return beam_filesystems().exists(path)
+
+
+def open_to_read(path: str) -> BinaryIO:
+    """The file at `path`, open to read its bytes as stored (never decompressed because of
+    its name)."""
+    if not paths.is_remote(path):
+        return open(path, "rb")
+    from apache_beam.io.filesystem import CompressionTypes
+
+    return beam_filesystems().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
 def read_bytes(path: str) -> bytes:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with open_to_read(path) as f:
         return f.read()
 
 
@@ -140,7 +169,7 @@ def read_lines(path: str) -> Iterator[str]:
     Raises:
       UnicodeDecodeError: a line is not UTF-8.
     """
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with open_to_read(path) as f:
         rest = b""
         while block := f.read(LINES_BLOCK):
             *lines, rest = (rest + block).split(b"\n")
@@ -166,7 +195,7 @@ def read_input(path: str, max_bytes: int) -> bytes:
       OSError, or Beam's own errors: the file cannot be read.
     """
     if paths.is_remote(path):
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_to_read(path) as f:
             data = f.read(max_bytes + 1)
     else:
         # O_NONBLOCK: opening a FIFO that nobody writes to returns at once instead of waiting.
@@ -221,7 +250,59 @@ PART_PREFIX = ".part-"
 def put_in_place(part: str, path: str) -> None:
     """Renames a finished part file to its name, replacing what is there (in one step on
     local disk and on gs://)."""
-    FileSystems.rename([part], [path])
+    rename([part], [path])
+
+
+def rename(sources: list[str], targets: list[str]) -> None:
+    """Renames each file of `sources` to the same place in `targets`, replacing what is
+    there (remote ones in batches: on gs:// a rename is a copy and a delete)."""
+    if not any(paths.is_remote(path) for path in (*sources, *targets)):
+        for source, target in zip(sources, targets, strict=True):
+            os.rename(source, target)
+    else:
+        beam_filesystems().rename(sources, targets)
+
+
+def create(path: str, mime_type: str = "application/octet-stream",
+           compress: bool = False) -> BinaryIO:  # fmt: skip
+    """A new file at `path` (its folder made if need be), open to write; with `compress`, one
+    gzip stream of what is written, as Beam's GZIP writes it on every filesystem."""
+    if paths.is_remote(path):
+        from apache_beam.io.filesystem import CompressionTypes
+
+        kind = CompressionTypes.GZIP if compress else CompressionTypes.UNCOMPRESSED
+        return beam_filesystems().create(path, mime_type=mime_type, compression_type=kind)
+    paths.make_local_folder(paths.parent(path))
+    raw = open(path, "wb")
+    return _Gzipped(raw) if compress else raw
+
+
+class _Gzipped:
+    """What is written, as one gzip stream into `raw` (closed with it): zlib's gzip framing,
+    byte for byte what Beam's GZIP writes (no name, no time), so that a local file is the
+    same whichever engine wrote it."""
+
+    def __init__(self, raw: BinaryIO):
+        self._raw = raw
+        self._zip = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, GZIP_WBITS)
+
+    def write(self, data: bytes) -> None:
+        self._raw.write(self._zip.compress(data))
+
+    def close(self) -> None:
+        try:
+            self._raw.write(self._zip.flush())
+        finally:
+            self._raw.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+
+GZIP_WBITS = zlib.MAX_WBITS | 16  # zlib's gzip framing
 
 
 def write_bytes(path: str, data: bytes, mime_type: str = "application/octet-stream") -> None:
@@ -234,7 +315,7 @@ def write_chunks(path: str, chunks: Iterable[bytes],
     """Writes a file from its parts, as they come (never all held): under `path` complete,
     or not at all."""
     part = part_path(path)
-    with FileSystems.create(part, mime_type=mime_type) as f:
+    with create(part, mime_type) as f:
         for chunk in chunks:
             f.write(chunk)
     put_in_place(part, path)

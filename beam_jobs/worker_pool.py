@@ -30,7 +30,9 @@ IN_FLIGHT = 4  # tasks per worker submitted ahead, so none waits for the next
 # Workers come from a fork server (fork_server.py says why); "fork" forks them from this
 # process, for tests that patch a worker's code here.
 START_METHOD = "forkserver"
-JOB_MODULES = ("beam_jobs.local_engine", "tfrecord_pipe._tools.verify")  # what workers run
+# What workers run; none of it imports Beam (tests/test_worker_pool.py), whose import costs
+# most of a CPU-second in the server.
+JOB_MODULES = ("beam_jobs.local_workers", "tfrecord_pipe._tools.verify_workers")
 
 
 def processes() -> int:

@@ -1,13 +1,11 @@
 """Balanced, deterministic shards: count records per key bucket, rank them, write each shard.
 
-The pure arithmetic lives in shard_plan.py; these transforms only wire it into Beam.
+The arithmetic lives in shard_plan.py and the writing of a shard in shard_writer.py; these
+transforms only wire them into Beam.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import itertools
 from concurrent import futures
 from typing import Any
 
@@ -15,50 +13,11 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 import beam_jobs
-from beam_jobs import load, malloc, record_writer, shard_plan, storage, summary
+from beam_jobs import load, malloc, shard_plan
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import naming, paths
+from beam_jobs.shard_writer import write_shard
 
 NAMESPACE = beam_jobs.METRICS_NAMESPACE
-READ_AHEAD = 64  # records read ahead of the writer, bounding memory to ~64 images
-
-
-def write_shard(
-    entries, split: str, index: int, shards: int, temp_dir: str, config: ConvertConfig,
-    pool: futures.Executor,
-) -> list[summary.ShardWritten]:
-    """Writes shard `index` of `shards` of `split` into `temp_dir`: the records of `entries`
-    (Checked, in key order), read again from their sources; one file per format, each holding
-    the same records in the same order. Remote sources are read on `pool`, READ_AHEAD ahead.
-    """
-    names = [
-        naming.shard_name(split, index, shards, config.compress, file_format)
-        for file_format in config.formats
-    ]
-    files = [paths.join(temp_dir, name) for name in names]
-    read = functools.partial(load.read_record, policy=config.policy,
-                             label_offset=config.label_offset)  # fmt: skip
-    count = 0
-    # Each record is read and made once, and goes to every format's file.
-    with contextlib.ExitStack() as stack:
-        writers = [
-            stack.enter_context(record_writer.open_shard(path, config.compress)) for path in files
-        ]
-        entries = iter(entries)
-        first = next(entries, None)
-        entries = itertools.chain([first] if first is not None else [], entries)
-        if first is not None and paths.is_remote(first.path):
-            records = (future.result() for future in load.in_order(pool, read, entries, READ_AHEAD))
-        else:
-            records = map(read, entries)
-        for serialized in records:
-            for writer in writers:
-                writer.write(serialized)
-            count += 1
-    return [
-        summary.ShardWritten(split, index, shards, count, storage.size(path), name, file_format)
-        for file_format, name, path in zip(config.formats, names, files)
-    ]
 
 
 class WriteShard(beam.DoFn):

@@ -23,7 +23,7 @@ from benchmarks import command_line
 SIZES = (1_000_000, 10_000_000, 100_000_000)
 LIST_PAGE = 1000  # objects a GCS list request returns at most
 # The job's steps that hold a group of entries in one worker's memory at once.
-READ_AHEAD_IMAGES = 64  # write_shards.READ_AHEAD
+READ_AHEAD_IMAGES = 64  # shard_writer.READ_AHEAD
 
 
 def entry_bytes() -> dict[str, int]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_jobs import convert, load, spill, worker_pool, write_shards
+from beam_jobs import convert, load, shard_writer, spill, worker_pool
 from tfrecord_pipe._core import images
 
 from helpers import COMMAND, ODD_IMAGES, jpeg_bytes, write_image_folder
@@ -245,7 +245,7 @@ def test_a_worker_error_that_pickle_cannot_rebuild_is_still_said(
     def fails(*args, **kwargs):
         raise images.Rejected(images.TRUNCATED, "cut short on purpose")
 
-    monkeypatch.setattr(write_shards, "write_shard", fails)
+    monkeypatch.setattr(shard_writer, "write_shard", fails)
     with pytest.raises(convert.JobFailedError, match="Rejected: .*cut short on purpose"):
         convert.run([str(src), str(tmp_path / "out"), "--verbose"])
     assert "Traceback" in caplog.text and "raise images.Rejected" in caplog.text  # the worker's

@@ -19,6 +19,25 @@ def test_records_read_back_in_order_with_tf_data(tmp_path, compress):
     assert [r.numpy() for r in read] == records
 
 
+def test_a_local_compressed_shard_is_the_one_beam_s_filesystems_write(tmp_path):
+    # Local files are written without Beam now (its import cost the workers most of a
+    # CPU-second); a shard must not depend on which way it was written.
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_jobs import storage
+
+    chunks = [b"", b"x", bytes(range(256)) * 3000, b"tail"]
+    ours, beams = tmp_path / "new" / "ours.gz", tmp_path / "beams.gz"
+    with storage.create(str(ours), compress=True) as f:  # its folder made, as Beam makes it
+        for chunk in chunks:
+            f.write(chunk)
+    with FileSystems.create(str(beams), compression_type=CompressionTypes.GZIP) as f:
+        for chunk in chunks:
+            f.write(chunk)
+    assert ours.read_bytes() == beams.read_bytes()
+
+
 def test_a_flipped_byte_fails_tf_s_checksum(tmp_path):
     path = tmp_path / "a.tfrecord"
     with RecordWriter(str(path)) as writer:

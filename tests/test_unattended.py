@@ -220,6 +220,23 @@ def test_the_launcher_runs_without_tensorflow(tmp_path):
     assert (tmp_path / "out" / naming.MANIFEST_NAME).exists()
 
 
+def test_a_local_conversion_and_its_verify_run_without_beam(tmp_path):
+    # Beam's import cost most of a CPU-second in the launcher, and as much in the workers'
+    # server (benchmarks/RESULTS.md, "Conversion without Beam's import").
+    src = write_image_folder(tmp_path / "src", per_label=3)
+    out = tmp_path / "out"
+    code = (
+        "import sys; sys.modules['apache_beam'] = None  # any import of it fails\n"
+        "from tfrecord_pipe._tools import cli\n"
+        f"code = cli.main(['convert', {str(src)!r}, {str(out)!r}])\n"
+        f"sys.exit(code or cli.main(['verify', {str(src)!r}, {str(out)!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Converted into" in done.stdout and "every record checked. OK" in done.stdout
+
+
 def test_no_wait_with_the_local_runner_is_refused(tmp_path):
     src = write_image_folder(tmp_path / "src", per_label=1)
     done = run_cli("convert", src, tmp_path / "out", "--no_wait")

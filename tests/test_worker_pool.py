@@ -223,6 +223,20 @@ def test_a_pool_left_open_at_exit_does_not_hold_the_exit():
     assert ran.returncode == 0, ran.stderr
 
 
+def test_workers_start_with_the_job_s_modules_loaded_and_without_beam():
+    # Beam's import cost most of a CPU-second in the workers' server, on every conversion.
+    loaded = (
+        "sorted(m for m in __import__('sys').modules if m.startswith('apache_beam') "
+        "or m in __import__('beam_jobs.worker_pool').worker_pool.JOB_MODULES)"
+    )
+    ran = run_python(
+        "from beam_jobs import worker_pool\n"
+        "with worker_pool.pool(1, int) as pool:\n"
+        f"    print(pool.submit(eval, {loaded!r}).result(timeout=60))\n"
+    )
+    assert ran.stdout.strip() == str(sorted(worker_pool.JOB_MODULES)), ran.stderr
+
+
 @pytest.mark.parametrize(("args", "starts"), [
     (["SRC", "OUT"], True),
     (["SRC", "OUT", "--runner", "DataflowRunner"], False),  # Beam's runner: no pool here

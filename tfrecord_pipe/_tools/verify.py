@@ -30,9 +30,9 @@ from collections.abc import Iterable, Iterator
 from beam_jobs import csv_lists, load, sources, spill, worker_pool
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, progress
-from tfrecord_pipe._reading import tensorflow_start
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
+from tfrecord_pipe._tools import verify_workers as workers
 from tfrecord_pipe._tools.verify_rules import (
     COUNT,
     FILES,
@@ -78,15 +78,15 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
         for split, expected in reading.rejection_files(found):
             job.add(reading.read_rejected(dataset, split, expected), REJECTED)
         worker_args = (dataset, found, config, work, decode)
-        with worker_pool.pool(processes, _start_worker, worker_args) as pool:
+        with worker_pool.pool(processes, workers.start, worker_args) as pool:
             tasks = itertools.chain(
-                ((_SHARD, shard) for shard in reading.shards_of(found)),
-                ((_SOURCES, batch) for batch in _batches(_listed(config, work))),
+                ((workers.SHARD, shard) for shard in reading.shards_of(found)),
+                ((workers.SOURCES, batch) for batch in _batches(_listed(config, work))),
             )
             window = processes * worker_pool.IN_FLIGHT
-            for future in load.in_order(pool, _task, tasks, window):
+            for future in load.in_order(pool, workers.task, tasks, window):
                 kind, result = future.result()
-                if kind == _SHARD:
+                if kind == workers.SHARD:
                     job.add(spill.read_items(result), RECORD)
                 else:
                     job.add_sources(result)
@@ -226,35 +226,3 @@ class _Progress:
     def finish(self, per_split) -> None:
         if self._line is not None:
             self._line.finish(f"  verify: {sum(per_split.values())} sources checked")
-
-
-# In each worker process: what `_start_worker` set up.
-_SHARD, _SOURCES = "shard", "sources"
-_WORKER: dict = {}
-
-
-def _start_worker(dataset: str, found: manifest.Manifest, config, work: str, decode: bool) -> None:
-    expect = rules.Expect(found, config.policy)
-    checker = load.Checker(config.policy)
-    checker.set_labels(expect.labels, {})
-    if decode:
-        tensorflow_start.start(verbose=False)
-    _WORKER.update(dataset=dataset, found=found, work=work, expect=expect, checker=checker,
-                   decode=decode)  # fmt: skip
-
-
-@worker_pool.in_worker
-def _task(item: tuple[str, object]) -> tuple[str, object]:
-    """A shard read (its rows go to a file in the work folder: a shard can hold more than
-    should travel back at once), or a batch of sources' expected rows."""
-    kind, value = item
-    if kind == _SHARD:
-        fd, path = tempfile.mkstemp(dir=_WORKER["work"], suffix=".shard-rows")
-        with os.fdopen(fd, "wb") as f:
-            spill.write_items(f, reading.read_shard(
-                _WORKER["dataset"], _WORKER["found"], value, _WORKER["decode"], _WORKER["work"]))
-        return kind, path
-    expect = _WORKER["expect"]
-    rows = _WORKER["checker"].decide(value, lambda listed, result: (
-        listed.relpath, listed.split, expect.row(listed, result)))  # fmt: skip
-    return kind, list(rows)

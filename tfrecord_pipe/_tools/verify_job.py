@@ -23,7 +23,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from beam_jobs import csv_lists, flags, sources, storage, worker_wheel
+from beam_jobs import csv_lists, flags, pipeline, storage, worker_wheel
 from tfrecord_pipe._core import manifest, messages, paths
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
@@ -176,7 +176,7 @@ class VerifyDataset(beam.PTransform):
                 lambda split, n: _tagged(reading.read_rejected(dataset, split, n), "rejected")
             ).with_outputs(*_KINDS)
         )
-        listed = pbegin | "List" >> sources.ListSources(config)
+        listed = pbegin | "List" >> pipeline.ListSources(config)
         if config.layout == "csv":  # a file listed twice is kept once, as the converter does
             listed = (
                 listed

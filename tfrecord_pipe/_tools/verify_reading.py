@@ -1,8 +1,8 @@
 """The dataset's side of `verify`: its manifest, small files, shards, rejection lists and
 duplicates report, read into the rows and problems the rules (`verify_rules`) judge.
 
-Read through Beam's filesystems (local disk, gs://) without TensorFlow, as the job writes
-them. A shard read that fails for a passing reason (storage, not damage) resumes after the
+Read as the job writes them (`beam_jobs.storage`: local disk, gs://), without TensorFlow,
+and without Beam for a local dataset: verify's workers import this module. A shard read that fails for a passing reason (storage, not damage) resumes after the
 last record read, a few times: our retry, on top of the client library's.
 """
 
@@ -19,7 +19,7 @@ import posixpath
 import time
 from collections.abc import Iterator
 
-from beam_jobs import flags, record_reader, shard_plan, sources, storage
+from beam_jobs import record_reader, shard_plan, storage
 from tfrecord_pipe._core import manifest, messages, naming, paths, schema, tfds_metadata
 from tfrecord_pipe._core import rejection as rejection_lib
 from tfrecord_pipe._tools.verify_rules import (
@@ -73,6 +73,8 @@ def source_config(source: str, dataset: str, found: manifest.Manifest):
         mistyped: the converter refuses such an output), or a folder is given for a dataset
         converted from a CSV list.
     """
+    from beam_jobs import flags, sources  # the launcher's: they import Beam, the workers do not
+
     recorded = flags.recorded_config(found.conversion)
     if recorded.layout == "csv" and not paths.is_remote(source) and os.path.isdir(source):
         raise ValueError(
