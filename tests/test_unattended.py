@@ -204,17 +204,23 @@ def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_files(tmp_pa
     writer.teardown()
 
 
+def cli_without(module: str, *commands: list[str]) -> subprocess.CompletedProcess:
+    """The CLI's `commands`, one after another while each succeeds, in a Python process where
+    any import of `module` fails."""
+    code = (
+        f"import sys; sys.modules[{module!r}] = None  # any import of it fails\n"
+        "from tfrecord_pipe._tools import cli\n"
+        f"sys.exit(next((code for argv in {[list(map(str, c)) for c in commands]!r} "
+        "if (code := cli.main(argv))), 0))\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)  # fmt: skip
+
+
 @pytest.mark.slow
 def test_the_launcher_runs_without_tensorflow(tmp_path):
     src = write_image_folder(tmp_path / "src", per_label=3)
-    code = (
-        "import sys; sys.modules['tensorflow'] = None  # any import of it fails\n"
-        "from tfrecord_pipe._tools import cli\n"
-        f"sys.exit(cli.main(['convert', {str(src)!r}, {str(tmp_path / 'out')!r}, "
-        f"*{IN_PROCESS!r}]))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)  # fmt: skip
+    done = cli_without("tensorflow", ["convert", src, tmp_path / "out", *IN_PROCESS])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Converted into" in done.stdout
     assert (tmp_path / "out" / naming.MANIFEST_NAME).exists()
@@ -223,16 +229,8 @@ def test_the_launcher_runs_without_tensorflow(tmp_path):
 def test_a_local_conversion_and_its_verify_run_without_beam(tmp_path):
     # Beam's import cost most of a CPU-second in the launcher, and as much in the workers'
     # server (benchmarks/RESULTS.md, "Conversion without Beam's import").
-    src = write_image_folder(tmp_path / "src", per_label=3)
-    out = tmp_path / "out"
-    code = (
-        "import sys; sys.modules['apache_beam'] = None  # any import of it fails\n"
-        "from tfrecord_pipe._tools import cli\n"
-        f"code = cli.main(['convert', {str(src)!r}, {str(out)!r}])\n"
-        f"sys.exit(code or cli.main(['verify', {str(src)!r}, {str(out)!r}]))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)  # fmt: skip
+    src, out = write_image_folder(tmp_path / "src", per_label=3), tmp_path / "out"
+    done = cli_without("apache_beam", ["convert", src, out], ["verify", src, out])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Converted into" in done.stdout and "every record checked. OK" in done.stdout
 
