@@ -96,8 +96,8 @@ def _beam_logging(verbose: bool):
 def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | None:
     launch = flags.launch_of(beam_args)  # Beam's options themselves are made at launch
     local = launch.here
-    if launch.local_engine:
-        worker_pool.start_server()  # it imports while this process lists the inputs
+    if launch.local_engine:  # the server imports while this process lists the inputs
+        worker_pool.start_server(remote=any(map(paths.is_remote, (args.source, args.output))))
     with _cloud_errors_said_plainly(f"{args.source} or {args.output}"):
         config = sources.resolve_layout(flags.config_from_args(args))
         finalise.check_output(config)
@@ -251,9 +251,12 @@ def _clear_under_claim(config: ConvertConfig, held: claim.Claim) -> None:
 
 
 def _read_labels(path: str) -> tuple[str, ...]:
-    if not storage.exists(path):
+    if not storage.exists_at_all(path):  # a pipe (`<(...)`) is read, as a file is
         raise FileNotFoundError(f"Labels file {path} does not exist.")
-    data = storage.read_bytes(path)
+    if not paths.is_remote(path) and os.path.isdir(path):
+        raise ValueError(f"Labels file {path} is a folder: give the text file that lists the "
+                         "labels, one per line.")  # fmt: skip
+    data = storage.read_bytes(path, by_name=True)  # labels.txt.gz is read too
     try:
         return manifest.parse_labels(data.decode("utf-8-sig"), path)
     except UnicodeDecodeError as err:

@@ -45,7 +45,7 @@ def csv_lines(csv_path: str) -> Iterator[tuple[int, str]]:
                          "the images.")  # fmt: skip
     if not paths.is_remote(csv_path) and not os.path.isfile(csv_path):
         raise ValueError(f"CSV list {csv_path} is not a regular file (a pipe or a device?).")
-    with storage.open_to_read(csv_path) as f:
+    with storage.open_to_read(csv_path, by_name=True) as f:  # list.csv.gz is read too
         for number, raw in enumerate(_raw_lines(f, csv_path), start=1):
             if number == 1 and raw.startswith(codecs.BOM_UTF8):
                 raw = raw[len(codecs.BOM_UTF8) :]

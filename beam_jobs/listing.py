@@ -60,11 +60,11 @@ def matching_below(folder: str) -> list:
     Beam's patterns cannot quote "[", "*" or "?": the listing asks for everything that starts
     like `folder` up to the first of them, and keeps what lies below `folder` itself.
     """
-    from apache_beam.io.filesystems import FileSystems  # remote only: Beam's import is slow
+    from beam_jobs import storage  # storage lists with this module
 
     below = paths.folder(folder) + "/"
     cut = min((below.index(char) for char in "[*?" if char in below), default=len(below))
-    found = FileSystems.match([below[:cut] + "**"])[0].metadata_list
+    found = storage.beam_filesystems().match([below[:cut] + "**"])[0].metadata_list
     return [meta for meta in found if meta.path.startswith(below)]
 
 

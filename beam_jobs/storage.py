@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import stat
+import threading
 import time
 import uuid
 import zlib
@@ -25,10 +26,23 @@ log = logging.getLogger(__name__)
 
 
 def beam_filesystems():
-    """Beam's FileSystems, imported on first use: for remote paths only."""
-    from apache_beam.io.filesystems import FileSystems
-
+    """Beam's FileSystems, imported on first use: for remote paths only. One thread imports
+    it: a worker's readers reach a first remote path together, and Beam registers gs:// only
+    if its GCS module imports whole."""
+    with _BEAM_IMPORT:
+        from apache_beam.io.filesystems import FileSystems
     return FileSystems
+
+
+def _beam_compression(name: str):
+    """Beam's CompressionTypes.<name>: imported, as FileSystems is, on first use."""
+    beam_filesystems()
+    from apache_beam.io.filesystem import CompressionTypes
+
+    return getattr(CompressionTypes, name)
+
+
+_BEAM_IMPORT = threading.Lock()
 
 
 def size(path: str) -> int:
@@ -144,18 +158,26 @@ def exists_at_all(path: str) -> bool:
     return beam_filesystems().exists(path)
 
 
-def open_to_read(path: str) -> BinaryIO:
-    """The file at `path`, open to read its bytes as stored (never decompressed because of
-    its name)."""
-    if not paths.is_remote(path):
+def open_to_read(path: str, by_name: bool = False) -> BinaryIO:
+    """The file at `path`, open to read its bytes as stored; with `by_name`, decompressed
+    when its name says so (`list.csv.gz`), as Beam's filesystems read a file.
+
+    Locally Python's own calls read it; a compressed one, and a remote one, Beam's
+    filesystems (what they always read, so the same names keep working)."""
+    compressed = by_name and path.lower().endswith(COMPRESSED_SUFFIXES)
+    if not paths.is_remote(path) and not compressed:
         return open(path, "rb")
-    from apache_beam.io.filesystem import CompressionTypes
+    kind = _beam_compression("AUTO" if compressed else "UNCOMPRESSED")
+    return beam_filesystems().open(path, compression_type=kind)
 
-    return beam_filesystems().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+# The names Beam's filesystems decompress a file by (CompressionTypes.detect_compression_type).
+COMPRESSED_SUFFIXES = (".bz2", ".deflate", ".gz", ".zst", ".zstd", ".xz", ".lzma")
 
 
-def read_bytes(path: str) -> bytes:
-    with open_to_read(path) as f:
+def read_bytes(path: str, by_name: bool = False) -> bytes:
+    """The whole file's bytes (`by_name`: as `open_to_read`)."""
+    with open_to_read(path, by_name) as f:
         return f.read()
 
 
@@ -258,7 +280,10 @@ def rename(sources: list[str], targets: list[str]) -> None:
     there (remote ones in batches: on gs:// a rename is a copy and a delete)."""
     if not any(paths.is_remote(path) for path in (*sources, *targets)):
         for source, target in zip(sources, targets, strict=True):
-            os.rename(source, target)
+            try:
+                os.rename(source, target)
+            except OSError as err:  # a failed job's, not a missing input (as Beam raised it)
+                raise OSError(f"Cannot rename {source} to {target}: {err}") from err
     else:
         beam_filesystems().rename(sources, targets)
 
@@ -268,11 +293,10 @@ def create(path: str, mime_type: str = "application/octet-stream",
     """A new file at `path` (its folder made if need be), open to write; with `compress`, one
     gzip stream of what is written, as Beam's GZIP writes it on every filesystem."""
     if paths.is_remote(path):
-        from apache_beam.io.filesystem import CompressionTypes
-
-        kind = CompressionTypes.GZIP if compress else CompressionTypes.UNCOMPRESSED
+        kind = _beam_compression("GZIP" if compress else "UNCOMPRESSED")
         return beam_filesystems().create(path, mime_type=mime_type, compression_type=kind)
-    paths.make_local_folder(paths.parent(path))
+    if paths.parent(path):  # a bare name is written in the working folder
+        paths.make_local_folder(paths.parent(path))
     raw = open(path, "wb")
     return _Gzipped(raw) if compress else raw
 

@@ -23,7 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import connection as connection_lib
 
 from beam_jobs import fork_server, malloc
-from tfrecord_pipe._core import parent_watch
+from tfrecord_pipe._core import parent_watch, paths
 
 IN_FLIGHT = 4  # tasks per worker submitted ahead, so none waits for the next
 
@@ -33,6 +33,7 @@ START_METHOD = "forkserver"
 # What workers run; none of it imports Beam (tests/test_worker_pool.py), whose import costs
 # most of a CPU-second in the server.
 JOB_MODULES = ("beam_jobs.local_workers", "tfrecord_pipe._tools.verify_workers")
+REMOTE_MODULES = ("apache_beam.io.filesystems",)  # also, for a job with remote paths (gs://)
 
 
 def processes() -> int:
@@ -308,19 +309,20 @@ def _unreadable(message: str):
     raise WorkerError(message, traceback.format_exc())
 
 
-def start_server() -> None:
-    """Starts the workers' fork server now (once per process): it imports JOB_MODULES while
-    this process does its own work, and a pool started later finds it ready."""
+def start_server(remote: bool = False) -> None:
+    """Starts the workers' fork server now (once per process): it imports JOB_MODULES (and
+    REMOTE_MODULES for a job with `remote` paths, which would cost each worker Beam's import)
+    while this process does its own work, and a pool started later finds it ready."""
     if START_METHOD == "forkserver":
         with ctrl_c_held():  # SIGINT may reach another thread, which the block does not cover
-            fork_server.start(JOB_MODULES)
+            fork_server.start(JOB_MODULES + (REMOTE_MODULES if remote else ()))
 
 
 def start_server_for(args: list[str]) -> None:
     """`start_server`, as a command with these arguments starts, before it imports Beam:
     unless they give the job to Beam's runner (or ask for help), where no pool runs."""
     if not any(word.startswith(("--runner", "--direct_", "-h", "--help")) for word in args):
-        start_server()
+        start_server(remote=any(paths.is_remote(word.partition("=")[2] or word) for word in args))
 
 
 def _start(launcher: fork_server.Launcher, start_method: str, initializer, initargs) -> None:

@@ -38,6 +38,16 @@ def test_a_local_compressed_shard_is_the_one_beam_s_filesystems_write(tmp_path):
     assert ours.read_bytes() == beams.read_bytes()
 
 
+def test_a_failed_local_rename_is_a_storage_error_not_a_missing_input(tmp_path):
+    # The launcher takes FileNotFoundError for bad input (exit 2, no guidance); a rename of
+    # the job's own file that fails is the job failing (exit 1), as it was through Beam.
+    from beam_jobs import storage
+
+    with pytest.raises(OSError, match="Cannot rename") as raised:
+        storage.rename([str(tmp_path / "gone")], [str(tmp_path / "there")])
+    assert not isinstance(raised.value, FileNotFoundError)
+
+
 def test_a_flipped_byte_fails_tf_s_checksum(tmp_path):
     path = tmp_path / "a.tfrecord"
     with RecordWriter(str(path)) as writer:

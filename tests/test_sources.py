@@ -5,6 +5,7 @@ lists the same way."""
 import collections
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -227,6 +228,44 @@ def test_a_labels_file_that_is_not_utf8_and_an_output_that_cannot_be_made(tmp_pa
     (tmp_path / "file").write_text("x")
     ran = run_cli("convert", tmp_path / "src", tmp_path / "file" / "out", *IN_PROCESS)
     assert ran.returncode == 2 and ran.stderr.startswith("error: Cannot write into")
+
+
+@pytest.mark.parametrize("suffix, compress", [(".gz", "gzip"), (".bz2", "bz2")])
+def test_a_compressed_csv_list_and_labels_file_are_read_by_their_names(tmp_path, suffix, compress):
+    # Beam's filesystems decompress a file by its name; local files no longer go through
+    # them, and list.csv.gz was read as binary ("holds a NUL byte").
+    import importlib
+
+    pack = importlib.import_module(compress).compress
+    for name, colour in (("a.jpg", "red"), ("b.jpg", "green")):
+        (tmp_path / name).write_bytes(jpeg_bytes(8, 8, COLOURS[colour]))
+    listed = tmp_path / f"list.csv{suffix}"
+    listed.write_bytes(pack(b"a.jpg,red\nb.jpg,green\n"))
+    labels = tmp_path / f"labels.txt{suffix}"
+    labels.write_bytes(pack(b"red\ngreen\n"))  # not sorted: the file's order is kept
+    out = tmp_path / "out"
+    ran = run_cli("convert", listed, out, "--layout", "csv", "--labels_file", labels)
+    assert ran.returncode == 0, ran.stderr
+    assert (out / naming.LABELS_NAME).read_text().split() == ["red", "green"]
+    assert run_cli("verify", listed, out).returncode == 0
+
+
+def test_a_labels_file_from_a_pipe_is_read_and_a_folder_is_said_to_be_one(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_label=1, labels=("red", "green"))
+    (tmp_path / "folder").mkdir()
+    ran = run_cli("convert", src, tmp_path / "out", "--labels_file", tmp_path / "folder")
+    assert ran.returncode == 2 and "labels.txt" not in ran.stderr
+    assert f"Labels file {tmp_path / 'folder'} is a folder" in ran.stderr
+    fifo = tmp_path / "labels.fifo"  # as a shell's <(printf 'green\nred\n') gives it
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"printf 'green\\nred\\n' > {fifo}"])
+    try:
+        ran = run_cli("convert", src, tmp_path / "out", "--labels_file", fifo)
+    finally:
+        writer.kill()
+        writer.wait()
+    assert ran.returncode == 0, ran.stderr
+    assert (tmp_path / "out" / naming.LABELS_NAME).read_text().split() == ["green", "red"]
 
 
 def test_a_csv_whose_lines_end_in_cr_alone_is_read_line_by_line(tmp_path):

@@ -223,18 +223,23 @@ def test_a_pool_left_open_at_exit_does_not_hold_the_exit():
     assert ran.returncode == 0, ran.stderr
 
 
-def test_workers_start_with_the_job_s_modules_loaded_and_without_beam():
-    # Beam's import cost most of a CPU-second in the workers' server, on every conversion.
+@pytest.mark.parametrize("args", [["SRC", "OUT"], ["gs://bucket/src", "OUT"]])
+def test_workers_start_with_the_job_s_modules_loaded_and_beam_only_for_remote_paths(args):
+    # Beam's import cost most of a CPU-second in the workers' server, on every conversion;
+    # a job on gs:// needs Beam's filesystems in every worker, imported once in the server.
     loaded = (
-        "sorted(m for m in __import__('sys').modules if m.startswith('apache_beam') "
-        "or m in __import__('beam_jobs.worker_pool').worker_pool.JOB_MODULES)"
+        "sorted(m for m in __import__('sys').modules if m in ('apache_beam', "
+        "'apache_beam.io.filesystems') or m in __import__('beam_jobs.worker_pool')"
+        ".worker_pool.JOB_MODULES)"
     )
     ran = run_python(
         "from beam_jobs import worker_pool\n"
+        f"worker_pool.start_server_for({args!r})\n"
         "with worker_pool.pool(1, int) as pool:\n"
         f"    print(pool.submit(eval, {loaded!r}).result(timeout=60))\n"
     )
-    assert ran.stdout.strip() == str(sorted(worker_pool.JOB_MODULES)), ran.stderr
+    remote = ["apache_beam", "apache_beam.io.filesystems"] if "gs://" in args[0] else []
+    assert ran.stdout.strip() == str(sorted([*worker_pool.JOB_MODULES, *remote])), ran.stderr
 
 
 @pytest.mark.parametrize(("args", "starts"), [
