@@ -12,7 +12,7 @@ from tfrecord_pipe import tensorflow_start
 # TensorFlow loaded as the `tfrecord-pipe` command loads it: without its start-up lines on a
 # machine with no GPU ("failed call to cuInit", oneDNN notes), which read as failures and are
 # not.
-tensorflow_start.start(verbose=False)
+tensorflow_start.start()  # as the README shows it
 
 import argparse  # noqa: E402
 import pathlib  # noqa: E402

@@ -20,7 +20,7 @@ _START_UP_NOISE = re.compile(
 )
 
 
-def start(verbose: bool) -> None:
+def start(verbose: bool = False) -> None:
     """Loads TensorFlow and lets it find its devices with its stderr held back, unless
     `verbose`: on a machine without a GPU it prints CUDA failures, CPU feature notes and
     absl's pre-init warning on every command, none of which is news. What it printed besides
