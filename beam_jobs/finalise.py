@@ -361,6 +361,8 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
             rejected=sum(row.n for row in rows if row.reason is not None),
             files=tuple(s.file for s in by_format[naming.TFRECORD]),
             array_record_files=tuple(s.file for s in by_format[naming.ARRAY_RECORD]),
+            shard_digests=tuple(s.digest for s in counted) if all(s.digest for s in counted)
+            else (),
         )
     return manifest.Manifest(
         labels=written.labels,

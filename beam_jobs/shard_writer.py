@@ -11,7 +11,7 @@ from concurrent import futures
 
 from beam_jobs import load, record_writer, storage, summary
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import naming, paths
+from tfrecord_pipe._core import manifest, naming, paths
 
 READ_AHEAD = 64  # records read ahead of the writer, bounding memory to ~64 images
 
@@ -23,6 +23,7 @@ def write_shard(
     """Writes shard `index` of `shards` of `split` into `temp_dir`: the records of `entries`
     (Checked, in key order), read again from their sources; one file per format, each holding
     the same records in the same order. Remote sources are read on `pool`, READ_AHEAD ahead.
+    Each file's row carries the shard's `manifest.ShardPositions` digest.
     """
     names = [
         naming.shard_name(split, index, shards, config.compress, file_format)
@@ -31,7 +32,13 @@ def write_shard(
     files = [paths.join(temp_dir, name) for name in names]
     read = functools.partial(load.read_record, policy=config.policy,
                              label_offset=config.label_offset)  # fmt: skip
-    count = 0
+    count, positions = 0, manifest.ShardPositions()
+
+    def noted(entries):
+        for checked in entries:
+            positions.add(checked.relpath, checked.label_index, checked.label_text)
+            yield checked
+
     # Each record is read and made once, and goes to every format's file.
     with contextlib.ExitStack() as stack:
         writers = [
@@ -39,7 +46,7 @@ def write_shard(
         ]
         entries = iter(entries)
         first = next(entries, None)
-        entries = itertools.chain([first] if first is not None else [], entries)
+        entries = noted(itertools.chain([first] if first is not None else [], entries))
         if first is not None and paths.is_remote(first.path):
             records = (future.result() for future in load.in_order(pool, read, entries, READ_AHEAD))
         else:
@@ -49,6 +56,7 @@ def write_shard(
                 writer.write(serialized)
             count += 1
     return [
-        summary.ShardWritten(split, index, shards, count, storage.size(path), name, file_format)
+        summary.ShardWritten(split, index, shards, count, storage.size(path), name, file_format,
+                             positions.hexdigest())  # fmt: skip
         for file_format, name, path in zip(config.formats, names, files)
     ]

@@ -20,6 +20,7 @@ class ShardWritten:
       bytes: its size.
       file: its name in the dataset folder.
       file_format: its format (naming.FILE_FORMATS); a shard in two formats is two files.
+      digest: which input each record holds (`manifest.ShardPositions`).
     """
 
     split: str
@@ -29,6 +30,7 @@ class ShardWritten:
     bytes: int
     file: str
     file_format: str = naming.TFRECORD
+    digest: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -231,6 +231,21 @@ def test_a_state_resumes_at_the_next_batch_and_other_settings_are_refused(both):
         iter(train(both)).set_state({"next_index": 3})
 
 
+def test_a_state_on_a_dataset_converted_again_from_other_images_is_refused(tmp_path):
+    # The same files and counts (shards are balanced), other images at their places.
+    src, out = write_image_folder(tmp_path / "src", per_label=4), tmp_path / "out"
+    args = [str(src), str(out), "--formats", "tfrecord,array_record", "--num_shards", "2",
+            "--validation_fraction", "0", "--overwrite"]  # fmt: skip
+    convert.run(args)
+    batches = iter(train(out))
+    next(batches)
+    state = batches.get_state()
+    (src / "red" / "000.jpg").rename(src / "blue" / "900.jpg")
+    convert.run(args)
+    with pytest.raises(ValueError, match="reads other batches \\(.*records: saved"):
+        iter(train(out)).set_state(state)
+
+
 def test_a_number_of_epochs_ends_every_host_at_the_same_step(both):
     count = grain.find_split(str(both), "train").num_examples
     ends = [len(list(train(both, batch_size=3, num_epochs=2, host_index=h, host_count=2)))

@@ -212,6 +212,23 @@ def test_verify_catches_a_good_source_moved_into_rejected(converted_copy):
     )
 
 
+def test_verify_proves_the_manifest_s_digest_of_which_inputs_each_shard_holds(converted_copy):
+    # A resumed training position trusts it: it tells a dataset converted again from other
+    # images (the same files and counts) from the one the position was saved on.
+    src, out = converted_copy
+    found = dataset.read_manifest(str(out))
+    info = found.splits["train"]
+    assert len(info.shard_digests) == len(info.files) and len(set(info.shard_digests)) > 1
+    digests = (info.shard_digests[1], info.shard_digests[0], *info.shard_digests[2:])
+    splits = {**found.splits, "train": dataclasses.replace(info, shard_digests=digests)}
+    dataset.write_manifest(str(out), dataclasses.replace(found, splits=splits))
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1
+    said = "its records are not the inputs the manifest's digest of them names"
+    assert f"shard {info.files[0]}: {said}" in done.stdout, done.stdout
+    assert "2 problems" in done.stdout  # the two shards, and nothing else blamed
+
+
 def test_copying_a_dataset_elsewhere_keeps_it_verifiable(converted, tmp_path):
     src, out = converted
     shutil.copytree(out, tmp_path / "moved")

@@ -8,12 +8,32 @@ filesystems (`files_of`), readers read them with TensorFlow's (`reading.dataset`
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 
 from tfrecord_pipe._core import naming, paths, schema, tfds_metadata
 
 DUPLICATES_AND_TFDS_SINCE = (0, 3)  # the version that began to write both
+
+
+DIGEST_CHARS = 16  # hex digits kept of a digest: identity, not security
+
+
+class ShardPositions:
+    """Which input each record of a shard holds, in order, as one digest: of each record its
+    file name and label. The converter writes it into the manifest and `verify` recomputes it
+    from the records. Another input or label at a place changes it; the same file edited, or
+    re-encoded otherwise, does not (a position still means the same inputs)."""
+
+    def __init__(self):
+        self._hash = hashlib.sha256()
+
+    def add(self, filename: str, label_index: int, label_text: str) -> None:
+        self._hash.update(json.dumps([filename, label_index, label_text]).encode() + b"\n")
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()[:DIGEST_CHARS]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +50,8 @@ class SplitInfo:
         when the job wrote ArrayRecord only.
       array_record_files: ArrayRecord shard file names, in shard order, when the job wrote
         them (`--formats`): the same records as `files`, shard for shard, in the same order.
+      shard_digests: per shard, which input each of its records holds (`ShardPositions`);
+        empty in manifests of tfrecord-pipe 0.4 and before.
     """
 
     num_examples: int
@@ -39,6 +61,17 @@ class SplitInfo:
     rejected: int
     files: tuple[str, ...]
     array_record_files: tuple[str, ...] = ()
+    shard_digests: tuple[str, ...] = ()
+
+    @property
+    def positions(self) -> str:
+        """Which input is at each place of the split, as one digest ("" when unknown): a
+        training position saved on one dataset means the same records on another only where
+        this is the same (a dataset converted again from other images may have the same
+        counts)."""
+        if not self.shard_digests:
+            return ""
+        return hashlib.sha256(",".join(self.shard_digests).encode()).hexdigest()[:DIGEST_CHARS]
 
     def files_of(self, file_format: str) -> tuple[str, ...]:
         """This split's shard files in `file_format` (naming.FILE_FORMATS), in shard order."""
@@ -56,6 +89,10 @@ class SplitInfo:
                 raise ValueError(
                     f"{len(files)} {file_format} files for {len(self.shard_lengths)} shard lengths"
                 )
+        if self.shard_digests and len(self.shard_digests) != len(self.shard_lengths):
+            raise ValueError(
+                f"{len(self.shard_digests)} shard digests for {len(self.shard_lengths)} shards"
+            )
         if sum(self.shard_lengths) != self.num_examples:
             raise ValueError(
                 f"shard_lengths sum to {sum(self.shard_lengths)}, num_examples is {self.num_examples}"
@@ -139,8 +176,9 @@ class Manifest:
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         for info in data["splits"].values():  # TFRecord only: as 0.4.0 wrote, and reads
-            if not info["array_record_files"]:
-                del info["array_record_files"]
+            for optional in ("array_record_files", "shard_digests"):
+                if not info[optional]:
+                    del info[optional]
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -170,6 +208,7 @@ class Manifest:
                     "shard_lengths": tuple(info["shard_lengths"]),
                     "files": tuple(info["files"]),
                     "array_record_files": tuple(info.get("array_record_files", ())),
+                    "shard_digests": tuple(info.get("shard_digests", ())),
                 }
             )
             for name, info in sorted(data["splits"].items(), key=lambda kv: naming.split_order(kv[0]))

@@ -12,10 +12,13 @@ from tfrecord_pipe._grain.source import Split
 
 
 def fingerprint(split: Split) -> str:
-    """What names the records and their order: the split's shard names and counts."""
+    """What names the records and their order: the split's shard names and counts, and which
+    input is at each place where the manifest says (a dataset converted again from other
+    images may have the same counts)."""
     names = ",".join(os.path.basename(file) for file in split.files)
     lengths = ",".join(map(str, split.shard_lengths))
-    return hashlib.sha256(f"{split.name}:{names}:{lengths}".encode()).hexdigest()[:16]
+    facts = f"{split.name}:{names}:{lengths}" + (f":{split.positions}" if split.positions else "")
+    return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 
 STATE_FORMAT = "tfrecord-pipe grain position"

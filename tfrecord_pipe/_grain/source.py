@@ -33,6 +33,7 @@ class Split:
       shard_lengths: records in each, by the manifest.
       label_offset: subtracted from stored labels.
       num_classes: the dataset's number of labels.
+      positions: which input is at each place (`manifest.SplitInfo.positions`); "" unknown.
     """
 
     name: str
@@ -40,6 +41,7 @@ class Split:
     shard_lengths: tuple[int, ...]
     label_offset: int
     num_classes: int
+    positions: str = ""
 
     @property
     def num_examples(self) -> int:
@@ -84,7 +86,8 @@ def find_split(data: str, split: str) -> Split:
             f"{len(missing)} ArrayRecord shard(s) of split {split!r} that the manifest lists are "
             f"missing: {', '.join(missing[:3])}. Restore them (tfrecord-pipe verify finds them)."
         )
-    return Split(split, files, info.shard_lengths, found.label_offset, len(found.labels))
+    return Split(split, files, info.shard_lengths, found.label_offset, len(found.labels),
+                 info.positions)  # fmt: skip
 
 
 def shard_of(split: Split, key: int) -> str:

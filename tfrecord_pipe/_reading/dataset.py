@@ -32,12 +32,14 @@ class Split:
       files: full paths, in shard order.
       record_counts: records per file, from the manifest; None when unknown.
       missing: those of `files` the manifest lists that are not there.
+      positions: which input is at each place (`manifest.SplitInfo.positions`); "" unknown.
     """
 
     name: str
     files: tuple[str, ...]
     record_counts: tuple[int, ...] | None
     missing: tuple[str, ...] = ()
+    positions: str = ""
 
     @property
     def num_examples(self) -> int | None:
@@ -154,6 +156,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
                 tuple(paths.join(folder, file) for file in info.files_of(chosen)),
                 info.shard_lengths,
                 tuple(paths.join(folder, f) for f in info.files_of(chosen) if f not in present),
+                info.positions,
             )
             for name, info in found.splits.items()
         }

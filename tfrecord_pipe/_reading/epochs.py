@@ -46,6 +46,8 @@ class Layout:
       cycle: pieces read round-robin at a time.
       window: records permuted together.
       seed: the run's seed.
+      positions: which input is at each place of the split (`manifest.SplitInfo.positions`);
+        "" when the manifest predates it.
     """
 
     files: tuple[str, ...]
@@ -56,6 +58,7 @@ class Layout:
     cycle: int
     window: int
     seed: int
+    positions: str = ""
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -118,11 +121,14 @@ PieceReader = Callable[..., tf.data.Dataset]
 
 
 def fingerprint(layout: Layout) -> str:
-    """What a position means: the pieces (file names, counts, which records), the grouping,
-    the window and the seed. A position is only restored into a layout of the same one."""
+    """What a position means: the pieces (file names, counts, which records, which inputs
+    they hold), the grouping, the window and the seed. A position is only restored into a
+    layout of the same one."""
     names = [file.rsplit("/", 1)[-1] for file in layout.files]
     facts = repr((names, layout.counts, layout.firsts, layout.starts, layout.stride,
                   layout.cycle, layout.window, layout.seed))  # fmt: skip
+    if layout.positions:  # (not in the facts of a dataset whose manifest has none, as before)
+        facts += layout.positions
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 

@@ -69,6 +69,7 @@ def seeded_layout(config: ReaderConfig, source: Source, share) -> epochs.Layout:
         cycle=min(config.cycle_length, len(kept)),
         window=min(config.shuffle_buffer, total),
         seed=config.seed,
+        positions=source.split.positions,
     )
 
 

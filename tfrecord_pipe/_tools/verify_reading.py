@@ -2,8 +2,9 @@
 duplicates report, read into the rows and problems the rules (`verify_rules`) judge.
 
 Read as the job writes them (`beam_jobs.storage`: local disk, gs://), without TensorFlow,
-and without Beam for a local dataset: verify's workers import this module. A shard read that fails for a passing reason (storage, not damage) resumes after the
-last record read, a few times: our retry, on top of the client library's.
+and without Beam for a local dataset: verify's workers import this module. A shard read that
+fails for a passing reason (storage, not damage) resumes after the last record read, a few
+times: our retry, on top of the client library's.
 """
 
 from __future__ import annotations
@@ -185,13 +186,15 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
                ) -> Iterator[tuple[str, object]]:  # fmt: skip
     """One shard read whole: its records as RECORD rows (`verify_rules.record_row`, which
     decodes each image with `decode`); its count against the manifest's; its twin in the
-    other format (if any) against it, record for record; its SPAN of keys (read whole); then
-    its COUNT of records.
+    other format (if any) against it, record for record; its SPAN of keys (read whole), with
+    whether the inputs it holds are those the manifest's digest of them names
+    (`manifest.ShardPositions`); then its COUNT of records.
     `temp_dir`: where a remote ArrayRecord shard is copied to be read."""
     split, name, expected, twin = shard
     path = paths.join(dataset, name)
     count, failed, digest = 0, None, hashlib.sha256() if twin is not None else None
     first_key, last_key, out_of_order = None, "", None
+    positions, unparsed = manifest.ShardPositions(), False
     try:
         for serialized in _serialized(path, found.compression, temp_dir):
             count += 1
@@ -200,7 +203,9 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
             row = record_row(serialized, found, decode)
             if "problem" in row:
                 yield PROBLEM, f"{name} record {count}: {row['problem']}"
+                unparsed = True
                 continue
+            positions.add(row["relpath"], row.pop("label_index"), row["label"])
             # The converter writes a shard's records in key order (shard_plan.order_key).
             key = shard_plan.order_key(row["relpath"])
             if key <= last_key and out_of_order is None:
@@ -223,14 +228,27 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
                         f"them, from record {out_of_order} on (moved or reordered?)")  # fmt: skip
     if count != expected:
         yield PROBLEM, f"shard {name} holds {count} records, the manifest lists {expected}"
+    recorded = _recorded_digest(found, split, name)
+    named = unparsed or not recorded or positions.hexdigest() == recorded
     if failed is None and first_key is not None:
-        yield SPAN, (split, name, first_key, last_key)
+        yield SPAN, (split, name, first_key, last_key, named)
     if twin is not None and failed is None:
         problem = _twin_problem(paths.join(dataset, twin), found, digest.hexdigest(), name,
                                 temp_dir)  # fmt: skip
         if problem:
             yield PROBLEM, problem
     yield COUNT, count
+
+
+def _recorded_digest(found: manifest.Manifest, split: str, name: str) -> str:
+    """The manifest's `ShardPositions` digest of the shard file `name` ("" if it has none)."""
+    info = found.splits[split]
+    if not info.shard_digests:
+        return ""
+    for file_format in naming.FILE_FORMATS:
+        if name in info.files_of(file_format):
+            return info.shard_digests[info.files_of(file_format).index(name)]
+    return ""
 
 
 def _add_record(digest, serialized: bytes) -> None:

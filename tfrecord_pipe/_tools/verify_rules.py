@@ -163,6 +163,7 @@ def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False
         "height": record.height,
         "width": record.width,
         "label": record.label_text,
+        "label_index": record.label_index,
         "record_problems": problems,
     }
 
@@ -286,12 +287,14 @@ def check_content(rows: Iterable[dict], reported: list[list[str]], found: manife
     return problems, 1, int(len({row["split"] for row in group}) > 1)
 
 
-def span_problems(found: manifest.Manifest, spans: Iterable[tuple[str, str, str, str]]
+def span_problems(found: manifest.Manifest, spans: Iterable[tuple[str, str, str, str, bool]]
                   ) -> list[str]:  # fmt: skip
     """The converter ranks a split's records by key and cuts the ranks into shards in order,
     so every key of a shard sorts before every key of the next one. `spans`: (split, shard
-    name, first key, last key) of each shard read whole. Two shards swapped or renamed keep
-    their counts and the order inside them; this finds them."""
+    name, first key, last key, whether its inputs are those the manifest's digest names) of
+    each shard read whole. Two shards swapped or renamed keep their counts and the order
+    inside them; this finds them. A digest that names other inputs, in a shard in its place,
+    is the manifest's fault (a swapped shard's would say the same again)."""
     problems = []
     # The manifest's order (names stop sorting by number past 99,999 shards).
     places = {
@@ -300,17 +303,26 @@ def span_problems(found: manifest.Manifest, spans: Iterable[tuple[str, str, str,
         for place, name in enumerate(info.files_of(found.file_formats[0]))
     }
     by_split: dict[str, list[tuple[int, str, str, str]]] = {}
-    for split, name, first, last in spans:
+    misnamed, misplaced = [], set()
+    for split, name, first, last, named in spans:
         by_split.setdefault(split, []).append((places[split, name], name, first, last))
+        if not named:
+            misnamed.append((split, places[split, name], name))
     for split, shards in sorted(by_split.items()):
         shards.sort()
         for (_, before, _, last), (_, after, first, _) in zip(shards, shards[1:]):
             if first <= last:
+                misplaced |= {before, after}
                 problems.append(
                     f"shards {before} and {after} of split {split}: records are not in the "
                     "order the converter writes them across the shards (shards swapped or "
                     "renamed?)"
                 )
+    problems += [
+        f"shard {name}: its records are not the inputs the manifest's digest of them names "
+        "(shard_digests): was the manifest edited, or the shard replaced?"
+        for _, _, name in sorted(misnamed) if name not in misplaced
+    ]  # fmt: skip
     return problems
 
 
