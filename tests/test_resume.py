@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tfrecord_pipe import reader
-from tfrecord_pipe._reading import epochs
+from tfrecord_pipe._reading import epochs, fit_resume
 from tfrecord_pipe._reading.seeded import pipeline_layout
 
 from dataset_factory import write_dataset
@@ -547,6 +547,20 @@ def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp
     other = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2, seed=3)
     with pytest.raises(ValueError, match="batch_size: saved 4, here 2"):
         resumed(small_model(), data_fn=other, run="e")
+    # What the backup's steps mean, lost: removed (or never written, by a run before
+    # FitResume was used), or damaged. Resuming blind could read other batches.
+    facts = tmp_path / "e" / fit_resume.FACTS_NAME
+    kept = facts.read_bytes()
+    facts.write_text('{"batch_size": 4, "fingerpr')
+    with pytest.raises(ValueError, match="tfrecord_pipe_position.json, which says what the "
+                                         "backup's steps mean, is damaged"):  # fmt: skip
+        resumed(small_model(), run="e")
+    facts.unlink()
+    with pytest.raises(ValueError, match="holds 3 steps, but not what they mean"):
+        resumed(small_model(), run="e")
+    facts.write_bytes(kept)
+    _, history = resumed(small_model(), run="e")  # and as it was, it resumes
+    assert not list((tmp_path / "e").glob("*.part"))
     with pytest.raises(RuntimeError, match="before fit"):
         backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "f"), save_freq=3)
         small_model().fit(train_fn(), epochs=1, steps_per_epoch=3, verbose=0,

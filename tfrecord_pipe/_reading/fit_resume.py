@@ -116,13 +116,31 @@ class FitResume(tf.keras.callbacks.Callback):
         return data
 
     def _keep_facts(self, facts: dict) -> None:
-        """Refuses a backup saved with other settings; records these beside a new one."""
-        path = os.path.join(self.backup.backup_dir, FACTS_NAME)
+        """Refuses a backup saved with other settings, or whose settings are lost (their file
+        removed, damaged, or never written: a backup made before FitResume was used);
+        records these beside a new one, replaced whole."""
+        folder = self.backup.backup_dir
+        path = os.path.join(folder, FACTS_NAME)
+        start_afresh = f"Delete {folder} to train from the start."
         saved = None
         if tf.io.gfile.exists(path):
             with tf.io.gfile.GFile(path) as f:
-                saved = json.loads(f.read())
-        if self.restored_steps and saved is not None and saved != facts:
+                text = f.read()
+            try:
+                saved = json.loads(text)
+            except ValueError as err:
+                if self.restored_steps:
+                    raise ValueError(
+                        f"{path}, which says what the backup's steps mean, is damaged ({err}): "
+                        f"the backup cannot be resumed safely. {start_afresh}"
+                    ) from None
+        if self.restored_steps and not isinstance(saved, dict):
+            raise ValueError(
+                f"The backup in {folder} holds {self.restored_steps} steps, but not what they "
+                f"mean: {FACTS_NAME} is missing (removed, or the backup was made before "
+                f"FitResume was used), so its position may mean other batches. {start_afresh}"
+            )
+        if self.restored_steps and saved != facts:
             said = "; ".join(
                 f"{name}: saved {saved.get(name)}, here {facts[name]}"
                 for name in facts
@@ -132,9 +150,11 @@ class FitResume(tf.keras.callbacks.Callback):
                 epochs.other_records(f"The backup in {self.backup.backup_dir}", said)
                 + " (or delete that folder to train from the start)"
             )
-        tf.io.gfile.makedirs(self.backup.backup_dir)
-        with tf.io.gfile.GFile(path, "w") as f:
+        tf.io.gfile.makedirs(folder)
+        part = f"{path}.part"  # a kill while it is written leaves the file as it was
+        with tf.io.gfile.GFile(part, "w") as f:
             f.write(json.dumps(facts, sort_keys=True))
+        tf.io.gfile.rename(part, path, overwrite=True)
 
     def on_train_begin(self, logs=None):
         if self._restored_into is None or self.model is not self._restored_into:
