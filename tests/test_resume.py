@@ -269,7 +269,7 @@ def test_the_numpy_batches_state_is_small_json_and_restores_exactly(folder):
     "other, said",
     [(dict(host_index=0), "host: saved \\[1, 2\\], here \\[0, 2\\]"),
      (dict(host_index=0, host_count=1), "fingerprint: saved"),
-     (dict(seed=6), "fingerprint: saved"),
+     (dict(seed=6), "seed: saved 5, here 6; fingerprint: saved"),
      (dict(batch_size=2), "batch_size: saved 2, here 1")],
 )  # fmt: skip
 def test_a_state_from_another_host_count_dataset_or_batch_is_refused(folder, other, said):
@@ -283,6 +283,14 @@ def test_a_state_from_another_host_count_dataset_or_batch_is_refused(folder, oth
         elsewhere.set_state(state)
     with pytest.raises(ValueError, match="Not a tfrecord-pipe position state"):
         elsewhere.set_state({"batches": 3})
+    # A state saved before the seed was named in it resumes where it was saved, and is
+    # refused where it would read other records.
+    older = {name: value for name, value in state.items() if name != "seed"}
+    same = reader.make_input_fn(folder, **settings).numpy_batches()
+    same.set_state(older)
+    assert next(same)[1].tolist() == next(batches)[1].tolist()
+    with pytest.raises(ValueError, match="reads other records"):
+        elsewhere.set_state(older)
 
 
 @pytest.mark.parametrize(

@@ -148,6 +148,15 @@ def other_records(saved: str, what: str) -> str:
     )
 
 
+NAMED_ONLY = ("seed",)  # settings a position's fingerprint holds, also named for a refusal
+
+
+def differs(saved: dict, here: dict, name: str) -> bool:
+    """Whether setting `name` of a saved position's record differs from `here`'s; one only
+    named (NAMED_ONLY) counts where the record has it (records of 0.4 and before do not)."""
+    return (name in saved or name not in NAMED_ONLY) and saved.get(name) != here[name]
+
+
 MISMATCH = other_records(
     "This input pipeline's checkpoint",
     "another dataset, seed, host count, batch or shuffle setting, or a stream built from "

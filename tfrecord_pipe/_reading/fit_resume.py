@@ -140,11 +140,10 @@ class FitResume(tf.keras.callbacks.Callback):
                 f"mean: {FACTS_NAME} is missing (removed, or the backup was made before "
                 f"FitResume was used), so its position may mean other batches. {start_afresh}"
             )
-        if self.restored_steps and saved != facts:
+        differ = [name for name in facts if epochs.differs(saved or {}, facts, name)]
+        if self.restored_steps and differ:
             said = "; ".join(
-                f"{name}: saved {saved.get(name)}, here {facts[name]}"
-                for name in facts
-                if saved.get(name) != facts[name]
+                f"{name}: saved {saved.get(name)}, here {facts[name]}" for name in differ
             )
             raise ValueError(
                 epochs.other_records(f"The backup in {self.backup.backup_dir}", said)
@@ -232,6 +231,7 @@ def _facts(config, context, steps_per_epoch: int) -> dict:
     layout = seeded.pipeline_layout(config, context)
     batch = context.get_per_replica_batch_size(config.batch_size) if context else config.batch_size
     return {
+        "seed": config.seed,  # in the fingerprint too: here to name it when it differs
         "records": epochs.fingerprint(layout),  # dataset, seed, host share, shuffle settings
         "batch_size": batch,
         "replicas": context.num_replicas_in_sync if context else 1,

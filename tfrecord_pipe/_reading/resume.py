@@ -66,6 +66,7 @@ class BatchIterator:
             config = self._input_fn.config
             batch = context.get_per_replica_batch_size(config.batch_size) if context else None
             self._facts = {
+                "seed": config.seed,  # in the fingerprint too: here to name it when it differs
                 "fingerprint": epochs.fingerprint(layout),
                 "host": list(hosts),
                 "batch_size": batch or config.batch_size,
@@ -91,7 +92,7 @@ class BatchIterator:
                 f"version {VERSION}."
             )
         here = self._pipeline()
-        differ = [name for name in here if state.get(name) != here[name]]
+        differ = [name for name in here if epochs.differs(state, here, name)]
         if differ:
             said = "; ".join(f"{name}: saved {state.get(name)}, here {here[name]}" for name in differ)
             raise ValueError(epochs.other_records("This position state", said))
