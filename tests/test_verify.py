@@ -366,6 +366,7 @@ def test_records_out_of_the_converters_order_or_stray_shards_are_problems(conver
     assert done.returncode == 1
     assert f"shard {first_shard(out).name}: its records are not in the order" in done.stdout
     assert "train-00000-of-00009.tfrecord: named like a shard of split train" in done.stdout
+    assert "2 problems" in done.stdout  # nothing said twice (the shard's digest)
 
 
 def test_shards_swapped_whole_are_found_by_both_drivers(converted_copy):

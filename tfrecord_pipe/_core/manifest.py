@@ -36,6 +36,16 @@ class ShardPositions:
         return self._hash.hexdigest()[:DIGEST_CHARS]
 
 
+def positions_of(shard_digests) -> str:
+    """Which input is at each place of these shards, in this order, as one digest ("" when a
+    digest is unknown): a training position saved on one dataset means the same records on
+    another only where this is the same (a dataset converted again from other images may
+    have the same counts)."""
+    if not shard_digests or not all(shard_digests):
+        return ""
+    return hashlib.sha256(",".join(shard_digests).encode()).hexdigest()[:DIGEST_CHARS]
+
+
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
     """One split's shards and counts.
@@ -65,13 +75,8 @@ class SplitInfo:
 
     @property
     def positions(self) -> str:
-        """Which input is at each place of the split, as one digest ("" when unknown): a
-        training position saved on one dataset means the same records on another only where
-        this is the same (a dataset converted again from other images may have the same
-        counts)."""
-        if not self.shard_digests:
-            return ""
-        return hashlib.sha256(",".join(self.shard_digests).encode()).hexdigest()[:DIGEST_CHARS]
+        """Which input is at each place of the split, as one digest (`positions_of`)."""
+        return positions_of(self.shard_digests)
 
     def files_of(self, file_format: str) -> tuple[str, ...]:
         """This split's shard files in `file_format` (naming.FILE_FORMATS), in shard order."""
@@ -175,7 +180,9 @@ class Manifest:
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
-        for info in data["splits"].values():  # TFRecord only: as 0.4.0 wrote, and reads
+        # Optional fields left out where empty, as 0.4.0 wrote its manifests (0.4.0 reads none
+        # with shard_digests: CHANGELOG.md).
+        for info in data["splits"].values():
             for optional in ("array_record_files", "shard_digests"):
                 if not info[optional]:
                     del info[optional]

@@ -32,14 +32,21 @@ class Split:
       files: full paths, in shard order.
       record_counts: records per file, from the manifest; None when unknown.
       missing: those of `files` the manifest lists that are not there.
-      positions: which input is at each place (`manifest.SplitInfo.positions`); "" unknown.
+      digests: per file, which input each record holds (the manifest's `shard_digests`);
+        empty, or "" for a file, where the manifest does not say.
     """
 
     name: str
     files: tuple[str, ...]
     record_counts: tuple[int, ...] | None
     missing: tuple[str, ...] = ()
-    positions: str = ""
+    digests: tuple[str, ...] = ()
+
+    @property
+    def positions(self) -> str:
+        """Which input is at each place of these files, as one digest; "" when unknown."""
+        known = len(self.digests) == len(self.files)
+        return manifest_lib.positions_of(self.digests) if known else ""
 
     @property
     def num_examples(self) -> int | None:
@@ -53,6 +60,7 @@ class Split:
             self.name,
             tuple(self.files[i] for i in kept),
             None if counts is None else tuple(counts[i] for i in kept),
+            digests=tuple(self.digests[i] for i in kept) if self.digests else (),
         )
 
 
@@ -120,11 +128,13 @@ class Dataset:
     def everything(self) -> Split:
         """All files as one Split, in path order (what a pattern reads)."""
         counts = self.record_counts
+        digests = [digest for split in self.splits.values() for digest in split.digests]
         order = sorted(range(len(self.files)), key=lambda i: self.files[i])
         return Split(
             self.path,
             tuple(self.files[i] for i in order),
             None if counts is None else tuple(counts[i] for i in order),
+            digests=tuple(digests[i] for i in order) if len(digests) == len(self.files) else (),
         )
 
 
@@ -156,7 +166,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
                 tuple(paths.join(folder, file) for file in info.files_of(chosen)),
                 info.shard_lengths,
                 tuple(paths.join(folder, f) for f in info.files_of(chosen) if f not in present),
-                info.positions,
+                info.shard_digests,
             )
             for name, info in found.splits.items()
         }
@@ -178,6 +188,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
     files = tuple(file for file in matched if naming.file_format_of(file) == chosen)
     beside = _manifest_beside(files)
     counts = _counts_in(beside, files)
+    digests = _digests_in(beside, files)
     grouped: dict[str, list[int]] = {}
     for index, file in enumerate(files):
         grouped.setdefault(naming.split_of(file) or "files", []).append(index)
@@ -186,6 +197,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
             name,
             tuple(files[i] for i in indices),
             None if counts is None else tuple(counts[i] for i in indices),
+            digests=tuple(digests.get(files[i], "") for i in indices),
         )
         for name, indices in sorted(grouped.items(), key=lambda item: naming.split_order(item[0]))
     }
@@ -278,6 +290,21 @@ def _counts_in(found, files) -> tuple[int, ...] | None:
     if not all(name in lengths for name in names):
         return None
     return tuple(lengths[name] for name in names)
+
+
+def _digests_in(found, files) -> dict[str, str]:
+    """The manifest's shard digests (`manifest.ShardPositions`) of those of `files` it has,
+    by path: a pattern's files read with the positions their folder's are read with."""
+    if found is None:
+        return {}
+    digests = {
+        name: digest
+        for info in found.splits.values()
+        for file_format in naming.FILE_FORMATS
+        for name, digest in zip(info.files_of(file_format), info.shard_digests)
+    }
+    named = {file: paths.basename(file) for file in files}
+    return {file: digests[name] for file, name in named.items() if name in digests}
 
 
 def label_offset(found: Dataset, given: int | None) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 
 import tensorflow as tf
 
@@ -150,7 +151,9 @@ class FitResume(tf.keras.callbacks.Callback):
                 + " (or delete that folder to train from the start)"
             )
         tf.io.gfile.makedirs(folder)
-        part = f"{path}.part"  # a kill while it is written leaves the file as it was
+        # A kill while it is written leaves the file as it was; hosts sharing the folder
+        # each write a part of their own.
+        part = f"{path}.part-{uuid.uuid4().hex[:12]}"
         with tf.io.gfile.GFile(part, "w") as f:
             f.write(json.dumps(facts, sort_keys=True))
         tf.io.gfile.rename(part, path, overwrite=True)

@@ -229,7 +229,10 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     if count != expected:
         yield PROBLEM, f"shard {name} holds {count} records, the manifest lists {expected}"
     recorded = _recorded_digest(found, split, name)
-    named = unparsed or not recorded or positions.hexdigest() == recorded
+    # A shard blamed already (a record that does not parse, out of order, another count)
+    # would be blamed again: the digest speaks only for a shard otherwise sound.
+    blamed = unparsed or out_of_order is not None or count != expected
+    named = blamed or not recorded or positions.hexdigest() == recorded
     if failed is None and first_key is not None:
         yield SPAN, (split, name, first_key, last_key, named)
     if twin is not None and failed is None:
