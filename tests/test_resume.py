@@ -288,6 +288,8 @@ def test_a_state_from_another_host_count_dataset_or_batch_is_refused(folder, oth
         elsewhere.set_state(state)
     with pytest.raises(ValueError, match="Not a tfrecord-pipe position state"):
         elsewhere.set_state({"batches": 3})
+    with pytest.raises(ValueError, match="A position state with batches=True"):
+        reader.make_input_fn(folder, **settings).numpy_batches().set_state({**state, "batches": True})
     # A state saved before the seed was named in it resumes where it was saved, and is
     # refused where it would read other records.
     older = {name: value for name, value in state.items() if name != "seed"}

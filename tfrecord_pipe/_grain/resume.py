@@ -63,9 +63,13 @@ class ResumableBatches:
         Raises:
           ValueError: the state is not one of ours, or from a pipeline with other settings.
         """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        if not (
+            isinstance(state, dict) and state.get("format") == STATE_FORMAT
+            and isinstance(state.get("settings"), dict) and "grain" in state
+        ):  # fmt: skip
             raise ValueError(
-                f"Not a {STATE_FORMAT} state (from make_dataset's iterators' get_state)."
+                f"Not a {STATE_FORMAT} state (from make_dataset's iterators' get_state): "
+                f"{str(state)[:200]}"
             )
         saved = state["settings"]
         differ = [

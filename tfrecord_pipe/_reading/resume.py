@@ -97,7 +97,7 @@ class BatchIterator:
             said = "; ".join(f"{name}: saved {state.get(name)}, here {here[name]}" for name in differ)
             raise ValueError(epochs.other_records("This position state", said))
         batches = state.get("batches")
-        if not isinstance(batches, int) or batches < 0:
+        if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
             raise ValueError(f"A position state with batches={batches!r}")
         self._given = batches
         self._iterator = None
