@@ -288,12 +288,12 @@ def test_a_state_from_another_host_count_dataset_or_batch_is_refused(folder, oth
         elsewhere.set_state(state)
     with pytest.raises(ValueError, match="Not a tfrecord-pipe position state"):
         elsewhere.set_state({"batches": 3})
+    same = reader.make_input_fn(folder, **settings).numpy_batches()
     with pytest.raises(ValueError, match="A position state with batches=True"):
-        reader.make_input_fn(folder, **settings).numpy_batches().set_state({**state, "batches": True})
+        same.set_state({**state, "batches": True})
     # A state saved before the seed was named in it resumes where it was saved, and is
     # refused where it would read other records.
     older = {name: value for name, value in state.items() if name != "seed"}
-    same = reader.make_input_fn(folder, **settings).numpy_batches()
     same.set_state(older)
     assert next(same)[1].tolist() == next(batches)[1].tolist()
     with pytest.raises(ValueError, match="reads other records"):
