@@ -40,7 +40,7 @@ def keep_large_buffers_in_mmap() -> bool:
 def objects_so_far_frozen():
     """The objects that exist as a job starts out of the garbage collector's reach while it
     runs (`gc.freeze`), then back: the launcher's every full collection walked the modules'
-    objects, Beam's among them (benchmarks/RESULTS.md, "Conversion: peers"). Put back
+    objects (Beam's, when the job uses it: benchmarks/RESULTS.md, "Conversion: peers"). Put back
     after, so that a long-lived caller's garbage from before is still collected then. Left
     as it is where the caller froze objects itself (it may fork, and count on them)."""
     if gc.get_freeze_count():

@@ -187,8 +187,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
     chosen = _chosen(path, tuple(f for f in naming.FILE_FORMATS if f in formats), file_format)
     files = tuple(file for file in matched if naming.file_format_of(file) == chosen)
     beside = _manifest_beside(files)
-    counts = _counts_in(beside, files)
-    digests = _digests_in(beside, files)
+    counts, digests = _listed_in(beside, files)
     grouped: dict[str, list[int]] = {}
     for index, file in enumerate(files):
         grouped.setdefault(naming.split_of(file) or "files", []).append(index)
@@ -197,7 +196,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
             name,
             tuple(files[i] for i in indices),
             None if counts is None else tuple(counts[i] for i in indices),
-            digests=tuple(digests.get(files[i], "") for i in indices),
+            digests=tuple(digests[i] for i in indices) if digests else (),
         )
         for name, indices in sorted(grouped.items(), key=lambda item: naming.split_order(item[0]))
     }
@@ -276,35 +275,22 @@ def _manifest_beside(files) -> manifest_lib.Manifest | None:
     return read_manifest(folder)
 
 
-def _counts_in(found, files) -> tuple[int, ...] | None:
-    """The manifest's record counts of `files`, if it lists every one."""
+def _listed_in(found, files) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
+    """The manifest's record counts of `files` (None unless it lists every one), and their
+    shard digests (`manifest.ShardPositions`; "" for one it has none of): a pattern's files
+    read with the counts and positions their folder's are read with."""
     if found is None:
-        return None
-    lengths = {
-        name: length
+        return None, ()
+    shards = {
+        name: (length, info.shard_digests[place] if info.shard_digests else "")
         for info in found.splits.values()
         for file_format in naming.FILE_FORMATS
-        for name, length in zip(info.files_of(file_format), info.shard_lengths)
+        for place, (name, length) in enumerate(zip(info.files_of(file_format), info.shard_lengths))
     }
-    names = [paths.basename(file) for file in files]
-    if not all(name in lengths for name in names):
-        return None
-    return tuple(lengths[name] for name in names)
-
-
-def _digests_in(found, files) -> dict[str, str]:
-    """The manifest's shard digests (`manifest.ShardPositions`) of those of `files` it has,
-    by path: a pattern's files read with the positions their folder's are read with."""
-    if found is None:
-        return {}
-    digests = {
-        name: digest
-        for info in found.splits.values()
-        for file_format in naming.FILE_FORMATS
-        for name, digest in zip(info.files_of(file_format), info.shard_digests)
-    }
-    named = {file: paths.basename(file) for file in files}
-    return {file: digests[name] for file, name in named.items() if name in digests}
+    listed = [shards.get(paths.basename(file)) for file in files]
+    if None in listed:
+        return None, ()
+    return tuple(length for length, _ in listed), tuple(digest for _, digest in listed)
 
 
 def label_offset(found: Dataset, given: int | None) -> int:
