@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfrecord_pipe._core import images
+from tfrecord_pipe._core import images, jpeg_markers
 
 from helpers import ODD_IMAGES, encode, jpeg_bytes
 
@@ -186,10 +186,10 @@ def test_policy_rejects_bad_values_naming_the_field(kwargs, field):
         images.ImagePolicy(**kwargs)
 
 
-def test_jpeg_precision_reads_the_frame_header():
-    assert images.jpeg_precision(jpeg_bytes()) == 8
-    assert images.jpeg_precision(odd("monkey12.jpg")) == 12
-    assert images.jpeg_precision(b"\x89PNG") is None
+def test_the_marker_walk_reads_the_precision_from_the_frame_header():
+    assert jpeg_markers.walk(jpeg_bytes()).precision == 8
+    assert jpeg_markers.walk(odd("monkey12.jpg")).precision == 12
+    assert jpeg_markers.walk(b"\x89PNG").precision is None
 
 
 @pytest.mark.parametrize("orientation", [0, 9, 65535])

@@ -17,6 +17,8 @@ import struct
 
 from PIL import Image, UnidentifiedImageError
 
+from tfrecord_pipe._core import jpeg_markers
+
 # Reason codes for rejected inputs: stable strings, used in rejected/*.jsonl and the manifest.
 EMPTY_FILE = "empty_file"
 NOT_AN_IMAGE = "not_an_image"
@@ -119,34 +121,11 @@ class StoredImage:
         return bool(self.changes)
 
 
-def jpeg_precision(data: bytes) -> int | None:
-    """Bits per sample from a JPEG's start-of-frame marker; None if no frame header is found.
-
-    Pillow and tf.io.decode_jpeg both fail on 12-bit JPEGs with unhelpful messages, so we read
-    the header ourselves to give the real reason.
-    """
-    if not data.startswith(b"\xff\xd8"):
-        return None
-    pos = 2
-    while pos + 4 <= len(data):
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
-        # SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC) carry the frame header.
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            return data[pos + 4] if pos + 4 < len(data) else None
-        pos += 2 + length
-    return None
-
-
-def _open(data: bytes, policy: ImagePolicy) -> Image.Image:
+def _open(data: bytes, precision: int | None, policy: ImagePolicy) -> Image.Image:
     if not data:
         raise Rejected(EMPTY_FILE, "the file is empty (0 bytes)")
-    precision = jpeg_precision(data)
+    # Pillow and tf.io.decode_jpeg both fail on 12-bit JPEGs with unhelpful messages: the frame
+    # header gives the real reason.
     if precision is not None and precision != 8:
         raise Rejected(
             UNSUPPORTED_JPEG,
@@ -179,21 +158,31 @@ def _open(data: bytes, policy: ImagePolicy) -> Image.Image:
     return image
 
 
-def _decode(image: Image.Image, validate_only: bool) -> None:
-    """Decodes `image`, which finds truncated and corrupt data.
+def _decode(
+    image: Image.Image, data: bytes, layout: jpeg_markers.Layout, validate_only: bool
+) -> Image.Image:
+    """`image` decoded, proving that it decodes as tf.io.decode_jpeg (the reader's decoder)
+    will decode it.
 
-    With `validate_only` (a JPEG that will be stored byte for byte, so its pixels are not
-    needed) libjpeg decodes at 1/8 scale: every entropy-coded byte is still read, so the same
-    damage is found, for much less than a full decode (benchmarks/RESULTS.md, "Checking
-    inputs").
+    A JPEG whose markers show damage is refused (`jpeg_markers`). With `validate_only` (a
+    JPEG stored byte for byte, so its pixels are not needed) libjpeg decodes at 1/8 scale,
+    which still reads every byte of the image data; and of a plain file, whose image data
+    the marker walk has proven, `image` holds only the segments before that data
+    (benchmarks/RESULTS.md, "Checking inputs").
     """
+    if layout.damage is not None:
+        raise Rejected(TRUNCATED if layout.truncated else NOT_AN_IMAGE,
+                       f"JPEG data is damaged: {layout.damage}")  # fmt: skip
     if validate_only:
         width, height = image.size
         image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+    elif layout.plain:  # its pixels are needed: all of it
+        image = Image.open(io.BytesIO(data))
     try:
         image.load()
     except (OSError, SyntaxError, ValueError, struct.error) as err:
         raise _undecodable(image.format, err) from err
+    return image
 
 
 def _undecodable(kind: str, err: Exception) -> Rejected:
@@ -298,7 +287,9 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
     Raises:
       Rejected: the input cannot be stored; `reason` says why.
     """
-    image = _open(data, policy)
+    layout = jpeg_markers.walk(data)
+    # A plain JPEG's segments before its image data say all that is needed of it here.
+    image = _open(layout.headers_only(data) if layout.plain else data, layout.precision, policy)
     width, height = image.size
     orientation = _orientation(image, data)
     profile = _rgb_profile(image) if policy.keep_icc_profile else None
@@ -308,7 +299,7 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
         and orientation == 1
         and (policy.max_side is None or max(width, height) <= policy.max_side)
     )
-    _decode(image, validate_only=stored_as_is)
+    image = _decode(image, data, layout, validate_only=stored_as_is)
     if stored_as_is:
         return StoredImage(encoded=data, height=height, width=width)
     changes = []

@@ -6,10 +6,11 @@ A record is proven by its bytes: it must be, byte for byte, the record the conve
 for its source now (the same serialized Example: image, size, label, name, source hash); what
 differs is explained field by field. That proves the dataset is the converter's output for
 these sources, not that TensorFlow decodes every image: the converter's checks decode with
-Pillow, and a file Pillow takes and TensorFlow refuses would pass. `decode` (`verify
---decode`) decodes every record's image as the reader will, with TensorFlow, for that. The rows of one relative path (its SOURCE, RECORD and REJECTED
-rows) are judged by `check_path`; the sources with the same bytes, with duplicates.jsonl's
-group for them, by `check_content`.
+Pillow, after a walk of each JPEG's markers for the damage Pillow takes and TensorFlow
+refuses (`_core/jpeg_markers.py`). `decode` (`verify --decode`) decodes every record's image
+as the reader will, with TensorFlow itself. The rows of one relative path (its SOURCE, RECORD
+and REJECTED rows) are judged by `check_path`; the sources with the same bytes, with
+duplicates.jsonl's group for them, by `check_content`.
 """
 
 from __future__ import annotations

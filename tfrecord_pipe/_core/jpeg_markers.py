@@ -1,0 +1,133 @@
+"""What a JPEG file's markers say, read without decoding: its frame, its scans, and damage that
+makes TensorFlow's decoder fail.
+
+Why a walk of our own: `tf.io.decode_jpeg` fails on a file that makes libjpeg read past its
+end (a segment whose length runs past it, a scan or a search for the next marker that finds
+no end-of-image marker), where Pillow's decoder succeeds on the same file, ending it with an
+end-of-image marker of its own. Such a record passed the conversion's check and stopped
+training when it came up. The walk finds that damage, and a marker where the image data
+should be, in microseconds. Damage inside the image data that no marker shows (bits changed
+in place) fails neither decoder: libjpeg warns and goes on, and so does the walk.
+
+A "plain" file (one sequential frame, one scan of every component, nothing after it but the
+end-of-image marker) is then proven by decoding its segments before the scan alone: every
+table and header is libjpeg's to judge there, and the walk has judged the rest
+(`images.normalise`; benchmarks/RESULTS.md, "Checking inputs").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+# A marker: fill bytes (0xFF) then its code. 0xFF 0x00 is a data byte 0xFF, not a marker.
+_MARKER = re.compile(rb"\xff([^\x00\xff])")
+
+_SOI, _EOI, _SOS, _DRI, _TEM = 0xD8, 0xD9, 0xDA, 0xDD, 0x01
+_RESTARTS = range(0xD0, 0xD8)
+# Start-of-frame markers: 0xC0-0xCF but DHT (0xC4), JPG (0xC8) and DAC (0xCC).
+_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_SEQUENTIAL = frozenset({0xC0, 0xC1})  # baseline and extended Huffman
+_PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+# What a plain file may hold before its scan: tables (DHT, DQT), the restart interval,
+# application segments and comments.
+_PLAIN_SEGMENTS = frozenset({0xC4, 0xDB, _DRI, 0xFE, *range(0xE0, 0xF0)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What the walk found.
+
+    Attributes:
+      precision: bits per sample in the frame header; None where no frame header was read.
+      damage: what is wrong, for a person; None where the markers show nothing wrong.
+      truncated: the damage is a file that ends too soon.
+      scan_data: where the file's one scan's data begins, when the file is plain (above);
+        else None.
+    """
+
+    precision: int | None = None
+    damage: str | None = None
+    truncated: bool = False
+    scan_data: int | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self.scan_data is not None
+
+    def headers_only(self, data: bytes) -> bytes:
+        """A plain file's segments before its scan's data, then the end-of-image marker: what
+        libjpeg must judge of it once the walk has judged the data."""
+        assert self.scan_data is not None, "only a plain file's headers stand alone"
+        return data[: self.scan_data] + b"\xff\xd9"
+
+
+def walk(data: bytes) -> Layout:
+    """The layout of the JPEG file `data`; an empty Layout for data that is not one."""
+    if not data.startswith(b"\xff\xd8"):
+        return Layout()
+    precision = components = None
+    pos, interval, scans, plain, first_scan, one_pass = 2, 0, 0, True, None, False
+    while True:
+        found = _MARKER.search(data, pos)
+        if found is None:
+            return Layout(precision, "it ends before its end-of-image marker", True)
+        code, at, pos = found[1][0], found.start(), found.end()
+        if code == _EOI:
+            return Layout(precision, scan_data=first_scan if plain and scans == 1 else None)
+        if code in _RESTARTS or code == _TEM:  # no length; out of place, but libjpeg goes on
+            plain = False
+            continue
+        if code == _SOI or code < 0xC0:
+            return Layout(precision, f"a marker 0xFF{code:02X} that has no place at byte {at}")
+        if pos + 2 > len(data):
+            return Layout(precision, "it ends inside a segment header", True)
+        end = pos + int.from_bytes(data[pos : pos + 2], "big")
+        if end < pos + 2:
+            return Layout(precision, f"a segment at byte {at} has a length below 2")
+        if end > len(data):
+            return Layout(precision, f"the segment at byte {at} runs past the file's end", True)
+        body = data[pos + 2 : end]
+        if code in _FRAMES:
+            if precision is not None:
+                return Layout(precision, f"a second frame header at byte {at}")
+            if len(body) < 6:
+                return Layout(precision, f"a frame header too short at byte {at}")
+            precision, components, frame = body[0], body[5], code
+            plain &= code in _SEQUENTIAL
+        elif code == _SOS:
+            # libjpeg decodes in one pass a sequential frame whose first scan holds every
+            # component, and then expects nothing but the end.
+            if components is None or one_pass:
+                return Layout(precision, f"a scan header out of place at byte {at}")
+            if scans == 0:
+                one_pass = frame not in _PROGRESSIVE and body[:1] == bytes([components])
+                first_scan = end
+            scans += 1
+            plain &= one_pass
+            pos, code, damage = _scan_end(data, end, interval)
+            if damage is not None:
+                return Layout(precision, damage, truncated=pos is None)
+            plain &= code == _EOI
+            continue
+        elif code == _DRI:
+            interval = int.from_bytes(body[:2], "big")
+        elif code not in _PLAIN_SEGMENTS:
+            plain = False
+        pos = end
+
+
+def _scan_end(data: bytes, start: int, interval: int):
+    """(where, code, None) of the first marker after the scan whose data begins at `start`
+    that is not the scan's next restart marker; (where, code, what is wrong) where a restart
+    marker is out of order; (None, None, what is wrong) where no marker follows. Restart
+    markers count 0-7 from 0 in each scan, and come only with a restart interval."""
+    expected = 0
+    for found in _MARKER.finditer(data, start):
+        code = found[1][0]
+        if code not in _RESTARTS:
+            return found.start(), code, None
+        if interval == 0 or code != _RESTARTS[expected % 8]:
+            return found.start(), code, f"a restart marker out of order at byte {found.start()}"
+        expected += 1
+    return None, None, "its image data ends before its end-of-image marker"
