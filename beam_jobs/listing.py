@@ -139,6 +139,11 @@ class _Walk:
 
     def _child(self, child: os.DirEntry, relpath: str, through_link: bool) -> Iterator[Entry]:
         is_link = child.is_symlink()
+        if not is_link and child.is_file(follow_symlinks=False):
+            # The folder's listing says so on most filesystems: no stat (a system call an
+            # input, in the launcher). The reader checks the file again when it opens it.
+            yield self._linked_file(child.path, relpath) if through_link else Entry(child.path, relpath)
+            return
         try:
             info = child.stat()  # follows links
         except OSError as err:
@@ -160,7 +165,7 @@ class _Walk:
         else:
             yield Entry(child.path, relpath, info.st_size)
 
-    def _linked_file(self, path: str, relpath: str, size: int) -> Entry:
+    def _linked_file(self, path: str, relpath: str, size: int | None = None) -> Entry:
         """A file reached through a link: kept, unless its real path is listed already."""
         real = os.path.realpath(path)
         if paths.is_inside(real, self._real_root):
