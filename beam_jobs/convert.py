@@ -226,11 +226,14 @@ def _say_launched(config, template: str | None, result) -> None:
 def _cloud_errors_said_plainly(what: str):
     """Google Cloud client errors before the job (no network, no access, retries given up) as
     one line: the client libraries' own tracebacks run to pages."""
-    from google.api_core import exceptions as cloud
-
     try:
         yield
-    except cloud.GoogleAPIError as err:
+    except Exception as err:
+        # Only a client that imported them raises them: a local job does not import them (a
+        # twentieth of a CPU-second, most of it gRPC).
+        cloud = sys.modules.get("google.api_core.exceptions")
+        if cloud is None or not isinstance(err, cloud.GoogleAPIError):
+            raise
         raise ConnectionError(f"Cannot reach {what}: {messages.one_line(err)}") from err
 
 

@@ -259,6 +259,14 @@ def test_full_run_from_gs_to_gs(gcs, tmp_path):
     assert not tf.io.gfile.glob(out + "/.tmp-*/*")
 
 
+def test_a_missing_bucket_is_one_line_naming_it(gcs, tmp_path):
+    # The cloud client's error, not its pages of traceback; a local job never imports it.
+    ran = run_cli("convert", "gs://no-such-bucket/src", tmp_path / "out")
+    assert ran.returncode == 2
+    assert ran.stderr.startswith("error: Cannot reach gs://no-such-bucket/src or ")
+    assert "404" in ran.stderr and ran.stderr.count("\n") == 1
+
+
 @pytest.mark.slow
 def test_remote_sources_of_a_batch_are_read_at_once_and_checked_in_order(gcs, tmp_path):
     # On Dataflow a worker checks on one thread; reading gs:// objects one after another
