@@ -84,6 +84,7 @@ def _scan_header(data: bytes) -> bytes:
         (_inserted(b"\xff\xe4\xff\xf0"), "truncated: JPEG data is damaged: the segment at byte"),
         (_inserted(_scan_header(photo())), "a scan header out of place at byte"),
         (_inserted(b"\xff\x42"), "a marker 0xFF42 that has no place at byte"),
+        (_inserted(b"\xff\xf0\x00\x02"), "a marker 0xFFF0 that has no place at byte"),
         (_inserted(b"\xff\xd8"), "a marker 0xFFD8 that has no place at byte"),
         (_inserted(_frame_header(photo())), "a second frame header at byte"),
         # libjpeg decodes this one with its blocks after the marker grey: damaged all the same.
@@ -92,6 +93,45 @@ def _scan_header(data: bytes) -> bytes:
 )
 def test_damage_the_markers_show_is_refused_saying_where(damaged, expected):
     assert expected in verdict(damaged)
+
+
+def test_damage_past_the_decoders_first_block_is_found():
+    # Fed 64 KiB at a time, libjpeg stopped once every row was out: a bad table after a long
+    # comment after the image data went unseen, and TensorFlow, which reads on, failed.
+    comment = b"\xff\xfe" + (65000).to_bytes(2, "big") + b"x" * 64998
+    bad_table = b"\xff\xc4\x00\x05\x00\x00\x00"
+    damaged = photo()[:-2] + comment + bad_table + b"\xff\xd9"
+    assert not tensorflow_decodes(damaged)
+    assert verdict(damaged).startswith("not_an_image: JPEG data cannot be decoded")
+
+
+def test_an_arithmetic_coded_jpeg_larger_than_the_decoders_block_is_stored(monkeypatch):
+    # libjpeg cannot pause inside arithmetic-coded data: fed in blocks, a sound file failed.
+    from PIL import ImageFile
+
+    data = (ODD_IMAGES / "testimgari.jpg").read_bytes()
+    monkeypatch.setattr(ImageFile, "MAXBLOCK", 1024)  # the file is 5 KiB
+    assert verdict(data) == "stored"
+
+
+def test_tables_before_the_image_are_refused():
+    # Pillow skips a datastream of tables alone and decodes the image after it; TensorFlow
+    # finds no image.
+    damaged = b"\xff\xd8\xff\xd9" + photo()
+    assert not tensorflow_decodes(damaged)
+    assert "an end-of-image marker before any image data at byte 2" in verdict(damaged)
+
+
+@pytest.mark.parametrize("frame", [0xC3, 0xC5, 0xCB])
+def test_lossless_and_hierarchical_jpegs_are_refused_undecoded(frame):
+    # TensorFlow cannot decode them, and Pillow's 1/8-scale decode of a lossless one corrupted
+    # the worker's memory (the process aborted): the frame type alone decides.
+    data = photo()
+    at = data.index(b"\xff\xc0")
+    other = data[:at] + bytes([0xFF, frame]) + data[at + 2 :]
+    assert not tensorflow_decodes(other)
+    assert verdict(other).startswith(f"unsupported_jpeg: a lossless or hierarchical JPEG "
+                                     f"(frame type 0x{frame:02X})")  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -121,16 +121,22 @@ class StoredImage:
         return bool(self.changes)
 
 
-def _open(data: bytes, precision: int | None, policy: ImagePolicy) -> Image.Image:
+def _open(data: bytes, layout: jpeg_markers.Layout, policy: ImagePolicy) -> Image.Image:
     if not data:
         raise Rejected(EMPTY_FILE, "the file is empty (0 bytes)")
     # Pillow and tf.io.decode_jpeg both fail on 12-bit JPEGs with unhelpful messages: the frame
     # header gives the real reason.
-    if precision is not None and precision != 8:
+    if layout.precision is not None and layout.precision != 8:
         raise Rejected(
             UNSUPPORTED_JPEG,
-            f"{precision}-bit JPEG; only 8-bit JPEGs can be decoded by Pillow and "
+            f"{layout.precision}-bit JPEG; only 8-bit JPEGs can be decoded by Pillow and "
             "tf.io.decode_jpeg. Convert it to 8 bits per channel first.",
+        )
+    if layout.frame is not None and layout.frame not in jpeg_markers.DECODABLE_FRAMES:
+        raise Rejected(
+            UNSUPPORTED_JPEG,
+            f"a lossless or hierarchical JPEG (frame type 0x{layout.frame:02X}), which "
+            "tf.io.decode_jpeg cannot decode. Convert it to a baseline JPEG first.",
         )
     try:
         # Pillow warns from 89 megapixels (DecompressionBombWarning) and refuses twice that;
@@ -178,6 +184,10 @@ def _decode(
         image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
     elif layout.plain:  # its pixels are needed: all of it
         image = Image.open(io.BytesIO(data))
+    # All of it at once. Fed 64 KiB at a time, libjpeg stops once every row is out, and never
+    # reads what lies after (damage there fails in TensorFlow, which reads to the end), and an
+    # arithmetic-coded file, which libjpeg cannot pause in, fails when it is larger.
+    image.decodermaxblock = max(len(data), image.decodermaxblock)
     try:
         image.load()
     except (OSError, SyntaxError, ValueError, struct.error) as err:
@@ -289,7 +299,7 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
     """
     layout = jpeg_markers.walk(data)
     # A plain JPEG's segments before its image data say all that is needed of it here.
-    image = _open(layout.headers_only(data) if layout.plain else data, layout.precision, policy)
+    image = _open(layout.headers_only(data) if layout.plain else data, layout, policy)
     width, height = image.size
     orientation = _orientation(image, data)
     profile = _rgb_profile(image) if policy.keep_icc_profile else None

@@ -27,6 +27,13 @@ _SOI, _EOI, _SOS, _DRI, _TEM = 0xD8, 0xD9, 0xDA, 0xDD, 0x01
 _RESTARTS = range(0xD0, 0xD8)
 # Start-of-frame markers: 0xC0-0xCF but DHT (0xC4), JPG (0xC8) and DAC (0xCC).
 _FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# The frames TensorFlow's libjpeg decodes: baseline, extended and progressive, Huffman or
+# arithmetic coded. Lossless and hierarchical ones it refuses (and Pillow's 1/8-scale decode
+# of a lossless one corrupts the process's memory).
+DECODABLE_FRAMES = frozenset({0xC0, 0xC1, 0xC2, 0xC9, 0xCA})
+# Markers libjpeg stops at, wherever they are: reserved codes, JPG and JPGn, and those of
+# hierarchical files (DHP, EXP). TEM (0x01) it skips.
+_REFUSED = frozenset({*range(0x02, 0xC0), 0xC8, 0xDE, 0xDF, *range(0xF0, 0xFE)})
 _SEQUENTIAL = frozenset({0xC0, 0xC1})  # baseline and extended Huffman
 _PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 # What a plain file may hold before its scan: tables (DHT, DQT), the restart interval,
@@ -40,6 +47,8 @@ class Layout:
 
     Attributes:
       precision: bits per sample in the frame header; None where no frame header was read.
+      frame: the frame header's marker code (0xC0 baseline, 0xC2 progressive...); None where
+        no frame header was read.
       damage: what is wrong, for a person; None where the markers show nothing wrong.
       truncated: the damage is a file that ends too soon.
       scan_data: where the file's one scan's data begins, when the file is plain (above);
@@ -47,6 +56,7 @@ class Layout:
     """
 
     precision: int | None = None
+    frame: int | None = None
     damage: str | None = None
     truncated: bool = False
     scan_data: int | None = None
@@ -66,40 +76,46 @@ def walk(data: bytes) -> Layout:
     """The layout of the JPEG file `data`; an empty Layout for data that is not one."""
     if not data.startswith(b"\xff\xd8"):
         return Layout()
-    precision = components = None
+    precision = components = frame = None
     pos, interval, scans, plain, first_scan, one_pass = 2, 0, 0, True, None, False
+
+    def damaged(what: str, truncated: bool = False) -> Layout:
+        return Layout(precision, frame, what, truncated)
+
     while True:
         found = _MARKER.search(data, pos)
         if found is None:
-            return Layout(precision, "it ends before its end-of-image marker", True)
+            return damaged("it ends before its end-of-image marker", truncated=True)
         code, at, pos = found[1][0], found.start(), found.end()
         if code == _EOI:
-            return Layout(precision, scan_data=first_scan if plain and scans == 1 else None)
+            if scans == 0:  # a datastream of tables alone: libjpeg finds no image in it
+                return damaged(f"an end-of-image marker before any image data at byte {at}")
+            return Layout(precision, frame, scan_data=first_scan if plain and scans == 1 else None)
         if code in _RESTARTS or code == _TEM:  # no length; out of place, but libjpeg goes on
             plain = False
             continue
-        if code == _SOI or code < 0xC0:
-            return Layout(precision, f"a marker 0xFF{code:02X} that has no place at byte {at}")
+        if code == _SOI or code in _REFUSED:
+            return damaged(f"a marker 0xFF{code:02X} that has no place at byte {at}")
         if pos + 2 > len(data):
-            return Layout(precision, "it ends inside a segment header", True)
+            return damaged("it ends inside a segment header", truncated=True)
         end = pos + int.from_bytes(data[pos : pos + 2], "big")
         if end < pos + 2:
-            return Layout(precision, f"a segment at byte {at} has a length below 2")
+            return damaged(f"a segment at byte {at} has a length below 2")
         if end > len(data):
-            return Layout(precision, f"the segment at byte {at} runs past the file's end", True)
+            return damaged(f"the segment at byte {at} runs past the file's end", truncated=True)
         body = data[pos + 2 : end]
         if code in _FRAMES:
-            if precision is not None:
-                return Layout(precision, f"a second frame header at byte {at}")
+            if frame is not None:
+                return damaged(f"a second frame header at byte {at}")
             if len(body) < 6:
-                return Layout(precision, f"a frame header too short at byte {at}")
+                return damaged(f"a frame header too short at byte {at}")
             precision, components, frame = body[0], body[5], code
             plain &= code in _SEQUENTIAL
         elif code == _SOS:
             # libjpeg decodes in one pass a sequential frame whose first scan holds every
             # component, and then expects nothing but the end.
             if components is None or one_pass:
-                return Layout(precision, f"a scan header out of place at byte {at}")
+                return damaged(f"a scan header out of place at byte {at}")
             if scans == 0:
                 one_pass = frame not in _PROGRESSIVE and body[:1] == bytes([components])
                 first_scan = end
@@ -107,7 +123,7 @@ def walk(data: bytes) -> Layout:
             plain &= one_pass
             pos, code, damage = _scan_end(data, end, interval)
             if damage is not None:
-                return Layout(precision, damage, truncated=pos is None)
+                return damaged(damage, truncated=pos is None)
             plain &= code == _EOI
             continue
         elif code == _DRI:
