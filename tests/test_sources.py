@@ -187,6 +187,10 @@ def test_an_input_is_read_whole_up_to_the_cap_whatever_its_size_says(tmp_path, m
     assert storage.read_input(str(path), max_bytes=len(data)) == data
     with pytest.raises(images.Rejected, match="over the cap"):
         storage.read_input(str(path), max_bytes=len(data) - 1)
+    # One read gives at most 2 GiB: a larger file is read whole all the same.
+    monkeypatch.setattr(os, "fstat", real_fstat)
+    monkeypatch.setattr(storage, "_MOST_PER_READ", 1000)
+    assert storage.read_input(str(path), max_bytes=len(data)) == data
 
 
 @pytest.mark.parametrize(
