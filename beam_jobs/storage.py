@@ -251,8 +251,9 @@ def _read_local(handle: int, max_bytes: int) -> bytes:
         )
     # As much as it says it holds, and one byte more, which a file that grew since fstat
     # fills: read(n) sets n bytes aside first, and the cap's 128 MiB for every input tripled
-    # the cost of reading a small one. A regular file's read gives less than it was asked
-    # only at the file's end, up to the most one read gives: one read, for an image.
+    # the cost of reading a small one. A read that gives less than asked once the size is in
+    # is the end: one read, for an image on a local disk. Before that it is only a short read
+    # (a FUSE mount may give 4 KiB at a time): on, to an empty one.
     parts, size, wanted = [], 0, info.st_size + 1
     while size <= max_bytes:
         asked = min(wanted - size, _MOST_PER_READ)
@@ -264,7 +265,7 @@ def _read_local(handle: int, max_bytes: int) -> bytes:
         size += len(part)
         if size == wanted:  # it grew since (or holds more than it says): on, to the cap
             wanted = max_bytes + 1
-        elif len(part) < asked:
+        elif not part or (len(part) < asked and size >= info.st_size):
             break
     return b"".join(parts)
 
