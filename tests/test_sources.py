@@ -194,6 +194,7 @@ def test_an_input_is_read_whole_up_to_the_cap_whatever_its_size_says(tmp_path, m
     # Nor is a read that gives less than asked the end, before the file's size is in (a FUSE
     # mount may give 4 KiB at a time): the image was cut, and its record refused as changed.
     real_read = os.read
+    monkeypatch.setattr(storage, "_MOST_PER_READ", 1 << 30)
     monkeypatch.setattr(os, "read", lambda handle, n: real_read(handle, min(n, 4096)))
     assert storage.read_input(str(path), max_bytes=len(data)) == data
 
