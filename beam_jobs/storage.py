@@ -7,6 +7,7 @@ engine's workers, which touch local files only for a local job, never pay it."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -221,7 +222,14 @@ def read_input(path: str, max_bytes: int) -> bytes:
             data = f.read(max_bytes + 1)
     else:
         # O_NONBLOCK: opening a FIFO that nobody writes to returns at once instead of waiting.
-        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as err:
+            if err.errno != errno.ENXIO:
+                raise
+            # A socket, or a device with nothing behind it: nothing a file could hold.
+            raise images.Rejected(images.NOT_A_FILE, "not a regular file (a socket or an "
+                                  "absent device): not read") from err  # fmt: skip
         try:
             data = _read_local(handle, max_bytes)
         finally:

@@ -5,6 +5,7 @@ lists the same way."""
 import collections
 import json
 import os
+import socket
 import subprocess
 
 import pytest
@@ -155,13 +156,20 @@ def test_special_files_and_files_over_the_cap_are_not_read(tmp_path):
     (tmp_path / "ok.jpg").write_bytes(jpeg_bytes(8, 8, COLOURS["red"]))
     # Kernel files say 0 bytes: /proc/kmsg used to end in "'NoneType' has no len()" (or to take
     # the kernel's messages from the system log), /proc/self/status to be read.
+    # A socket listed by name used to be `unreadable`, with the system's "No such device".
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(tmp_path / "sock.jpg"))
     (tmp_path / "list.csv").write_text(
         "/dev/zero,red\nbig.jpg,red\nok.jpg,red\n/proc/self/status,red\n/proc/kmsg,red\n"
+        "sock.jpg,red\n"
     )
     size = (tmp_path / "big.jpg").stat().st_size
-    result = convert_(tmp_path / "list.csv", tmp_path / "out", "--max_file_mb", size / 2**20 - 1e-6)
+    with listening:
+        result = convert_(tmp_path / "list.csv", tmp_path / "out", "--max_file_mb",
+                          size / 2**20 - 1e-6)  # fmt: skip
     kmsg = images.EMPTY_FILE if can_open("/proc/kmsg") else images.UNREADABLE
-    reasons = collections.Counter([images.NOT_A_FILE, images.FILE_TOO_LARGE, images.EMPTY_FILE, kmsg])
+    reasons = collections.Counter([images.NOT_A_FILE, images.FILE_TOO_LARGE, images.EMPTY_FILE,
+                                   kmsg, images.NOT_A_FILE])  # fmt: skip
     assert result.rejected_reasons == dict(reasons)
     assert result.splits["train"].num_examples == 1
     said = (tmp_path / "out" / naming.rejected_name("train")).read_text()
