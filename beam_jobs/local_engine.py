@@ -15,7 +15,6 @@ batches and shards in flight, and one group of inputs with the same bytes.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import json
 import logging
@@ -169,7 +168,7 @@ class _Job:
                 for rejection in others:
                     self._reject(rejection)
             for split, checked in same:
-                checked = dataclasses.replace(checked, label_index=index[checked.label_text])
+                checked = checked.with_label_index(index[checked.label_text])
                 self._by_key.add((split, checked.key, checked))
                 totals[split][0] += 1
                 totals[split][1] += checked.size

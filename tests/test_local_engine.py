@@ -249,3 +249,19 @@ def test_a_worker_error_that_pickle_cannot_rebuild_is_still_said(
     with pytest.raises(convert.JobFailedError, match="Rejected: .*cut short on purpose"):
         convert.run([str(src), str(tmp_path / "out"), "--verbose"])
     assert "Traceback" in caplog.text and "raise images.Rejected" in caplog.text  # the worker's
+
+
+def test_a_checked_entry_crosses_processes_whole_and_takes_its_label_index_later():
+    # Entries are pickled several times each (to the launcher, through its sorts, to the
+    # shard's writer) by a pickling of their own, cheaper than the dataclass's.
+    import pickle
+
+    from beam_jobs import load
+
+    checked = load.Checked(key="k", path="/src/a.jpg", relpath="a.jpg", label_index=-1,
+                           label_text="cat", sha256="0" * 64, crc32c=7, height=2, width=3,
+                           size=100, reencoded=True)  # fmt: skip
+    assert pickle.loads(pickle.dumps(checked)) == checked
+    labelled = checked.with_label_index(4)
+    assert labelled == load.Checked(**{**{f: getattr(checked, f) for f in load._CHECKED_NAMES},
+                                       "label_index": 4})  # fmt: skip
