@@ -256,8 +256,6 @@ def test_a_checked_entry_crosses_processes_whole_and_takes_its_label_index_later
     # shard's writer) by a pickling of their own, cheaper than the dataclass's.
     import pickle
 
-    from beam_jobs import load
-
     checked = load.Checked(key="k", path="/src/a.jpg", relpath="a.jpg", label_index=-1,
                            label_text="cat", sha256="0" * 64, crc32c=7, height=2, width=3,
                            size=100, reencoded=True)  # fmt: skip
