@@ -50,7 +50,7 @@ def write_shard(
         if first is not None and paths.is_remote(first.path):
             records = (future.result() for future in load.in_order(pool, read, entries, READ_AHEAD))
         else:
-            records = map(read, entries)
+            records = map(read, _read_ahead(entries))
         for serialized in records:
             for writer in writers:
                 writer.write(serialized)
@@ -60,3 +60,12 @@ def write_shard(
                              positions.hexdigest())  # fmt: skip
         for file_format, name, path in zip(config.formats, names, files)
     ]
+
+
+def _read_ahead(entries):
+    """`entries`, the local files of each READ_AHEAD of them asked into the kernel's cache
+    before the first is read (`storage.read_ahead`)."""
+    entries = iter(entries)
+    while window := list(itertools.islice(entries, READ_AHEAD)):
+        storage.read_ahead(checked.path for checked in window)
+        yield from window

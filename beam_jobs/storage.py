@@ -242,6 +242,24 @@ def read_input(path: str, max_bytes: int) -> bytes:
 _MOST_PER_READ = 1 << 30  # Linux gives at most 2 GiB less 4 KiB in one read
 
 
+def read_ahead(local_paths: Iterable[str]) -> None:
+    """Asks the kernel to bring local files into its cache, all at once: read one after
+    another, files not in the cache each waited on the disk in turn (a 500,000-input
+    conversion took twice as long with a cold cache). Best effort: whatever cannot be opened
+    or advised is left to the read itself, which says what is wrong."""
+    for path in local_paths:
+        try:
+            handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:  # a FIFO, a socket...
+            pass
+        finally:
+            os.close(handle)
+
+
 def _read_local(handle: int, max_bytes: int) -> bytes:
     """The bytes of the open local file `handle`, as `read_input` describes. Read from the
     descriptor: a Python file object would cost four system calls more per input (an fstat,

@@ -316,3 +316,17 @@ def test_line_ends_split_across_read_blocks_are_one_line_end(tmp_path, monkeypat
     (tmp_path / "list.csv").write_bytes(b"a.jpg,red\r\nb.jpg,green\r\n\rc.jpg,blue")
     lines = list(csv_lists.csv_lines(str(tmp_path / "list.csv")))
     assert lines == [(1, "a.jpg,red"), (2, "b.jpg,green"), (3, ""), (4, "c.jpg,blue")]
+
+
+def test_reading_ahead_passes_over_what_cannot_be_read_without_waiting(tmp_path):
+    # Inputs are asked into the kernel's cache before they are read: that must never block
+    # (a FIFO nobody writes to) nor fail (a missing file, a folder, a socket); the read itself
+    # says what is wrong with them.
+    os.mkfifo(tmp_path / "pipe.jpg")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "ok.jpg").write_bytes(b"x" * 10)
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(tmp_path / "sock.jpg"))
+        names = ["missing.jpg", "pipe.jpg", "folder", "sock.jpg", "ok.jpg"]
+        storage.read_ahead(str(tmp_path / name) for name in names)
+    assert storage.read_input(str(tmp_path / "ok.jpg"), max_bytes=100) == b"x" * 10
