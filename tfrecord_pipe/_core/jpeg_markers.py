@@ -23,7 +23,7 @@ import re
 # A marker: fill bytes (0xFF) then its code. 0xFF 0x00 is a data byte 0xFF, not a marker.
 _MARKER = re.compile(rb"\xff([^\x00\xff])")
 
-_SOI, _EOI, _SOS, _DRI, _TEM = 0xD8, 0xD9, 0xDA, 0xDD, 0x01
+_EOI, _SOS, _DRI, _TEM = 0xD9, 0xDA, 0xDD, 0x01
 _RESTARTS = range(0xD0, 0xD8)
 # Start-of-frame markers: 0xC0-0xCF but DHT (0xC4), JPG (0xC8) and DAC (0xCC).
 _FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -31,9 +31,9 @@ _FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 # arithmetic coded. Lossless and hierarchical ones it refuses (and Pillow's 1/8-scale decode
 # of a lossless one corrupts the process's memory).
 DECODABLE_FRAMES = frozenset({0xC0, 0xC1, 0xC2, 0xC9, 0xCA})
-# Markers libjpeg stops at, wherever they are: reserved codes, JPG and JPGn, and those of
-# hierarchical files (DHP, EXP). TEM (0x01) it skips.
-_REFUSED = frozenset({*range(0x02, 0xC0), 0xC8, 0xDE, 0xDF, *range(0xF0, 0xFE)})
+# Markers libjpeg stops at after the file's start: reserved codes, JPG and JPGn, those of
+# hierarchical files (DHP, EXP), and a second start of image (SOI). TEM (0x01) it skips.
+_REFUSED = frozenset({*range(0x02, 0xC0), 0xC8, 0xD8, 0xDE, 0xDF, *range(0xF0, 0xFE)})
 _SEQUENTIAL = frozenset({0xC0, 0xC1})  # baseline and extended Huffman
 _PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 # What a plain file may hold before its scan: tables (DHT, DQT), the restart interval,
@@ -94,7 +94,7 @@ def walk(data: bytes) -> Layout:
         if code in _RESTARTS or code == _TEM:  # no length; out of place, but libjpeg goes on
             plain = False
             continue
-        if code == _SOI or code in _REFUSED:
+        if code in _REFUSED:
             return damaged(f"a marker 0xFF{code:02X} that has no place at byte {at}")
         if pos + 2 > len(data):
             return damaged("it ends inside a segment header", truncated=True)
