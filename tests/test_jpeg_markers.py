@@ -211,3 +211,55 @@ def test_the_walk_knows_a_plain_file_from_one_that_needs_decoding_whole():
     assert all(jpeg_markers.walk(data).plain for data in plain)
     assert not any(jpeg_markers.walk(data).plain for data in whole)
     assert jpeg_markers.walk(encode(Image.new("RGB", (4, 4)), "PNG")) == jpeg_markers.Layout()
+
+
+def _with_frame_size(data: bytes, width: int, height: int) -> bytes:
+    at = data.index(b"\xff\xc0") + 5  # the frame header's height, then width
+    return data[:at] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + data[at + 4 :]
+
+
+def test_a_plain_file_is_stored_at_its_own_size():
+    # libjpeg judges a plain file's headers with a frame of one pixel; the size is the frame's.
+    data = photo_like_jpeg(np.random.default_rng(1), width=40, height=24)
+    assert jpeg_markers.walk(data).plain
+    stored = images.normalise(data)
+    assert (stored.height, stored.width, stored.encoded) == (24, 40, data)
+
+
+@pytest.mark.parametrize(
+    "width, height, expected",
+    [
+        (64, 0, "a frame of 64x0 pixels, which libjpeg cannot decode"),
+        (0, 64, "a frame of 0x64 pixels, which libjpeg cannot decode"),
+        (65501, 1, "libjpeg decodes at most 65500 pixels a side"),
+    ],
+)
+def test_a_frame_size_libjpeg_refuses_is_refused(width, height, expected):
+    data = _with_frame_size(photo(), width, height)
+    assert not tensorflow_decodes(data)
+    assert verdict(data).startswith("unsupported_jpeg: ") and expected in verdict(data)
+
+
+def test_a_plain_file_declaring_more_pixels_than_pillow_decodes_is_refused():
+    # Image.open refuses it, but opens the headers alone at one pixel; the cap still holds
+    # when the user lifts the converter's own (--max_pixels).
+    side = 20000  # 400 megapixels
+    data = _with_frame_size(photo(), side, side)
+    with pytest.raises(images.Rejected, match="Pillow decodes at most") as err:
+        images.normalise(data, images.ImagePolicy(max_pixels=10**9))
+    assert err.value.reason == images.TOO_MANY_PIXELS
+
+
+def test_every_header_byte_damaged_what_is_stored_decodes_in_tensorflow():
+    # A sweep of a plain file's headers, each byte set to values that break lengths, counts,
+    # table numbers and sizes: what the one-pixel frame lets through, TensorFlow decodes.
+    data = photo(side=24)
+    headers_end = scan_data(data)
+    stored = 0
+    for at in range(2, headers_end):
+        for value in {0x00, 0x01, 0x10, 0x7F, 0xFF, data[at] ^ 0x01} - {data[at]}:
+            damaged = data[:at] + bytes([value]) + data[at + 1 :]
+            if verdict(damaged) == "stored":
+                stored += 1
+                assert tensorflow_decodes(damaged), (at, value)
+    assert stored > 100  # changed table values and comments are still sound files

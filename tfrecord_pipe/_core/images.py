@@ -138,9 +138,12 @@ def _open(data: bytes, layout: jpeg_markers.Layout, policy: ImagePolicy) -> Imag
             f"a lossless or hierarchical JPEG (frame type 0x{layout.frame:02X}), which "
             "tf.io.decode_jpeg cannot decode. Convert it to a baseline JPEG first.",
         )
+    size_problem = layout.size_problem()
+    if size_problem is not None:
+        raise Rejected(UNSUPPORTED_JPEG, size_problem)
     try:
         # Pillow warns from 89 megapixels (DecompressionBombWarning) and refuses twice that;
-        # our own cap, below, decides. The warning is not silenced here: catch_warnings
+        # our own cap (`_check_pixels`) decides. The warning is not silenced here: catch_warnings
         # changes process-wide state and the job calls this on several threads at once.
         image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as err:
@@ -149,19 +152,30 @@ def _open(data: bytes, layout: jpeg_markers.Layout, policy: ImagePolicy) -> Imag
         raise Rejected(NOT_AN_IMAGE, "not an image format Pillow can read") from err
     except (OSError, SyntaxError, ValueError, struct.error) as err:
         raise _undecodable("image", err) from err
-    width, height = image.size
-    if width * height > policy.max_pixels:
-        raise Rejected(
-            TOO_MANY_PIXELS,
-            f"{width}x{height} = {width * height} pixels exceeds the cap of {policy.max_pixels} "
-            "(ImagePolicy.max_pixels / --max_pixels)",
-        )
     if image.format != "JPEG" and not policy.allow_other_formats:
         raise Rejected(
             NOT_ALLOWED_FORMAT,
             f"{image.format} image, and re-encoding other formats is turned off",
         )
     return image
+
+
+def _check_pixels(width: int, height: int, policy: ImagePolicy) -> None:
+    pixels = width * height
+    if pixels > policy.max_pixels:
+        raise Rejected(
+            TOO_MANY_PIXELS,
+            f"{width}x{height} = {pixels} pixels exceeds the cap of {policy.max_pixels} "
+            "(ImagePolicy.max_pixels / --max_pixels)",
+        )
+    # What Image.open refuses (DecompressionBombError), for a plain JPEG that it opened one
+    # pixel in size.
+    if pixels > 2 * Image.MAX_IMAGE_PIXELS:
+        raise Rejected(
+            TOO_MANY_PIXELS,
+            f"{width}x{height} = {pixels} pixels; Pillow decodes at most "
+            f"{2 * Image.MAX_IMAGE_PIXELS}",
+        )
 
 
 def _decode(
@@ -173,17 +187,17 @@ def _decode(
     A JPEG whose markers show damage is refused (`jpeg_markers`). With `validate_only` (a
     JPEG stored byte for byte, so its pixels are not needed) libjpeg decodes at 1/8 scale,
     which still reads every byte of the image data; and of a plain file, whose image data
-    the marker walk has proven, `image` holds only the segments before that data
-    (benchmarks/RESULTS.md, "Checking inputs").
+    the marker walk has proven, `image` holds only the segments before that data, with a
+    frame of one pixel (benchmarks/RESULTS.md, "Checking inputs").
     """
     if layout.damage is not None:
         raise Rejected(TRUNCATED if layout.truncated else NOT_AN_IMAGE,
                        f"JPEG data is damaged: {layout.damage}")  # fmt: skip
-    if validate_only:
+    if layout.plain and not validate_only:  # its pixels are needed: all of it
+        image = Image.open(io.BytesIO(data))
+    elif validate_only and not layout.plain:
         width, height = image.size
         image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
-    elif layout.plain:  # its pixels are needed: all of it
-        image = Image.open(io.BytesIO(data))
     # All of it at once. Fed 64 KiB at a time, libjpeg stops once every row is out, and never
     # reads what lies after (damage there fails in TensorFlow, which reads to the end), and an
     # arithmetic-coded file, which libjpeg cannot pause in, fails when it is larger.
@@ -298,9 +312,15 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
       Rejected: the input cannot be stored; `reason` says why.
     """
     layout = jpeg_markers.walk(data)
-    # A plain JPEG's segments before its image data say all that is needed of it here.
-    image = _open(layout.headers_only(data) if layout.plain else data, layout, policy)
-    width, height = image.size
+    # A plain JPEG's segments before its image data say all that is needed of it here, with
+    # its frame one pixel in size (jpeg_markers.Layout.headers_only): its size is the walk's.
+    if layout.plain:
+        image = _open(layout.headers_only(data), layout, policy)
+        width, height = layout.width, layout.height
+    else:
+        image = _open(data, layout, policy)
+        width, height = image.size
+    _check_pixels(width, height, policy)
     orientation = _orientation(image, data)
     profile = _rgb_profile(image) if policy.keep_icc_profile else None
     stored_as_is = (

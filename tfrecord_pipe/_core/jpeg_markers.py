@@ -12,7 +12,10 @@ in place) fails neither decoder: libjpeg warns and goes on, and so does the walk
 A "plain" file (one sequential frame, one scan of every component, nothing after it but the
 end-of-image marker) is then proven by decoding its segments before the scan alone: every
 table and header is libjpeg's to judge there, and the walk has judged the rest
-(`images.normalise`; benchmarks/RESULTS.md, "Checking inputs").
+(`images.normalise`; benchmarks/RESULTS.md, "Checking inputs"). Those segments are decoded
+with the frame's size set to one pixel: libjpeg judges them alike at any size, and would
+otherwise fill in every block of the missing image data. Its checks of the size itself are
+made here (`Layout.size_problem`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ _PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 # What a plain file may hold before its scan: tables (DHT, DQT), the restart interval,
 # application segments and comments.
 _PLAIN_SEGMENTS = frozenset({0xC4, 0xDB, _DRI, 0xFE, *range(0xE0, 0xF0)})
+# The longest side libjpeg decodes (JPEG_MAX_DIMENSION); the format allows 65535.
+MAX_SIDE = 65500
+_ONE_PIXEL = b"\x00\x01\x00\x01"  # a frame header's height and width, 1 and 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +57,8 @@ class Layout:
         no frame header was read.
       damage: what is wrong, for a person; None where the markers show nothing wrong.
       truncated: the damage is a file that ends too soon.
+      height, width: the frame header's size; None where no frame header was read.
+      size_at: where in the file the frame header's height and width lie.
       scan_data: where the file's one scan's data begins, when the file is plain (above);
         else None.
     """
@@ -59,28 +67,42 @@ class Layout:
     frame: int | None = None
     damage: str | None = None
     truncated: bool = False
+    height: int | None = None
+    width: int | None = None
+    size_at: int | None = None
     scan_data: int | None = None
 
     @property
     def plain(self) -> bool:
         return self.scan_data is not None
 
+    def size_problem(self) -> str | None:
+        """Why libjpeg cannot decode a frame of this size, for a person; None where it can."""
+        if self.height == 0 or self.width == 0:  # the height may come later, in a DNL segment
+            return f"a frame of {self.width}x{self.height} pixels, which libjpeg cannot decode"
+        if self.height is not None and max(self.height, self.width) > MAX_SIDE:
+            return (f"a frame of {self.width}x{self.height} pixels; libjpeg decodes at most "
+                    f"{MAX_SIDE} pixels a side")  # fmt: skip
+        return None
+
     def headers_only(self, data: bytes) -> bytes:
-        """A plain file's segments before its scan's data, then the end-of-image marker: what
-        libjpeg must judge of it once the walk has judged the data."""
+        """A plain file's segments before its scan's data, its frame one pixel in size, then
+        the end-of-image marker: what libjpeg must judge of it once the walk has judged the
+        data, and the caller the size."""
         assert self.scan_data is not None, "only a plain file's headers stand alone"
-        return data[: self.scan_data] + b"\xff\xd9"
+        size_at = self.size_at
+        return b"".join((data[:size_at], _ONE_PIXEL, data[size_at + 4 : self.scan_data], b"\xff\xd9"))
 
 
 def walk(data: bytes) -> Layout:
     """The layout of the JPEG file `data`; an empty Layout for data that is not one."""
     if not data.startswith(b"\xff\xd8"):
         return Layout()
-    precision = components = frame = None
+    precision = components = frame = height = width = size_at = None
     pos, interval, scans, plain, first_scan, one_pass = 2, 0, 0, True, None, False
 
     def damaged(what: str, truncated: bool = False) -> Layout:
-        return Layout(precision, frame, what, truncated)
+        return Layout(precision, frame, what, truncated, height, width, size_at)
 
     while True:
         found = _MARKER.search(data, pos)
@@ -90,7 +112,8 @@ def walk(data: bytes) -> Layout:
         if code == _EOI:
             if scans == 0:  # a datastream of tables alone: libjpeg finds no image in it
                 return damaged(f"an end-of-image marker before any image data at byte {at}")
-            return Layout(precision, frame, scan_data=first_scan if plain and scans == 1 else None)
+            first_scan = first_scan if plain and scans == 1 else None
+            return Layout(precision, frame, None, False, height, width, size_at, first_scan)
         if code in _RESTARTS or code == _TEM:  # no length; out of place, but libjpeg goes on
             plain = False
             continue
@@ -110,6 +133,8 @@ def walk(data: bytes) -> Layout:
             if len(body) < 6:
                 return damaged(f"a frame header too short at byte {at}")
             precision, components, frame = body[0], body[5], code
+            height, width = int.from_bytes(body[1:3], "big"), int.from_bytes(body[3:5], "big")
+            size_at = pos + 3
             plain &= code in _SEQUENTIAL
         elif code == _SOS:
             # libjpeg decodes in one pass a sequential frame whose first scan holds every
