@@ -126,6 +126,10 @@ def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int)
         data = storage.read_input(checked.path, policy.max_file_bytes)
     except (images.Rejected, FileNotFoundError) as err:  # emptied, removed, replaced by a FIFO...
         raise changed from err
+    except OSError as err:  # a local file made a link loop, or unreadable; not a network error
+        if paths.is_remote(checked.path):
+            raise
+        raise SourceChangedError(f"{changed} It cannot be read now: {err}") from err
     if google_crc32c.value(data) != checked.crc32c:
         raise changed
     encoded = images.normalise(data, policy).encoded if checked.reencoded else data
