@@ -36,13 +36,11 @@ class Entry:
     Attributes:
       path: where to read it.
       relpath: its path below the listed folder, "/"-separated.
-      size: bytes, when known.
       problem: (reason code, detail) when it cannot be an input; None when it can.
     """
 
     path: str
     relpath: str
-    size: int | None = None
     problem: tuple[str, str] | None = None
 
 
@@ -86,7 +84,7 @@ def _walk_remote(root: str) -> Iterator[Entry]:
         try:
             for blob in blobs:  # a page is fetched when the one before is used up
                 if not blob.name.endswith("/"):
-                    yield Entry(f"gs://{bucket}/{blob.name}", blob.name[len(prefix) :], blob.size)
+                    yield Entry(f"gs://{bucket}/{blob.name}", blob.name[len(prefix) :])
         except (google.api_core.exceptions.GoogleAPIError,
                 google.auth.exceptions.GoogleAuthError) as err:  # fmt: skip
             # As Beam's listing said it (an OSError): a storage failure, not bad input.
@@ -94,7 +92,7 @@ def _walk_remote(root: str) -> Iterator[Entry]:
         return
     for meta in sorted(matching_below(root), key=lambda meta: meta.path):
         if not meta.path.endswith("/"):
-            yield Entry(meta.path, meta.path[len(root) + 1 :], meta.size_in_bytes)
+            yield Entry(meta.path, meta.path[len(root) + 1 :])
 
 
 class _Walk:
@@ -161,11 +159,11 @@ class _Walk:
                 NOT_A_FILE, f"a {kind}, not a regular file: not read"
             ))  # fmt: skip
         elif is_link or through_link:
-            yield self._linked_file(child.path, relpath, info.st_size)
+            yield self._linked_file(child.path, relpath)
         else:
-            yield Entry(child.path, relpath, info.st_size)
+            yield Entry(child.path, relpath)
 
-    def _linked_file(self, path: str, relpath: str, size: int | None = None) -> Entry:
+    def _linked_file(self, path: str, relpath: str) -> Entry:
         """A file reached through a link: kept, unless its real path is listed already."""
         real = os.path.realpath(path)
         if paths.is_inside(real, self._real_root):
@@ -178,7 +176,7 @@ class _Walk:
             return Entry(path, relpath, problem=(
                 DUPLICATE, f"the same file as {kept} (both links to {real}); {kept} is kept"
             ))  # fmt: skip
-        return Entry(path, relpath, size)
+        return Entry(path, relpath)
 
 
 def _kind(mode: int) -> str:
