@@ -240,14 +240,33 @@ def test_a_frame_size_libjpeg_refuses_is_refused(width, height, expected):
     assert verdict(data).startswith("unsupported_jpeg: ") and expected in verdict(data)
 
 
-def test_a_plain_file_declaring_more_pixels_than_pillow_decodes_is_refused():
-    # Image.open refuses it, but opens the headers alone at one pixel; the cap still holds
-    # when the user lifts the converter's own (--max_pixels).
-    side = 20000  # 400 megapixels
-    data = _with_frame_size(photo(), side, side)
-    with pytest.raises(images.Rejected, match="Pillow decodes at most") as err:
+@pytest.mark.parametrize("pillows_limit", [Image.MAX_IMAGE_PIXELS, None])
+def test_a_plain_file_declaring_more_pixels_than_tensorflow_decodes_is_refused(
+    monkeypatch, pillows_limit
+):
+    # Image.open would refuse it, but opens the headers alone at one pixel: the limit still
+    # holds when the user lifts the converter's cap (--max_pixels), and Pillow's is lifted
+    # (None, which Pillow documents: it crashed every check).
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", pillows_limit)
+    data = _with_frame_size(photo(), 20000, 20000)  # 400 megapixels
+    with pytest.raises(images.Rejected, match="tf.io.decode_jpeg decodes at most") as err:
         images.normalise(data, images.ImagePolicy(max_pixels=10**9))
     assert err.value.reason == images.TOO_MANY_PIXELS
+
+
+@pytest.mark.slow
+def test_the_most_pixels_stored_are_the_most_tensorflow_decodes():
+    # 3277 x 54610 = MOST_DECODABLE_PIXELS: decoded (537 MB); 13378 x 13378 is refused (by
+    # TensorFlow before it allocates anything). A TensorFlow that moves its limit fails here.
+    lifted = images.ImagePolicy(max_pixels=10**9)
+    largest = _with_frame_size(photo(side=16), 3277, 54610)
+    assert 3277 * 54610 == images.MOST_DECODABLE_PIXELS
+    assert images.normalise(largest, lifted).encoded == largest
+    assert tensorflow_decodes(largest)
+    over = _with_frame_size(photo(side=16), 13378, 13378)
+    assert not tensorflow_decodes(over)
+    with pytest.raises(images.Rejected, match="decodes at most"):
+        images.normalise(over, lifted)
 
 
 def test_every_header_byte_damaged_what_is_stored_decodes_in_tensorflow():

@@ -35,6 +35,9 @@ NO_LABEL = "no_label"
 DUPLICATE = "duplicate"  # the same file listed twice (a link, a CSV line)
 DUPLICATE_CONTENT = "duplicate_content"  # another file with the same bytes (--dedupe)
 
+# tf.io.decode_jpeg refuses an image of 2^29 bytes or more decoded (3 per pixel, as the
+# reader asks): over 178,956,970 pixels, twice what Pillow warns of by default.
+MOST_DECODABLE_PIXELS = ((1 << 29) - 1) // 3
 # The converter's cap. 100 megapixels: far above any training image, far below what would
 # exhaust a worker (an RGB image of this size is 300 MB decoded). Serving has its own, lower
 # cap per request (`reading.serving.DEFAULT_MAX_REQUEST_PIXELS`).
@@ -121,7 +124,12 @@ class StoredImage:
         return bool(self.changes)
 
 
-def _open(data: bytes, layout: jpeg_markers.Layout, policy: ImagePolicy) -> Image.Image:
+def _open(
+    data: bytes, layout: jpeg_markers.Layout, policy: ImagePolicy
+) -> tuple[Image.Image, int, int]:
+    """The image Pillow opens, and its width and height. Of a plain JPEG, `data` is its
+    headers with a frame one pixel in size (`jpeg_markers.Layout.headers_only`): its size is
+    the walk's."""
     if not data:
         raise Rejected(EMPTY_FILE, "the file is empty (0 bytes)")
     # Pillow and tf.io.decode_jpeg both fail on 12-bit JPEGs with unhelpful messages: the frame
@@ -142,9 +150,10 @@ def _open(data: bytes, layout: jpeg_markers.Layout, policy: ImagePolicy) -> Imag
     if size_problem is not None:
         raise Rejected(UNSUPPORTED_JPEG, size_problem)
     try:
-        # Pillow warns from 89 megapixels (DecompressionBombWarning) and refuses twice that;
-        # our own cap (`_check_pixels`) decides. The warning is not silenced here: catch_warnings
-        # changes process-wide state and the job calls this on several threads at once.
+        # Pillow warns from 89 megapixels (DecompressionBombWarning) and refuses twice that,
+        # but for a plain JPEG, opened one pixel in size; our own caps, below, decide. The
+        # warning is not silenced here: catch_warnings changes process-wide state and the job
+        # calls this on several threads at once.
         image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as err:
         raise Rejected(TOO_MANY_PIXELS, str(err)) from err
@@ -152,15 +161,7 @@ def _open(data: bytes, layout: jpeg_markers.Layout, policy: ImagePolicy) -> Imag
         raise Rejected(NOT_AN_IMAGE, "not an image format Pillow can read") from err
     except (OSError, SyntaxError, ValueError, struct.error) as err:
         raise _undecodable("image", err) from err
-    if image.format != "JPEG" and not policy.allow_other_formats:
-        raise Rejected(
-            NOT_ALLOWED_FORMAT,
-            f"{image.format} image, and re-encoding other formats is turned off",
-        )
-    return image
-
-
-def _check_pixels(width: int, height: int, policy: ImagePolicy) -> None:
+    width, height = (layout.width, layout.height) if layout.plain else image.size
     pixels = width * height
     if pixels > policy.max_pixels:
         raise Rejected(
@@ -168,14 +169,18 @@ def _check_pixels(width: int, height: int, policy: ImagePolicy) -> None:
             f"{width}x{height} = {pixels} pixels exceeds the cap of {policy.max_pixels} "
             "(ImagePolicy.max_pixels / --max_pixels)",
         )
-    # What Image.open refuses (DecompressionBombError), for a plain JPEG that it opened one
-    # pixel in size.
-    if pixels > 2 * Image.MAX_IMAGE_PIXELS:
+    if pixels > MOST_DECODABLE_PIXELS:
         raise Rejected(
             TOO_MANY_PIXELS,
-            f"{width}x{height} = {pixels} pixels; Pillow decodes at most "
-            f"{2 * Image.MAX_IMAGE_PIXELS}",
+            f"{width}x{height} = {pixels} pixels; tf.io.decode_jpeg decodes at most "
+            f"{MOST_DECODABLE_PIXELS}",
         )
+    if image.format != "JPEG" and not policy.allow_other_formats:
+        raise Rejected(
+            NOT_ALLOWED_FORMAT,
+            f"{image.format} image, and re-encoding other formats is turned off",
+        )
+    return image, width, height
 
 
 def _decode(
@@ -312,15 +317,9 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
       Rejected: the input cannot be stored; `reason` says why.
     """
     layout = jpeg_markers.walk(data)
-    # A plain JPEG's segments before its image data say all that is needed of it here, with
-    # its frame one pixel in size (jpeg_markers.Layout.headers_only): its size is the walk's.
-    if layout.plain:
-        image = _open(layout.headers_only(data), layout, policy)
-        width, height = layout.width, layout.height
-    else:
-        image = _open(data, layout, policy)
-        width, height = image.size
-    _check_pixels(width, height, policy)
+    # A plain JPEG's segments before its image data say all that is needed of it here.
+    opened = layout.headers_only(data) if layout.plain else data
+    image, width, height = _open(opened, layout, policy)
     orientation = _orientation(image, data)
     profile = _rgb_profile(image) if policy.keep_icc_profile else None
     stored_as_is = (

@@ -58,7 +58,8 @@ class Layout:
       damage: what is wrong, for a person; None where the markers show nothing wrong.
       truncated: the damage is a file that ends too soon.
       height, width: the frame header's size; None where no frame header was read.
-      size_at: where in the file the frame header's height and width lie.
+      size_at: where in the file the frame header's height and width lie; None where no
+        frame header was read.
       scan_data: where the file's one scan's data begins, when the file is plain (above);
         else None.
     """
@@ -90,8 +91,8 @@ class Layout:
         the end-of-image marker: what libjpeg must judge of it once the walk has judged the
         data, and the caller the size."""
         assert self.scan_data is not None, "only a plain file's headers stand alone"
-        size_at = self.size_at
-        return b"".join((data[:size_at], _ONE_PIXEL, data[size_at + 4 : self.scan_data], b"\xff\xd9"))
+        size_at, scan_data = self.size_at, self.scan_data
+        return b"".join((data[:size_at], _ONE_PIXEL, data[size_at + 4 : scan_data], b"\xff\xd9"))
 
 
 def walk(data: bytes) -> Layout:
