@@ -3,6 +3,7 @@ written by the conversion job."""
 
 import os
 import shutil
+import tempfile
 
 # Read by TensorFlow's GCS filesystem and google-auth when they are first loaded, so they must
 # be set before anything imports them: fail fast instead of retrying for minutes offline.
@@ -14,6 +15,16 @@ import pytest  # noqa: E402
 
 import local_gcs  # noqa: E402
 from helpers import IN_PROCESS, write_image_folder  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_in_this_run(tmp_path_factory):
+    """Temporary files of the tests and the processes they start go under this run's folder,
+    which pytest removes a few runs later: TensorFlow's autograph sources, Beam's and
+    multiprocessing's folders, and what the processes that tests kill leave behind piled
+    up in /tmp by the thousand."""
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
 
 
 @pytest.fixture(scope="session")
