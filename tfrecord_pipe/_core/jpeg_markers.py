@@ -102,8 +102,11 @@ def walk(data: bytes) -> Layout:
     precision = components = frame = height = width = size_at = None
     pos, interval, scans, plain, first_scan, one_pass = 2, 0, 0, True, None, False
 
+    def layout(**found) -> Layout:
+        return Layout(precision, frame, height=height, width=width, size_at=size_at, **found)
+
     def damaged(what: str, truncated: bool = False) -> Layout:
-        return Layout(precision, frame, what, truncated, height, width, size_at)
+        return layout(damage=what, truncated=truncated)
 
     while True:
         found = _MARKER.search(data, pos)
@@ -113,8 +116,7 @@ def walk(data: bytes) -> Layout:
         if code == _EOI:
             if scans == 0:  # a datastream of tables alone: libjpeg finds no image in it
                 return damaged(f"an end-of-image marker before any image data at byte {at}")
-            first_scan = first_scan if plain and scans == 1 else None
-            return Layout(precision, frame, None, False, height, width, size_at, first_scan)
+            return layout(scan_data=first_scan if plain and scans == 1 else None)
         if code in _RESTARTS or code == _TEM:  # no length; out of place, but libjpeg goes on
             plain = False
             continue
