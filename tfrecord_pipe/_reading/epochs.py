@@ -166,44 +166,48 @@ MISMATCH = other_records(
 
 def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0, 0)):
     """(epoch, index, key, record) for ever, from `start`."""
-    first = _epoch(layout, read_piece, start.epoch, start.index)
+    window = layout.window
+    first_window = start.index // window
+    first = _windows(layout, read_piece, start.epoch, first_window)
     later = tf.data.Dataset.range(start.epoch + 1, np.iinfo(np.int64).max)
-    records = first.concatenate(later.flat_map(lambda epoch: _epoch(layout, read_piece, epoch)))
+    windows = first.concatenate(later.flat_map(lambda epoch: _windows(layout, read_piece, epoch)))
+    # One window ahead: the next is read while this one is decoded (else reading a window and
+    # decoding it take turns). Memory: two windows of serialized records. The unbatch comes
+    # after every step of more than one input: TensorFlow 2.21's symbolic checkpoint of a
+    # concatenate, zip or enumerate over an unbatch loses the unbatch's place once the
+    # iterator has been restored and saved again, and the records jumped back a window,
+    # silently (tests/test_preemption.py).
+    records = windows.prefetch(1).unbatch().skip(start.index - first_window * window)
     per_epoch = layout.records_per_epoch
     mark = (int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)) << _COUNT_BITS
-    # Open-ended: a restored count past a range's end would end the stream without a word.
-    counter = tf.data.Dataset.range(
-        mark + start.epoch * per_epoch + start.index, 1 << (_COUNT_BITS + _FINGERPRINT_BITS)
-    )
 
     def checked(count, element):
         epoch, index = element[0], element[1]
         same = tf.equal(count, mark + epoch * per_epoch + index)
         with tf.control_dependencies([tf.debugging.Assert(same, [MISMATCH])]):
-            return tuple(tf.identity(part) for part in element)
+            return count + 1, tuple(tf.identity(part) for part in element)
 
-    return tf.data.Dataset.zip((counter, records)).map(checked)
+    # The count is a scan's state, open-ended (a restored count past a range's end would end
+    # the stream without a word), and not a range zipped beside the records (above).
+    first_count = mark + start.epoch * per_epoch + start.index
+    return records.scan(tf.constant(first_count, tf.int64), checked)
 
 
-def _epoch(layout: Layout, read_piece: PieceReader, epoch, index: int = 0) -> tf.data.Dataset:
-    """One epoch's (epoch, index, key, record) from `index`; `epoch` may be a tensor when
-    `index` is 0."""
+def _windows(layout: Layout, read_piece: PieceReader, epoch, first: int = 0) -> tf.data.Dataset:
+    """One epoch's windows from window `first`, each shuffled: vectors of (epoch, index, key,
+    record), for `stream` to unbatch. `epoch` may be a tensor when `first` is 0."""
     window = layout.window
-    first_window = index // window
-    records = _records_from(layout, read_piece, epoch, first_window * window)
-    windows = records.batch(window).enumerate(start=first_window)
+    records = _records_from(layout, read_piece, epoch, first * window)
+    epoch = tf.cast(epoch, tf.int64)
 
     def permute(number, batch):
         keys, serialized = batch
-        order = _permutation(tf.shape(keys)[0], draw_seed(layout, epoch, _WINDOW, number))
-        return tf.gather(keys, order), tf.gather(serialized, order)
+        size = tf.shape(keys)[0]
+        order = _permutation(size, draw_seed(layout, epoch, _WINDOW, number))
+        places = number * window + tf.range(tf.cast(size, tf.int64))
+        return tf.fill([size], epoch), places, tf.gather(keys, order), tf.gather(serialized, order)
 
-    # One window ahead: the next is read while this one is decoded (else reading a window and
-    # decoding it take turns). Memory: two windows of serialized records.
-    shuffled = windows.map(permute).prefetch(1).unbatch()
-    placed = shuffled.enumerate(start=first_window * window).skip(index - first_window * window)
-    epoch = tf.cast(epoch, tf.int64)
-    return placed.map(lambda i, element: (epoch, i, *element))
+    return records.batch(window).enumerate(start=first).map(permute)
 
 
 def _records_from(layout: Layout, read_piece: PieceReader, epoch, given: int) -> tf.data.Dataset:
