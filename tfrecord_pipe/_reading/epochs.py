@@ -176,7 +176,7 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
     # after every step of more than one input: TensorFlow 2.21's symbolic checkpoint of a
     # concatenate, zip or enumerate over an unbatch loses the unbatch's place once the
     # iterator has been restored and saved again, and the records jumped back a window,
-    # silently (tests/test_preemption.py).
+    # silently (tests/test_resume.py).
     records = windows.prefetch(1).unbatch().skip(start.index - first_window * window)
     per_epoch = layout.records_per_epoch
     mark = (int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)) << _COUNT_BITS
