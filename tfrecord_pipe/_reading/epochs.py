@@ -157,6 +157,12 @@ def differs(saved: dict, here: dict, name: str) -> bool:
     return (name in saved or name not in NAMED_ONLY) and saved.get(name) != here[name]
 
 
+EPOCH_MISMATCH = (
+    "An epoch of this seeded input did not read each of its records once: its iterator was "
+    "restored from a TensorFlow checkpoint to a wrong place (a fault of TensorFlow's iterator "
+    "checkpoints with small shuffle windows). Checkpoint distribute.resumable_iterator(...) "
+    "instead (docs/preemption.md), and resume from a checkpoint saved before this epoch."
+)
 MISMATCH = other_records(
     "This input pipeline's checkpoint",
     "another dataset, seed, host count, batch or shuffle setting, or a stream built from "
@@ -180,17 +186,37 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
     records = windows.prefetch(1).unbatch().skip(start.index - first_window * window)
     per_epoch = layout.records_per_epoch
     mark = (int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)) << _COUNT_BITS
+    keys_sum = _keys_sum(layout)
 
-    def checked(count, element):
-        epoch, index = element[0], element[1]
+    def checked(state, element):
+        count, summed, whole = state
+        epoch, index, key = element[0], element[1], element[2]
         same = tf.equal(count, mark + epoch * per_epoch + index)
-        with tf.control_dependencies([tf.debugging.Assert(same, [MISMATCH])]):
-            return count + 1, tuple(tf.identity(part) for part in element)
+        # Each epoch's keys, once each: their sum at its end, where the epoch was read from
+        # its start. TensorFlow 2.21's restore of an iterator checkpoint saved by a restored
+        # iterator can put the reading back with small windows (docs/preemption.md): the
+        # places still count on, and only the keys show it.
+        summed = tf.where(tf.equal(index, 0), tf.constant(0, tf.int64), summed) + key
+        whole = tf.logical_or(whole, tf.equal(index, 0))
+        at_end = tf.logical_and(whole, tf.equal(index, per_epoch - 1))
+        once_each = tf.logical_or(tf.logical_not(at_end), tf.equal(summed, keys_sum))
+        with tf.control_dependencies([tf.debugging.Assert(same, [MISMATCH]),
+                                      tf.debugging.Assert(once_each, [EPOCH_MISMATCH])]):
+            return (count + 1, summed, whole), tuple(tf.identity(part) for part in element)
 
     # The count is a scan's state, open-ended (a restored count past a range's end would end
     # the stream without a word), and not a range zipped beside the records (above).
     first_count = mark + start.epoch * per_epoch + start.index
-    return records.scan(tf.constant(first_count, tf.int64), checked)
+    state = (tf.constant(first_count, tf.int64), tf.constant(0, tf.int64), tf.constant(False))
+    return records.scan(state, checked)
+
+
+def _keys_sum(layout: Layout) -> int:
+    """The sum of the keys of one epoch of this pipeline: every record it keeps, once."""
+    return sum(
+        sum(range(start + first, start + count, layout.stride))
+        for start, first, count in zip(layout.starts, layout.firsts, layout.counts)
+    )
 
 
 def _windows(layout: Layout, read_piece: PieceReader, epoch, first: int = 0) -> tf.data.Dataset:
