@@ -213,6 +213,8 @@ def test_tensorflows_wrong_restore_with_small_windows_stops_at_the_epochs_end(tm
     except tf.errors.InvalidArgumentError as err:
         assert "did not read each of its records once" in str(err)
         return
+    except tf.errors.DataLossError:  # TensorFlow's wrong place, read where no record begins
+        return  # loud too (another build of the JPEGs, other offsets, may land there)
     assert got == reference
 
 
