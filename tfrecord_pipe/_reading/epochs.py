@@ -159,9 +159,9 @@ def differs(saved: dict, here: dict, name: str) -> bool:
 
 EPOCH_MISMATCH = (
     "An epoch of this seeded input did not read each of its records once: its iterator was "
-    "restored from a TensorFlow checkpoint to a wrong place (a fault of TensorFlow's iterator "
-    "checkpoints with small shuffle windows). Checkpoint distribute.resumable_iterator(...) "
-    "instead (docs/preemption.md), and resume from a checkpoint saved before this epoch."
+    "restored to a wrong place. Resume from a checkpoint saved before this epoch, or take "
+    "distribute.resumable_iterator(...), which rebuilds the stream from a count "
+    "(docs/preemption.md)."
 )
 MISMATCH = other_records(
     "This input pipeline's checkpoint",
@@ -174,15 +174,22 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
     """(epoch, index, key, record) for ever, from `start`."""
     window = layout.window
     first_window = start.index // window
-    first = _windows(layout, read_piece, start.epoch, first_window)
-    later = tf.data.Dataset.range(start.epoch + 1, np.iinfo(np.int64).max)
-    windows = first.concatenate(later.flat_map(lambda epoch: _windows(layout, read_piece, epoch)))
+    resumed = _group_table(layout, start.epoch, first_window * window)
+
+    def epoch_windows(epoch):
+        at_start = tf.equal(epoch, start.epoch)
+        table = tuple(map(tf.where, (at_start,) * 2, resumed, _whole_groups(layout, epoch)))
+        first = tf.where(at_start, tf.constant(first_window, tf.int64), 0)
+        return _windows(layout, read_piece, epoch, table, first)
+
+    # Every epoch, the first one too, under one flat_map, and no zip, enumerate or concatenate
+    # over a flat_map or an unbatch: TensorFlow 2.21's symbolic checkpoint of those loses the
+    # place of what is under them once the iterator has been restored and saved again, and
+    # the stream went back or on, silently, or read a file at another's offset
+    # (tests/test_resume.py).
+    windows = tf.data.Dataset.range(start.epoch, np.iinfo(np.int64).max).flat_map(epoch_windows)
     # One window ahead: the next is read while this one is decoded (else reading a window and
-    # decoding it take turns). Memory: two windows of serialized records. The unbatch comes
-    # after every step of more than one input: TensorFlow 2.21's symbolic checkpoint of a
-    # concatenate, zip or enumerate over an unbatch loses the unbatch's place once the
-    # iterator has been restored and saved again, and the records jumped back a window,
-    # silently (tests/test_resume.py).
+    # decoding it take turns). Memory: two windows of serialized records.
     records = windows.prefetch(1).unbatch().skip(start.index - first_window * window)
     per_epoch = layout.records_per_epoch
     mark = (int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)) << _COUNT_BITS
@@ -193,9 +200,8 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
         epoch, index, key = element[0], element[1], element[2]
         same = tf.equal(count, mark + epoch * per_epoch + index)
         # Each epoch's keys, once each: their sum at its end, where the epoch was read from
-        # its start. TensorFlow 2.21's restore of an iterator checkpoint saved by a restored
-        # iterator can put the reading back with small windows (docs/preemption.md): the
-        # places still count on, and only the keys show it.
+        # its start. A restore to a wrong place of the reading (TensorFlow 2.21 made them,
+        # above) leaves the places counting on: only the keys show it.
         summed = tf.where(tf.equal(index, 0), tf.constant(0, tf.int64), summed) + key
         whole = tf.logical_or(whole, tf.equal(index, 0))
         at_end = tf.logical_and(whole, tf.equal(index, per_epoch - 1))
@@ -220,12 +226,13 @@ def _keys_sum(layout: Layout) -> int:
     return total
 
 
-def _windows(layout: Layout, read_piece: PieceReader, epoch, first: int = 0) -> tf.data.Dataset:
+def _windows(layout: Layout, read_piece: PieceReader, epoch, groups, first) -> tf.data.Dataset:
     """One epoch's windows from window `first`, each shuffled: vectors of (epoch, index, key,
-    record), for `stream` to unbatch. `epoch` may be a tensor when `first` is 0."""
+    record), for `stream` to unbatch. `groups`: the epoch's group table (`_group_table`)."""
     window = layout.window
-    records = _records_from(layout, read_piece, epoch, first * window)
     epoch = tf.cast(epoch, tf.int64)
+    read = _group_reader(layout, read_piece)
+    records = tf.data.Dataset.from_tensor_slices(groups).flat_map(read)
 
     def permute(number, batch):
         keys, serialized = batch
@@ -234,56 +241,61 @@ def _windows(layout: Layout, read_piece: PieceReader, epoch, first: int = 0) -> 
         places = number * window + tf.range(tf.cast(size, tf.int64))
         return tf.fill([size], epoch), places, tf.gather(keys, order), tf.gather(serialized, order)
 
-    return records.batch(window).enumerate(start=first).map(permute)
+    # Counted by a scan, not `enumerate` (a zip: `stream` says why).
+    counted = records.batch(window).scan(first, lambda number, batch: (number + 1, (number, batch)))
+    return counted.map(permute)
 
 
-def _records_from(layout: Layout, read_piece: PieceReader, epoch, given: int) -> tf.data.Dataset:
-    """(key, record) of the group reading of `epoch`, after its first `given` records."""
-    order = piece_order(layout, epoch)
-    groups = _Groups(layout, read_piece, order)
-    if given == 0:
-        return tf.data.Dataset.range(groups.count).flat_map(groups.whole)
-    # Where `given` records leave the epoch, from the counts alone: the group it is in, and
-    # how far each of that group's pieces has got.
+# An epoch's group table: a row per group of `cycle` pieces, in reading order, each row the
+# pieces (indices into the layout's files, in round-robin order; -1 pads a row) and how many
+# records each has given already.
+
+
+def _whole_groups(layout: Layout, epoch) -> tuple[tf.Tensor, tf.Tensor]:
+    """The group table of `epoch` read from its start."""
+    rows = -(-len(layout.files) // layout.cycle)
+    order = tf.cast(piece_order(layout, epoch), tf.int64)
+    padding = tf.fill([rows * layout.cycle - len(layout.files)], tf.constant(-1, tf.int64))
+    members = tf.reshape(tf.concat([order, padding], 0), [rows, layout.cycle])
+    return members, tf.zeros_like(members)
+
+
+def _group_table(layout: Layout, epoch: int, given: int) -> tuple[np.ndarray, np.ndarray]:
+    """The group table of `epoch` after its first `given` records, from the counts alone:
+    the groups before the one `given` ends in are empty, and that one goes on where each of
+    its pieces has got."""
+    members, skips = (part.numpy() for part in _whole_groups(layout, epoch))
     sizes = np.asarray(layout.sizes)
-    order = order.numpy()
-    for number in range(groups.count):
-        members = order[number * layout.cycle : (number + 1) * layout.cycle]
-        in_group = int(sizes[members].sum())
+    for row in range(len(members)):
+        pieces = members[row][members[row] >= 0]
+        in_group = int(sizes[pieces].sum())
+        members[row] = -1
         if given < in_group:
-            left, skips = round_robin_resume(sizes[members].tolist(), given)
-            current = groups.read(tf.constant(members[left]), tf.constant(skips, tf.int64))
-            rest = tf.data.Dataset.range(number + 1, groups.count).flat_map(groups.whole)
-            return current.concatenate(rest)
+            left, gave = round_robin_resume(sizes[pieces].tolist(), given)
+            members[row][: len(left)] = pieces[left]
+            skips[row][: len(left)] = gave
+            break
         given -= in_group
-    return tf.data.Dataset.range(0).flat_map(groups.whole)  # the epoch's end: nothing left
+    return members, skips
 
 
-class _Groups:
-    """The groups of one epoch's pieces, read round-robin, one group after another."""
+def _group_reader(layout: Layout, read_piece: PieceReader):
+    """A group table's row to its pieces' (key, record), read round-robin from their skips."""
+    columns = (
+        tf.constant(layout.files),
+        tf.constant(layout.counts, tf.int64),
+        tf.constant(layout.firsts, tf.int64),
+        tf.constant(layout.starts, tf.int64),
+    )
 
-    def __init__(self, layout: Layout, read_piece: PieceReader, order: tf.Tensor):
-        self.layout, self.read_piece, self.order = layout, read_piece, order
-        self.count = -(-len(layout.files) // layout.cycle)
-        self.columns = (
-            tf.constant(layout.files),
-            tf.constant(layout.counts, tf.int64),
-            tf.constant(layout.firsts, tf.int64),
-            tf.constant(layout.starts, tf.int64),
-        )
-
-    def read(self, members: tf.Tensor, skips: tf.Tensor) -> tf.data.Dataset:
-        """The pieces `members` (indices into the layout's files) read round-robin, each
-        after its first `skips` records."""
-        pieces = tuple(tf.gather(column, members) for column in self.columns)
+    def read(members, skips):
+        present = members >= 0
+        members, skips = tf.boolean_mask(members, present), tf.boolean_mask(skips, present)
+        pieces = tuple(tf.gather(column, members) for column in columns)
         inputs = tf.data.Dataset.from_tensor_slices((*pieces, skips))
-        return inputs.interleave(self.read_piece, cycle_length=self.layout.cycle, block_length=1)
+        return inputs.interleave(read_piece, cycle_length=layout.cycle, block_length=1)
 
-    def whole(self, number: tf.Tensor) -> tf.data.Dataset:
-        """Group `number`, from its start."""
-        cycle = tf.cast(self.layout.cycle, number.dtype)
-        members = self.order[number * cycle : (number + 1) * cycle]
-        return self.read(members, tf.zeros(tf.shape(members), tf.int64))
+    return read
 
 
 def round_robin_resume(sizes: list[int], given: int) -> tuple[list[int], list[int]]:

@@ -85,8 +85,9 @@ def _piece_reader(config, source, layout):
         kept = read_file(file, count, passed)
         if stride > 1:
             kept = kept.skip(first).shard(stride, 0)
-        keys = tf.data.Dataset.range(start + passed + first, start + count, stride)
-        return tf.data.Dataset.zip((keys, kept)).prefetch(PIECE_READ_AHEAD)
+        # Keys counted by a scan, not zipped from a range (epochs._windows says why).
+        keyed = kept.scan(start + passed + first, lambda key, record: (key + stride, (key, record)))
+        return keyed.prefetch(PIECE_READ_AHEAD)
 
     return read
 
