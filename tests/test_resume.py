@@ -240,6 +240,29 @@ def test_a_checkpoint_restored_into_other_settings_is_refused(folder, tmp_path):
             next(restored)
 
 
+def test_a_checkpoint_restored_into_smaller_windows_is_refused_not_a_crash(folder, tmp_path):
+    # Saved 11 records into a window of 12, restored into windows of 5: TensorFlow's unbatch
+    # read past the window's end and the process died (in a process of its own here).
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT / "tests")!r})
+import tensorflow as tf
+from test_resume import seeded
+iterator = iter(seeded({folder!r}, batch_size=1, shuffle_buffer=12))
+for _ in range(11):
+    next(iterator)
+path = tf.train.Checkpoint(iterator=iterator).write({str(tmp_path / "it")!r})
+restored = iter(seeded({folder!r}, batch_size=1, shuffle_buffer=5))
+tf.train.Checkpoint(iterator=restored).read(path)
+try:
+    next(restored)
+except tf.errors.InvalidArgumentError as err:
+    print("refused:", "reads other records" in str(err))
+"""
+    ran = run_python(code)
+    assert ran.returncode == 0 and "refused: True" in ran.stdout, ran.stderr[-2000:]
+
+
 def test_a_position_on_a_dataset_converted_again_from_other_images_is_refused(tmp_path):
     # Shards are balanced: converted again with one image under another label, a dataset has
     # the same files and counts, and a position saved on the first would read other records

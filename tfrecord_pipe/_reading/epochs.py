@@ -189,8 +189,12 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
     # (tests/test_resume.py).
     windows = tf.data.Dataset.range(start.epoch, np.iinfo(np.int64).max).flat_map(epoch_windows)
     # One window ahead: the next is read while this one is decoded (else reading a window and
-    # decoding it take turns). Memory: two windows of serialized records.
-    records = windows.prefetch(1).unbatch().skip(start.index - first_window * window)
+    # decoding it take turns). Memory: two windows of serialized records. A window's records
+    # are its slices, not an unbatch's: restored into windows of another size (another
+    # shuffle_buffer), TensorFlow's unbatch reads past the window's end and the process died;
+    # a slice past the end ends the window, and the position check below says what is wrong.
+    slices = lambda *parts: tf.data.Dataset.from_tensor_slices(parts)  # noqa: E731
+    records = windows.prefetch(1).flat_map(slices).skip(start.index - first_window * window)
     per_epoch = layout.records_per_epoch
     mark = (int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)) << _COUNT_BITS
     keys_sum = _keys_sum(layout)
@@ -228,7 +232,7 @@ def _keys_sum(layout: Layout) -> int:
 
 def _windows(layout: Layout, read_piece: PieceReader, epoch, groups, first) -> tf.data.Dataset:
     """One epoch's windows from window `first`, each shuffled: vectors of (epoch, index, key,
-    record), for `stream` to unbatch. `groups`: the epoch's group table (`_group_table`)."""
+    record), for `stream` to slice. `groups`: the epoch's group table (`_group_table`)."""
     window = layout.window
     epoch = tf.cast(epoch, tf.int64)
     read = _group_reader(layout, read_piece)
