@@ -240,6 +240,29 @@ def test_a_checkpoint_restored_into_other_settings_is_refused(folder, tmp_path):
             next(restored)
 
 
+@pytest.mark.parametrize("other", [dict(seed=8), dict(cycle_length=1), dict(host=1)])
+def test_a_checkpoint_restored_into_another_order_of_files_is_refused(folder, tmp_path, other):
+    # Another seed, cycle_length or host opens other files where the saved state names
+    # offsets: TensorFlow's restore may refuse before our check can ("corrupted record at
+    # ...", or a state not found), in its own words. Loud either way; never read on.
+    def pipeline(seed=7, cycle_length=2, host=0):
+        config = reader.ReaderConfig(folder, is_training=True, image_size=SIZE, batch_size=4,
+                                     seed=seed, cycle_length=cycle_length, shuffle_buffer=1)  # fmt: skip
+        context = tf.distribute.InputContext(2, host, 2)
+        return reader.build_dataset(config, context)
+
+    iterator = iter(pipeline())
+    for _ in range(2):
+        next(iterator)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "it"))
+    restored = iter(pipeline(**other))
+    with pytest.raises(tf.errors.OpError) as refused:
+        tf.train.Checkpoint(iterator=restored).read(path)
+        next(restored)
+    said = str(refused.value)
+    assert "reads other records" in said or "dataset definition has not changed" in said, said
+
+
 def test_a_checkpoint_restored_into_smaller_windows_is_refused_not_a_crash(folder, tmp_path):
     # Saved 11 records into a window of 12, restored into windows of 5: TensorFlow's unbatch
     # read past the window's end and the process died (in a process of its own here).
