@@ -82,11 +82,9 @@ def _piece_reader(config, source, layout):
 
     def read(file, count, first, start, skip):
         passed = skip * stride  # the file's records before this piece's next one
-        kept = read_file(file, count, passed)
+        keyed = read_file(file, count, passed, numbered_from=start)  # (not a zip: epochs.stream)
         if stride > 1:
-            kept = kept.skip(first).shard(stride, 0)
-        # Keys counted by a scan, not zipped from a range (epochs._windows says why).
-        keyed = kept.scan(start + passed + first, lambda key, record: (key + stride, (key, record)))
+            keyed = keyed.skip(first).shard(stride, 0)
         return keyed.prefetch(PIECE_READ_AHEAD)
 
     return read
