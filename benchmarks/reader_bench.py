@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import pathlib
 import resource
@@ -270,8 +271,7 @@ def main(argv=None):
     summary = summarise(rounds)
     print(
         "\n" + command_line("benchmarks.reader_bench", argv)
-        + f"   ({os.cpu_count()} cores; {args.images} JPEGs "
-        f"{args.sides[0]}..{args.sides[1]} px in {args.shards} shards; "
+        + f"   ({os.cpu_count()} cores; {_described(args)}; "
         f"{args.image_size}x{args.image_size}, batch {args.batch}; medians of {args.repeats} "
         "rounds)"
     )
@@ -289,6 +289,15 @@ def main(argv=None):
     print("targets: train >= 0.9x ceiling and >= 1.3x article; train, seeded >= 0.9x train; "
           "eval >= 0.9x ceiling; grain, train >= 0.8x train")  # fmt: skip
     return summary
+
+
+def _described(args) -> str:
+    """What the pipelines read: the generated shards, or the --data dataset's training split."""
+    if args.data is None:
+        return f"{args.images} JPEGs {args.sides[0]}..{args.sides[1]} px in {args.shards} shards"
+    lengths = json.loads((pathlib.Path(args.data) / "manifest.json").read_text())
+    lengths = lengths["splits"]["train"]["shard_lengths"]
+    return f"{args.data}: {sum(lengths)} training records in {len(lengths)} shards"
 
 
 def _ratio(value: float) -> str:
