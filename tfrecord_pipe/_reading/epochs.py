@@ -175,6 +175,9 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
     window = layout.window
     first_window = start.index // window
     resumed = _group_table(layout, start.epoch, first_window * window)
+    per_epoch = layout.records_per_epoch
+    mark = (int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)) << _COUNT_BITS
+    first_count = mark + start.epoch * per_epoch + start.index
 
     def epoch_windows(epoch):
         at_start = tf.equal(epoch, start.epoch)
@@ -182,12 +185,22 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
         first = tf.where(at_start, tf.constant(first_window, tf.int64), 0)
         return _windows(layout, read_piece, epoch, table, first)
 
+    def same_start(saved, epoch):
+        """A restore rebuilds the current epoch from this stage before it reopens any file:
+        a state saved by a stream of another layout or start is refused here, in words, and
+        not by a file read at another's offset ("corrupted record", a short file)."""
+        with tf.control_dependencies([tf.debugging.Assert(tf.equal(saved, first_count),
+                                                          [MISMATCH])]):  # fmt: skip
+            return saved, tf.identity(epoch)
+
     # Every epoch, the first one too, under one flat_map, and no zip, enumerate or concatenate
     # over a flat_map or an unbatch: TensorFlow 2.21's symbolic checkpoint of those loses the
     # place of what is under them once the iterator has been restored and saved again, and
     # the stream went back or on, silently, or read a file at another's offset
     # (tests/test_resume.py).
-    windows = tf.data.Dataset.range(start.epoch, np.iinfo(np.int64).max).flat_map(epoch_windows)
+    numbers = tf.data.Dataset.range(start.epoch, np.iinfo(np.int64).max)
+    numbers = numbers.scan(tf.constant(first_count, tf.int64), same_start)
+    windows = numbers.flat_map(epoch_windows)
     # One window ahead: the next is read while this one is decoded (else reading a window and
     # decoding it take turns). Memory: two windows of serialized records. A window's records
     # are its slices, not an unbatch's: restored into windows of another size (another
@@ -195,8 +208,6 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
     # a slice past the end ends the window, and the position check below says what is wrong.
     slices = lambda *parts: tf.data.Dataset.from_tensor_slices(parts)  # noqa: E731
     records = windows.prefetch(1).flat_map(slices).skip(start.index - first_window * window)
-    per_epoch = layout.records_per_epoch
-    mark = (int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)) << _COUNT_BITS
     keys_sum = _keys_sum(layout)
 
     def checked(state, element):
@@ -216,7 +227,6 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
 
     # The count is a scan's state, open-ended (a restored count past a range's end would end
     # the stream without a word), and not a range zipped beside the records (above).
-    first_count = mark + start.epoch * per_epoch + start.index
     state = (tf.constant(first_count, tf.int64), tf.constant(0, tf.int64), tf.constant(False))
     return records.scan(state, checked)
 

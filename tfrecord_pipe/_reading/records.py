@@ -85,10 +85,10 @@ def shard_reader(
         )
         if skip is not None:
             records = records.skip(skip)
-        if counted:
+        if numbered_from is not None and (catch or not counted):
+            raise ValueError("records are numbered by the count check's count of what was read")
+        if counted:  # (a caught error would drop a record from the count, and shift the rest)
             return _checked(records, filename, expected, skip_corrupt, skip, catch, numbered_from)
-        if numbered_from is not None:
-            raise ValueError("records are numbered from the count check's count")
         return records.ignore_errors(log_warning=True) if skip_corrupt else records
 
     return read
@@ -98,8 +98,8 @@ def _checked(records, filename, expected, skip_corrupt, skipped=None, catch=True
              numbered_from=None):  # fmt: skip
     """`records` with read errors caught (`catch`) and the count checked when the file ends
     (the `skipped` records before them counted in); numbered from `numbered_from` by the same
-    count (a count of its own, a scan or a zip beside it, cost 15% of a seeded pipeline's
-    speed: benchmarks/RESULTS.md)."""
+    count (a count of its own, a scan beside it, cost about 15% of a seeded pipeline's speed:
+    benchmarks/RESULTS.md)."""
     end = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True)))
     records = records.ignore_errors() if catch else records
     tagged = records.map(lambda r: (r, tf.constant(False))).concatenate(end)
