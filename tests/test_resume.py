@@ -198,6 +198,44 @@ def test_the_resumable_iterator_restored_again_and_again_reads_on_exactly(folder
     assert got == reference
 
 
+def test_a_checkpoint_of_one_kind_of_iterator_restored_into_the_other_is_refused(folder, tmp_path):
+    # Switching from TensorFlow's own iterator to distribute.resumable_iterator (or back)
+    # between two runs: each restore matched nothing of the other's, and the input started
+    # again from its first batch, silently, beside a model restored at its step.
+    from tfrecord_pipe import distribute
+
+    train_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4,
+                                    seed=5, with_keys=True)  # fmt: skip
+    kinds = {"tf.data": lambda: iter(train_fn()),
+             "resumable": lambda: distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)}  # fmt: skip
+    for saved, restored in (("tf.data", "resumable"), ("resumable", "tf.data")):
+        iterator = kinds[saved]()
+        next(iterator)
+        path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / saved))
+        with pytest.raises(tf.errors.NotFoundError, match="not found in checkpoint"):
+            tf.train.Checkpoint(iterator=kinds[restored]()).restore(path)
+
+
+def test_a_resumable_iterator_checkpoint_of_0_4_still_restores(folder, tmp_path):
+    # 0.4 saved the two variables alone; the kind's tensor added since must not refuse them.
+    from tfrecord_pipe import distribute
+
+    train_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4,
+                                    seed=5, with_keys=True)  # fmt: skip
+    reference = digests(train_fn(), 5)
+    current = distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)
+    saved = tf.Module()
+    saved.steps = tf.Variable(3, dtype=tf.int64, name="steps")
+    saved.fingerprint = tf.Variable(current.fingerprint.numpy(), name="fingerprint")
+    path = tf.train.Checkpoint(iterator=saved).write(str(tmp_path / "old"))
+    tf.train.Checkpoint(iterator=current).restore(path)
+    assert [digest(next(current)) for _ in range(2)] == reference[3:]
+    # And switching to it mid-run, as docs/preemption.md says: the step assigned.
+    switched = distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)
+    switched.steps.assign(2)
+    assert [digest(next(switched)) for _ in range(3)] == reference[2:]
+
+
 @pytest.mark.slow  # 30 batches, three times
 def test_a_restored_run_saved_and_restored_again_with_windows_of_one_record_is_exact(tmp_path):
     # A reviewer's case on real JPEGs of a few sizes (103 records in 4 shards, batches of 8,

@@ -142,6 +142,21 @@ class DistributedIterator(tf.Module):
                 self._fingerprint, dtype=tf.int64, trainable=False, name="fingerprint"
             )
 
+    # A tensor of its own beside the two variables, as TensorFlow's own iterator saves one
+    # (its state): a checkpoint of one kind restored into the other then fails, naming the
+    # tensor it lacks, where it matched nothing and the input started again from its first
+    # batch, silently. (A checkpoint saved before 0.5 has none, and restores as before.)
+    _KIND = "tfrecord_pipe.distribute.resumable_iterator"
+
+    def _serialize_to_tensors(self):
+        return {"a_tfrecord_pipe_resumable_iterator": tf.constant(self._KIND)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        return []  # (the steps and fingerprint variables carry the position)
+
+    def _copy_trackable_to_cpu(self, object_map):
+        object_map.setdefault(self, self)  # (asynchronous checkpoints: the marker is constant)
+
     def __iter__(self) -> DistributedIterator:
         return self
 
