@@ -216,6 +216,22 @@ def test_a_checkpoint_of_one_kind_of_iterator_restored_into_the_other_is_refused
             tf.train.Checkpoint(iterator=kinds[restored]()).restore(path)
 
 
+def test_a_module_holding_a_resumable_iterator_still_saves_as_a_saved_model(folder, tmp_path):
+    # Users keep the iterator on the object they export; its kind's tensor must not stop it.
+    from tfrecord_pipe import distribute
+
+    train_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4,
+                                    seed=5, with_keys=True)  # fmt: skip
+    module = tf.Module()
+    module.iterator = distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)
+    next(module.iterator)
+    module.scale = tf.Variable(2.0)
+    module.double = tf.function(lambda x: x * module.scale, input_signature=[tf.TensorSpec([])])
+    tf.saved_model.save(module, str(tmp_path / "exported"))
+    loaded = tf.saved_model.load(str(tmp_path / "exported"))
+    assert float(loaded.double(3.0)) == 6.0 and int(loaded.iterator.steps.numpy()) == 1
+
+
 def test_a_resumable_iterator_checkpoint_of_0_4_still_restores(folder, tmp_path):
     # 0.4 saved the two variables alone; the kind's tensor added since must not refuse them.
     from tfrecord_pipe import distribute

@@ -152,7 +152,7 @@ class DistributedIterator(tf.Module):
         return {"a_tfrecord_pipe_resumable_iterator": tf.constant(self._KIND)}
 
     def _restore_from_tensors(self, restored_tensors):
-        return []  # (the steps and fingerprint variables carry the position)
+        return tf.no_op()  # (the variables carry the position; a SavedModel needs an op here)
 
     def _copy_trackable_to_cpu(self, object_map):
         object_map.setdefault(self, self)  # (asynchronous checkpoints: the marker is constant)
