@@ -146,10 +146,10 @@ class DistributedIterator(tf.Module):
     # (its state): a checkpoint of one kind restored into the other then fails, naming the
     # tensor it lacks, where it matched nothing and the input started again from its first
     # batch, silently. (A checkpoint saved before 0.5 has none, and restores as before.)
-    _KIND = "tfrecord_pipe.distribute.resumable_iterator"
+    _KIND = "a_tfrecord_pipe_resumable_iterator"  # (the name a restore says it lacks)
 
     def _serialize_to_tensors(self):
-        return {"a_tfrecord_pipe_resumable_iterator": tf.constant(self._KIND)}
+        return {self._KIND: tf.constant(self._KIND)}
 
     def _restore_from_tensors(self, restored_tensors):
         return tf.no_op()  # (the variables carry the position; a SavedModel needs an op here)
