@@ -124,6 +124,26 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
     return SourceFile(entry.path, entry.relpath, label, split, entry.problem)
 
 
+def source_of_relpath(config: ConvertConfig, relpath: str) -> SourceFile | None:
+    """The input a walk of the local source folder lists as `relpath`, if it lists one there:
+    where a record's name says its source is (verify reads the two side by side). None for a
+    CSV list, a remote folder, or a name that is not a plain relative path. A guess only:
+    the walk may list that file otherwise (through a link, with a problem), or not at all.
+    """
+    if config.layout not in ("labels", "splits") or paths.is_remote(config.source_root):
+        return None
+    parts = relpath.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return None  # no walk lists it: never a path outside the folder
+    path = paths.folder(config.source_root)
+    for part in parts:  # as os.scandir names the walk's entries
+        path = os.path.join(path, part)
+    try:
+        return source_of_entry(listing.Entry(path, relpath), config)
+    except ValueError:  # a file outside split folders, a label the listing refuses
+        return None
+
+
 def _is_utf8(text: str) -> bool:
     """Whether a name Python read from the filesystem was valid UTF-8 (else it holds
     surrogate escapes, which no record, manifest or Beam coder can carry)."""

@@ -330,3 +330,36 @@ def test_reading_ahead_passes_over_what_cannot_be_read_without_waiting(tmp_path)
         names = ["missing.jpg", "pipe.jpg", "folder", "sock.jpg", "ok.jpg"]
         storage.read_ahead(str(tmp_path / name) for name in names)
     assert storage.read_input(str(tmp_path / "ok.jpg"), max_bytes=100) == b"x" * 10
+
+
+@pytest.mark.parametrize("layout", ["labels", "splits"])
+def test_a_records_name_leads_to_the_source_the_listing_lists_under_it(tmp_path, layout):
+    # verify reads each record's source where its name says it is, and uses that check only
+    # for a source listed the same (verify_beside): every plain input must be found so.
+    root = tmp_path / "src"
+    top = root / "train" if layout == "splits" else root
+    for name in ("red/1.jpg", "red/a [b] c.jpg", "green/x/deep.jpg", "blue/é.jpg"):
+        (top / name).parent.mkdir(parents=True, exist_ok=True)
+        (top / name).write_bytes(jpeg_bytes())
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "2.jpg").write_bytes(jpeg_bytes())
+    (top / "linked").symlink_to(tmp_path / "elsewhere")  # a label folder through a link
+    config = resolved(root, validation_fraction=0.5) if layout == "labels" else resolved(root)
+    assert config.layout == layout
+    listed = list(sources.list_sources(config))
+    assert len(listed) == 5 and {s.split for s in listed} >= {naming.TRAIN}
+    for source in listed:
+        assert sources.source_of_relpath(config, source.relpath) == source
+
+
+def test_no_source_is_looked_for_outside_the_folder_or_in_a_csv_list(tmp_path):
+    (tmp_path / "src" / "red").mkdir(parents=True)
+    (tmp_path / "src" / "red" / "1.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "outside.jpg").write_bytes(jpeg_bytes())
+    config = resolved(tmp_path / "src")
+    for name in ("../outside.jpg", "red/../../outside.jpg", "/etc/passwd", "red//1.jpg",
+                 "./red/1.jpg", "", "red/"):  # fmt: skip
+        assert sources.source_of_relpath(config, name) is None, name
+    assert sources.source_of_relpath(config, "red/1.jpg").path == str(tmp_path / "src/red/1.jpg")
+    (tmp_path / "list.csv").write_text("src/red/1.jpg,red\n")
+    assert sources.source_of_relpath(resolved(tmp_path / "list.csv"), "src/red/1.jpg") is None

@@ -1,6 +1,7 @@
 """`tfrecord-pipe verify SRC OUT`: proves nothing was lost or changed, and finds what was."""
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -9,10 +10,10 @@ import shutil
 import pytest
 import tensorflow as tf
 
-from beam_jobs import convert, spill
+from beam_jobs import convert, record_reader, sources, spill
 from tfrecord_pipe._core import schema
 from tfrecord_pipe._reading import dataset
-from tfrecord_pipe._tools import verify, verify_reading, verify_rules
+from tfrecord_pipe._tools import verify, verify_beside, verify_reading, verify_rules
 
 from helpers import (
     COLOURS, IN_PROCESS, jpeg_bytes, length_delimited, run_cli, run_command, run_python,
@@ -71,6 +72,23 @@ def test_verify_catches_a_modified_record(converted_copy):
     done = run_cli("verify", src, out)
     assert done.returncode == 1
     assert "(modified record)" in done.stdout
+
+
+def test_verify_catches_one_byte_changed_in_a_records_image(converted_copy):
+    # The image the same length, its record's framing rewritten to match: only its bytes
+    # say so (verify compares them with its source's, or their hashes).
+    src, out = converted_copy
+
+    def flip(records):
+        record = schema.decode_example(records[0], label_offset=1)
+        image = bytearray(record.encoded)
+        image[len(image) // 2] ^= 0x01
+        changed = dataclasses.replace(record, encoded=bytes(image))
+        return [schema.serialize(changed, label_offset=1)] + records[1:]
+
+    rewrite_shard(first_shard(out), flip)
+    report = verified_both_ways(src, out)
+    assert report.num_problems == 1 and "(modified record)" in report.problems[0], report
 
 
 def test_verify_judges_a_record_as_tensorflow_parses_it(converted_copy):
@@ -294,7 +312,7 @@ def test_a_worker_that_fails_or_dies_fails_verify_with_nothing_proven(
     def fails(*_):
         raise RuntimeError("a bug of ours")
 
-    monkeypatch.setattr(verify_rules.Expect, "row", fails)
+    monkeypatch.setattr(verify_rules.Expect, "row_and_image", fails)
     done = run_cli("verify", src, out)
     assert done.returncode == 1 and "OK" not in done.stdout
     assert "RuntimeError: a bug of ours" in done.stderr and "nothing was proven" in done.stderr
@@ -431,3 +449,37 @@ def test_a_manifest_that_disagrees_with_itself_is_a_problem(converted_copy):
     assert done.returncode == 1
     assert "manifest.json: its rejection reasons count 5 rejected, its splits 1" in done.stdout
     assert "manifest.json: record format 99, but this version reads format" in done.stdout
+
+
+def test_each_source_is_checked_beside_its_record_and_its_image_hashed_once(
+    converted, monkeypatch
+):
+    # A worker reading a shard reads each record's source beside it: the rows are those of
+    # the two sides read apart, and each image is hashed once (the source's bytes), where
+    # read apart it is hashed twice (the record's copy too).
+    src, out = converted
+    found = verify_reading.read_conversion(str(out))
+    config = verify_reading.source_config(str(src), str(out), found)
+    expect = verify_rules.Expect(found, config.policy)
+    shard = verify_reading.shards_of(found)[0]
+    images = {schema.decode_example(record, label_offset=1).encoded
+              for record in record_reader.records(str(out / shard[1]))}  # fmt: skip
+    hashed, sha256 = [], hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda data=b"": hashed.append(data) or sha256(data))
+
+    def image_hashes():
+        counted = sum(data in images for data in hashed)
+        hashed.clear()
+        return counted
+
+    apart = [value for kind, value in verify_reading.read_shard(str(out), found, shard)
+             if kind == verify_rules.RECORD]  # fmt: skip
+    assert image_hashes() == len(apart) >= 5  # the records' images, read apart
+    beside = verify_beside.Beside(config, expect)
+    rows = list(beside.with_found(verify_reading.read_shard(str(out), found, shard, beside=beside)))
+    pairs = [value for kind, value in rows if kind == verify_beside.PAIR]
+    assert [(relpath, record) for relpath, (record, _) in pairs] == apart
+    assert image_hashes() == len(apart)  # the sources' bytes, once; not the records' copies
+    for relpath, (_, source_row) in pairs:  # the row a check on its own gives
+        assert source_row == expect(sources.source_of_relpath(config, relpath))
+    assert image_hashes() == len(apart)

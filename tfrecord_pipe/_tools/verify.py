@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from beam_jobs import csv_lists, load, sources, spill, worker_pool
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, progress
+from tfrecord_pipe._tools import verify_beside
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
 from tfrecord_pipe._tools import verify_workers as workers
@@ -49,7 +50,10 @@ from tfrecord_pipe._tools.verify_rules import (
 __all__ = ["VerifyReport", "verify"]
 
 PROGRESS_EVERY_S = 0.5  # a terminal's progress line, at most this often
-_ORDER = {SOURCE: 0, RECORD: 1, REJECTED: 2, REPORTED: 3}  # within a key, for the joins
+LISTED = "listed"  # a source listed, to be paired with one checked beside its record
+FOUND, PAIR = verify_beside.FOUND, verify_beside.PAIR
+# Within a key, for the joins.
+_ORDER = {SOURCE: 0, RECORD: 1, REJECTED: 2, REPORTED: 3, LISTED: 4, FOUND: 5, PAIR: 6}
 
 
 def verify(source: str, dataset: str, processes: int | None = None, show_progress: bool = False,
@@ -72,29 +76,45 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     problems.extend(reading.check_stray_shards(dataset, found), FILES)
     problems.extend(reading.check_manifest(found), FILES)
     processes = processes or worker_pool.processes()
-    line = _Progress(sum(info.listed for info in found.splits.values()), show_progress)
+    listed_count = sum(info.listed for info in found.splits.values())  # as the manifest says
+    line = _Progress(listed_count, show_progress)
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-", dir=_work_parent()) as work:
         job = _Join(work, problems)
         for split, expected in reading.rejection_files(found):
             job.add(reading.read_rejected(dataset, split, expected), REJECTED)
         worker_args = (dataset, found, config, work, decode)
         with worker_pool.pool(processes, workers.start, worker_args) as pool:
-            tasks = itertools.chain(
-                ((workers.SHARD, shard) for shard in reading.shards_of(found)),
-                ((workers.SOURCES, batch) for batch in _batches(_listed(config, work))),
-            )
             window = processes * worker_pool.IN_FLIGHT
+            shards = reading.shards_of(found)
+            beside = verify_beside.possible(config)
+            if beside:
+                # Sources are checked beside their records; the listing, between the shards'
+                # tasks, says which were; those left are checked after, on their own.
+                listed = _Listing(_listed(config, work), job, len(shards), listed_count)
+                tasks = ((workers.SHARD, listed.after(shard)) for shard in shards)
+            else:
+                tasks = itertools.chain(
+                    ((workers.SHARD, shard) for shard in shards),
+                    ((workers.SOURCES, batch) for batch in _batches(_listed(config, work))),
+                )
             for future in load.in_order(pool, workers.task, tasks, window):
                 kind, result = future.result()
                 if kind == workers.SHARD:
                     job.add(spill.read_items(result), RECORD)
                 else:
                     job.add_sources(result)
-                    line.update(job.per_split)
+                line.update(job.checked)
+            if beside:
+                listed.rest()
+            dedupe = bool(found.conversion.get("dedupe"))
+            left = ((workers.SOURCES, batch) for batch in _batches(job.match(dedupe)))
+            for future in load.in_order(pool, workers.task, left, window):
+                job.add_checked(future.result()[1])
+                line.update(job.checked)
         problems.extend(rules.count_problems(found, source, job.per_split), FILES)
         job.add(reading.read_reported(dataset, found), None)
         job.check(found)
-    line.finish(job.per_split)
+    line.finish(job.checked)
     return VerifyReport(
         sources=sum(job.per_split.values()),
         records=job.totals[RECORD],
@@ -144,14 +164,22 @@ class _Problems:
 
 
 class _Join:
-    """The rows of both sides, sorted on disk by relative path and then by content hash."""
+    """The rows of both sides, sorted on disk by relative path and then by content hash.
+
+    Sources come as SOURCE rows (checked on their own), or as the listing's LISTED sources
+    and the FOUND rows of those checked beside their records (`verify_beside`; PAIR items
+    hold a record's row and its source's): `match` pairs these, and gives the listed sources
+    left unchecked, whose rows then come to `add_checked`.
+    """
 
     def __init__(self, work: str, problems: _Problems):
         self._by_path = spill.SortedSpill(work, key=operator.itemgetter(0, 1))
+        self._later = spill.SortedSpill(work, key=operator.itemgetter(0, 1))  # `match`'s left
         self._by_content = spill.SortedSpill(work, key=operator.itemgetter(0, 1))
         self._problems = problems
         self.totals: collections.Counter = collections.Counter()
         self.per_split: collections.Counter = collections.Counter()
+        self.checked = 0  # sources checked so far
         self._spans: list[tuple[str, str, str, str]] = []  # one per shard
 
     def add(self, read: Iterable[tuple[str, object]], total: str | None) -> None:
@@ -168,24 +196,69 @@ class _Join:
             else:
                 key, row = value
                 self._by_path.add((key, _ORDER[kind], kind, row))
+                self.checked += kind in (FOUND, PAIR)
+
+    def add_listed(self, source: SourceFile) -> None:
+        self.per_split[source.split] += 1
+        # A tuple: a dataclass costs more to spill.
+        listed = (source.path, source.label, source.split, source.problem)
+        self._by_path.add((source.relpath, _ORDER[LISTED], LISTED, listed))
 
     def add_sources(self, rows: list[tuple[str, str, dict]]) -> None:
         for relpath, split, row in rows:
             self.per_split[split] += 1
             self._by_path.add((relpath, _ORDER[SOURCE], SOURCE, row))
+        self.checked += len(rows)
+
+    def match(self, dedupe: bool) -> Iterator[SourceFile]:
+        """Judges each relative path whose sources are all checked; gives the listed
+        sources no FOUND row speaks for (their path's rows wait for `add_checked`)."""
+        for relpath, same in itertools.groupby(self._by_path.sorted(), key=operator.itemgetter(0)):
+            rows = {SOURCE: [], RECORD: [], REJECTED: [], LISTED: [], FOUND: [], PAIR: []}
+            for _, _, kind, row in same:
+                rows[kind].append(row)
+            for record, found in rows.pop(PAIR):
+                rows[RECORD].append(record)
+                rows[FOUND].append(found)
+            left = []
+            for path, label, split, problem in rows.pop(LISTED):
+                listed = SourceFile(path, relpath, label, split, problem)
+                at = next((i for i, found in enumerate(rows[FOUND])
+                           if verify_beside.same_source(listed, found)), None)  # fmt: skip
+                if at is None:
+                    left.append(listed)
+                else:
+                    rows[SOURCE].append(rows[FOUND].pop(at))
+            del rows[FOUND]  # found beside a record, but not listed so: not a source
+            if not left:
+                self._judge(relpath, rows, dedupe)
+                continue
+            for kind, kind_rows in rows.items():
+                for row in kind_rows:
+                    self._later.add((relpath, _ORDER[kind], kind, row))
+            yield from left
+
+    def add_checked(self, rows: list[tuple[str, str, dict]]) -> None:
+        """Rows of sources `match` gave."""
+        for relpath, _, row in rows:
+            self._later.add((relpath, _ORDER[SOURCE], SOURCE, row))
+        self.checked += len(rows)
+
+    def _judge(self, relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> None:
+        self._problems.extend(rules.check_path(relpath, rows, dedupe))
+        content = rules.content_row(relpath, rows)
+        if content is not None:
+            self._by_content.add((content[0], _ORDER[SOURCE], content[1]))
 
     def check(self, found: manifest.Manifest) -> None:
-        """The rules, per relative path and then per content hash."""
+        """The rules for the paths `match` left, then per content hash."""
         self._problems.extend(rules.span_problems(found, self._spans), FILES)
         dedupe = bool(found.conversion.get("dedupe"))
-        for relpath, same in itertools.groupby(self._by_path.sorted(), key=operator.itemgetter(0)):
+        for relpath, same in itertools.groupby(self._later.sorted(), key=operator.itemgetter(0)):
             rows = {SOURCE: [], RECORD: [], REJECTED: []}
             for _, _, kind, row in same:
                 rows[kind].append(row)
-            self._problems.extend(rules.check_path(relpath, rows, dedupe))
-            content = rules.content_row(relpath, rows)
-            if content is not None:
-                self._by_content.add((content[0], _ORDER[SOURCE], content[1]))
+            self._judge(relpath, rows, dedupe)
         groups = cross_split = 0
         for _, same in itertools.groupby(self._by_content.sorted(), key=operator.itemgetter(0)):
             rows, reported = [], []
@@ -195,6 +268,34 @@ class _Join:
             self._problems.extend(found_problems)
             groups, cross_split = groups + group, cross_split + across
         self._problems.extend(rules.group_count_problems(found, groups, cross_split), FILES)
+
+
+class _Listing:
+    """The sources listed into the join a part at a time, between the shards' tasks: the
+    workers read shards while the launcher lists, and memory holds no whole listing."""
+
+    def __init__(self, listed: Iterable[SourceFile], job: _Join, shards: int, expected: int):
+        self._listed = iter(listed)
+        self._job = job
+        self._shards, self._expected = max(1, shards), expected  # the manifest's count
+        self._given = 0
+
+    def after(self, shard):
+        """`shard`, once the listing has gone on by that shard's part of it."""
+        self._given += 1
+        self._list(self._expected * self._given // self._shards - self._job_listed())
+        return shard
+
+    def rest(self) -> None:
+        self._list(None)
+
+    def _job_listed(self) -> int:
+        return sum(self._job.per_split.values())
+
+    def _list(self, count: int | None) -> None:
+        if count is None or count > 0:
+            for source in itertools.islice(self._listed, count):
+                self._job.add_listed(source)
 
 
 def _listed(config, work: str) -> Iterator[SourceFile]:
@@ -217,12 +318,12 @@ class _Progress:
         self._line = progress.StatusLine() if show else None
         self._listed, self._shown = listed, 0.0
 
-    def update(self, per_split) -> None:
+    def update(self, checked: int) -> None:
         if self._line is None or time.monotonic() - self._shown < PROGRESS_EVERY_S:
             return
         self._shown = time.monotonic()
-        self._line.update(f"  verify: {sum(per_split.values())}/{self._listed} sources checked")
+        self._line.update(f"  verify: {checked}/{self._listed} sources checked")
 
-    def finish(self, per_split) -> None:
+    def finish(self, checked: int) -> None:
         if self._line is not None:
-            self._line.finish(f"  verify: {sum(per_split.values())} sources checked")
+            self._line.finish(f"  verify: {checked} sources checked")

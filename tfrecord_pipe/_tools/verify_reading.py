@@ -30,6 +30,7 @@ from tfrecord_pipe._tools.verify_rules import (
     REJECTED,
     REPORTED,
     SPAN,
+    parse_record,
     record_row,
 )
 
@@ -182,25 +183,29 @@ def shards_of(found: manifest.Manifest) -> list[tuple[str, str, int, str | None]
 
 
 def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, int, str | None],
-               decode: bool = False, temp_dir: str | None = None
+               decode: bool = False, temp_dir: str | None = None, beside=None
                ) -> Iterator[tuple[str, object]]:  # fmt: skip
     """One shard read whole: its records as RECORD rows (`verify_rules.record_row`, which
     decodes each image with `decode`); its count against the manifest's; its twin in the
     other format (if any) against it, record for record; its SPAN of keys (read whole), with
     whether the inputs it holds are those the manifest's digest of them names
     (`manifest.ShardPositions`); then its COUNT of records.
-    `temp_dir`: where a remote ArrayRecord shard is copied to be read."""
+    `temp_dir`: where a remote ArrayRecord shard is copied to be read. `beside`: told the
+    relative paths of each window of records before they are judged (`ahead`), and asked
+    whether each record's image is its source's (`same_image`; `verify_beside`)."""
     split, name, expected, twin = shard
     path = paths.join(dataset, name)
     count, failed, digest = 0, None, hashlib.sha256() if twin is not None else None
     first_key, last_key, out_of_order = None, "", None
     positions, unparsed = manifest.ShardPositions(), False
+    same_image = beside.same_image if beside is not None else None
     try:
-        for serialized in _serialized(path, found.compression, temp_dir):
+        records = _serialized(path, found.compression, temp_dir)
+        for serialized, parsed in _parsed(records, found, beside.ahead if beside else None):
             count += 1
             if digest is not None:
                 _add_record(digest, serialized)
-            row = record_row(serialized, found, decode)
+            row = record_row(serialized, found, decode, parsed, same_image)
             if "problem" in row:
                 yield PROBLEM, f"{name} record {count}: {row['problem']}"
                 unparsed = True
@@ -241,6 +246,40 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
         if problem:
             yield PROBLEM, problem
     yield COUNT, count
+
+
+WINDOW_RECORDS = 64  # records parsed ahead of their rows, for `ahead` (their sources' reads)
+WINDOW_BYTES = 64 << 20  # and at most this many bytes of them
+
+
+def _parsed(records: Iterator[bytes], found: manifest.Manifest, ahead
+            ) -> Iterator[tuple[bytes, tuple | str]]:  # fmt: skip
+    """(record, `verify_rules.parse_record`'s answer) per record; with `ahead`, a window at a
+    time, `ahead` given the window's relative paths first. A read that fails gives the
+    records before it, then raises."""
+    if ahead is None:
+        for serialized in records:
+            yield serialized, parse_record(serialized, found)
+        return
+    window, size, failed = [], 0, None
+    while True:
+        try:
+            for serialized in records:
+                window.append((serialized, parse_record(serialized, found)))
+                size += len(serialized)
+                if len(window) >= WINDOW_RECORDS or size >= WINDOW_BYTES:
+                    break
+            else:
+                records = iter(())  # the end: this window is the last
+        except Exception as err:  # noqa: BLE001 - raised again once the window is judged
+            failed, records = err, iter(())
+        if not window and failed is None:
+            return
+        ahead([parsed[0].filename for _, parsed in window if not isinstance(parsed, str)])
+        yield from window
+        window, size = [], 0
+        if failed is not None:
+            raise failed
 
 
 def _recorded_digest(found: manifest.Manifest, split: str, name: str) -> str:

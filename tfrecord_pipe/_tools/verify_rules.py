@@ -94,9 +94,15 @@ class Expect:
         return self.row(listed, outcome.decide(listed, self._index, self._policy))
 
     def row(self, listed: SourceFile, result: outcome.Outcome) -> dict:
+        return self.row_and_image(listed, result)[0]
+
+    def row_and_image(self, listed: SourceFile, result: outcome.Outcome
+                      ) -> tuple[dict, bytes | None, bytes | None]:  # fmt: skip
+        """(the row, the image its record holds, that image's SHA-256); the row alone
+        (None, None) for a source the converter rejects."""
         row = {"path": listed.path, "split": listed.split, "label": listed.label}
         if result.reason is not None:
-            return dict(row, rejected=result.reason)
+            return dict(row, rejected=result.reason), None, None
         stored = result.stored
         source_hash = hashlib.sha256(result.data)
         encoded = stored.encoded if stored.reencoded else result.data
@@ -107,14 +113,16 @@ class Expect:
             filename=listed.relpath, sha256=source_hash.hexdigest(),
         )  # fmt: skip
         head, tail = schema.serialized_around_image(record, label_offset=self._label_offset)
-        return dict(
+        image_sha256 = image_hash.digest()
+        row = dict(
             row,
             sha256=record.sha256,
-            encoded_sha256=image_hash.hexdigest(),
-            record_digest=record_digest(head, image_hash.digest(), tail),
+            encoded_sha256=image_sha256.hex(),
+            record_digest=record_digest(head, image_sha256, tail),
             height=stored.height,
             width=stored.width,
         )
+        return row, encoded, image_sha256
 
 
 def record_digest(head: bytes, image_sha256: bytes, tail: bytes) -> str:
@@ -127,20 +135,37 @@ def record_digest(head: bytes, image_sha256: bytes, tail: bytes) -> str:
     return digest.hexdigest()
 
 
-def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False) -> dict:
-    """What a record says: its relative path, hashes and fields, or why it does not parse.
-    With `decode`, its image decoded as the reader decodes it (TensorFlow)."""
+def parse_record(serialized: bytes, found: manifest.Manifest
+                 ) -> tuple[schema.ImageRecord, tuple | None] | str:  # fmt: skip
+    """(the record, `schema.decode_written_parts`' parts or None), or why it does not parse."""
     # What the converter wrote reads fast; anything else as TensorFlow's parser reads it.
     parts = schema.decode_written_parts(serialized, label_offset=found.label_offset)
     try:
         record = parts[0] if parts else schema.decode_parsed(
             serialized, label_offset=found.label_offset)  # fmt: skip
     except ValueError as err:
-        return {"problem": f"does not parse: {err}"}
-    image_hash = hashlib.sha256(record.encoded)
+        return f"does not parse: {err}"
+    return record, parts
+
+
+def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False,
+               parsed: tuple | str | None = None, same_image=None) -> dict:  # fmt: skip
+    """What a record says: its relative path, hashes and fields, or why it does not parse.
+    With `decode`, its image decoded as the reader decodes it (TensorFlow).
+
+    `parsed`: `parse_record`'s answer, if taken already. `same_image(relpath, image)`: the
+    SHA-256 of the image its source's record holds, if `image` is byte for byte that image
+    (its hash is then not taken again), else None.
+    """
+    parsed = parse_record(serialized, found) if parsed is None else parsed
+    if isinstance(parsed, str):
+        return {"problem": parsed}
+    record, parts = parsed
+    image_sha256 = same_image(record.filename, record.encoded) if same_image else None
+    image_sha256 = image_sha256 or hashlib.sha256(record.encoded).digest()
     # Bytes not of the written layout are never what the converter writes: no digest of
     # them can be one of its records'.
-    digest = record_digest(parts[1], image_hash.digest(), parts[2]) if parts else (
+    digest = record_digest(parts[1], image_sha256, parts[2]) if parts else (
         "not the written layout")  # fmt: skip
     problems = []
     if decode:
@@ -159,7 +184,7 @@ def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False
     return {
         "relpath": record.filename,
         "sha256": record.sha256,
-        "encoded_sha256": image_hash.hexdigest(),
+        "encoded_sha256": image_sha256.hex(),
         "record_digest": digest,
         "height": record.height,
         "width": record.width,

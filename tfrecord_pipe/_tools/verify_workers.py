@@ -1,4 +1,5 @@
-"""What each worker process of `verify` runs: a shard read into its rows, or a batch of
+"""What each worker process of `verify` runs: a shard read into its rows (with the rows of
+the sources its records name, where it can find them: `verify_beside`), or a batch of
 sources' expected rows (`verify_rules.Expect`).
 
 Nothing here imports Beam for a local dataset: the workers' fork server preloads this
@@ -13,7 +14,7 @@ import tempfile
 from beam_jobs import load, spill, worker_pool
 from tfrecord_pipe._core import manifest
 from tfrecord_pipe._reading import tensorflow_start
-from tfrecord_pipe._tools import verify_reading as reading
+from tfrecord_pipe._tools import verify_beside, verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
 
 SHARD, SOURCES = "shard", "sources"  # the two kinds of task
@@ -29,8 +30,9 @@ def start(dataset: str, found: manifest.Manifest, config, work: str, decode: boo
     checker.set_labels(expect.labels, {})
     if decode:
         tensorflow_start.start(verbose=False)
+    beside = verify_beside.Beside(config, expect) if verify_beside.possible(config) else None
     _WORKER.update(dataset=dataset, found=found, work=work, expect=expect, checker=checker,
-                   decode=decode)  # fmt: skip
+                   decode=decode, beside=beside)  # fmt: skip
 
 
 @worker_pool.in_worker
@@ -39,10 +41,12 @@ def task(item: tuple[str, object]) -> tuple[str, object]:
     should travel back at once), or a batch of sources' expected rows."""
     kind, value = item
     if kind == SHARD:
+        beside = _WORKER["beside"]
+        rows = reading.read_shard(_WORKER["dataset"], _WORKER["found"], value, _WORKER["decode"],
+                                  _WORKER["work"], beside)  # fmt: skip
         fd, path = tempfile.mkstemp(dir=_WORKER["work"], suffix=".shard-rows")
         with os.fdopen(fd, "wb") as f:
-            spill.write_items(f, reading.read_shard(
-                _WORKER["dataset"], _WORKER["found"], value, _WORKER["decode"], _WORKER["work"]))
+            spill.write_items(f, rows if beside is None else beside.with_found(rows))
         return kind, path
     expect = _WORKER["expect"]
     rows = _WORKER["checker"].decide(value, lambda listed, result: (

@@ -1,0 +1,85 @@
+"""Sources checked beside their records, for `verify` on this machine.
+
+Joined on hashes alone, the two sides of `verify` each hash the same image: the source's
+bytes (the record holds their SHA-256) and the record's copy of them (to prove it is that
+copy). A worker that reads a shard of a dataset converted from a local folder can instead
+read each record's source where the record's name says it lies, check it as the converter
+does (`outcome.decide`), and compare the record's image with the image the converter stores
+for it, byte for byte: equal bytes have the source's hash, taken once.
+
+A record's name is only a guess at its source. The launcher uses what was found here only
+for a source the listing lists with the same path, label and split (`verify._Join`); any
+other listed source is checked on its own afterwards, as the conversion would check it. So a
+renamed, moved or edited file, a tampered record or a source listed with a problem is judged
+exactly as before, only later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from beam_jobs import outcome, sources, storage
+from beam_jobs.config import ConvertConfig
+from beam_jobs.source_file import SourceFile
+from tfrecord_pipe._tools import verify_rules as rules
+from tfrecord_pipe._tools.verify_rules import RECORD
+
+# Rows of sources checked beside their records, as the join takes them: (relpath, source's
+# row) alone, or (relpath, (record's row, source's row)) as one item where they pair up.
+FOUND, PAIR = "found", "pair"
+
+
+def possible(config: ConvertConfig) -> bool:
+    """Whether records name their sources' paths: a local folder, not a CSV list."""
+    return sources.source_of_relpath(config, "a") is not None
+
+
+class Beside:
+    """One worker's checks of the sources its shards' records name (`verify_reading.read_shard`
+    calls `ahead` and `same_image`); `with_found` puts their rows among the shard's."""
+
+    def __init__(self, config: ConvertConfig, expect: rules.Expect):
+        self._config = config
+        self._expect = expect
+        self._labels = expect.labels
+        self._named: dict[str, SourceFile | None] = {}  # the window's, from `ahead`
+        self._found: list[tuple[str, dict]] = []
+
+    def ahead(self, relpaths: list[str]) -> None:
+        """The sources of the next records, asked into the kernel's cache at once."""
+        self._named = {relpath: sources.source_of_relpath(self._config, relpath)
+                       for relpath in relpaths}  # fmt: skip
+        storage.read_ahead(source.path for source in self._named.values() if source is not None)
+
+    def same_image(self, relpath: str, image: bytes) -> bytes | None:
+        """The SHA-256 of `image` when it is, byte for byte, the image the converter stores
+        for the source at `relpath`; else None. The source's row is kept either way."""
+        if relpath in self._named:
+            source = self._named[relpath]
+        else:
+            source = sources.source_of_relpath(self._config, relpath)
+        if source is None:
+            return None
+        result = outcome.decide(source, self._labels, self._config.policy)
+        row, stored, image_sha256 = self._expect.row_and_image(source, result)
+        self._found.append((relpath, row))
+        return image_sha256 if stored is not None and stored == image else None
+
+    def with_found(self, rows: Iterator[tuple[str, object]]) -> Iterator[tuple[str, object]]:
+        """A shard's rows (`verify_reading.read_shard`), with the rows of the sources found
+        beside its records: a record's and its source's as one PAIR item."""
+        for kind, value in rows:
+            found, self._found = self._found, []  # the sources of this row's record
+            if kind == RECORD and len(found) == 1 and found[0][0] == value[0]:
+                yield PAIR, (value[0], (value[1], found[0][1]))
+                continue
+            yield kind, value
+            for item in found:
+                yield FOUND, item
+
+
+def same_source(listed: SourceFile, row: dict) -> bool:
+    """Whether a source's row found beside a record is the row of the listed source `listed`
+    (a source found there has no listing's problem)."""
+    return listed.problem is None and (listed.path, listed.label, listed.split) == (
+        row["path"], row["label"], row["split"])  # fmt: skip
