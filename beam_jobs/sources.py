@@ -135,9 +135,8 @@ def source_of_relpath(config: ConvertConfig, relpath: str) -> SourceFile | None:
     parts = relpath.split("/")
     if any(part in ("", ".", "..") for part in parts):
         return None  # no walk lists it: never a path outside the folder
-    path = paths.folder(config.source_root)
-    for part in parts:  # as os.scandir names the walk's entries
-        path = os.path.join(path, part)
+    root = paths.folder(config.source_root)
+    path = (root if root.endswith("/") else root + "/") + relpath  # as os.scandir's names join
     try:
         return source_of_entry(listing.Entry(path, relpath), config)
     except ValueError:  # a file outside split folders, a label the listing refuses

@@ -221,12 +221,11 @@ class _Join:
                 rows[RECORD].append(record)
                 rows[FOUND].append(found)
             left = []
-            for path, label, split, problem in rows.pop(LISTED):
-                listed = SourceFile(path, relpath, label, split, problem)
+            for listed in rows.pop(LISTED):
                 at = next((i for i, found in enumerate(rows[FOUND])
                            if verify_beside.same_source(listed, found)), None)  # fmt: skip
                 if at is None:
-                    left.append(listed)
+                    left.append(SourceFile(listed[0], relpath, *listed[1:]))
                 else:
                     rows[SOURCE].append(rows[FOUND].pop(at))
             del rows[FOUND]  # found beside a record, but not listed so: not a source

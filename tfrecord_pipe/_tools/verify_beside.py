@@ -27,6 +27,7 @@ from tfrecord_pipe._tools.verify_rules import RECORD
 # Rows of sources checked beside their records, as the join takes them: (relpath, source's
 # row) alone, or (relpath, (record's row, source's row)) as one item where they pair up.
 FOUND, PAIR = "found", "pair"
+_SAME_ON_BOTH_SIDES = ("sha256", "encoded_sha256", "record_digest", "label", "split")
 
 
 def possible(config: ConvertConfig) -> bool:
@@ -71,15 +72,19 @@ class Beside:
         for kind, value in rows:
             found, self._found = self._found, []  # the sources of this row's record
             if kind == RECORD and len(found) == 1 and found[0][0] == value[0]:
-                yield PAIR, (value[0], (value[1], found[0][1]))
+                record, source = value[1], found[0][1]
+                for key in _SAME_ON_BOTH_SIDES:  # held and pickled once where equal
+                    if record.get(key) == source.get(key):
+                        record[key] = source[key]
+                yield PAIR, (value[0], (record, source))
                 continue
             yield kind, value
             for item in found:
                 yield FOUND, item
 
 
-def same_source(listed: SourceFile, row: dict) -> bool:
-    """Whether a source's row found beside a record is the row of the listed source `listed`
-    (a source found there has no listing's problem)."""
-    return listed.problem is None and (listed.path, listed.label, listed.split) == (
-        row["path"], row["label"], row["split"])  # fmt: skip
+def same_source(listed: tuple, row: dict) -> bool:
+    """Whether a source's row found beside a record is that of the source the listing gave
+    as `listed` (path, label, split, problem): a source found there has no problem."""
+    path, label, split, problem = listed
+    return problem is None and (path, label, split) == (row["path"], row["label"], row["split"])

@@ -248,8 +248,8 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     yield COUNT, count
 
 
-WINDOW_RECORDS = 64  # records parsed ahead of their rows, for `ahead` (their sources' reads)
-WINDOW_BYTES = 64 << 20  # and at most this many bytes of them
+WINDOW_RECORDS = 16  # records parsed ahead of their rows, for `ahead` (their sources' reads)
+WINDOW_BYTES = 8 << 20  # and at most this many bytes of them (held twice: read and parsed)
 
 
 def _parsed(records: Iterator[bytes], found: manifest.Manifest, ahead
