@@ -130,17 +130,27 @@ def source_of_relpath(config: ConvertConfig, relpath: str) -> SourceFile | None:
     CSV list, a remote folder, or a name that is not a plain relative path. A guess only:
     the walk may list that file otherwise (through a link, with a problem), or not at all.
     """
+    find = source_finder(config)
+    return find(relpath) if find else None
+
+
+def source_finder(config: ConvertConfig):
+    """`source_of_relpath` for one config, its folder looked up once: None where records'
+    names lead to no source (a CSV list, a remote folder)."""
     if config.layout not in ("labels", "splits") or paths.is_remote(config.source_root):
         return None
-    parts = relpath.split("/")
-    if any(part in ("", ".", "..") for part in parts):
-        return None  # no walk lists it: never a path outside the folder
     root = paths.folder(config.source_root)
-    path = (root if root.endswith("/") else root + "/") + relpath  # as os.scandir's names join
-    try:
-        return source_of_entry(listing.Entry(path, relpath), config)
-    except ValueError:  # a file outside split folders, a label the listing refuses
-        return None
+    prefix = root if root.endswith("/") else root + "/"  # as os.scandir's names join
+
+    def find(relpath: str) -> SourceFile | None:
+        if "" in (parts := relpath.split("/")) or "." in parts or ".." in parts:
+            return None  # no walk lists it: never a path outside the folder
+        try:
+            return source_of_entry(listing.Entry(prefix + relpath, relpath), config)
+        except ValueError:  # a file outside split folders, a label the listing refuses
+            return None
+
+    return find
 
 
 def _is_utf8(text: str) -> bool:

@@ -118,10 +118,12 @@ def run_python(code: str, timeout: float = 120, env=None) -> Ran:
 
 def verified_both_ways(source, dataset, *beam_args):
     """`verify`'s report on this machine, once the Beam pipeline's (`verify_job`, on the local
-    runner, with `beam_args` too) is shown to say the same: the same totals and problems."""
+    runner, with `beam_args` too) is shown to say the same: the same totals and problems; and
+    the same here whether sources are checked beside their records or apart."""
     from tfrecord_pipe._tools import verify, verify_job
 
-    here = verify.verify(str(source), str(dataset))
+    here = verify.verify(str(source), str(dataset), beside=True)
+    assert verify.verify(str(source), str(dataset), beside=False) == here
     local_runner = ["--runner", "DirectRunner", *IN_PROCESS, *beam_args]
     beam = verify_job.run(str(source), str(dataset), local_runner)
     totals = ("sources", "records", "rejected", "num_problems")

@@ -300,8 +300,9 @@ def test_the_same_report_when_every_row_goes_through_sorts_on_disk(converted_cop
     in_memory = verify.verify(str(src), str(out))
     monkeypatch.setattr(spill, "RUN_ITEMS", 2)
     monkeypatch.setattr(spill, "FAN_IN", 2)
-    on_disk = verify.verify(str(src), str(out), processes=1)
+    on_disk = verify.verify(str(src), str(out), processes=1, beside=True)
     assert on_disk == in_memory and in_memory.num_problems >= 3, in_memory
+    assert verify.verify(str(src), str(out), processes=1, beside=False) == in_memory
 
 
 def test_a_worker_that_fails_or_dies_fails_verify_with_nothing_proven(

@@ -57,11 +57,13 @@ _ORDER = {SOURCE: 0, RECORD: 1, REJECTED: 2, REPORTED: 3, LISTED: 4, FOUND: 5, P
 
 
 def verify(source: str, dataset: str, processes: int | None = None, show_progress: bool = False,
-           decode: bool = False) -> VerifyReport:  # fmt: skip
+           decode: bool = False, beside: bool | None = None) -> VerifyReport:  # fmt: skip
     """Checks dataset `dataset` against the inputs at `source` (as given to the converter), on
     this machine, with `processes` worker processes (default: one per core). `decode`: every
     record's image is also decoded as the reader decodes it (TensorFlow, loaded in each
-    worker: some 700 MB each).
+    worker: some 700 MB each). `beside`: whether sources are checked beside their records,
+    where they can be (default: where that pays, `verify_beside.chosen`); the report is the
+    same either way.
 
     Raises:
       FileNotFoundError: `dataset` is not a finished dataset, or `source` lists nothing.
@@ -82,11 +84,13 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
         job = _Join(work, problems)
         for split, expected in reading.rejection_files(found):
             job.add(reading.read_rejected(dataset, split, expected), REJECTED)
-        worker_args = (dataset, found, config, work, decode)
+        if beside is None:
+            beside = verify_beside.chosen(config, found)
+        beside = beside and verify_beside.possible(config)
+        worker_args = (dataset, found, config, work, decode, beside)
         with worker_pool.pool(processes, workers.start, worker_args) as pool:
             window = processes * worker_pool.IN_FLIGHT
             shards = reading.shards_of(found)
-            beside = verify_beside.possible(config)
             if beside:
                 # Sources are checked beside their records; the listing, between the shards'
                 # tasks, says which were; those left are checked after, on their own.

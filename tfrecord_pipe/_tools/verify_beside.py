@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from beam_jobs import outcome, sources, storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import SourceFile
+from tfrecord_pipe._core import manifest
 from tfrecord_pipe._tools import verify_rules as rules
 from tfrecord_pipe._tools.verify_rules import RECORD
 
@@ -30,9 +31,23 @@ FOUND, PAIR = "found", "pair"
 _SAME_ON_BOTH_SIDES = ("sha256", "encoded_sha256", "record_digest", "label", "split")
 
 
+# Records of at least this many bytes on average are checked beside their sources: below,
+# the hash saved costs less than the pairing (benchmarks/RESULTS.md, "verify: sources
+# checked beside their records").
+FROM_RECORD_BYTES = 16 << 10
+
+
+def chosen(config: ConvertConfig, found: manifest.Manifest) -> bool:
+    """Whether `verify` checks sources beside their records: where records name their
+    sources' paths (a local folder, not a CSV list), and are large enough for it to pay."""
+    records = sum(info.num_examples for info in found.splits.values()) * len(found.file_formats)
+    size = sum(info.num_bytes for info in found.splits.values()) / max(1, records)
+    return possible(config) and size >= FROM_RECORD_BYTES
+
+
 def possible(config: ConvertConfig) -> bool:
     """Whether records name their sources' paths: a local folder, not a CSV list."""
-    return sources.source_of_relpath(config, "a") is not None
+    return sources.source_finder(config) is not None
 
 
 class Beside:
@@ -41,6 +56,7 @@ class Beside:
 
     def __init__(self, config: ConvertConfig, expect: rules.Expect):
         self._config = config
+        self._find = sources.source_finder(config)
         self._expect = expect
         self._labels = expect.labels
         self._named: dict[str, SourceFile | None] = {}  # the window's, from `ahead`
@@ -48,17 +64,13 @@ class Beside:
 
     def ahead(self, relpaths: list[str]) -> None:
         """The sources of the next records, asked into the kernel's cache at once."""
-        self._named = {relpath: sources.source_of_relpath(self._config, relpath)
-                       for relpath in relpaths}  # fmt: skip
+        self._named = {relpath: self._find(relpath) for relpath in relpaths}
         storage.read_ahead(source.path for source in self._named.values() if source is not None)
 
     def same_image(self, relpath: str, image: bytes) -> bytes | None:
         """The SHA-256 of `image` when it is, byte for byte, the image the converter stores
         for the source at `relpath`; else None. The source's row is kept either way."""
-        if relpath in self._named:
-            source = self._named[relpath]
-        else:
-            source = sources.source_of_relpath(self._config, relpath)
+        source = self._named[relpath] if relpath in self._named else self._find(relpath)
         if source is None:
             return None
         result = outcome.decide(source, self._labels, self._config.policy)
@@ -74,13 +86,12 @@ class Beside:
             if kind == RECORD and len(found) == 1 and found[0][0] == value[0]:
                 record, source = value[1], found[0][1]
                 for key in _SAME_ON_BOTH_SIDES:  # held and pickled once where equal
-                    if record.get(key) == source.get(key):
-                        record[key] = source[key]
+                    if (same := source.get(key)) == record[key]:
+                        record[key] = same
                 yield PAIR, (value[0], (record, source))
                 continue
             yield kind, value
-            for item in found:
-                yield FOUND, item
+            yield from ((FOUND, item) for item in found)
 
 
 def same_source(listed: tuple, row: dict) -> bool:

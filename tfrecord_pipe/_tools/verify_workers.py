@@ -23,16 +23,17 @@ SHARD, SOURCES = "shard", "sources"  # the two kinds of task
 _WORKER: dict = {}
 
 
-def start(dataset: str, found: manifest.Manifest, config, work: str, decode: bool) -> None:
-    """Sets up a worker: the rules' expectations, a checker, and TensorFlow with `decode`."""
+def start(dataset: str, found: manifest.Manifest, config, work: str, decode: bool,
+          beside: bool) -> None:  # fmt: skip
+    """Sets up a worker: the rules' expectations, a checker, TensorFlow with `decode`, and
+    with `beside` the checks of sources beside their records."""
     expect = rules.Expect(found, config.policy)
     checker = load.Checker(config.policy)
     checker.set_labels(expect.labels, {})
     if decode:
         tensorflow_start.start(verbose=False)
-    beside = verify_beside.Beside(config, expect) if verify_beside.possible(config) else None
     _WORKER.update(dataset=dataset, found=found, work=work, expect=expect, checker=checker,
-                   decode=decode, beside=beside)  # fmt: skip
+                   decode=decode, beside=verify_beside.Beside(config, expect) if beside else None)
 
 
 @worker_pool.in_worker
