@@ -7,6 +7,7 @@ import os
 import pathlib
 import shutil
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -16,7 +17,7 @@ from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import verify, verify_beside, verify_reading, verify_rules
 
 from helpers import (
-    COLOURS, IN_PROCESS, jpeg_bytes, length_delimited, run_cli, run_command, run_python,
+    COLOURS, IN_PROCESS, encode, jpeg_bytes, length_delimited, run_cli, run_command, run_python,
     verified_both_ways,
 )  # fmt: skip
 
@@ -484,3 +485,24 @@ def test_each_source_is_checked_beside_its_record_and_its_image_hashed_once(
     for relpath, (_, source_row) in pairs:  # the row a check on its own gives
         assert source_row == expect(sources.source_of_relpath(config, relpath))
     assert image_hashes() == len(apart)
+
+
+def test_sources_are_checked_beside_records_only_where_records_are_large(converted, tmp_path):
+    # Beside its record, a source's image is hashed once, but pairing costs more than the
+    # hash saves on small images: verify chooses by the records' mean size.
+    def chosen(src, out):
+        found = verify_reading.read_conversion(str(out))
+        return verify_beside.chosen(verify_reading.source_config(str(src), str(out), found), found)
+
+    assert not chosen(*converted)  # records of a few hundred bytes
+    noise = np.random.default_rng(0).integers(0, 256, (160, 160, 3), dtype=np.uint8)
+    (tmp_path / "src" / "red").mkdir(parents=True)
+    (tmp_path / "src" / "red" / "1.jpg").write_bytes(encode(noise, quality=95))
+    assert (tmp_path / "src" / "red" / "1.jpg").stat().st_size >= verify_beside.FROM_RECORD_BYTES
+    convert.run([str(tmp_path / "src"), str(tmp_path / "out"), *IN_PROCESS])
+    assert chosen(tmp_path / "src", tmp_path / "out")
+    done = run_cli("verify", tmp_path / "src", tmp_path / "out")
+    assert done.returncode == 0 and "1 sources listed; 1 records" in done.stdout, done.stdout
+    (tmp_path / "list.csv").write_text("src/red/1.jpg,red\n")
+    convert.run([str(tmp_path / "list.csv"), str(tmp_path / "csv_out"), *IN_PROCESS])
+    assert not chosen(tmp_path / "list.csv", tmp_path / "csv_out")  # names lead to no path
