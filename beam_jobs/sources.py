@@ -143,8 +143,9 @@ def source_finder(config: ConvertConfig):
     prefix = root if root.endswith("/") else root + "/"  # as os.scandir's names join
 
     def find(relpath: str) -> SourceFile | None:
-        if "" in (parts := relpath.split("/")) or "." in parts or ".." in parts:
-            return None  # no walk lists it: never a path outside the folder
+        parts = relpath.split("/")
+        if "" in parts or "." in parts or ".." in parts or "\0" in relpath:
+            return None  # no walk lists it: never a path outside the folder, nor a NUL
         try:
             return source_of_entry(listing.Entry(prefix + relpath, relpath), config)
         except ValueError:  # a file outside split folders, a label the listing refuses

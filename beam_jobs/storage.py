@@ -250,7 +250,7 @@ def read_ahead(local_paths: Iterable[str]) -> None:
     for path in local_paths:
         try:
             handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in the name
             continue
         try:
             os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_WILLNEED)

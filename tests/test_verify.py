@@ -6,6 +6,8 @@ import json
 import os
 import pathlib
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -506,3 +508,66 @@ def test_sources_are_checked_beside_records_only_where_records_are_large(convert
     (tmp_path / "list.csv").write_text("src/red/1.jpg,red\n")
     convert.run([str(tmp_path / "list.csv"), str(tmp_path / "csv_out"), *IN_PROCESS])
     assert not chosen(tmp_path / "list.csv", tmp_path / "csv_out")  # names lead to no path
+
+
+def _beside_over_first_shard(src, out):
+    """The rows of the first shard with its sources checked beside its records."""
+    found = verify_reading.read_conversion(str(out))
+    config = verify_reading.source_config(str(src), str(out), found)
+    beside = verify_beside.Beside(config, verify_rules.Expect(found, config.policy))
+    shard = verify_reading.shards_of(found)[0]
+    return list(beside.with_found(verify_reading.read_shard(str(out), found, shard, beside=beside)))
+
+
+def test_a_record_named_with_a_nul_byte_is_a_record_of_no_source(converted_copy):
+    # Beside its records, such a name made the shard "unreadable" and lost its other records.
+    src, out = converted_copy
+
+    def rename(records):
+        record = schema.decode_example(records[0], label_offset=1)
+        named = dataclasses.replace(record, filename=record.filename + "\x00x")
+        return [schema.serialize(named, label_offset=1)] + records[1:]
+
+    rewrite_shard(first_shard(out), rename)
+    said = "\n".join(verified_both_ways(src, out).problems)
+    assert "\x00x: in shard" in said and "but not among the sources" in said, said
+    assert "could not be read" not in said and "listed but in no shard" in said
+
+
+def test_an_error_of_verify_s_own_beside_a_record_fails_it_not_blamed_on_the_shard(
+    converted, monkeypatch
+):
+    src, out = converted
+    row_and_image, calls = verify_rules.Expect.row_and_image, []
+
+    def once(self, *args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise MemoryError("for a moment")
+        return row_and_image(self, *args)
+
+    monkeypatch.setattr(verify_rules.Expect, "row_and_image", once)
+    with pytest.raises(MemoryError, match="for a moment"):
+        _beside_over_first_shard(src, out)
+
+
+def test_a_source_that_became_a_fifo_is_not_opened_beside_its_record(converted_copy):
+    # The walk never opens a special file (a FIFO, a device through a link: opening some has
+    # effects), and neither does the check beside a record that names one.
+    src, out = converted_copy
+    fifo = src / schema.decode_example(
+        next(record_reader.records(str(first_shard(out)))), label_offset=1
+    ).filename
+    fifo.unlink()
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: os.close(os.open(fifo, os.O_WRONLY)))
+    writer.start()  # waits until a reader opens the FIFO
+    try:
+        rows = _beside_over_first_shard(src, out)
+        time.sleep(0.2)
+        assert writer.is_alive(), "the FIFO was opened"
+        assert not [value for kind, value in rows if kind == verify_beside.PAIR
+                    and value[0] == fifo.relative_to(src).as_posix()]  # fmt: skip
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join()

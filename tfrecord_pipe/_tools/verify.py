@@ -118,7 +118,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
         problems.extend(rules.count_problems(found, source, job.per_split), FILES)
         job.add(reading.read_reported(dataset, found), None)
         job.check(found)
-    line.finish(job.checked)
+    line.finish(sum(job.per_split.values()))
     return VerifyReport(
         sources=sum(job.per_split.values()),
         records=job.totals[RECORD],
@@ -200,7 +200,7 @@ class _Join:
             else:
                 key, row = value
                 self._by_path.add((key, _ORDER[kind], kind, row))
-                self.checked += kind in (FOUND, PAIR)
+                self.checked += kind == PAIR  # a source checked beside its record
 
     def add_listed(self, source: SourceFile) -> None:
         self.per_split[source.split] += 1
@@ -325,6 +325,8 @@ class _Progress:
         if self._line is None or time.monotonic() - self._shown < PROGRESS_EVERY_S:
             return
         self._shown = time.monotonic()
+        # A record written twice has its source checked twice beside it: at most the listing.
+        checked = min(checked, self._listed)
         self._line.update(f"  verify: {checked}/{self._listed} sources checked")
 
     def finish(self, checked: int) -> None:

@@ -16,6 +16,8 @@ exactly as before, only later.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator
 
 from beam_jobs import outcome, sources, storage
@@ -61,27 +63,49 @@ class Beside:
         self._labels = expect.labels
         self._named: dict[str, SourceFile | None] = {}  # the window's, from `ahead`
         self._found: list[tuple[str, dict]] = []
+        self._failed: BaseException | None = None  # ours, not the shard's: raised by `with_found`
 
     def ahead(self, relpaths: list[str]) -> None:
         """The sources of the next records, asked into the kernel's cache at once."""
-        self._named = {relpath: self._find(relpath) for relpath in relpaths}
-        storage.read_ahead(source.path for source in self._named.values() if source is not None)
+        try:
+            self._named = {relpath: self._regular(relpath) for relpath in relpaths}
+            storage.read_ahead(source.path for source in self._named.values() if source)
+        except Exception as err:  # noqa: BLE001 - a bug of ours, never the shard's damage
+            self._failed = self._failed or err
+
+    def _regular(self, relpath: str) -> SourceFile | None:
+        """The source at `relpath` if it is a regular file: the walk opens nothing else (a
+        FIFO, a device reached through a link), and neither does this."""
+        source = self._find(relpath)
+        try:
+            return source if source and stat.S_ISREG(os.stat(source.path).st_mode) else None
+        except OSError:  # gone, unreadable: the listing says what
+            return None
 
     def same_image(self, relpath: str, image: bytes) -> bytes | None:
         """The SHA-256 of `image` when it is, byte for byte, the image the converter stores
         for the source at `relpath`; else None. The source's row is kept either way."""
-        source = self._named[relpath] if relpath in self._named else self._find(relpath)
-        if source is None:
+        try:
+            source = self._named[relpath] if relpath in self._named else self._regular(relpath)
+            if source is None:
+                return None
+            result = outcome.decide(source, self._labels, self._config.policy)
+            row, stored, image_sha256 = self._expect.row_and_image(source, result)
+        except Exception as err:  # noqa: BLE001 - as in `ahead`
+            self._failed = self._failed or err
             return None
-        result = outcome.decide(source, self._labels, self._config.policy)
-        row, stored, image_sha256 = self._expect.row_and_image(source, result)
         self._found.append((relpath, row))
         return image_sha256 if stored is not None and stored == image else None
 
     def with_found(self, rows: Iterator[tuple[str, object]]) -> Iterator[tuple[str, object]]:
         """A shard's rows (`verify_reading.read_shard`), with the rows of the sources found
-        beside its records: a record's and its source's as one PAIR item."""
+        beside its records: a record's and its source's as one PAIR item.
+
+        Raises what failed in `ahead` or `same_image`: an error of verify's own fails it
+        (nothing proven), where inside the shard's read it would be taken for damage."""
         for kind, value in rows:
+            if self._failed is not None:
+                raise self._failed
             found, self._found = self._found, []  # the sources of this row's record
             if kind == RECORD and len(found) == 1 and found[0][0] == value[0]:
                 record, source = value[1], found[0][1]
@@ -92,6 +116,8 @@ class Beside:
                 continue
             yield kind, value
             yield from ((FOUND, item) for item in found)
+        if self._failed is not None:
+            raise self._failed
 
 
 def same_source(listed: tuple, row: dict) -> bool:
