@@ -218,6 +218,12 @@ class _Join:
         """Judges each relative path whose sources are all checked; gives the listed
         sources no FOUND row speaks for (their path's rows wait for `add_checked`)."""
         for relpath, same in itertools.groupby(self._by_path.sorted(), key=operator.itemgetter(0)):
+            same = list(same)
+            if len(same) == 2 and same[0][2] == LISTED and same[1][2] == PAIR:  # the usual
+                (_, _, _, listed), (_, _, _, (record, found)) = same
+                if verify_beside.same_source(listed, found):
+                    self._judge(relpath, {SOURCE: [found], RECORD: [record], REJECTED: []}, dedupe)
+                    continue
             rows = {SOURCE: [], RECORD: [], REJECTED: [], LISTED: [], FOUND: [], PAIR: []}
             for _, _, kind, row in same:
                 rows[kind].append(row)
