@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from beam_jobs import listing, storage
 from beam_jobs.config import ConvertConfig
@@ -124,19 +124,12 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
     return SourceFile(entry.path, entry.relpath, label, split, entry.problem)
 
 
-def source_of_relpath(config: ConvertConfig, relpath: str) -> SourceFile | None:
-    """The input a walk of the local source folder lists as `relpath`, if it lists one there:
-    where a record's name says its source is (verify reads the two side by side). None for a
-    CSV list, a remote folder, or a name that is not a plain relative path. A guess only:
-    the walk may list that file otherwise (through a link, with a problem), or not at all.
-    """
-    find = source_finder(config)
-    return find(relpath) if find else None
-
-
-def source_finder(config: ConvertConfig):
-    """`source_of_relpath` for one config, its folder looked up once: None where records'
-    names lead to no source (a CSV list, a remote folder)."""
+def source_finder(config: ConvertConfig) -> Callable[[str], SourceFile | None] | None:
+    """Where a record's name says its source is (verify reads the two side by side): a
+    function from a relative path to the input a walk of the local source folder lists
+    under it, if it can list one there; None for a CSV list or a remote folder, whose
+    records' names lead to no path. A guess only: the walk may list that file otherwise
+    (through a link, with a problem), or not at all."""
     if config.layout not in ("labels", "splits") or paths.is_remote(config.source_root):
         return None
     root = paths.folder(config.source_root)

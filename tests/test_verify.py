@@ -19,7 +19,14 @@ from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import verify, verify_beside, verify_reading, verify_rules
 
 from helpers import (
-    COLOURS, IN_PROCESS, encode, jpeg_bytes, length_delimited, run_cli, run_command, run_python,
+    COLOURS,
+    IN_PROCESS,
+    encode,
+    jpeg_bytes,
+    length_delimited,
+    run_cli,
+    run_command,
+    run_python,
     verified_both_ways,
 )  # fmt: skip
 
@@ -485,7 +492,7 @@ def test_each_source_is_checked_beside_its_record_and_its_image_hashed_once(
     assert [(relpath, record) for relpath, (record, _) in pairs] == apart
     assert image_hashes() == len(apart)  # the sources' bytes, once; not the records' copies
     for relpath, (_, source_row) in pairs:  # the row a check on its own gives
-        assert source_row == expect(sources.source_of_relpath(config, relpath))
+        assert source_row == expect(sources.source_finder(config)(relpath))
     assert image_hashes() == len(apart)
 
 

@@ -14,7 +14,8 @@ import tempfile
 from beam_jobs import load, spill, worker_pool
 from tfrecord_pipe._core import manifest
 from tfrecord_pipe._reading import tensorflow_start
-from tfrecord_pipe._tools import verify_beside, verify_reading as reading
+from tfrecord_pipe._tools import verify_beside
+from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
 
 SHARD, SOURCES = "shard", "sources"  # the two kinds of task
