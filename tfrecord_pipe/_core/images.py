@@ -124,6 +124,9 @@ class StoredImage:
         return bool(self.changes)
 
 
+_JPEG = ("JPEG",)
+
+
 def _open(
     data: bytes, layout: jpeg_markers.Layout, policy: ImagePolicy
 ) -> tuple[Image.Image, int, int]:
@@ -154,7 +157,8 @@ def _open(
         # but for a plain JPEG, opened one pixel in size; our own caps, below, decide. The
         # warning is not silenced here: catch_warnings changes process-wide state and the job
         # calls this on several threads at once.
-        image = Image.open(io.BytesIO(data))
+        # A plain JPEG is one by its markers: no other format is tried first (2-3 us).
+        image = Image.open(io.BytesIO(data), formats=_JPEG if layout.plain else None)
     except Image.DecompressionBombError as err:
         raise Rejected(TOO_MANY_PIXELS, str(err)) from err
     except UnidentifiedImageError as err:
