@@ -8,8 +8,11 @@ import importlib.resources
 import pathlib
 import pydoc
 import re
+import subprocess
+import sys
 import types
 
+import numpy as np
 import pytest
 
 import tfrecord_pipe
@@ -132,3 +135,26 @@ def test_the_snippets_in_the_docs_parse_and_name_what_exists(page):
                     assert hasattr(module, node.attr), f"{page.name}: {module.__name__}.{node.attr}"
                     if public_only:
                         assert node.attr in module.__all__, f"{page.name}: {module.__name__}.{node.attr}"
+
+
+@pytest.mark.slow
+def test_the_readme_snippets_run_as_written(tmp_path):
+    # A new user copies them in order (train, Grain, serve) beside the dataset the README's
+    # convert command writes, ArrayRecord shards too, as its Grain paragraph says.
+    from beam_jobs import convert
+    from helpers import IN_PROCESS, encode
+
+    rng = np.random.default_rng(0)
+    for label in ("daisy", "rose"):
+        (tmp_path / "flowers" / label).mkdir(parents=True)
+        for i in range(1, 25):
+            pixels = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+            (tmp_path / "flowers" / label / f"{i}.jpg").write_bytes(encode(pixels))
+    convert.run([str(tmp_path / "flowers"), str(tmp_path / "dataset"), "--validation_fraction",
+                 "0.1", "--formats", "tfrecord,array_record", *IN_PROCESS])  # fmt: skip
+    script = "\n".join(python_snippets(ROOT / "README.md"))
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] in ("[b'daisy']", "[b'rose']"), done.stdout
+    assert "cuInit" not in done.stderr  # held back, as the snippet says
