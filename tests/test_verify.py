@@ -145,10 +145,14 @@ def test_verify_redoes_the_conversion_with_its_recorded_configuration(tmp_path):
 
 
 def test_verify_a_folder_that_is_not_a_dataset_exits_2(converted):
-    src, _ = converted
+    src, out = converted
     done = run_cli("verify", src, src)
     assert done.returncode == 2
     assert "not a finished tfrecord-pipe dataset" in done.stderr
+    done = run_cli("verify", out, src)  # the dataset first: a new user's slip
+    assert done.returncode == 2
+    assert f"the arguments look swapped. Give the images first, then the dataset: " \
+        f"tfrecord-pipe verify {src} {out}" in done.stderr, done.stderr
 
 
 def test_verify_a_dataset_that_does_not_record_its_conversion_exits_2(converted_copy):

@@ -70,7 +70,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
       ValueError: the manifest does not record how the dataset was converted.
       worker_pool.WorkerError: a worker failed (a bug: the rules never raise for a record).
     """
-    found = reading.read_conversion(dataset)
+    found = reading.read_conversion(dataset, source)
     config = reading.source_config(source, dataset, found)
     problems = _Problems()
     problems.extend(reading.check_descriptions(dataset, found), FILES)

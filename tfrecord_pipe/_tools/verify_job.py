@@ -61,7 +61,7 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False
         without a gs:// --temp_location; --template_location.
       JobFailedError: the job failed.
     """
-    found = reading.read_conversion(dataset)
+    found = reading.read_conversion(dataset, source)
     config = reading.source_config(source, dataset, found)
     given = PipelineOptions(beam_args)
     local = flags.runs_here(given)

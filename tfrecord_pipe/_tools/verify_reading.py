@@ -42,16 +42,22 @@ RETRY_WAIT_S = 0.5  # doubled after each failed attempt
 _LASTING = (record_reader.CorruptShardError, FileNotFoundError, PermissionError)
 
 
-def read_conversion(dataset: str) -> manifest.Manifest:
+def read_conversion(dataset: str, source: str | None = None) -> manifest.Manifest:
     """The dataset's manifest, which must record how the dataset was converted.
 
     Raises:
-      FileNotFoundError: `dataset` is not a finished dataset.
+      FileNotFoundError: `dataset` is not a finished dataset (and where `source` is one, the
+        two were given the wrong way round: that is said).
       ValueError: the manifest cannot be read, does not parse, or does not record how the
         dataset was converted.
     """
     path = paths.join(dataset, naming.MANIFEST_NAME)
     if not storage.exists(path):
+        if source is not None and storage.exists(paths.join(source, naming.MANIFEST_NAME)):
+            raise FileNotFoundError(
+                f"{dataset} is not a dataset but {source} is: the arguments look swapped. Give "
+                f"the images first, then the dataset: tfrecord-pipe verify {dataset} {source}"
+            )
         raise manifest.not_a_dataset(dataset)
     try:
         found = manifest.Manifest.from_file_text(storage.read_text(path), path)
