@@ -293,11 +293,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
         return 2
     except (JobFailedError, KeyboardInterrupt) as err:
         if interrupted or isinstance(err, KeyboardInterrupt):
+            # With --overwrite, a run stopped while it finalised has removed the old
+            # dataset's manifest already (docs/conversion.md): say so, never "kept".
+            replacing = any(arg.startswith("--overwrite") for arg in argv or sys.argv[1:])
             print(
                 "\nerror: interrupted before the conversion finished. Run the same command "
-                "again; what this run left is removed then.",
+                "again; what this run left is removed then."
+                + (" The dataset it was replacing may be gone already: the run again writes "
+                   "the new one." if replacing else ""),
                 file=sys.stderr,
-            )
+            )  # fmt: skip
             return 130
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -216,3 +216,18 @@ def test_a_temporary_folder_that_cannot_be_read_counts_as_files_not_a_crash(tmp_
     result = convert_(src, out, "--num_shards", 1, "--overwrite")
     assert result.splits["train"].num_examples == 9 and not leftover.exists()
 
+
+
+def test_ctrl_c_while_replacing_a_dataset_does_not_say_the_old_one_was_kept(monkeypatch, capsys):
+    # With --overwrite, a run stopped while it finalises has removed the old manifest: a
+    # user reading "what this run left is removed" would think the old dataset still there.
+    def interrupted(argv, prog):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convert, "run", interrupted)
+    assert convert.main(["src", "out"]) == 130
+    assert "may be gone already" not in capsys.readouterr().err
+    assert convert.main(["src", "out", "--overwrite"]) == 130
+    said = capsys.readouterr().err
+    assert "interrupted before the conversion finished" in said
+    assert "The dataset it was replacing may be gone already" in said
