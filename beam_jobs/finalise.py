@@ -20,7 +20,7 @@ from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import images, manifest, naming, paths, tfds_metadata
 
 LOG = logging.getLogger(__name__)
-TEMP_PREFIX = ".tmp-"  # OUT/.tmp-<run>: where a run writes before finalising
+TEMP_PREFIX = naming.TEMP_PREFIX  # OUT/.tmp-<run>: where a run writes before finalising
 # In the temporary folder:
 SUMMARY_NAME = "_summary.json"  # the job's shards, counts and labels (`pipeline.WriteSummary`)
 PLAN_NAME = "_finalising.json"  # the old dataset's manifest, kept for a finalise run again

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import tensorflow as tf
 
-from tfrecord_pipe._core import manifest
+from tfrecord_pipe._core import manifest, naming
 from tfrecord_pipe._reading import dataset
 
 from dataset_factory import write_dataset
@@ -88,6 +88,16 @@ def test_label_names_are_the_manifests(folder, tmp_path):
 def test_what_is_not_a_dataset_says_what_to_pass(tmp_path, make, message):
     with pytest.raises(ValueError, match=message):
         dataset.resolve(make(tmp_path))
+
+
+def test_a_folder_a_conversion_did_not_finish_says_to_run_it_again(tmp_path):
+    # A new user's trial: `inspect` there advised reading its shards by a file pattern.
+    write_dataset(str(tmp_path), {"train": [[0]]})
+    tf.io.gfile.remove(f"{tmp_path}/manifest.json")
+    (tmp_path / f"{naming.TEMP_PREFIX}1234").mkdir()
+    with pytest.raises(ValueError, match=r"what a conversion into it that did not finish left "
+                       r"\(\.tmp-1234\): run that conversion again"):  # fmt: skip
+        dataset.resolve(str(tmp_path))
 
 
 def test_manifests_of_version_0_1_read_with_their_flags_as_the_conversion(folder):

@@ -172,6 +172,14 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
         }
         return Dataset(path, False, splits, found.compression, found, chosen)
     if tf.io.gfile.isdir(folder):
+        unfinished = [name for name, is_folder in _children(folder)
+                      if is_folder and name.startswith(naming.TEMP_PREFIX)]  # fmt: skip
+        if unfinished:
+            raise ValueError(
+                f"{path} holds no {naming.MANIFEST_NAME} but what a conversion into it that did "
+                f"not finish left ({unfinished[0]}): run that conversion again (it clears what "
+                "was left and writes the dataset), then read it."
+            )
         raise ValueError(
             f"{path} is a folder without {naming.MANIFEST_NAME}: not a finished tfrecord-pipe "
             "dataset (the converter writes it last). To read its shards anyway, pass a file "
