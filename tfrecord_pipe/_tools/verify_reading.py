@@ -254,7 +254,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     yield COUNT, count
 
 
-WINDOW_RECORDS = 16  # records parsed ahead of their rows, for `ahead` (their sources' reads)
+WINDOW_RECORDS = 64  # records parsed ahead of their rows, for `ahead` (their sources' reads)
 WINDOW_BYTES = 8 << 20  # and at most this many bytes of them (held twice: read and parsed)
 
 
