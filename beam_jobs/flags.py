@@ -95,7 +95,7 @@ def parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, li
     """(our options, Beam's flags) of a command line; SOURCE and OUTPUT given either way, and
     switches also as `--compress=true` / `=false` (a Flex Template passes every parameter as
     --name=value)."""
-    args, beam_args = parser.parse_known_args(_switches_as_given(parser, argv))
+    args, beam_args = parser.parse_known_args(_switches_as_given(parser, _underscored(parser, argv)))
     for name in ("source", "output"):
         given, flag = getattr(args, name), getattr(args, f"{name}_flag")
         if given is not None and flag is not None:
@@ -106,6 +106,18 @@ def parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, li
             )
         setattr(args, name, given if given is not None else flag)
     return args, beam_args
+
+
+def _underscored(parser: argparse.ArgumentParser, argv) -> list[str]:
+    """The command line with our flags spelt with dashes (`--validation-fraction`, as most
+    command-line tools spell them) in the spelling they are defined with; Beam's left."""
+    ours = {flag for action in parser._actions for flag in action.option_strings}
+    out = []
+    for arg in sys.argv[1:] if argv is None else argv:
+        flag, equals, value = arg.partition("=")
+        spelt = "--" + flag[2:].replace("-", "_") if flag.startswith("--") else flag
+        out.append(spelt + equals + value if spelt in ours else arg)
+    return out
 
 
 def _switches_as_given(parser: argparse.ArgumentParser, argv) -> list[str]:

@@ -114,3 +114,15 @@ def test_commands_are_quiet_unless_verbose(converted, onednn):
     assert verbose.returncode == 0 and verbose.stdout == quiet.stdout
     assert verbose.stderr.strip(), "nothing shown: TensorFlow printed nothing to hold back"
     assert "oneDNN custom operations are on" in verbose.stderr
+
+
+def test_the_converters_flags_may_be_spelt_with_dashes():
+    # A new user's trial: --validation-fraction, as most tools spell flags, was refused.
+    from beam_jobs import flags
+
+    parser = flags.make_parser()
+    args, beam_args = flags.parse(parser, ["src", "out", "--validation-fraction", "0.2",
+                                           "--num-shards=3", "--reject-other-formats=true",
+                                           "--temp-location", "gs://t"])  # fmt: skip
+    assert (args.validation_fraction, args.num_shards, args.reject_other_formats) == (0.2, 3, True)
+    assert beam_args == ["--temp-location", "gs://t"]  # Beam's own flags are Beam's to read
