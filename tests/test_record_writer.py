@@ -80,6 +80,7 @@ def _our_read(path: str, compression: str = "") -> tuple[list[bytes], str | None
     return read, None
 
 
+@pytest.mark.slow  # every cut and damage of a shard, read both ways
 @pytest.mark.parametrize("compress", [False, True])
 def test_our_reader_gives_what_tensorflow_gives_whole_cut_short_or_damaged(tmp_path, compress):
     # verify reads shards without TensorFlow: every way a file can be damaged must read as

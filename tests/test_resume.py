@@ -80,6 +80,7 @@ def test_each_epoch_is_a_permutation_of_the_split_in_a_new_order(folder):
     assert len({tuple(epoch) for epoch in epochs_seen}) == 4, "epochs in the same order"
 
 
+@pytest.mark.slow  # 3 hosts' streams, each restored
 def test_hosts_sharing_files_each_read_their_records_once_an_epoch_and_resume_exactly(folder):
     # 5 hosts on 3 files: each reads every file and keeps every 5th record (a stride), so a
     # record's key comes from its place in the file counted across the records it skips.
@@ -176,6 +177,7 @@ CHAINS = [  # (shuffle_buffer, cycle_length, cuts): restored after each cut, the
 ]
 
 
+@pytest.mark.slow  # ten chains of restores, 2-6 s each
 @pytest.mark.parametrize("shuffle_buffer, cycle_length, cuts", CHAINS)
 def test_restored_and_saved_again_and_again_the_stream_reads_on_exactly(
     folder, tmp_path, shuffle_buffer, cycle_length, cuts
@@ -198,6 +200,7 @@ def test_restored_and_saved_again_and_again_the_stream_reads_on_exactly(
     assert got == reference
 
 
+@pytest.mark.slow  # chains of restores
 @pytest.mark.parametrize("cuts", [(12, 1), (9, 5, 2)])
 def test_the_resumable_iterator_restored_again_and_again_reads_on_exactly(folder, tmp_path, cuts):
     # What docs/preemption.md leads with: it saves a count and rebuilds the stream from it,
@@ -351,6 +354,7 @@ def test_a_checkpoint_restored_into_another_order_of_files_is_refused_in_words(
         tf.train.Checkpoint(iterator=restored).read(path)
 
 
+@pytest.mark.slow  # a subprocess: the crash it guards against kills the process
 def test_a_checkpoint_restored_into_smaller_windows_is_refused_not_a_crash(folder, tmp_path):
     # Saved 11 records into a window of 12, restored into windows of 5: TensorFlow's unbatch
     # read past the window's end and the process died (in a process of its own here).
