@@ -24,11 +24,11 @@ import time
 import uuid
 
 from beam_jobs import storage
-from tfrecord_pipe._core import paths
+from tfrecord_pipe._core import naming, paths
 
 LOG = logging.getLogger(__name__)
 
-CLAIM_NAME = ".tfrecord-pipe-claim"
+CLAIM_NAME = naming.CLAIM_NAME
 RENEW_EVERY_S = 30.0
 STALE_AFTER_S = 300.0  # ten renewals missed: the run that holds it is gone
 # A job launched without waiting holds the claim itself: nobody renews it, and its last step

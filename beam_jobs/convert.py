@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
         if interrupted or isinstance(err, KeyboardInterrupt):
             # With --overwrite, a run stopped while it finalised has removed the old
             # dataset's manifest already (docs/conversion.md): say so, never "kept".
-            replacing = any(arg.startswith("--overwrite") for arg in argv or sys.argv[1:])
+            given = sys.argv[1:] if argv is None else argv
+            replacing = any(arg.lower() in ("--overwrite", "--overwrite=true") for arg in given)
             print(
                 "\nerror: interrupted before the conversion finished. Run the same command "
                 "again; what this run left is removed then."

@@ -112,12 +112,14 @@ def _underscored(parser: argparse.ArgumentParser, argv) -> list[str]:
     """The command line with our flags spelt with dashes (`--validation-fraction`, as most
     command-line tools spell them) in the spelling they are defined with; Beam's left."""
     ours = {flag for action in parser._actions for flag in action.option_strings}
+    given = list(sys.argv[1:] if argv is None else argv)
+    end = given.index("--") if "--" in given else len(given)  # after it: no flags
     out = []
-    for arg in sys.argv[1:] if argv is None else argv:
+    for arg in given[:end]:
         flag, equals, value = arg.partition("=")
         spelt = "--" + flag[2:].replace("-", "_") if flag.startswith("--") else flag
         out.append(spelt + equals + value if spelt in ours else arg)
-    return out
+    return out + given[end:]
 
 
 def _switches_as_given(parser: argparse.ArgumentParser, argv) -> list[str]:

@@ -125,4 +125,6 @@ def test_the_converters_flags_may_be_spelt_with_dashes():
                                            "--num-shards=3", "--reject-other-formats=true",
                                            "--temp-location", "gs://t"])  # fmt: skip
     assert (args.validation_fraction, args.num_shards, args.reject_other_formats) == (0.2, 3, True)
-    assert beam_args == ["--temp-location", "gs://t"]  # Beam's own flags are Beam's to read
+    assert beam_args == ["--temp-location", "gs://t"]  # Beam's spelling, refused with a hint
+    args, _ = flags.parse(parser, ["--", "--num-shards", "out"])  # after --: names, not flags
+    assert (args.source, args.num_shards) == ("--num-shards", None)

@@ -98,6 +98,9 @@ def test_a_folder_a_conversion_did_not_finish_says_to_run_it_again(tmp_path):
     with pytest.raises(ValueError, match=r"what a conversion into it that did not finish left "
                        r"\(\.tmp-1234\): run that conversion again"):  # fmt: skip
         dataset.resolve(str(tmp_path))
+    (tmp_path / naming.CLAIM_NAME).write_text("{}")  # one still writing it, perhaps
+    with pytest.raises(ValueError, match="a conversion may still be writing it"):
+        dataset.resolve(str(tmp_path))
 
 
 def test_manifests_of_version_0_1_read_with_their_flags_as_the_conversion(folder):

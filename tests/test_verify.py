@@ -151,8 +151,14 @@ def test_verify_a_folder_that_is_not_a_dataset_exits_2(converted):
     assert "not a finished tfrecord-pipe dataset" in done.stderr
     done = run_cli("verify", out, src)  # the dataset first: a new user's slip
     assert done.returncode == 2
-    assert f"the arguments look swapped. Give the images first, then the dataset: " \
-        f"tfrecord-pipe verify {src} {out}" in done.stderr, done.stderr
+    assert f"{src} is not a dataset but {out} is: the arguments look swapped" in done.stderr
+    (src / "manifest.json").write_text("{}")  # another tool's file of that name: no hint
+    try:
+        done = run_cli("verify", src, src / "red")
+        assert done.returncode == 2 and "look swapped" not in done.stderr, done.stderr
+        assert "not a finished tfrecord-pipe dataset" in done.stderr, done.stderr
+    finally:
+        (src / "manifest.json").unlink()
 
 
 def test_verify_a_dataset_that_does_not_record_its_conversion_exits_2(converted_copy):

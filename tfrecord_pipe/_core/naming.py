@@ -19,6 +19,7 @@ from tfrecord_pipe._core import paths
 
 MANIFEST_NAME = "manifest.json"
 TEMP_PREFIX = ".tmp-"  # OUT/.tmp-<run>: where a conversion writes before it finishes
+CLAIM_NAME = ".tfrecord-pipe-claim"  # OUT/.tfrecord-pipe-claim: a conversion is writing OUT
 LABELS_NAME = "labels.txt"
 REJECTED_DIR = "rejected"
 DUPLICATES_NAME = "duplicates.jsonl"  # inputs with the same bytes, one group per line

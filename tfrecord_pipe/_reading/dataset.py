@@ -172,8 +172,15 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
         }
         return Dataset(path, False, splits, found.compression, found, chosen)
     if tf.io.gfile.isdir(folder):
-        unfinished = [name for name, is_folder in _children(folder)
+        # Local folders only: a listing of a bucket's folder pages through all it holds.
+        children = [] if paths.is_remote(folder) else _children(folder)
+        unfinished = [name for name, is_folder in children
                       if is_folder and name.startswith(naming.TEMP_PREFIX)]  # fmt: skip
+        if unfinished and (naming.CLAIM_NAME, False) in children:
+            raise ValueError(
+                f"{path} holds no {naming.MANIFEST_NAME} yet: a conversion may still be writing "
+                f"it ({unfinished[0]}). Wait for it to finish; if it stopped, run it again."
+            )
         if unfinished:
             raise ValueError(
                 f"{path} holds no {naming.MANIFEST_NAME} but what a conversion into it that did "

@@ -53,10 +53,10 @@ def read_conversion(dataset: str, source: str | None = None) -> manifest.Manifes
     """
     path = paths.join(dataset, naming.MANIFEST_NAME)
     if not storage.exists(path):
-        if source is not None and storage.exists(paths.join(source, naming.MANIFEST_NAME)):
+        if source is not None and _is_a_dataset(source):
             raise FileNotFoundError(
                 f"{dataset} is not a dataset but {source} is: the arguments look swapped. Give "
-                f"the images first, then the dataset: tfrecord-pipe verify {dataset} {source}"
+                "the images first, then the dataset (verify SRC OUT)."
             )
         raise manifest.not_a_dataset(dataset)
     try:
@@ -71,6 +71,17 @@ def read_conversion(dataset: str, source: str | None = None) -> manifest.Manifes
             "redo the conversion. Convert the images again with this version to verify them."
         )
     return found
+
+
+def _is_a_dataset(folder: str) -> bool:
+    """Whether `folder` holds a manifest this version reads (another tool's file of the same
+    name says nothing)."""
+    path = paths.join(folder, naming.MANIFEST_NAME)
+    try:
+        manifest.Manifest.from_file_text(storage.read_text(path), path)
+    except Exception:  # noqa: BLE001 - missing, unreadable, not ours: not a dataset
+        return False
+    return True
 
 
 def source_config(source: str, dataset: str, found: manifest.Manifest):
