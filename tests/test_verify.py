@@ -588,3 +588,27 @@ def test_a_source_that_became_a_fifo_is_not_opened_beside_its_record(converted_c
     finally:
         os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
         writer.join()
+
+
+def test_a_shard_cut_short_gives_every_record_before_the_cut_window_by_window(
+    converted_copy, monkeypatch
+):
+    # Beside their records, sources are read ahead a window of records at a time: the
+    # records of a window before a cut must still be judged, and the cut said after them.
+    src, out = converted_copy
+    shard = first_shard(out)
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[: len(whole) * 2 // 3])
+    monkeypatch.setattr(verify_reading, "WINDOW_RECORDS", 2)
+    found = verify_reading.read_conversion(str(out))
+    config = verify_reading.source_config(str(src), str(out), found)
+    (shard_row,) = [s for s in verify_reading.shards_of(found) if s[1] == shard.name]
+    apart = list(verify_reading.read_shard(str(out), found, shard_row))
+    beside = verify_beside.Beside(config, verify_rules.Expect(found, config.policy))
+    rows = beside.with_found(verify_reading.read_shard(str(out), found, shard_row, beside=beside))
+    together = [(verify_rules.RECORD, (v[0], v[1][0])) if k == verify_beside.PAIR else (k, v)
+                for k, v in rows]  # fmt: skip
+    assert together == apart
+    records = [v for k, v in apart if k == verify_rules.RECORD]
+    said = f"is corrupt after {len(records)} records"
+    assert len(records) > 2 and any(said in str(v) for _, v in apart), apart  # windows of 2

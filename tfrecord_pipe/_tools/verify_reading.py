@@ -278,8 +278,9 @@ def _parsed(records: Iterator[bytes], found: manifest.Manifest, ahead
         for serialized in records:
             yield serialized, parse_record(serialized, found)
         return
-    window, size, failed = [], 0, None
-    while True:
+    records, ended = iter(records), False
+    while not ended:
+        window, size, failed = [], 0, None
         try:
             for serialized in records:
                 window.append((serialized, parse_record(serialized, found)))
@@ -287,14 +288,11 @@ def _parsed(records: Iterator[bytes], found: manifest.Manifest, ahead
                 if len(window) >= WINDOW_RECORDS or size >= WINDOW_BYTES:
                     break
             else:
-                records = iter(())  # the end: this window is the last
+                ended = True
         except Exception as err:  # noqa: BLE001 - raised again once the window is judged
-            failed, records = err, iter(())
-        if not window and failed is None:
-            return
+            failed = err
         ahead([parsed[0].filename for _, parsed in window if not isinstance(parsed, str)])
         yield from window
-        window, size = [], 0
         if failed is not None:
             raise failed
 
