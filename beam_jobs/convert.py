@@ -25,6 +25,14 @@ from __future__ import annotations
 
 import sys
 
+def _overwrites(argv: list[str] | None) -> bool:
+    """Whether the command line asks for --overwrite, read as the job reads it."""
+    try:
+        return flags.parse(flags.make_parser(), argv)[0].overwrite
+    except (ValueError, SystemExit):  # a command line the job refused: it replaced nothing
+        return False
+
+
 if __name__ == "__main__":
     # Run as a program: the workers' server starts first, and imports the job's modules
     # while this process imports its own.
@@ -295,8 +303,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
         if interrupted or isinstance(err, KeyboardInterrupt):
             # With --overwrite, a run stopped while it finalised has removed the old
             # dataset's manifest already (docs/conversion.md): say so, never "kept".
-            given = sys.argv[1:] if argv is None else argv
-            replacing = any(arg.lower() in ("--overwrite", "--overwrite=true") for arg in given)
+            replacing = _overwrites(argv)
             print(
                 "\nerror: interrupted before the conversion finished. Run the same command "
                 "again; what this run left is removed then."
@@ -311,6 +318,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
         if ours:
             signal.signal(signal.SIGINT, previous)
     return 0
+
+
+def _overwrites(argv: list[str] | None) -> bool:
+    """Whether the command line asks for --overwrite, read as the job reads it."""
+    try:
+        return flags.parse(flags.make_parser(), argv)[0].overwrite
+    except (ValueError, SystemExit):  # a command line the job refused: it replaced nothing
+        return False
 
 
 if __name__ == "__main__":

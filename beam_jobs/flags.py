@@ -95,7 +95,7 @@ def parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, li
     """(our options, Beam's flags) of a command line; SOURCE and OUTPUT given either way, and
     switches also as `--compress=true` / `=false` (a Flex Template passes every parameter as
     --name=value)."""
-    args, beam_args = parser.parse_known_args(_switches_as_given(parser, _underscored(parser, argv)))
+    args, beam_args = parser.parse_known_args(_as_given(parser, argv))
     for name in ("source", "output"):
         given, flag = getattr(args, name), getattr(args, f"{name}_flag")
         if given is not None and flag is not None:
@@ -108,35 +108,30 @@ def parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, li
     return args, beam_args
 
 
-def _underscored(parser: argparse.ArgumentParser, argv) -> list[str]:
-    """The command line with our flags spelt with dashes (`--validation-fraction`, as most
-    command-line tools spell them) in the spelling they are defined with; Beam's left."""
+def _as_given(parser: argparse.ArgumentParser, argv) -> list[str]:
+    """The command line as argparse reads it: our flags spelt with dashes
+    (`--validation-fraction`, as most tools spell them) in the spelling they are defined
+    with, and switches given a value (`--compress=true`) as switches; Beam's flags, and
+    everything after `--`, left as they are."""
     ours = {flag for action in parser._actions for flag in action.option_strings}
-    given = list(sys.argv[1:] if argv is None else argv)
-    end = given.index("--") if "--" in given else len(given)  # after it: no flags
-    out = []
-    for arg in given[:end]:
-        flag, equals, value = arg.partition("=")
-        spelt = "--" + flag[2:].replace("-", "_") if flag.startswith("--") else flag
-        out.append(spelt + equals + value if spelt in ours else arg)
-    return out + given[end:]
-
-
-def _switches_as_given(parser: argparse.ArgumentParser, argv) -> list[str]:
     switches = {
         flag for action in parser._actions if isinstance(action, argparse._StoreTrueAction)
         for flag in action.option_strings
     }  # fmt: skip
+    given = list(sys.argv[1:] if argv is None else argv)
+    end = given.index("--") if "--" in given else len(given)
     out = []
-    for arg in sys.argv[1:] if argv is None else argv:
+    for arg in given[:end]:
         flag, equals, value = arg.partition("=")
+        if flag.startswith("--") and (spelt := "--" + flag[2:].replace("-", "_")) in ours:
+            flag, arg = spelt, spelt + equals + value
         if flag in switches and equals:
             if value.lower() not in ("true", "false"):
                 raise ValueError(f"{flag} takes true or false, got {value!r}")
             out += [flag] if value.lower() == "true" else []
         else:
             out.append(arg)
-    return out
+    return out + given[end:]
 
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:

@@ -229,6 +229,8 @@ def test_ctrl_c_while_replacing_a_dataset_does_not_say_the_old_one_was_kept(monk
     assert "may be gone already" not in capsys.readouterr().err
     assert convert.main(["src", "out", "--overwrite=false"]) == 130  # a Flex Template's way
     assert "may be gone already" not in capsys.readouterr().err
+    assert convert.main(["src", "out", "--overwrite=TRUE"]) == 130
+    assert "may be gone already" in capsys.readouterr().err
     assert convert.main(["src", "out", "--overwrite"]) == 130
     said = capsys.readouterr().err
     assert "interrupted before the conversion finished" in said
