@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "pip==$(PIP_VERSION)"
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
+	@# Our modules compiled, as pip compiles an installed package (benchmarks/compiled.py).
+	$(BIN)/python -m benchmarks.compiled
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -32,7 +32,7 @@ import time
 import numpy as np
 from PIL import Image
 
-from benchmarks import command_line, photos
+from benchmarks import command_line, compiled, photos
 from tfrecord_pipe._core import progress
 
 
@@ -175,6 +175,7 @@ def main(argv=None):
     parser.add_argument("--verify", action="store_true",
                         help="also run `verify` on each job run's output")
     args = parser.parse_args(argv)
+    compiled.compile_project()  # as a user's install has it (compiled.py)
     work = pathlib.Path(tempfile.mkdtemp(prefix="convert-bench-"))
     rows = []
     try:

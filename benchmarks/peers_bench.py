@@ -193,8 +193,9 @@ def main(argv=None):
         print(_usage(), flush=True)
         return None
 
-    from benchmarks import convert_bench
+    from benchmarks import compiled, convert_bench
 
+    compiled.compile_project()  # as a user's install has it (compiled.py)
     work = pathlib.Path(tempfile.mkdtemp(prefix="peers-bench-"))
     try:
         src = convert_bench.cached_images(args.cache or work, args.images, (args.side, args.side), 10)
