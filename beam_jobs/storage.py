@@ -347,8 +347,14 @@ def create(path: str, mime_type: str = "application/octet-stream",
         return beam_filesystems().create(path, mime_type=mime_type, compression_type=kind)
     if paths.parent(path):  # a bare name is written in the working folder
         paths.make_local_folder(paths.parent(path))
-    raw = open(path, "wb")
+    raw = open(path, "wb", buffering=WRITE_BUFFER)
     return _Gzipped(raw) if compress else raw
+
+
+# Bytes a local file gathers before each write to the system. With Python's 8 KiB, each
+# record of a shard went out in a call of its own: a third more time in the kernel per
+# 46 KB record than in 1 MiB writes (benchmarks/RESULTS.md, "Writing shards").
+WRITE_BUFFER = 1 << 20
 
 
 class _Gzipped:
