@@ -22,9 +22,10 @@ def _ordered(split_checked_list) -> list:
 
 def group_row(sha256: str, records) -> dict | None:
     """The report row of a group of (split, Checked) with the same bytes; None for one input."""
-    records = _ordered(records)
-    if len(records) < 2:
+    records = list(records)  # Beam gives an iterable
+    if len(records) < 2:  # nearly every group: no sort for it
         return None
+    records = _ordered(records)
     files = [{"relpath": c.relpath, "split": split, "label": c.label_text} for split, c in records]
     return {
         "sha256": sha256,
