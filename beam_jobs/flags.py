@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import functools
 import math
 import os
@@ -188,6 +187,8 @@ def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser,
     for flag in given:
         if flag.startswith("-") and flag not in known:
             names = sorted(name.lstrip("-") for name in known)
+            import difflib  # only for a flag mistyped
+
             close = difflib.get_close_matches(flag.lstrip("-"), names, n=1, cutoff=0.75)
             hint = f" Did you mean --{close[0]}?" if close else ""
             raise ValueError(

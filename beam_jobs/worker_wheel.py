@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.metadata
 import pathlib
 import re
-import zipfile
 
 import beam_jobs
 import tfrecord_pipe
@@ -44,6 +42,10 @@ def _record_hash(data: bytes) -> str:
 
 
 def _metadata(version: str, extras: tuple[str, ...]) -> str:
+    # Imported here, as zipfile is below: only a job for remote workers builds a wheel, and
+    # every local command imports this module (through `flags`): 25 ms of its start.
+    import importlib.metadata
+
     lines = ["Metadata-Version: 2.1", f"Name: {DISTRIBUTION}", f"Version: {version}"]
     try:
         requires = importlib.metadata.requires(DISTRIBUTION) or []
@@ -69,6 +71,8 @@ def build_wheel(
 ) -> pathlib.Path:
     """Writes `tfrecord_pipe-<version>-py3-none-any.whl` into `folder`, requiring the core's
     and `extras`' dependencies; returns its path."""
+    import zipfile
+
     version = tfrecord_pipe.__version__
     dist_info = f"tfrecord_pipe-{version}.dist-info"
     files: dict[str, bytes] = {}
