@@ -86,7 +86,10 @@ def run_verify(src: pathlib.Path, out: pathlib.Path) -> tuple[float, float]:
     """`tfrecord-pipe verify SRC OUT`'s (images/s, peak RSS MiB of its largest process)."""
     call = (f"report = verify.verify({str(src)!r}, {str(out)!r});"
             "assert report.ok, report")  # fmt: skip
-    return _timed(src, f"{_SERVER_FIRST}; from tfrecord_pipe._tools import verify", call, "verify")
+    # The modules verify imports as it starts (`verify_reading.source_config`), imported before
+    # the timed part, as the job's are by `from beam_jobs import convert`.
+    imports = f"{_SERVER_FIRST}; from tfrecord_pipe._tools import verify; from beam_jobs import flags"
+    return _timed(src, imports, call, "verify")
 
 
 # As the commands start (`python -m beam_jobs.convert`, the CLI): the workers' server imports

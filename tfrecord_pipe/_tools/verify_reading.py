@@ -92,7 +92,7 @@ def source_config(source: str, dataset: str, found: manifest.Manifest):
         mistyped: the converter refuses such an output), or a folder is given for a dataset
         converted from a CSV list.
     """
-    from beam_jobs import flags, sources  # the launcher's: they import Beam, the workers do not
+    from beam_jobs import flags, sources  # the launcher's alone: the workers import this module
 
     recorded = flags.recorded_config(found.conversion)
     if recorded.layout == "csv" and not paths.is_remote(source) and os.path.isdir(source):
