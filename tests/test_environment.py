@@ -50,3 +50,17 @@ def test_test_latest_lifts_the_upper_bounds_and_keeps_the_rest():
     assert module.unbounded('x>=1,<2; python_version < "3.12"') == 'x>=1; python_version < "3.12"'
     for text in module.requirements():
         assert "<" not in module.unbounded(text).partition(";")[0]
+
+
+def test_the_projects_modules_are_compiled_once_as_an_installed_packages_are():
+    # An editable install is never compiled, and with PYTHONDONTWRITEBYTECODE set every
+    # process a conversion starts compiled our modules again; `make install` and the
+    # conversion benchmarks compile them as `pip install` compiles a package's.
+    from benchmarks import compiled
+
+    module = ROOT / "beam_jobs" / "load.py"
+    cached = pathlib.Path(importlib.util.cache_from_source(str(module)))
+    cached.unlink(missing_ok=True)
+    assert compiled.compile_project()
+    assert cached.stat().st_mtime_ns >= module.stat().st_mtime_ns
+    assert "benchmarks.compiled" in (ROOT / "Makefile").read_text()
