@@ -16,7 +16,6 @@ import os
 import shutil
 import sys
 import tempfile
-
 from typing import TYPE_CHECKING
 
 from beam_jobs import worker_wheel
