@@ -147,3 +147,40 @@ def test_every_input_is_decided_as_pillows_reading_decides_it(monkeypatch):
         layout = images.jpeg_markers.walk(data)
         fast += layout.plain and jpeg_headers.as_pillow_reads(layout.headers_only(data)) is not None
     assert kinds == {"stored", "rejected"} and fast > 300
+
+
+JFIF_PER_INCH = segment(0xE0, b"JFIF\x00\x01\x02\x01\x00\x48\x00\x48\x00\x00")
+JFIF_PER_CM = segment(0xE0, b"JFIF\x00\x01\x02\x02\x00\x1c\x00\x1c\x00\x00")
+EXIF_SEGMENT = segment(0xE1, b"Exif\x00\x00" + exif(1))
+
+
+@pytest.mark.parametrize(
+    "first, read_here",
+    [
+        (JFIF_PER_INCH + EXIF_SEGMENT, True),
+        (EXIF_SEGMENT + JFIF_PER_INCH, False),  # Pillow 10.3 parses the EXIF block at once
+        (JFIF_PER_CM + EXIF_SEGMENT, False),  # Pillow before 11.1 takes no density in cm
+        (EXIF_SEGMENT, False),
+    ],
+    ids=["dpi-then-exif", "exif-then-dpi", "per-cm-then-exif", "exif-alone"],
+)
+def test_exif_is_read_here_only_where_no_pillow_parses_it(monkeypatch, first, read_here):
+    # Every Pillow the project allows (10.3 on) skips the EXIF block's parse for a resolution
+    # once a JFIF density in dots per inch has come; where one parses it, it may fail there
+    # (an odd resolution tag), and then it decides.
+    data = encode(PICTURE)
+    data = data[:2] + first + data[2:]
+    layout = images.jpeg_markers.walk(data)
+    assert (jpeg_headers.as_pillow_reads(layout.headers_only(data)) is not None) == read_here
+    assert outcome(data) == through_pillow(monkeypatch, data)
+
+
+def test_a_frame_pillow_cannot_read_as_rgb_is_left_to_pillow():
+    headers = bytearray(images.jpeg_markers.walk(BASES[0]).headers_only(BASES[0]))
+    sof = headers.index(b"\xff\xc0")
+    assert jpeg_headers.as_pillow_reads(bytes(headers)) is not None
+    twelve_bit = headers[: sof + 4] + b"\x0c" + headers[sof + 5 :]
+    end = sof + 2 + int.from_bytes(headers[sof + 2 : sof + 4], "big")
+    two_frames = headers[:end] + headers[sof:end] + headers[end:]
+    assert jpeg_headers.as_pillow_reads(bytes(twelve_bit)) is None
+    assert jpeg_headers.as_pillow_reads(bytes(two_frames)) is None

@@ -329,7 +329,10 @@ def _libjpeg_decodes(headers: bytes) -> bool:
     """Whether Pillow's libjpeg decoder decodes these one-pixel headers whole, as
     `Image.load` runs it on an RGB JPEG: all of the bytes in one call, finished (n < 0)
     without an error code."""
-    decoder = Image._getdecoder("RGB", "jpeg", ("RGB", ""))
+    try:
+        decoder = Image._getdecoder("RGB", "jpeg", ("RGB", ""))
+    except OSError:  # a Pillow without libjpeg: its own path says so
+        return False
     try:
         decoder.setimage(Image.core.new("RGB", (1, 1)), (0, 0, 1, 1))
         done, error = decoder.decode(headers)
