@@ -353,7 +353,7 @@ def create(path: str, mime_type: str = "application/octet-stream",
 
 # Bytes a local file gathers before each write to the system. With Python's 8 KiB, each
 # record of a shard went out in a call of its own: a third more time in the kernel per
-# 46 KB record than in 1 MiB writes (benchmarks/RESULTS.md, "Writing shards").
+# 46 KB record than in 1 MiB writes (benchmarks/RESULTS.md, "shards written in 1 MiB").
 WRITE_BUFFER = 1 << 20
 
 
