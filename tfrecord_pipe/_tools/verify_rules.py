@@ -210,18 +210,12 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
     A source rejected as a duplicate of another's content is checked with that other
     (`check_content`), when the conversion deduplicated.
     """
-    source, record, rejected = rows[SOURCE], rows[RECORD], rows[REJECTED]
-    if len(source) == len(record) == 1 and not rejected and "rejected" not in source[0]:
-        # The usual case, one source stored and its one record: what follows comes to this.
-        problems: list[str] = []
-        _check_record(relpath, record[0], source[0], problems)
-        return problems
     # In a fixed order: the joins deliver rows in any order (one row, the usual case, is).
     listed, records, rejected = (
         sorted(rows[kind], key=_order) if len(rows[kind]) > 1 else list(rows[kind])
         for kind in (SOURCE, RECORD, REJECTED)
     )
-    problems = []
+    problems: list[str] = []
     if (
         dedupe
         and not records
@@ -288,7 +282,7 @@ def check_content(rows: Iterable[dict], reported: list[list[str]], found: manife
     Returns the problems, and 1 or 0 for: a group of duplicates, one across splits.
     """
     group = sorted(rows, key=lambda row: row["relpath"])
-    reported = sorted(reported) if len(reported) > 1 else reported
+    reported = sorted(reported)
     problems = []
     if len(reported) > 1:
         problems.append(f"{naming.DUPLICATES_NAME}: lists the bytes of {reported[0][0]} "
