@@ -310,11 +310,9 @@ def _plain_and_upright(
     upright RGB JPEG within every cap whose headers libjpeg decodes, at a third less of the
     check's time (benchmarks/RESULTS.md). None for anything else, which goes through Pillow,
     where every rejection is decided and worded."""
-    width, height = layout.width, layout.height
+    width, height = layout.width, layout.height  # 8-bit and sequential: `as_pillow_reads`
     if (
-        layout.precision != 8
-        or layout.frame not in jpeg_markers.DECODABLE_FRAMES
-        or layout.size_problem() is not None
+        layout.size_problem() is not None
         or width * height > min(policy.max_pixels, MOST_DECODABLE_PIXELS)
         or (policy.max_side is not None and max(width, height) > policy.max_side)
     ):
