@@ -112,26 +112,32 @@ class SourceChangedError(RuntimeError):
     """A source's bytes differ between the check and the write: it changed during the job."""
 
 
-def read_record(checked: Checked, policy: images.ImagePolicy, label_offset: int) -> bytes:
-    """The serialized Example for a checked source, from its bytes read again.
+def _changed(checked: Checked) -> SourceChangedError:
+    return SourceChangedError(
+        f"{checked.path} changed while the job ran (its checksum differs from when it was "
+        "checked). Rerun the conversion once the inputs are stable."
+    )
+
+
+def read_record(
+    checked: Checked, policy: images.ImagePolicy, label_offset: int, read=storage.read_input
+) -> bytes:
+    """The serialized Example for a checked source, from its bytes read again (by `read`, as
+    `storage.read_input` reads).
 
     Raises:
       SourceChangedError: the file changed since it was checked; rerun the job.
     """
-    changed = SourceChangedError(
-        f"{checked.path} changed while the job ran (its checksum differs from when it was "
-        "checked). Rerun the conversion once the inputs are stable."
-    )
     try:
-        data = storage.read_input(checked.path, policy.max_file_bytes)
+        data = read(checked.path, policy.max_file_bytes)
     except (images.Rejected, FileNotFoundError) as err:  # emptied, removed, replaced by a FIFO...
-        raise changed from err
+        raise _changed(checked) from err
     except OSError as err:  # a local file made a link loop, or unreadable; not a network error
         if paths.is_remote(checked.path):
             raise
-        raise SourceChangedError(f"{changed} It cannot be read now: {err}") from err
+        raise SourceChangedError(f"{_changed(checked)} It cannot be read now: {err}") from err
     if google_crc32c.value(data) != checked.crc32c:
-        raise changed
+        raise _changed(checked)
     encoded = images.normalise(data, policy).encoded if checked.reencoded else data
     record = schema.ImageRecord(
         encoded=encoded,
@@ -178,6 +184,11 @@ class Checker:
     def decide(self, batch: list[SourceFile], then):
         """then(source, `outcome.decide`'s Outcome) per input, in input order, run on the
         checking threads; each once it and all before it are done."""
+        check = self._pool.map if self._pool else map
+        # `read()` gives the source's bytes, or raises (see `outcome.decide`).
+        decided = lambda source, read: then(
+            source, outcome.decide(source, self._labels, self._policy, read)
+        )
         if any(paths.is_remote(source.path) for source in batch):
             # Remote reads wait on the network: REMOTE_READERS of them run ahead of the checks.
             # (Several checking threads take a whole batch's reads at once: at most BATCH held.)
@@ -185,25 +196,26 @@ class Checker:
                 future.result
                 for future in in_order(self._readers, self._read, batch, REMOTE_READERS)
             )
-        else:  # a local read takes microseconds: in the checking thread, the disk's part ahead
-            storage.read_ahead(source.path for source in batch if source.problem is None)
-            reads = (functools.partial(self._read, source) for source in batch)
-        check = self._pool.map if self._pool else map
-        # `read()` gives the source's bytes, or raises (see `outcome.decide`).
-        return check(
-            lambda source, read: then(source, outcome.decide(source, self._labels, self._policy, read)),
-            batch, reads,
-        )  # fmt: skip
+            return check(decided, batch, reads)
+        return self._decided_here(batch, check, decided)
+
+    def _decided_here(self, batch: list[SourceFile], check, decided):
+        """`decide` for local sources: a local read takes microseconds, in the checking
+        thread, the disk's part asked for the whole batch ahead."""
+        listed = (source.path for source in batch if source.problem is None)
+        with storage.ReadAhead(listed) as ahead:
+            reads = (functools.partial(self._read, source, ahead.read) for source in batch)
+            yield from check(decided, batch, reads)
 
     def _entry(self, source: SourceFile, result: outcome.Outcome):
         if result.reason is not None:
             return source, None, len(result.data), rejection(source, result.reason, result.detail)
         return source, self._checked(source, result.data, result.stored), len(result.data), None
 
-    def _read(self, source: SourceFile) -> bytes:
+    def _read(self, source: SourceFile, read=storage.read_input) -> bytes:
         if outcome.refused_unread(source, self._labels) is not None:
             return b""  # not read: refused by its listing or its label (decide says why)
-        return storage.read_input(source.path, self._policy.max_file_bytes)
+        return read(source.path, self._policy.max_file_bytes)
 
     def _checked(self, source: SourceFile, data: bytes, stored: images.StoredImage) -> Checked:
         return Checked(

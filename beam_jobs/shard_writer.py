@@ -50,7 +50,7 @@ def write_shard(
         if first is not None and paths.is_remote(first.path):
             records = (future.result() for future in load.in_order(pool, read, entries, READ_AHEAD))
         else:
-            records = map(read, _read_ahead(entries))
+            records = _read_here(entries, read)
         for serialized in records:
             for writer in writers:
                 writer.write(serialized)
@@ -62,10 +62,11 @@ def write_shard(
     ]
 
 
-def _read_ahead(entries):
-    """`entries`, the local files of each READ_AHEAD of them asked into the kernel's cache
-    before the first is read (`storage.read_ahead`)."""
+def _read_here(entries, read):
+    """read(entry) of each of `entries` (local files), the files of each READ_AHEAD of them
+    asked into the kernel's cache before the first is read (`storage.ReadAhead`)."""
     entries = iter(entries)
     while window := list(itertools.islice(entries, READ_AHEAD)):
-        storage.read_ahead(checked.path for checked in window)
-        yield from window
+        with storage.ReadAhead(checked.path for checked in window) as ahead:
+            for checked in window:
+                yield read(checked, read=ahead.read)

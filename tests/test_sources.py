@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import subprocess
+from concurrent import futures
 
 import pytest
 
@@ -318,18 +319,53 @@ def test_line_ends_split_across_read_blocks_are_one_line_end(tmp_path, monkeypat
     assert lines == [(1, "a.jpg,red"), (2, "b.jpg,green"), (3, ""), (4, "c.jpg,blue")]
 
 
+def _outcome(read, path):
+    """What a read gives: the bytes, or the error it raises (its type, and reason if any)."""
+    try:
+        return read(path, 100)
+    except Exception as err:  # noqa: BLE001
+        return type(err).__name__, getattr(err, "reason", None)
+
+
 def test_reading_ahead_passes_over_what_cannot_be_read_without_waiting(tmp_path):
-    # Inputs are asked into the kernel's cache before they are read: that must never block
-    # (a FIFO nobody writes to) nor fail (a missing file, a folder, a socket); the read itself
-    # says what is wrong with them.
+    # Inputs are asked into the kernel's cache, and kept open, before they are read: that must
+    # never block (a FIFO nobody writes to) nor fail (a missing file, a folder, a socket), and
+    # each read from there must end as reading it afresh ends, saying what is wrong.
     os.mkfifo(tmp_path / "pipe.jpg")
     (tmp_path / "folder").mkdir()
     (tmp_path / "ok.jpg").write_bytes(b"x" * 10)
+    (tmp_path / "big.jpg").write_bytes(b"x" * 101)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    open_before = len(os.listdir("/proc/self/fd"))
     with socket.socket(socket.AF_UNIX) as listening:
         listening.bind(str(tmp_path / "sock.jpg"))
-        names = ["missing.jpg", "pipe.jpg", "folder", "sock.jpg", "ok.jpg"]
-        storage.read_ahead(str(tmp_path / name) for name in names)
-    assert storage.read_input(str(tmp_path / "ok.jpg"), max_bytes=100) == b"x" * 10
+        names = ["missing.jpg", "pipe.jpg", "folder", "sock.jpg", "ok.jpg", "big.jpg",
+                 "empty.jpg", "ok.jpg", "nul\0.jpg"]  # fmt: skip
+        afresh = [_outcome(storage.read_input, str(tmp_path / name)) for name in names]
+        assert afresh[4] == b"x" * 10 and afresh[5] == ("Rejected", images.FILE_TOO_LARGE)
+        with storage.ReadAhead(str(tmp_path / name) for name in names) as ahead:
+            assert [_outcome(ahead.read, str(tmp_path / name)) for name in names] == afresh
+            # Read again (one file opened ahead per listing of it): read afresh, the same.
+            assert _outcome(ahead.read, str(tmp_path / "ok.jpg")) == b"x" * 10
+        with storage.ReadAhead(str(tmp_path / name) for name in names) as ahead:
+            pass  # none read: each closed at the end
+        assert _outcome(ahead.read, str(tmp_path / "ok.jpg")) == b"x" * 10  # after: afresh
+    assert len(os.listdir("/proc/self/fd")) == open_before
+
+
+def test_files_read_ahead_are_each_read_once_from_many_threads(tmp_path):
+    # The checks read a batch on several threads: a file opened ahead goes to one reader,
+    # and every read gets its own file's bytes.
+    names = [f"{i % 50}.jpg" for i in range(200)]  # each listed four times
+    for i in range(50):
+        (tmp_path / f"{i}.jpg").write_bytes(bytes([i]) * (1000 + i))
+    open_before = len(os.listdir("/proc/self/fd"))
+    with futures.ThreadPoolExecutor(8) as pool:
+        for _ in range(20):
+            with storage.ReadAhead(str(tmp_path / name) for name in names) as ahead:
+                got = list(pool.map(lambda name: ahead.read(str(tmp_path / name), 1 << 20), names))
+            assert got == [(tmp_path / name).read_bytes() for name in names]
+    assert len(os.listdir("/proc/self/fd")) == open_before
 
 
 @pytest.mark.parametrize("layout", ["labels", "splits"])

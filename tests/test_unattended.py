@@ -189,11 +189,11 @@ def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_files(tmp_pa
     real_read = load.read_record
     reads = []
 
-    def fails_once(entry, policy, label_offset):
+    def fails_once(entry, policy, label_offset, **how):
         reads.append(entry)
         if len(reads) == 3:
             raise OSError("connection reset")
-        return real_read(entry, policy, label_offset)
+        return real_read(entry, policy, label_offset, **how)
 
     monkeypatch.setattr(load, "read_record", fails_once)
     with pytest.raises(OSError, match="connection reset"):

@@ -16,6 +16,7 @@ exactly as before, only later.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Iterator
@@ -62,14 +63,17 @@ class Beside:
         self._expect = expect
         self._labels = expect.labels
         self._named: dict[str, SourceFile | None] = {}  # the window's, from `ahead`
+        self._opened = storage.ReadAhead(())  # the window's sources, opened by `ahead`
         self._found: list[tuple[str, dict]] = []
         self._failed: BaseException | None = None  # ours, not the shard's: raised by `with_found`
 
     def ahead(self, relpaths: list[str]) -> None:
         """The sources of the next records, asked into the kernel's cache at once."""
         try:
+            self._opened.close()  # the last window's, never read
             self._named = {relpath: self._regular(relpath) for relpath in relpaths}
-            storage.read_ahead(source.path for source in self._named.values() if source)
+            named = (source.path for source in self._named.values() if source)
+            self._opened = storage.ReadAhead(named)
         except Exception as err:  # noqa: BLE001 - a bug of ours, never the shard's damage
             self._failed = self._failed or err
 
@@ -89,7 +93,9 @@ class Beside:
             source = self._named[relpath] if relpath in self._named else self._regular(relpath)
             if source is None:
                 return None
-            result = outcome.decide(source, self._labels, self._config.policy)
+            policy = self._config.policy
+            read = functools.partial(self._opened.read, source.path, policy.max_file_bytes)
+            result = outcome.decide(source, self._labels, policy, read)
             row, stored, image_sha256 = self._expect.row_and_image(source, result)
         except Exception as err:  # noqa: BLE001 - as in `ahead`
             self._failed = self._failed or err
@@ -103,6 +109,12 @@ class Beside:
 
         Raises what failed in `ahead` or `same_image`: an error of verify's own fails it
         (nothing proven), where inside the shard's read it would be taken for damage."""
+        try:
+            yield from self._rows_with_found(rows)
+        finally:
+            self._opened.close()
+
+    def _rows_with_found(self, rows):
         for kind, value in rows:
             if self._failed is not None:
                 raise self._failed
