@@ -258,21 +258,37 @@ class ReadAhead:
     Best effort: a file that cannot be opened or advised is left to `read_input`, which says
     what is wrong. Use it as a context: the files never read are closed at its end. `read`
     may be called from several threads; each opened file is read once, the path's other
-    reads (or any after the end) go to `read_input`.
+    reads (or any after the end) go to `read_input`. At most HELD_AT_MOST files are held
+    open so in a process, whatever its number of threads: past that a file is asked for
+    and closed at once, and the read opens it again.
     """
 
     def __init__(self, local_paths: Iterable[str]):
+        local_paths = list(local_paths)
+        self._slots = _HELD.take(len(local_paths))  # how many may stay open, given back at the end
         self._opened: dict[str, list[int]] = {}
-        for path in local_paths:
-            try:
-                handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-            except (OSError, ValueError):  # ValueError: a NUL in the name
-                continue
-            try:
-                os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_WILLNEED)
-            except OSError:  # a FIFO, a socket...
-                pass
+        self._kept = 0
+        try:
+            for path in local_paths:
+                self._ask(path)
+        except BaseException:
+            self.close()
+            raise
+
+    def _ask(self, path: str) -> None:
+        try:
+            handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except (OSError, ValueError):  # ValueError: a NUL in the name
+            return
+        try:
+            os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:  # a FIFO, a socket...
+            pass
+        if self._kept < self._slots:
             self._opened.setdefault(path, []).append(handle)
+            self._kept += 1
+        else:
+            os.close(handle)
 
     def read(self, path: str, max_bytes: int) -> bytes:
         """`read_input(path, max_bytes)`, from the file opened ahead where there is one."""
@@ -290,12 +306,39 @@ class ReadAhead:
                 except IndexError:  # a reader took it meanwhile
                     break
                 os.close(handle)
+        slots, self._slots = self._slots, 0
+        _HELD.give_back(slots)
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Slots:
+    """A count shared by a process's threads: how many more files may be held open ahead."""
+
+    def __init__(self, count: int):
+        self._left = count
+        self._lock = threading.Lock()
+
+    def take(self, wanted: int) -> int:
+        with self._lock:
+            taken = min(wanted, self._left)
+            self._left -= taken
+            return taken
+
+    def give_back(self, count: int) -> None:
+        with self._lock:
+            self._left += count
+
+
+# Files held open ahead of their reads, in all of a process's threads together: a batch or a
+# window is 64, and many threads holding theirs (Beam's multi-threaded local runner) must not
+# reach the usual limit of 1,024 open files, where every other open would fail.
+HELD_AT_MOST = 256
+_HELD = _Slots(HELD_AT_MOST)
 
 
 def _read_local(handle: int, max_bytes: int) -> bytes:

@@ -368,6 +368,28 @@ def test_files_read_ahead_are_each_read_once_from_many_threads(tmp_path):
     assert len(os.listdir("/proc/self/fd")) == open_before
 
 
+def test_files_held_open_ahead_stay_few_whatever_the_number_of_batches_at_once(tmp_path):
+    # Many threads each reading a batch ahead (Beam's multi-threaded local runner) must not
+    # reach the limit of open files, where every other open fails: past HELD_AT_MOST a file
+    # is asked for and closed, and read afresh.
+    names = [f"{i}.jpg" for i in range(64 * 6)]
+    for i, name in enumerate(names):
+        (tmp_path / name).write_bytes(i.to_bytes(2, "big") * 50)
+    open_count = lambda: len(os.listdir("/proc/self/fd"))
+    before = open_count()
+    batches = [names[i : i + 64] for i in range(0, len(names), 64)]
+    aheads = [storage.ReadAhead(str(tmp_path / name) for name in batch) for batch in batches]
+    assert open_count() - before == storage.HELD_AT_MOST < len(names)
+    for ahead, batch in zip(aheads, batches):
+        assert [ahead.read(str(tmp_path / name), 1000) for name in batch] == [
+            (tmp_path / name).read_bytes() for name in batch
+        ]
+        ahead.close()
+    assert open_count() == before
+    with storage.ReadAhead(str(tmp_path / name) for name in names[:64]) as ahead:
+        assert open_count() - before == 64  # what the others held is free again
+
+
 @pytest.mark.parametrize("layout", ["labels", "splits"])
 def test_a_records_name_leads_to_the_source_the_listing_lists_under_it(tmp_path, layout):
     # verify reads each record's source where its name says it is, and uses that check only
