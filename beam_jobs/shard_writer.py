@@ -51,6 +51,8 @@ def write_shard(
             records = (future.result() for future in load.in_order(pool, read, entries, READ_AHEAD))
         else:
             records = _read_here(entries, read)
+        # Closed here, not when collected: a write that fails frees the files read ahead.
+        records = stack.enter_context(contextlib.closing(records))
         for serialized in records:
             for writer in writers:
                 writer.write(serialized)

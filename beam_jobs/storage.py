@@ -11,6 +11,7 @@ import errno
 import functools
 import logging
 import os
+import resource
 import shutil
 import stat
 import threading
@@ -18,7 +19,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO, Self
+from typing import BinaryIO
 
 from beam_jobs import listing
 from tfrecord_pipe._core import images, messages, paths
@@ -258,9 +259,11 @@ class ReadAhead:
     Best effort: a file that cannot be opened or advised is left to `read_input`, which says
     what is wrong. Use it as a context: the files never read are closed at its end. `read`
     may be called from several threads; each opened file is read once, the path's other
-    reads (or any after the end) go to `read_input`. At most HELD_AT_MOST files are held
-    open so in a process, whatever its number of threads: past that a file is asked for
-    and closed at once, and the read opens it again.
+    reads (or any after the end) go to `read_input`. A file is read as it was when asked
+    for: replaced or removed since, its bytes then (the write's checksum catches a change
+    after the check). At most HELD_AT_MOST files are held open so in a process, whatever
+    its number of threads: past that a file is asked for and closed at once, and the read
+    opens it again.
     """
 
     def __init__(self, local_paths: Iterable[str]):
@@ -309,7 +312,7 @@ class ReadAhead:
         slots, self._slots = self._slots, 0
         _HELD.give_back(slots)
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> ReadAhead:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -336,8 +339,14 @@ class _Slots:
 
 # Files held open ahead of their reads, in all of a process's threads together: a batch or a
 # window is 64, and many threads holding theirs (Beam's multi-threaded local runner) must not
-# reach the usual limit of 1,024 open files, where every other open would fail.
-HELD_AT_MOST = 256
+# reach the limit of open files (often 1,024), where every other open would fail.
+def _held_at_most() -> int:
+    """256, or a quarter of this process's limit of open files where that is less."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 256 if limit == resource.RLIM_INFINITY else max(0, min(256, limit // 4))
+
+
+HELD_AT_MOST = _held_at_most()
 _HELD = _Slots(HELD_AT_MOST)
 
 

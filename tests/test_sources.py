@@ -330,7 +330,8 @@ def _outcome(read, path):
 def test_reading_ahead_passes_over_what_cannot_be_read_without_waiting(tmp_path):
     # Inputs are asked into the kernel's cache, and kept open, before they are read: that must
     # never block (a FIFO nobody writes to) nor fail (a missing file, a folder, a socket), and
-    # each read from there must end as reading it afresh ends, saying what is wrong.
+    # each read from there must end as reading the unchanged file afresh ends, saying what is
+    # wrong.
     os.mkfifo(tmp_path / "pipe.jpg")
     (tmp_path / "folder").mkdir()
     (tmp_path / "ok.jpg").write_bytes(b"x" * 10)

@@ -2,7 +2,9 @@
 a template), and every write and the finalise can run again, or after failing midway, and
 end with the same bytes (Dataflow retries failed bundles and may run a slow one twice)."""
 
+import errno
 import hashlib
+import os
 import pathlib
 import shutil
 import subprocess
@@ -15,7 +17,18 @@ import tensorflow as tf
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import tfrecord_pipe
-from beam_jobs import claim, finalise, load, pipeline, shard_plan, sources, storage, write_shards
+from beam_jobs import (
+    claim,
+    finalise,
+    load,
+    pipeline,
+    record_writer,
+    shard_plan,
+    shard_writer,
+    sources,
+    storage,
+    write_shards,
+)
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import array_records, images, naming
 
@@ -196,12 +209,33 @@ def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_files(tmp_pa
         return real_read(entry, policy, label_offset, **how)
 
     monkeypatch.setattr(load, "read_record", fails_once)
-    with pytest.raises(OSError, match="connection reset"):
+    open_before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="connection reset") as failed:
         list(writer.process(element, plans))
     assert not any(shard.exists() for shard in shards)
+    # The sources it had opened ahead are closed, while its error is still held (by a
+    # retrying runner, say).
+    assert len(os.listdir("/proc/self/fd")) == open_before and failed.value
     retried = list(writer.process(element, plans))
     assert [shard.read_bytes() for shard in shards] == first and retried == infos
     writer.teardown()
+
+
+def test_a_shard_whose_write_fails_closes_the_sources_it_read_ahead(tmp_path, monkeypatch):
+    # A full disk fails a shard's write midway; a runner that keeps the error (to retry, to
+    # report) must not keep the sources opened ahead of the records not written.
+    src = write_image_folder(tmp_path / "src", per_label=6, labels=("red",))
+    entries = checked_entries(src / "red")
+    config = ConvertConfig(str(src), str(tmp_path / "out"))
+
+    def disk_full(self, record):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", disk_full)
+    open_before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="No space left") as failed:
+        shard_writer.write_shard(entries, "train", 0, 1, str(tmp_path / "temp"), config, None)
+    assert len(os.listdir("/proc/self/fd")) == open_before and failed.value
 
 
 def cli_without(modules: str, *commands: list[str]) -> subprocess.CompletedProcess:
