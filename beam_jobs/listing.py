@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -145,7 +146,7 @@ class _Walk:
         try:
             info = child.stat()  # follows links
         except OSError as err:
-            detail = f"a broken symlink to {os.readlink(child.path)!r}" if is_link else str(err)
+            detail = _link_problem(child.path, err) if is_link else str(err)
             yield Entry(child.path, relpath, problem=(UNREADABLE, detail))
             return
         if stat.S_ISDIR(info.st_mode):
@@ -183,3 +184,13 @@ def _kind(mode: int) -> str:
     kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
              (stat.S_ISBLK, "block device"))  # fmt: skip
     return next((name for test, name in kinds if test(mode)), "special file")
+
+
+def _link_problem(path: str, err: OSError) -> str:
+    """What is wrong with the symlink at `path`, which `err` stopped from being followed."""
+    target = os.readlink(path)
+    if err.errno == errno.ELOOP:
+        return f"a symlink to {target!r} in a loop of links: not read"
+    if err.errno in (errno.ENOENT, errno.ENOTDIR):
+        return f"a broken symlink to {target!r}"
+    return f"a symlink to {target!r}, which cannot be followed: {err}"

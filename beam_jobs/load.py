@@ -112,10 +112,11 @@ class SourceChangedError(RuntimeError):
     """A source's bytes differ between the check and the write: it changed during the job."""
 
 
-def _changed(checked: Checked) -> SourceChangedError:
+def _changed(checked: Checked, how: str = "its checksum differs from when it was checked"
+             ) -> SourceChangedError:  # fmt: skip
     return SourceChangedError(
-        f"{checked.path} changed while the job ran (its checksum differs from when it was "
-        "checked). Rerun the conversion once the inputs are stable."
+        f"{checked.path} changed while the job ran ({how}). Rerun the conversion once the "
+        "inputs are stable."
     )
 
 
@@ -130,12 +131,14 @@ def read_record(
     """
     try:
         data = read(checked.path, policy.max_file_bytes)
-    except (images.Rejected, FileNotFoundError) as err:  # emptied, removed, replaced by a FIFO...
-        raise _changed(checked) from err
+    except FileNotFoundError as err:
+        raise _changed(checked, "it is gone") from err
+    except images.Rejected as err:  # emptied, replaced by a FIFO, grown past the cap...
+        raise _changed(checked, f"now {err.detail}") from err
     except OSError as err:  # a local file made a link loop, or unreadable; not a network error
         if paths.is_remote(checked.path):
             raise
-        raise SourceChangedError(f"{_changed(checked)} It cannot be read now: {err}") from err
+        raise _changed(checked, f"it cannot be read now: {err}") from err
     if google_crc32c.value(data) != checked.crc32c:
         raise _changed(checked)
     encoded = images.normalise(data, policy).encoded if checked.reencoded else data

@@ -38,10 +38,15 @@ def test_a_broken_link_and_a_fifo_are_listed_with_their_problem(tmp_path):
     write(root / "dogs" / "1.jpg")
     os.symlink(tmp_path / "gone.jpg", root / "dogs" / "2.jpg")
     os.mkfifo(root / "dogs" / "3.jpg")
+    os.symlink("5.jpg", root / "dogs" / "4.jpg")  # two links to each other: said as a loop
+    os.symlink("4.jpg", root / "dogs" / "5.jpg")
     found = entries(root)
     assert found["dogs/1.jpg"] is None
     assert found["dogs/2.jpg"][0] == images.UNREADABLE and "broken symlink" in found["dogs/2.jpg"][1]
     assert found["dogs/3.jpg"] == (images.NOT_A_FILE, "a FIFO, not a regular file: not read")
+    assert found["dogs/4.jpg"] == (
+        images.UNREADABLE, "a symlink to '5.jpg' in a loop of links: not read"
+    )
 
 
 def test_a_cycle_is_listed_once_and_said(tmp_path):
