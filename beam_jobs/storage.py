@@ -337,15 +337,15 @@ class _Slots:
             self._left += count
 
 
-# Files held open ahead of their reads, in all of a process's threads together: a batch or a
-# window is 64, and many threads holding theirs (Beam's multi-threaded local runner) must not
-# reach the limit of open files (often 1,024), where every other open would fail.
 def _held_at_most() -> int:
     """256, or a quarter of this process's limit of open files where that is less."""
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return 256 if limit == resource.RLIM_INFINITY else max(0, min(256, limit // 4))
 
 
+# Files held open ahead of their reads, in all of a process's threads together: a batch or a
+# window is 64, and many threads holding theirs (Beam's multi-threaded local runner) must not
+# reach the limit of open files (often 1,024), where every other open would fail.
 HELD_AT_MOST = _held_at_most()
 _HELD = _Slots(HELD_AT_MOST)
 
