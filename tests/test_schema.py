@@ -177,7 +177,8 @@ def _decoded(serialized: bytes, offset: int = 1):
 @pytest.mark.parametrize("offset", [0, 1])
 def test_the_fast_reading_of_written_records_reads_as_the_full_parser_or_not_at_all(offset):
     # Records laid out as `serialize` writes them are read by `decode_written`, which must
-    # never read bytes otherwise than `decode_parsed` (TensorFlow's rules): on every
+    # never read bytes otherwise than `decode_parsed` (TensorFlow's rules), nor read any
+    # bytes but those `serialize` writes: on every
     # damaged copy of written records (each byte of the layout changed to three others, cut
     # short, a byte added or dropped), it reads what decode_example reads, or gives None.
     records = [make_record(), make_record(label_index=300, height=200, width=70000,
@@ -204,4 +205,6 @@ def test_the_fast_reading_of_written_records_reads_as_the_full_parser_or_not_at_
             if fast is not None:
                 read_fast += 1
                 assert _decoded(data, offset) == fast, data
+                # And its bytes are those `serialize` writes for it (verify relies on this).
+                assert schema.serialize(fast, label_offset=offset) == data, data
     assert read_fast, "no damaged record read fast: the comparison proves nothing"

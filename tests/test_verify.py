@@ -101,6 +101,28 @@ def test_verify_catches_one_byte_changed_in_a_records_image(converted_copy):
     assert report.num_problems == 1 and "(modified record)" in report.problems[0], report
 
 
+def test_verify_catches_a_record_with_its_values_in_another_layout(converted_copy):
+    # The same values, its entries in another order: TensorFlow reads the same record, but
+    # the bytes are not the converter's (verify proves bytes, not values).
+    src, out = converted_copy
+
+    def reorder(records):
+        _, start = schema._read_varint(memoryview(records[0]), 1)
+        entries = [length_delimited(1, bytes(value))
+                   for _, _, value in schema._fields(memoryview(records[0])[start:])]
+        body = b"".join(reversed(entries))
+        moved = length_delimited(1, body)
+        assert schema.decode_example(moved, label_offset=1) == schema.decode_example(
+            records[0], label_offset=1)  # fmt: skip
+        return [moved] + records[1:]
+
+    rewrite_shard(first_shard(out), reorder)
+    report = verified_both_ways(src, out)
+    assert report.num_problems == 1, report
+    assert "bytes are not what the converter writes for this source (modified record)" in (
+        report.problems[0])  # fmt: skip
+
+
 def test_verify_judges_a_record_as_tensorflow_parses_it(converted_copy):
     # A label feature holding a bytes list and then the right int64 list: protobuf's rules
     # (ours, then) kept the last list, TensorFlow's parser refuses the record, and the reader
@@ -280,10 +302,11 @@ def test_the_rules_give_one_answer_whatever_order_the_rows_come_in(converted):
     _, out = converted
     found = dataset.read_manifest(str(out))
     source = {"path": "p", "split": "train", "label": "red", "sha256": "s", "encoded_sha256": "e",
-              "record_digest": "r", "height": 5, "width": 7}  # fmt: skip
+              "label_index": 0, "height": 5, "width": 7}  # fmt: skip
     true = {"shard": "b", "split": "train", "sha256": "s", "encoded_sha256": "e", "label": "red",
-            "record_digest": "r", "height": 5, "width": 7, "record_problems": []}  # fmt: skip
-    modified = dict(true, shard="a", encoded_sha256="x", record_digest="y")
+            "label_index": 0, "height": 5, "width": 7, "written": True,
+            "record_problems": []}  # fmt: skip
+    modified = dict(true, shard="a", encoded_sha256="x")
     lines = [{"reason": "truncated", "split": "train"}, {"reason": "unreadable", "split": "test"}]
     answers = {
         tuple(verify_rules.check_path("red/1.jpg", {"source": [source], "record": records,

@@ -315,15 +315,7 @@ def _expect_length(wire: int, what: str) -> None:
 
 
 def decode_written(serialized: bytes, *, label_offset: int) -> ImageRecord | None:
-    """The record, if `serialized` is laid out as `serialize` lays records out; else None."""
-    parts = decode_written_parts(serialized, label_offset=label_offset)
-    return parts[0] if parts else None
-
-
-def decode_written_parts(serialized: bytes, *, label_offset: int
-                         ) -> tuple[ImageRecord, bytes, bytes] | None:  # fmt: skip
-    """(record, the bytes before its image, the bytes after it), if `serialized` is laid out
-    as `serialize` lays records out; else None.
+    """The record, if `serialized` is laid out as `serialize` lays records out; else None.
 
     Reads what the converter wrote at a fifth of `decode_parsed`'s cost (verify reads every
     record), and exactly as it would: the values are found by the layout's pattern, and the
@@ -352,7 +344,7 @@ def decode_written_parts(serialized: bytes, *, label_offset: int
     image_start, image_end = found.span(3)
     if serialized[:image_start] != head or serialized[image_end:] != tail:
         return None  # not as `serialize` writes them (a length, a varint, a constant)
-    return record, head, tail
+    return record
 
 
 def _written_pattern() -> re.Pattern:

@@ -227,7 +227,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
                 yield PROBLEM, f"{name} record {count}: {row['problem']}"
                 unparsed = True
                 continue
-            positions.add(row["relpath"], row.pop("label_index"), row["label"])
+            positions.add(row["relpath"], row["label_index"], row["label"])
             # The converter writes a shard's records in key order (shard_plan.order_key).
             key = shard_plan.order_key(row["relpath"])
             if key <= last_key and out_of_order is None:

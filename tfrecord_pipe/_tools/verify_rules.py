@@ -3,8 +3,10 @@ rejection line says, and how the two must agree. Both drivers run these: `verify
 machine, `verify_job` as a Beam pipeline.
 
 A record is proven by its bytes: it must be, byte for byte, the record the converter writes
-for its source now (the same serialized Example: image, size, label, name, source hash); what
-differs is explained field by field. That proves the dataset is the converter's output for
+for its source now (the same serialized Example: image, size, label, name, source hash). It
+is when its bytes are laid out as the converter lays records out, which reading them proves
+(`schema.decode_written`), and its values are those the converter gives its source
+now, the image by its SHA-256 (`RECORD_VALUES`); what differs is explained field by field. That proves the dataset is the converter's output for
 these sources, not that TensorFlow decodes every image: the converter's checks decode with
 Pillow, after a walk of each JPEG's markers for the damage Pillow takes and TensorFlow
 refuses (`_core/jpeg_markers.py`). `decode` (`verify --decode`) decodes every record's image
@@ -99,59 +101,52 @@ class Expect:
     def row_and_image(self, listed: SourceFile, result: outcome.Outcome
                       ) -> tuple[dict, bytes | None, bytes | None]:  # fmt: skip
         """(the row, the image its record holds, that image's SHA-256); the row alone
-        (None, None) for a source the converter rejects."""
+        (None, None) for a source the converter rejects. The row holds the record's values
+        (`RECORD_VALUES`), not its bytes: a record laid out as the converter lays records
+        out with these values is, byte for byte, the one it writes (`record_row`)."""
         row = {"path": listed.path, "split": listed.split, "label": listed.label}
         if result.reason is not None:
             return dict(row, rejected=result.reason), None, None
         stored = result.stored
         source_hash = hashlib.sha256(result.data)
         encoded = stored.encoded if stored.reencoded else result.data
-        image_hash = hashlib.sha256(encoded) if stored.reencoded else source_hash
-        record = schema.ImageRecord(
-            encoded=encoded, height=stored.height, width=stored.width,
-            label_index=self._index[listed.label], label_text=listed.label,
-            filename=listed.relpath, sha256=source_hash.hexdigest(),
-        )  # fmt: skip
-        head, tail = schema.serialized_around_image(record, label_offset=self._label_offset)
-        image_sha256 = image_hash.digest()
+        image_sha256 = (hashlib.sha256(encoded) if stored.reencoded else source_hash).digest()
         row = dict(
             row,
-            sha256=record.sha256,
+            sha256=source_hash.hexdigest(),
             encoded_sha256=image_sha256.hex(),
-            record_digest=record_digest(head, image_sha256, tail),
+            label_index=self._index[listed.label],
             height=stored.height,
             width=stored.width,
         )
         return row, encoded, image_sha256
 
 
-def record_digest(head: bytes, image_sha256: bytes, tail: bytes) -> str:
-    """A digest of a record's bytes (head + image + tail) from its image's SHA-256: equal
-    digests are equal bytes, and the image, most of a record, is hashed once, not twice."""
-    digest = hashlib.sha256(len(head).to_bytes(8, "little"))
-    digest.update(head)
-    digest.update(image_sha256)
-    digest.update(tail)
-    return digest.hexdigest()
+# What a record holds besides its name (the key it is joined on) and the values every record
+# has: a record `written` (laid out as `schema.serialize` writes it) with its source's values
+# of these is that source's record, byte for byte (its image by its SHA-256).
+RECORD_VALUES = ("sha256", "encoded_sha256", "label", "label_index", "height", "width")
 
 
 def parse_record(serialized: bytes, found: manifest.Manifest
-                 ) -> tuple[schema.ImageRecord, tuple | None] | str:  # fmt: skip
-    """(the record, `schema.decode_written_parts`' parts or None), or why it does not parse."""
+                 ) -> tuple[schema.ImageRecord, bool] | str:  # fmt: skip
+    """(the record, whether it is laid out as `schema.serialize` lays records out), or why it
+    does not parse."""
     # What the converter wrote reads fast; anything else as TensorFlow's parser reads it.
-    parts = schema.decode_written_parts(serialized, label_offset=found.label_offset)
+    record = schema.decode_written(serialized, label_offset=found.label_offset)
+    if record is not None:
+        return record, True
     try:
-        record = parts[0] if parts else schema.decode_parsed(
-            serialized, label_offset=found.label_offset)  # fmt: skip
+        return schema.decode_parsed(serialized, label_offset=found.label_offset), False
     except ValueError as err:
         return f"does not parse: {err}"
-    return record, parts
 
 
 def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False,
                parsed: tuple | str | None = None, same_image=None) -> dict:  # fmt: skip
-    """What a record says: its relative path, hashes and fields, or why it does not parse.
-    With `decode`, its image decoded as the reader decodes it (TensorFlow).
+    """What a record says: its relative path, its values (`RECORD_VALUES`, the image by its
+    SHA-256), whether it is `written` as the converter lays records out, or why it does not
+    parse. With `decode`, its image decoded as the reader decodes it (TensorFlow).
 
     `parsed`: `parse_record`'s answer, if taken already. `same_image(relpath, image)`: the
     SHA-256 of the image its source's record holds, if `image` is byte for byte that image
@@ -160,13 +155,9 @@ def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False
     parsed = parse_record(serialized, found) if parsed is None else parsed
     if isinstance(parsed, str):
         return {"problem": parsed}
-    record, parts = parsed
+    record, written = parsed
     image_sha256 = same_image(record.filename, record.encoded) if same_image else None
     image_sha256 = image_sha256 or hashlib.sha256(record.encoded).digest()
-    # Bytes not of the written layout are never what the converter writes: no digest of
-    # them can be one of its records'.
-    digest = record_digest(parts[1], image_sha256, parts[2]) if parts else (
-        "not the written layout")  # fmt: skip
     problems = []
     if decode:
         from tfrecord_pipe._reading import records  # TensorFlow: only where asked for
@@ -183,9 +174,9 @@ def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False
         )
     return {
         "relpath": record.filename,
+        "written": written,
         "sha256": record.sha256,
         "encoded_sha256": image_sha256.hex(),
-        "record_digest": digest,
         "height": record.height,
         "width": record.width,
         "label": record.label_text,
@@ -370,7 +361,7 @@ def _check_record(relpath: str, record: dict, expected: dict, problems: list[str
     if record["split"] != expected["split"]:
         problems.append(f"{where}: in split {record['split']}, but listed in {expected['split']}")
     problems.extend(f"{where}: {problem}" for problem in record["record_problems"])
-    if record["record_digest"] == expected["record_digest"]:
+    if record["written"] and all(record[key] == expected[key] for key in RECORD_VALUES):
         return  # byte for byte what the converter writes
     found = []
     if record["sha256"] != expected["sha256"] and record["encoded_sha256"] == expected["encoded_sha256"]:
