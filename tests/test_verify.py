@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from beam_jobs import convert, record_reader, sources, spill
-from tfrecord_pipe._core import schema
+from tfrecord_pipe._core import manifest, schema
 from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import verify, verify_beside, verify_reading, verify_rules
 
@@ -270,6 +270,17 @@ def test_verify_catches_a_good_source_moved_into_rejected(converted_copy):
     assert f"{record.filename}: in rejected/ (truncated), but the converter would store it now" in (
         done.stdout
     )
+
+
+def test_a_shard_s_digest_of_its_inputs_is_the_one_manifests_already_hold():
+    # Manifests written before hold digests of these lines; a digest worked out otherwise
+    # would fail every such dataset's verify, and every training position saved on it.
+    names = [("a/1.jpg", 0, "a"), ('\u00fc"\\\x00\udcff\u2028/\t.jpg', 12345, "\u732b \U0001f408")]
+    digest = manifest.ShardPositions()
+    for name in names:
+        digest.add(*name)
+    lines = "".join(json.dumps(list(name)) + "\n" for name in names)
+    assert digest.hexdigest() == hashlib.sha256(lines.encode()).hexdigest()[:16]
 
 
 def test_verify_proves_the_manifest_s_digest_of_which_inputs_each_shard_holds(converted_copy):

@@ -18,6 +18,7 @@ DUPLICATES_AND_TFDS_SINCE = (0, 3)  # the version that began to write both
 
 
 DIGEST_CHARS = 16  # hex digits kept of a digest: identity, not security
+_json_string = json.encoder.encode_basestring_ascii  # a str as `json.dumps` writes it
 
 
 class ShardPositions:
@@ -30,7 +31,10 @@ class ShardPositions:
         self._hash = hashlib.sha256()
 
     def add(self, filename: str, label_index: int, label_text: str) -> None:
-        self._hash.update(json.dumps([filename, label_index, label_text]).encode() + b"\n")
+        # The line `json.dumps([filename, label_index, label_text])` writes (digests in
+        # manifests already written hold it), at a seventh of its cost: every record adds one.
+        quoted = _json_string
+        self._hash.update(f"[{quoted(filename)}, {label_index:d}, {quoted(label_text)}]\n".encode())
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()[:DIGEST_CHARS]

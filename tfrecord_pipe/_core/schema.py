@@ -331,9 +331,9 @@ def decode_written(serialized: bytes, *, label_offset: int) -> ImageRecord | Non
     try:
         record = ImageRecord(
             encoded=image,
-            height=_one_int(memoryview(height)),
-            width=_one_int(memoryview(width)),
-            label_index=_one_int(memoryview(label)) - label_offset,
+            height=_one_int(height),
+            width=_one_int(width),
+            label_index=_one_int(label) - label_offset,
             label_text=synset.decode("utf-8"),
             filename=filename.decode("utf-8"),
             sha256=sha256.decode("ascii"),
@@ -367,9 +367,11 @@ def _written_pattern() -> re.Pattern:
     return re.compile(b"".join(parts), re.DOTALL)
 
 
-def _one_int(packed: memoryview) -> int:
+def _one_int(packed: bytes) -> int:
     """The one value of a packed int64 list (negative ones as decode_parsed reads them)."""
-    value, end = _read_varint(packed, 0)
+    if len(packed) == 1 and packed[0] < 0x80:  # most values: one byte, read at a fifth
+        return packed[0]
+    value, end = _read_varint(memoryview(packed), 0)
     if end != len(packed):
         raise ValueError("not one value")
     return _signed(value)
