@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import operator
 from collections.abc import Iterable
 
 from beam_jobs import outcome
@@ -126,6 +127,7 @@ class Expect:
 # has: a record `written` (laid out as `schema.serialize` writes it) with its source's values
 # of these is that source's record, byte for byte (its image by its SHA-256).
 RECORD_VALUES = ("sha256", "encoded_sha256", "label", "label_index", "height", "width")
+_record_values = operator.itemgetter(*RECORD_VALUES)
 
 
 def parse_record(serialized: bytes, found: manifest.Manifest
@@ -201,12 +203,18 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
     A source rejected as a duplicate of another's content is checked with that other
     (`check_content`), when the conversion deduplicated.
     """
+    listed, records, rejected = rows[SOURCE], rows[RECORD], rows[REJECTED]
+    if len(listed) == len(records) == 1 and not rejected and "rejected" not in listed[0]:
+        # The usual case, a source and its record, as the rules below judge it.
+        problems: list[str] = []
+        _check_record(relpath, records[0], listed[0], problems)
+        return problems
     # In a fixed order: the joins deliver rows in any order (one row, the usual case, is).
     listed, records, rejected = (
         sorted(rows[kind], key=_order) if len(rows[kind]) > 1 else list(rows[kind])
         for kind in (SOURCE, RECORD, REJECTED)
     )
-    problems: list[str] = []
+    problems = []
     if (
         dedupe
         and not records
@@ -272,8 +280,8 @@ def check_content(rows: Iterable[dict], reported: list[list[str]], found: manife
 
     Returns the problems, and 1 or 0 for: a group of duplicates, one across splits.
     """
-    group = sorted(rows, key=lambda row: row["relpath"])
-    reported = sorted(reported)
+    group = sorted(rows, key=operator.itemgetter("relpath"))
+    reported = sorted(reported) if len(reported) > 1 else reported
     problems = []
     if len(reported) > 1:
         problems.append(f"{naming.DUPLICATES_NAME}: lists the bytes of {reported[0][0]} "
@@ -357,11 +365,14 @@ def group_count_problems(found: manifest.Manifest, groups: int, cross_split: int
 
 
 def _check_record(relpath: str, record: dict, expected: dict, problems: list[str]) -> None:
+    same = record["written"] and _record_values(record) == _record_values(expected)
+    if same and record["split"] == expected["split"] and not record["record_problems"]:
+        return  # byte for byte what the converter writes, in its split
     where = f"{relpath} (shard {record['shard']})"
     if record["split"] != expected["split"]:
         problems.append(f"{where}: in split {record['split']}, but listed in {expected['split']}")
     problems.extend(f"{where}: {problem}" for problem in record["record_problems"])
-    if record["written"] and all(record[key] == expected[key] for key in RECORD_VALUES):
+    if same:
         return  # byte for byte what the converter writes
     found = []
     if record["sha256"] != expected["sha256"] and record["encoded_sha256"] == expected["encoded_sha256"]:
