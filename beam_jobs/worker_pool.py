@@ -14,6 +14,7 @@ import contextlib
 import functools
 import multiprocessing
 import os
+import resource
 import signal
 import threading
 import time
@@ -41,13 +42,50 @@ def processes() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+class TooFewFilesError(ValueError):
+    """This process may not open the files its worker processes need (`ulimit -n`)."""
+
+
+def files_needed(count: int) -> int:
+    """Files open at once in a launcher of `count` workers, with room: its pipes to each,
+    and theirs to the server (measured: 2 workers failed below 16 files, 8 below 40, 16
+    below 64; each failure said nothing of the limit)."""
+    return 32 + 4 * count
+
+
+def allow_files(count: int) -> None:
+    """Raises this process's limit of open files to what `count` workers need, where its hard
+    limit allows (a process may raise its own; `ulimit -n` lowers both), before the workers
+    and their server start: they inherit it.
+
+    Raises:
+      TooFewFilesError: the hard limit is lower; it says what to do.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = files_needed(count)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise TooFewFilesError(
+            f"This process may open at most {hard} files at once (ulimit -n), and {count} "
+            f"worker processes need about {needed}. Raise the limit (ulimit -n 1024) and run "
+            "the command again."
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 @contextlib.contextmanager
 def pool(count: int, initializer, initargs: tuple = ()):
     """`count` worker processes, each set up by `initializer(*initargs)` (its arguments must
     pickle; nothing defined in the main script) in this process's environment, working
     folder and log levels; ended whatever happens: on an error or Ctrl-C the tasks not
     started are dropped, and a worker ends with this process. While it runs (the job's main
-    loop), this process's objects from before are out of the garbage collector's reach."""
+    loop), this process's objects from before are out of the garbage collector's reach.
+
+    Raises:
+      TooFewFilesError: this process may not open the files `count` workers need.
+    """
+    allow_files(count)
     start_server()
     forked = fork_server.CONTEXT if START_METHOD == "forkserver" else multiprocessing.get_context("fork")
     start = (fork_server.Launcher.now(), START_METHOD, initializer, initargs)
@@ -313,6 +351,10 @@ def start_server(remote: bool = False) -> None:
     """Starts the workers' fork server now (once per process): it imports JOB_MODULES (and
     REMOTE_MODULES for a job with `remote` paths, which would cost each worker Beam's import)
     while this process does its own work, and a pool started later finds it ready."""
+    try:
+        allow_files(processes())
+    except TooFewFilesError:
+        return  # not started: `pool` says why, where the job says its errors
     if START_METHOD == "forkserver":
         with ctrl_c_held():  # SIGINT may reach another thread, which the block does not cover
             fork_server.start(JOB_MODULES + (REMOTE_MODULES if remote else ()))

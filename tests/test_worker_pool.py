@@ -3,6 +3,7 @@ worker, a lock held at the wrong instant, or an error that does not travel does 
 
 import multiprocessing
 import os
+import resource
 import signal
 import struct
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 from beam_jobs import fork_server, worker_pool
 
-from helpers import run_python
+from helpers import run_python, write_image_folder
 
 _HELD = threading.Lock()
 
@@ -256,3 +257,32 @@ def test_a_command_starts_the_server_only_where_a_pool_will_run(args, starts):
         "print(forkserver._forkserver._forkserver_pid is not None)\n"
     )
     assert ran.stdout.split() == [str(starts)], ran.stderr
+
+
+def _limited(soft: int, hard: int):
+    """For a child process: at most `soft` open files, raisable up to `hard` (`ulimit -n`)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _command(*args, limit: tuple[int, int]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tfrecord_pipe._tools.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=_limited(*limit))  # fmt: skip
+
+
+@pytest.mark.slow  # conversions and verifies in new processes, as a shell runs them
+def test_a_low_limit_of_open_files_is_raised_or_said_with_what_to_do(tmp_path):
+    # Under `ulimit -n` 15 both commands failed naming the workers' server (a bare traceback
+    # at 8); a limit lowered in the soft limit only, which the process may raise, failed too.
+    src, out = write_image_folder(tmp_path / "src", per_label=3), tmp_path / "out"
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    for command in (("convert", src, out), ("verify", src, out)):
+        done = _command(*command, limit=(12, hard))  # the soft limit alone: raised
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert "every source accounted for" in done.stdout
+    for command in (("convert", src, tmp_path / "other"), ("verify", src, out)):
+        done = _command(*command, limit=(12, 12))
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "may open at most 12 files at once (ulimit -n)" in done.stderr
+        assert "Raise the limit (ulimit -n 1024)" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "other").exists() or not any((tmp_path / "other").iterdir())
