@@ -119,8 +119,8 @@ def serialize(record: ImageRecord, *, label_offset: int) -> bytes:
 
 def serialized_around_image(record: ImageRecord, *, label_offset: int) -> tuple[bytes, bytes]:
     """What `serialize` writes before and after the image bytes: a record's bytes are
-    head + record.encoded + tail, for anything that takes records apart without copying the
-    image (verify's digests)."""
+    head + record.encoded + tail, for what compares records' bytes without copying the image
+    (`decode_written`)."""
     if label_offset < 0:
         raise ValueError(f"label_offset must be >= 0, got {label_offset}")
     image_head = _entry_head(ENCODED, _BYTES_LIST, len(record.encoded))
@@ -318,17 +318,15 @@ def decode_written(serialized: bytes, *, label_offset: int) -> ImageRecord | Non
     """The record, if `serialized` is laid out as `serialize` lays records out; else None.
 
     Reads what the converter wrote at a fifth of `decode_parsed`'s cost (verify reads every
-    record), and exactly as it would: the values are found by the layout's pattern, and the
-    bytes must be what `serialize` writes for them. Any other bytes (a record edited,
-    extended, or written by another tool) give None, and `decode_parsed` reads them as
-    TensorFlow does and says what is wrong. (tests/test_schema.py holds the two to the same
-    answer on damaged records.)
+    record), and exactly as it would: the values are found where the layout's lengths put
+    them, and the bytes must be what `serialize` writes for them. Any other bytes (a record
+    edited, extended, or written by another tool) give None, and `decode_parsed` reads them
+    as TensorFlow does and says what is wrong. (tests/test_schema.py holds the two to the
+    same answer on damaged records.)
     """
-    found = _WRITTEN.fullmatch(serialized)
-    if found is None:
-        return None
-    label, synset, image, filename, height, sha256, width = found.groups()
     try:
+        values, image_at = _written_values(serialized)
+        label, synset, image, filename, height, sha256, width = values
         record = ImageRecord(
             encoded=image,
             height=_one_int(height),
@@ -341,30 +339,63 @@ def decode_written(serialized: bytes, *, label_offset: int) -> ImageRecord | Non
         head, tail = serialized_around_image(record, label_offset=label_offset)
     except (ValueError, IndexError):  # UnicodeDecodeError is a ValueError
         return None
-    image_start, image_end = found.span(3)
-    if serialized[:image_start] != head or serialized[image_end:] != tail:
+    if serialized[:image_at] != head or serialized[image_at + len(image) :] != tail:
         return None  # not as `serialize` writes them (a length, a varint, a constant)
     return record
 
 
-def _written_pattern() -> re.Pattern:
-    """The layout `serialize` writes, leniently: each entry in key order, the values of those
-    not constant as groups. What it matches is then checked byte for byte."""
-    varint = rb"[\x80-\xff]*[\x00-\x7f]"
+def _written_values(data: bytes) -> tuple[list[bytes], int]:
+    """The values of the entries not constant, in the order `serialize` writes them, and
+    where the image starts: each where the lengths before it put it, nothing else checked
+    (`decode_written` compares every byte after). One pass, in time linear in the record:
+    a pattern of the layout, searched instead, backtracked for minutes on a crafted record.
 
-    def head(key: bytes, kind: int) -> bytes:
-        """An entry up to its value, as `_entry_head` writes it, its lengths any varint."""
-        literals = (b"\x0a", b"\x0a" + bytes([len(key)]) + key + b"\x12", bytes([kind << 3 | 2]),
-                    b"\x0a")  # fmt: skip
-        return varint.join(map(re.escape, literals)) + varint
-
-    parts = [re.escape(b"\x0a"), varint]
-    for key, name, kind in _WRITTEN_ORDER:
-        if name in _CONSTANT_ENTRIES:
-            parts.append(re.escape(_CONSTANT_ENTRIES[name]))
-        else:
-            parts += [head(key, kind), rb"(.*)" if name == ENCODED else rb"(.*?)"]
-    return re.compile(b"".join(parts), re.DOTALL)
+    Raises:
+      ValueError, IndexError: the bytes are not of the layout.
+    """
+    if data[0] != 0x0A:
+        raise ValueError("not the written layout")
+    at = 1
+    while data[at] >= 0x80:  # the features' length
+        at += 1
+    at += 1
+    values, image_at = [], 0
+    for entry in _WRITTEN_LAYOUT:
+        if isinstance(entry, bytes):  # a constant entry
+            if not data.startswith(entry, at):
+                raise ValueError("not the written layout")
+            at += len(entry)
+            continue
+        key_field, list_tag = entry  # as `_entry_head` writes them
+        if data[at] != 0x0A:
+            raise ValueError("not the written layout")
+        at += 1
+        while data[at] >= 0x80:  # the entry's length (varints skipped inline: 20 a record)
+            at += 1
+        if not data.startswith(key_field, at + 1):
+            raise ValueError("not the written layout")
+        at += 1 + len(key_field)
+        while data[at] >= 0x80:  # the value's length
+            at += 1
+        if data[at + 1] != list_tag:
+            raise ValueError("not the written layout")
+        at += 2
+        while data[at] >= 0x80:  # the list's length
+            at += 1
+        if data[at + 1] != 0x0A:
+            raise ValueError("not the written layout")
+        length, at = data[at + 2], at + 3
+        if length >= 0x80:
+            length, at = _read_varint(memoryview(data), at - 1)
+        if at + length > len(data):
+            raise ValueError("not the written layout")
+        if key_field is _IMAGE_KEY_FIELD:
+            image_at = at
+        values.append(data[at : at + length])
+        at += length
+    if at != len(data):
+        raise ValueError("not the written layout")
+    return values, image_at
 
 
 def _one_int(packed: bytes) -> int:
@@ -383,7 +414,16 @@ _WRITTEN_ORDER = tuple(
     (key.encode(), key, _BYTES_LIST if FEATURES[key] == BYTES else _INT64_LIST)
     for key in sorted(FEATURES)
 )
-_WRITTEN = _written_pattern()
+# That layout, an entry at a time: a constant entry's bytes, or (another's key field up to
+# its value's length, the tag of its value's list), as `_entry_head` writes them.
+_IMAGE_KEY_FIELD = b"\x0a" + bytes([len(ENCODED)]) + ENCODED.encode() + b"\x12"
+_WRITTEN_LAYOUT = tuple(
+    _CONSTANT_ENTRIES[name] if name in _CONSTANT_ENTRIES else (
+        _IMAGE_KEY_FIELD if name == ENCODED else b"\x0a" + bytes([len(key)]) + key + b"\x12",
+        kind << 3 | 2,
+    )
+    for key, name, kind in _WRITTEN_ORDER
+)  # fmt: skip
 
 
 def decode_example(serialized: bytes, *, label_offset: int) -> ImageRecord:

@@ -31,7 +31,7 @@ from tfrecord_pipe._tools.verify_rules import RECORD
 # Rows of sources checked beside their records, as the join takes them: (relpath, source's
 # row) alone, or (relpath, (record's row, source's row)) as one item where they pair up.
 FOUND, PAIR = "found", "pair"
-_SAME_ON_BOTH_SIDES = ("sha256", "encoded_sha256", "label", "split")
+_SAME_ON_BOTH_SIDES = ("sha256", "encoded_sha256", "label", "label_index", "split")
 
 
 # Records of at least this many bytes on average are checked beside their sources: below,

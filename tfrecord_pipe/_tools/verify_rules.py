@@ -3,10 +3,11 @@ rejection line says, and how the two must agree. Both drivers run these: `verify
 machine, `verify_job` as a Beam pipeline.
 
 A record is proven by its bytes: it must be, byte for byte, the record the converter writes
-for its source now (the same serialized Example: image, size, label, name, source hash). It
-is when its bytes are laid out as the converter lays records out, which reading them proves
-(`schema.decode_written`), and its values are those the converter gives its source
-now, the image by its SHA-256 (`RECORD_VALUES`); what differs is explained field by field. That proves the dataset is the converter's output for
+for its source now (the same serialized Example: image, size, label, name, source hash).
+Reading a record proves that its bytes are those the converter writes for the values they
+hold (`schema.decode_written`), so it is the converter's record when those values are the
+ones the converter gives its source now, the image by its SHA-256 (`RECORD_VALUES`); what
+differs is explained field by field. That proves the dataset is the converter's output for
 these sources, not that TensorFlow decodes every image: the converter's checks decode with
 Pillow, after a walk of each JPEG's markers for the damage Pillow takes and TensorFlow
 refuses (`_core/jpeg_markers.py`). `decode` (`verify --decode`) decodes every record's image
