@@ -36,10 +36,12 @@ def rejection(source: SourceFile, reason: str, detail: str) -> Rejection:
 
 
 def split_by_hash(relpath: str, validation_fraction: float) -> str:
-    """naming.TRAIN or naming.VALIDATION, from a stable hash of the relative path."""
+    """naming.TRAIN or naming.VALIDATION, from a stable hash of the relative path (of the
+    bytes a name not UTF-8 has on disk: its input is rejected in that split)."""
     if validation_fraction <= 0:
         return naming.TRAIN
-    value = int(hashlib.sha256(relpath.encode("utf-8")).hexdigest()[:16], 16) / 16**16
+    name = relpath.encode("utf-8", "surrogateescape")  # as "utf-8" for every UTF-8 name
+    value = int(hashlib.sha256(name).hexdigest()[:16], 16) / 16**16
     return naming.VALIDATION if value < validation_fraction else naming.TRAIN
 
 

@@ -477,6 +477,14 @@ def test_names_that_are_not_utf8_are_rejected_with_their_bytes_escaped(tmp_path)
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["labels"] == ["cat", "dog"]
     verified = run_cli("verify", src, tmp_path / "out")
     assert verified.returncode == 0 and verified.stdout.strip().endswith("OK"), verified.stdout
+    # With a validation split, the split's hash of such a name stopped the job with
+    # "surrogates not allowed", naming no file.
+    result = run_cli("convert", src, tmp_path / "split", "--validation_fraction", "0.5")
+    assert result.returncode == 0, result.stderr
+    split = dataset.read_manifest(str(tmp_path / "split"))
+    assert split.num_rejected == 2 and sum(i.num_examples for i in split.splits.values()) == 2
+    verified = run_cli("verify", src, tmp_path / "split")
+    assert verified.returncode == 0 and verified.stdout.strip().endswith("OK"), verified.stdout
 
 
 def test_labels_that_print_alike_are_kept_apart_with_a_warning(tmp_path):
