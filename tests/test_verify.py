@@ -272,6 +272,27 @@ def test_verify_catches_a_good_source_moved_into_rejected(converted_copy):
     )
 
 
+def test_verify_checks_the_manifest_s_labels_and_offset_against_the_sources(converted_copy):
+    # A manifest edited with the files made from it (labels.txt, TFDS's) and its records
+    # left alone, or with records rewritten to match, passed: verify took its labels and
+    # offset as given. The converter takes the sorted labels of the sources listed, and the
+    # offset it records.
+    src, out = converted_copy
+    found = dataset.read_manifest(str(out))
+    dataset.write_manifest(str(out), dataclasses.replace(found, labels=(*found.labels, "zzz")))
+    report = verified_both_ways(src, out)
+    assert report.num_problems == 1, report
+    assert report.problems[0] == (
+        "manifest.json: its labels are not the sorted labels of the sources listed now (not "
+        "among the sources: 'zzz'): a label folder added or removed since, or the manifest "
+        "edited")  # fmt: skip
+    conversion = {**found.conversion, "label_offset": found.label_offset + 1}
+    dataset.write_manifest(str(out), dataclasses.replace(found, conversion=conversion))
+    report = verified_both_ways(src, out)
+    assert report.num_problems == 1 and "manifest.json: label_offset 1, but the conversion it " \
+        "records wrote labels with 2 (edited?)" in report.problems, report
+
+
 def test_a_shard_s_digest_of_its_inputs_is_the_one_manifests_already_hold():
     # Manifests written before hold digests of these lines; a digest worked out otherwise
     # would fail every such dataset's verify, and every training position saved on it.

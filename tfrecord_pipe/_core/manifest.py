@@ -143,6 +143,17 @@ class Manifest:
     format_version: int = schema.FORMAT_VERSION
     duplicates: dict[str, int] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self):
+        # What every reader relies on, which no converter writes otherwise: an edit says so
+        # here, not as a TypeError or a wrong label deep in a reader.
+        offset = self.label_offset
+        if type(offset) is not int or not 0 <= offset <= schema.MAX_LABEL_OFFSET:
+            raise ValueError(f"label_offset must be an int in 0..{schema.MAX_LABEL_OFFSET}, "
+                             f"got {offset!r}")  # fmt: skip
+        if len(set(self.labels)) != len(self.labels):
+            twice = sorted({label for label in self.labels if self.labels.count(label) > 1})
+            raise ValueError(f"labels lists these more than once: {twice}")
+
     @property
     def file_formats(self) -> tuple[str, ...]:
         """The formats of the shards, in naming.FILE_FORMATS order. A dataset with no shard

@@ -79,6 +79,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     problems.extend(reading.check_manifest(found), FILES)
     processes = processes or worker_pool.processes()
     listed_count = sum(info.listed for info in found.splits.values())  # as the manifest says
+    labels: set[str] = set()  # of the sources listed, as the converter collects them
     line = _Progress(listed_count, show_progress)
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-", dir=_work_parent()) as work:
         job = _Join(work, problems)
@@ -94,12 +95,12 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
             if beside:
                 # Sources are checked beside their records; the listing, between the shards'
                 # tasks, says which were; those left are checked after, on their own.
-                listed = _Listing(_listed(config, work), job, len(shards), listed_count)
+                listed = _Listing(_listed(config, work, labels), job, len(shards), listed_count)
                 tasks = ((workers.SHARD, listed.after(shard)) for shard in shards)
             else:
                 tasks = itertools.chain(
                     ((workers.SHARD, shard) for shard in shards),
-                    ((workers.SOURCES, batch) for batch in _batches(_listed(config, work))),
+                    ((workers.SOURCES, batch) for batch in _batches(_listed(config, work, labels))),
                 )
             for future in load.in_order(pool, workers.task, tasks, window):
                 kind, result = future.result()
@@ -116,6 +117,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
                 job.add_checked(future.result()[1])
                 line.update(job.checked)
         problems.extend(rules.count_problems(found, source, job.per_split), FILES)
+        problems.extend(rules.label_problems(found, config, labels), FILES)
         job.add(reading.read_reported(dataset, found), None)
         job.check(found)
     line.finish(sum(job.per_split.values()))
@@ -307,11 +309,15 @@ class _Listing:
                 self._job.add_listed(source)
 
 
-def _listed(config, work: str) -> Iterator[SourceFile]:
+def _listed(config, work: str, labels: set[str]) -> Iterator[SourceFile]:
     """The inputs as the converter listed them; a CSV's files named twice kept once (the
-    others marked, and expected among the rejections, as the converter does)."""
+    others marked, and expected among the rejections, as the converter does). Their labels
+    go into `labels`, as `pipeline.CollectLabels` takes them."""
     listed = sources.list_sources(config)
-    return csv_lists.kept_once(listed, work) if config.layout == "csv" else listed
+    for source in csv_lists.kept_once(listed, work) if config.layout == "csv" else listed:
+        if source.label is not None and source.problem is None:
+            labels.add(source.label)
+        yield source
 
 
 def _batches(items: Iterable, size: int = load.BATCH) -> Iterator[list]:

@@ -211,6 +211,15 @@ class VerifyDataset(beam.PTransform):
             | "CheckContents"
             >> beam.FlatMap(_check_content, found).with_outputs(COUNT, main=PROBLEM)
         )
+        labels = (
+            pbegin
+            | "LabelsStart" >> beam.Create([None])
+            | "CheckLabels" >> beam.FlatMap(
+                lambda _, collected: [(FILES, problem) for problem in rules.label_problems(
+                    found, config, collected[0] if collected else ())],
+                collected=beam.pvalue.AsList(listed | "CollectLabels" >> pipeline.CollectLabels(None)),
+            )
+        )  # fmt: skip
         across = (
             shards[SPAN]
             | "ShardSpans" >> beam.combiners.ToList()
@@ -218,7 +227,7 @@ class VerifyDataset(beam.PTransform):
         )
         problems = (
             shards[PROBLEM], rejected[PROBLEM], checked[PROBLEM], reported[PROBLEM],
-            contents[PROBLEM], across,
+            contents[PROBLEM], across, labels,
         ) | "Problems" >> beam.Flatten()  # fmt: skip
         tally = (
             (shards[COUNT], rejected[COUNT], expected[COUNT], contents[COUNT])

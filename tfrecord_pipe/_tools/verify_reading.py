@@ -151,15 +151,21 @@ def check_rejection_files(dataset: str, found: manifest.Manifest) -> list[str]:
 
 
 def check_manifest(found: manifest.Manifest) -> list[str]:
-    """The manifest agrees with itself: its record format is this version's, and its counts
-    of rejection reasons add up to its splits' rejections (a manifest older than the reasons
-    has none)."""
+    """The manifest agrees with itself: its record format is this version's, its label offset
+    the one its conversion recorded, and its counts of rejection reasons add up to its
+    splits' rejections (a manifest older than the reasons has none)."""
     problems = []
     if found.format_version != schema.FORMAT_VERSION:
         problems.append(
             f"{naming.MANIFEST_NAME}: record format {found.format_version}, but this version "
             f"reads format {schema.FORMAT_VERSION}: convert again, or verify with the version "
             f"that wrote it ({found.tool_version or 'unknown'})"
+        )
+    recorded = found.conversion.get("label_offset", found.label_offset)  # 0.1's: its flags
+    if recorded != found.label_offset:
+        problems.append(
+            f"{naming.MANIFEST_NAME}: label_offset {found.label_offset}, but the conversion it "
+            f"records wrote labels with {recorded!r} (edited?)"
         )
     reasons = sum(found.rejected_reasons.values())
     if found.rejected_reasons and reasons != found.num_rejected:

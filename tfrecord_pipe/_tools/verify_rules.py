@@ -188,6 +188,31 @@ def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False
     }
 
 
+def label_problems(found: manifest.Manifest, config, listed: Iterable[str]) -> list[str]:
+    """The manifest's labels are those the converter takes from the sources listed now, the
+    sorted distinct `listed` labels (`pipeline.CollectLabels`), where no labels file gave
+    them. A CSV list's are left to its records' (its lines named twice make them subtle)."""
+    if config.labels_file is not None or config.layout == "csv":
+        return []
+    expected = tuple(sorted(set(listed)))
+    if expected == found.labels:
+        return []
+    extra, missing = set(found.labels) - set(expected), set(expected) - set(found.labels)
+    said = [f"{what}: {_some(names)}" for what, names in (
+        ("not among the sources", extra), ("not in the manifest", missing)) if names]  # fmt: skip
+    return [
+        f"{naming.MANIFEST_NAME}: its labels are not the sorted labels of the sources listed "
+        f"now ({'; '.join(said) or 'in another order'}): a label folder added or removed "
+        "since, or the manifest edited"
+    ]
+
+
+def _some(names: set[str], shown: int = 5) -> str:
+    first = sorted(names)[:shown]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(map(repr, first)) + more
+
+
 def count_problems(found: manifest.Manifest, source: str, listed: dict[str, int]) -> list[str]:
     """Each split lists as many sources now as the manifest says it did."""
     return [
