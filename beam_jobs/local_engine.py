@@ -119,8 +119,8 @@ class _Job:
         def inputs() -> Iterator[list[SourceFile]]:
             batch = []
             for source in self._listed():
-                if source.label is not None and source.problem is None:
-                    found.add(source.label)  # as pipeline.CollectLabels takes them
+                if source.class_label is not None:
+                    found.add(source.class_label)
                 batch.append(source)
                 if len(batch) == load.BATCH:
                     yield batch

@@ -46,9 +46,7 @@ class CollectLabels(beam.PTransform):
         return (
             sources
             | "Labels"
-            >> beam.FlatMap(
-                lambda s: [s.label] if s.label is not None and s.problem is None else []
-            )
+            >> beam.FlatMap(lambda s: [s.class_label] if s.class_label is not None else [])
             | "SortedSet" >> beam.CombineGlobally(SortedSet()).without_defaults()
         )
 

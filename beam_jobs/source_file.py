@@ -29,6 +29,12 @@ class SourceFile:
     split: str
     problem: tuple[str, str] | None = None
 
+    @property
+    def class_label(self) -> str | None:
+        """The label this input brings to the dataset's list of labels: none where it was
+        listed with a problem (a broken link in a folder of its own is no class)."""
+        return self.label if self.problem is None else None
+
 
 def rejection(source: SourceFile, reason: str, detail: str) -> Rejection:
     """A dead-letter line: what a user needs to find and fix the input."""

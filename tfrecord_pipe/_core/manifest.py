@@ -7,6 +7,7 @@ filesystems (`files_of`), readers read them with TensorFlow's (`reading.dataset`
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -150,9 +151,8 @@ class Manifest:
         if type(offset) is not int or not 0 <= offset <= schema.MAX_LABEL_OFFSET:
             raise ValueError(f"label_offset must be an int in 0..{schema.MAX_LABEL_OFFSET}, "
                              f"got {offset!r}")  # fmt: skip
-        if len(set(self.labels)) != len(self.labels):
-            twice = sorted({label for label in self.labels if self.labels.count(label) > 1})
-            raise ValueError(f"labels lists these more than once: {twice}")
+        if repeated := _repeated(self.labels):
+            raise ValueError(f"labels lists these more than once: {repeated}")
 
     @property
     def file_formats(self) -> tuple[str, ...]:
@@ -263,6 +263,11 @@ def files_of(manifest: Manifest) -> list[tuple[str, str]]:
     ]
 
 
+def _repeated(labels: tuple[str, ...]) -> list[str]:
+    """The labels listed more than once, sorted (in time linear in the list: 21,000 labels)."""
+    return sorted(label for label, count in collections.Counter(labels).items() if count > 1)
+
+
 def parse_labels(text: str, path: str) -> tuple[str, ...]:
     """The labels of a labels file's text: one per line, in index order; blanks ignored.
 
@@ -270,8 +275,7 @@ def parse_labels(text: str, path: str) -> tuple[str, ...]:
       ValueError: a label appears twice, or none is listed (`path` names the file).
     """
     labels = tuple(line.strip() for line in text.splitlines() if line.strip())
-    duplicates = sorted({label for label in labels if labels.count(label) > 1})
-    if duplicates:
+    if duplicates := _repeated(labels):
         raise ValueError(f"{path} lists these labels more than once: {duplicates}")
     if not labels:
         raise ValueError(f"{path} lists no labels")

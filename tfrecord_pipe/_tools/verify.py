@@ -312,11 +312,11 @@ class _Listing:
 def _listed(config, work: str, labels: set[str]) -> Iterator[SourceFile]:
     """The inputs as the converter listed them; a CSV's files named twice kept once (the
     others marked, and expected among the rejections, as the converter does). Their labels
-    go into `labels`, as `pipeline.CollectLabels` takes them."""
+    go into `labels` (`SourceFile.class_label`)."""
     listed = sources.list_sources(config)
     for source in csv_lists.kept_once(listed, work) if config.layout == "csv" else listed:
-        if source.label is not None and source.problem is None:
-            labels.add(source.label)
+        if source.class_label is not None:
+            labels.add(source.class_label)
         yield source
 
 

@@ -87,7 +87,6 @@ class Expect:
 
     def __init__(self, found: manifest.Manifest, policy: images.ImagePolicy):
         self._index = {label: i for i, label in enumerate(found.labels)}
-        self._label_offset = found.label_offset
         self._policy = policy
 
     @property
@@ -307,7 +306,7 @@ def check_content(rows: Iterable[dict], reported: list[list[str]], found: manife
     Returns the problems, and 1 or 0 for: a group of duplicates, one across splits.
     """
     group = sorted(rows, key=operator.itemgetter("relpath"))
-    reported = sorted(reported) if len(reported) > 1 else reported
+    reported = sorted(reported)
     problems = []
     if len(reported) > 1:
         problems.append(f"{naming.DUPLICATES_NAME}: lists the bytes of {reported[0][0]} "
