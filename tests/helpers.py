@@ -35,6 +35,16 @@ IN_PROCESS = ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
 COMMAND = str(pathlib.Path(sys.executable).parent / "tfrecord-pipe")
 
 
+def set_up_then(setup: str, command: list[str]) -> list[str]:
+    """A command line that runs `setup` (Python, with os, resource and signal imported) in a
+    fresh Python process, which then becomes `command` (exec): what `preexec_fn` does, without
+    running Python in a child forked from the test process. Once TensorFlow or Beam has
+    loaded there, gRPC's fork handlers run in such a child: one aborted (SIGABRT, "epoll_wait
+    error: Bad file descriptor") before its command started."""
+    run = f"import os, resource, signal, sys; {setup}; os.execv(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", run, *map(str, command)]
+
+
 def encode(image: Image.Image | np.ndarray, fmt: str = "JPEG", **options) -> bytes:
     """`image` (or an array of pixels) as the bytes of an image file of format `fmt`."""
     if isinstance(image, np.ndarray):

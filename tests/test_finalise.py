@@ -13,7 +13,8 @@ from beam_jobs import claim, convert, finalise
 from tfrecord_pipe._core import manifest, naming
 from tfrecord_pipe._reading import dataset
 
-from helpers import COMMAND, IN_PROCESS, jpeg_bytes, run_cli, run_command, write_image_folder
+from helpers import (COMMAND, IN_PROCESS, jpeg_bytes, run_cli, run_command, set_up_then,
+                     write_image_folder)
 
 pytestmark = pytest.mark.slow  # whole conversions
 
@@ -155,8 +156,8 @@ def test_ctrl_c_says_interrupted_and_the_same_command_again_converts(tmp_path):
         # Ctrl-C at its default, as in a terminal's foreground job: a suite started in the
         # background (`make test &`) would hand on SIGINT ignored, which the job keeps.
         running = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            set_up_then("signal.signal(signal.SIGINT, signal.SIG_DFL)", command),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while not (out / claim.CLAIM_NAME).exists() and running.poll() is None:
@@ -183,9 +184,9 @@ def test_a_conversion_that_ignores_sigint_keeps_ignoring_it_and_main_runs_in_a_t
     src = write_image_folder(tmp_path / "src", per_label=30)
     out = tmp_path / "out"
     ignoring = subprocess.Popen(
-        [COMMAND, "convert", str(src), str(out), *IN_PROCESS], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        set_up_then("signal.signal(signal.SIGINT, signal.SIG_IGN)",
+                    [COMMAND, "convert", src, out, *IN_PROCESS]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while not (out / claim.CLAIM_NAME).exists() and time.monotonic() < deadline:

@@ -16,7 +16,7 @@ import pytest
 
 from beam_jobs import fork_server, worker_pool
 
-from helpers import run_python, write_image_folder
+from helpers import run_python, set_up_then, write_image_folder
 
 _HELD = threading.Lock()
 
@@ -259,15 +259,12 @@ def test_a_command_starts_the_server_only_where_a_pool_will_run(args, starts):
     assert ran.stdout.split() == [str(starts)], ran.stderr
 
 
-def _limited(soft: int, hard: int):
-    """For a child process: at most `soft` open files, raisable up to `hard` (`ulimit -n`)."""
-    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
 def _command(*args, limit: tuple[int, int]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tfrecord_pipe._tools.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=120,
-                          preexec_fn=_limited(*limit))  # fmt: skip
+    """The command run with at most limit[0] open files, raisable up to limit[1] (`ulimit -n`)."""
+    limited = f"resource.setrlimit(resource.RLIMIT_NOFILE, {limit})"
+    command = [sys.executable, "-m", "tfrecord_pipe._tools.cli", *args]
+    return subprocess.run(set_up_then(limited, command), capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
 
 
 @pytest.mark.slow  # conversions and verifies in new processes, as a shell runs them
