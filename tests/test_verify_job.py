@@ -2,6 +2,7 @@
 datasets one machine should not re-read. Run here on Beam's local runner, on local folders
 and the test GCS; on Dataflow only its graph and staged wheel are checked (offline)."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -250,12 +251,25 @@ def test_a_csv_list_is_listed_as_the_converter_did_one_record_per_file(tmp_path)
     for i, label in enumerate(("blue", "green", "red")):
         (tmp_path / "imgs" / f"{i}.jpg").write_bytes(jpeg_bytes(9, 9 + i))
         lines.append(f"imgs/{i}.jpg,{label},train")
-    lines += ["imgs/0.jpg,green,validation", "./imgs/1.jpg,red,train", "imgs/gone.jpg,red,train"]
+    # A label only a line dropped as naming a file again gives is no label of the dataset; a
+    # label only a missing file gives is one (its input is rejected as unreadable).
+    lines += ["imgs/0.jpg,green,validation", "./imgs/1.jpg,yellow,train",
+              "imgs/gone.jpg,purple,train"]  # fmt: skip
     listed = tmp_path / "list.csv"
     listed.write_text("\n".join(lines) + "\n")
     convert.run([str(listed), str(tmp_path / "out"), *IN_PROCESS])
+    found = dataset.read_manifest(str(tmp_path / "out"))
+    assert found.labels == ("blue", "green", "purple", "red")
     report = verified_both_ways(listed, tmp_path / "out")
     assert (report.sources, report.records, report.rejected, report.ok) == (6, 3, 3, True)
+    # The manifest edited with the files made from it: its labels are checked as a folder's.
+    dataset.write_manifest(str(tmp_path / "out"), dataclasses.replace(found, labels=(
+        *found.labels, "yellow")))  # fmt: skip
+    report = verified_both_ways(listed, tmp_path / "out")
+    assert report.problems == ("manifest.json: its labels are not the sorted labels of the "
+                               "sources listed now (not among the sources: 'yellow'): a label "
+                               "folder added or removed since, or the manifest edited",)  # fmt: skip
+    dataset.write_manifest(str(tmp_path / "out"), found)
     listed.write_text("\n".join(lines + ["imgs/2.jpg,blue,validation"]) + "\n")  # a line added
     report = verified_both_ways(listed, tmp_path / "out")
     assert "imgs/2.jpg: should be rejected (duplicate), but is in no shard and not in " in (

@@ -189,9 +189,9 @@ def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False
 
 def label_problems(found: manifest.Manifest, config, listed: Iterable[str]) -> list[str]:
     """The manifest's labels are those the converter takes from the sources listed now, the
-    sorted distinct `listed` labels (`pipeline.CollectLabels`), where no labels file gave
-    them. A CSV list's are left to its records' (its lines named twice make them subtle)."""
-    if config.labels_file is not None or config.layout == "csv":
+    sorted distinct `listed` labels (`pipeline.CollectLabels`; of a CSV list, its lines kept
+    once per file), where no labels file gave them."""
+    if config.labels_file is not None:
         return []
     expected = tuple(sorted(set(listed)))
     if expected == found.labels:
