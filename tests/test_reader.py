@@ -266,6 +266,23 @@ def test_every_record_goes_to_exactly_one_of_more_hosts_than_shards(tmp_path):
         assert sorted(seen) == sorted(everything.as_numpy_iterator()), (split, hosts)
 
 
+def test_evaluation_on_more_hosts_than_files_pads_the_hosts_with_none(tmp_path):
+    # 4 one-record validation files for 8 hosts (36 for 64 on a pod): hosts 4-7 get no file,
+    # and their pipeline failed with a TypeError (an empty list of names made a float tensor).
+    folder = str(tmp_path / "ds")
+    write_dataset(folder, {"train": [[0, 1]], "validation": [[0], [1], [2], [0]]})
+    labels, steps = [], set()
+    for index in range(8):
+        ds = reader.make_input_fn(folder, is_training=False, image_size=8, batch_size=16,
+                                  host_index=index, host_count=8)()  # fmt: skip
+        elements = batches(ds)
+        steps.add(len(elements))  # every host runs the same steps, or the pod waits for ever
+        labels += real_labels(elements)
+        if index >= 4:
+            assert all(not weights.any() for _, _, weights in elements), index
+    assert steps == {1} and sorted(labels) == [0, 0, 1, 2]
+
+
 @pytest.mark.slow  # a subprocess: a regression would spin for ever
 def test_skip_corrupt_with_nothing_readable_stops_naming_the_files(tmp_path):
     folder = tmp_path / "ds"

@@ -146,7 +146,8 @@ def _records(config, source, share) -> tf.data.Dataset:
     counts = share.record_counts if share.record_counts is not None else [-1] * len(share.files)
     firsts = share.firsts if share.firsts is not None else [0] * len(share.files)
     files = tf.data.Dataset.from_tensor_slices(
-        (tf.constant(share.files), tf.constant(counts, tf.int64), tf.constant(firsts, tf.int64))
+        (tf.constant(share.files, tf.string), tf.constant(counts, tf.int64),
+         tf.constant(firsts, tf.int64))
     )
     # Dealt records without counts: the files are one stream, read in order, then dealt.
     in_order = share.record_shard is not None and share.firsts is None
@@ -160,7 +161,7 @@ def _records(config, source, share) -> tf.data.Dataset:
             return files.flat_map(read).shard(*share.record_shard)
         return files.interleave(
             read,
-            cycle_length=min(config.cycle_length, len(share.files)),
+            cycle_length=max(1, min(config.cycle_length, len(share.files))),
             block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=config.is_deterministic,
