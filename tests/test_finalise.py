@@ -43,6 +43,25 @@ def test_overwrite_deletes_exactly_the_old_datasets_files(tmp_path):
     assert run_cli("verify", src, out).returncode == 0
 
 
+@pytest.mark.parametrize("name", ["../notes.txt", "{outside}", "rejected/../../notes.txt",
+                                  "validation-00000-of-00001.tfrecord"])
+def test_a_manifest_naming_other_files_is_refused_and_overwrite_deletes_none(tmp_path, name):
+    # --overwrite deleted any file an edited manifest listed, outside the output folder too,
+    # and the readers would open it.
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    out, notes = tmp_path / "out", tmp_path / "notes.txt"
+    found = convert_(src, out)
+    notes.write_text("mine")
+    train = found.splits["train"]
+    text = (out / naming.MANIFEST_NAME).read_text()
+    (out / naming.MANIFEST_NAME).write_text(text.replace(train.files[0], name.format(outside=notes)))
+    with pytest.raises(ValueError, match="is not a shard file name of that split .* remove that"):
+        convert_(src, out, "--overwrite")
+    with pytest.raises(ValueError, match="is not a shard file name of that split"):
+        dataset.read_manifest(str(out))
+    assert notes.read_text() == "mine" and (out / train.files[0]).exists()
+
+
 def test_a_killed_runs_temporary_folder_is_removed_by_the_next_run_which_says_so(
     tmp_path, caplog
 ):

@@ -153,6 +153,12 @@ class Manifest:
                              f"got {offset!r}")  # fmt: skip
         if repeated := _repeated(self.labels):
             raise ValueError(f"labels lists these more than once: {repeated}")
+        # Names that become paths: readers open them, and --overwrite deletes them.
+        for split, info in self.splits.items():
+            problems = (naming.split_name_problem(split),
+                        *(naming.shard_file_problem(name, split) for name in info.all_files))
+            if problem := next((p for p in problems if p is not None), None):
+                raise ValueError(problem)
 
     @property
     def file_formats(self) -> tuple[str, ...]:

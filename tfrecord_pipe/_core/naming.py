@@ -58,6 +58,17 @@ def split_of(name: str) -> str | None:
     return found.group("split") if found else None
 
 
+def shard_file_problem(name: str, split: str) -> str | None:
+    """Why `name` cannot be a file of `split` that a manifest lists, or None. Readers join it
+    to the dataset's folder and `--overwrite` deletes it: only a name `shard_name` makes for
+    that split will do, never a path (`../notes.txt`, `/home/...`)."""
+    found = _SHARD_NAME.fullmatch(name) if isinstance(name, str) else None
+    if found is not None and found.group("split") == split:
+        return None
+    return (f"split {split}'s files list {name!r}, which is not a shard file name of that "
+            f"split (such as {shard_name(split, 0, 1, False)})")  # fmt: skip
+
+
 def file_format_of(name: str) -> str:
     """The file format a shard's name says: ARRAY_RECORD for `.array_record`, else TFRECORD."""
     return ARRAY_RECORD if str(name).endswith("." + ARRAY_RECORD) else TFRECORD
