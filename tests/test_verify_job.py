@@ -253,15 +253,16 @@ def test_a_csv_list_is_listed_as_the_converter_did_one_record_per_file(tmp_path)
         lines.append(f"imgs/{i}.jpg,{label},train")
     # A label only a line dropped as naming a file again gives is no label of the dataset; a
     # label only a missing file gives is one (its input is rejected as unreadable).
+    # A file named twice in train and once in validation has a rejection line in each.
     lines += ["imgs/0.jpg,green,validation", "./imgs/1.jpg,yellow,train",
-              "imgs/gone.jpg,purple,train"]  # fmt: skip
+              "imgs/gone.jpg,purple,train", "imgs/2.jpg,red,train", "imgs/2.jpg,blue,validation"]
     listed = tmp_path / "list.csv"
     listed.write_text("\n".join(lines) + "\n")
     convert.run([str(listed), str(tmp_path / "out"), *IN_PROCESS])
     found = dataset.read_manifest(str(tmp_path / "out"))
     assert found.labels == ("blue", "green", "purple", "red")
     report = verified_both_ways(listed, tmp_path / "out")
-    assert (report.sources, report.records, report.rejected, report.ok) == (6, 3, 3, True)
+    assert (report.sources, report.records, report.rejected, report.ok) == (8, 3, 5, True), report
     # The manifest edited with the files made from it: its labels are checked as a folder's.
     dataset.write_manifest(str(tmp_path / "out"), dataclasses.replace(found, labels=(
         *found.labels, "yellow")))  # fmt: skip
