@@ -144,6 +144,17 @@ def test_pixel_cap_is_configurable():
     assert "1200" in err.value.detail
 
 
+def test_an_image_wider_than_a_jpeg_holds_is_refused_saying_so_or_downscaled():
+    # Re-encoded as it was, a 65,501 px wide PNG failed in libjpeg: a bare OSError, logged
+    # with a traceback and rejected as unexpected_error.
+    wide = encode(Image.new("RGB", (65_501, 2)), "PNG")
+    with pytest.raises(images.Rejected) as err:
+        images.normalise(wide)
+    assert err.value.reason == images.TOO_MANY_PIXELS and "--max_side" in err.value.detail
+    stored = images.normalise(wide, images.ImagePolicy(max_side=1000))
+    assert (stored.width, stored.height) == (1000, 1)
+
+
 def test_max_side_downscales_keeping_aspect():
     stored = images.normalise(jpeg_bytes(400, 100), images.ImagePolicy(max_side=100))
     assert (stored.width, stored.height) == (100, 25)

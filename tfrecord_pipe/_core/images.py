@@ -397,6 +397,12 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
     width, height = image.size
     if not changes:
         return StoredImage(encoded=data, height=height, width=width)
+    if max(width, height) > jpeg_markers.MAX_SIDE:  # libjpeg's failure was a bare OSError
+        raise Rejected(
+            TOO_MANY_PIXELS,
+            f"{width}x{height} pixels; a JPEG holds at most {jpeg_markers.MAX_SIDE} a side: "
+            "set --max_side (ImagePolicy.max_side) to store it downscaled",
+        )
     buffer = io.BytesIO()
     # No exif= argument: the orientation is already applied to the pixels and must not be
     # applied again by a reader.
