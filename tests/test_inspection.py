@@ -1,5 +1,7 @@
 """`tfrecord-pipe inspect` and inspection.py: what a dataset holds, for a person to look at."""
 
+import os
+
 import pytest
 import tensorflow as tf
 from PIL import Image
@@ -9,7 +11,7 @@ from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import inspection
 
 from dataset_factory import write_dataset
-from helpers import jpeg_bytes, run_cli
+from helpers import jpeg_bytes, run_cli, run_command
 
 
 def test_inspect_shows_splits_labels_sizes_and_rejections(converted):
@@ -72,6 +74,17 @@ def test_inspect_check_catches_a_manifest_that_disagrees_with_a_shard(converted_
     done = run_cli("inspect", out, "--check")
     assert done.returncode == 1
     assert "PROBLEM" in done.stdout and "the shard holds" in done.stdout
+
+
+@pytest.mark.slow  # a new process: a regression would block for ever
+def test_inspect_says_a_shard_replaced_by_a_fifo_is_no_file_and_never_blocks(converted_copy):
+    _, out = converted_copy
+    shard = out / dataset.read_manifest(str(out)).splits["train"].files[0]
+    shard.unlink()
+    os.mkfifo(shard)
+    done = run_command("inspect", out, "--check", timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"PROBLEM {shard}: missing, or not a file (the manifest lists it)" in done.stdout
 
 
 @pytest.mark.parametrize(

@@ -448,10 +448,15 @@ def test_a_missing_shard_fails_at_once_naming_it_or_is_skipped_when_asked(tmp_pa
     write_dataset(str(folder), {"validation": [[0, 0], [1, 1, 1]]})
     (folder / "validation-00001-of-00002.tfrecord").unlink()
     options = dict(is_training=False, image_size=SIZE, batch_size=2)
-    with pytest.raises(ValueError, match=r"missing: .*validation-00001-of-00002\.tfrecord"):
+    missing = r"missing \(or not files\): .*validation-00001-of-00002\.tfrecord"
+    with pytest.raises(ValueError, match=missing):
         reader.make_input_fn(str(folder), **options)()
     skipped = reader.make_input_fn(str(folder), skip_corrupt=True, **options)()
     assert real_labels(batches(skipped)) == [0, 0]
+    # A FIFO in its place blocked the reader that opened it, for ever.
+    os.mkfifo(folder / "validation-00001-of-00002.tfrecord")
+    with pytest.raises(ValueError, match=missing):
+        reader.make_input_fn(str(folder), **options)()
 
 
 @pytest.mark.slow

@@ -31,7 +31,8 @@ class Split:
       name: the split's name; for a pattern's files, the name their file names give.
       files: full paths, in shard order.
       record_counts: records per file, from the manifest; None when unknown.
-      missing: those of `files` the manifest lists that are not there.
+      missing: those of `files` the manifest lists that are not there as files (a FIFO
+        named like a shard would block its reader for ever).
       digests: per file, which input each record holds (the manifest's `shard_digests`);
         empty, or "" for a file, where the manifest does not say.
     """
@@ -159,7 +160,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
     if is_dataset:
         found = read_manifest(folder)
         chosen = _chosen(path, found.file_formats, file_format)
-        present = {name for name, is_folder in _children(folder) if not is_folder}
+        present = _files(folder)
         splits = {
             name: Split(
                 name,
@@ -277,6 +278,17 @@ def _children(folder: str) -> list[tuple[str, bool]]:
         return sorted((name.rstrip("/"), name.endswith("/")) for name in tf.io.gfile.listdir(folder))
     except tf.errors.NotFoundError:
         return []
+
+
+def _files(folder: str) -> set[str]:
+    """The names of the files `folder` holds: on local disk, regular files only (or links to
+    them), as a FIFO or a socket would block whoever opens it; one listing, no call per name."""
+    if not paths.is_remote(folder):
+        try:
+            return {child.name for child in os.scandir(folder or ".") if child.is_file()}
+        except OSError:
+            return set()
+    return {name for name, is_folder in _children(folder) if not is_folder}
 
 
 def _manifest_beside(files) -> manifest_lib.Manifest | None:

@@ -249,8 +249,9 @@ def resolve_source(config: ReaderConfig, found: dataset_lib.Dataset | None = Non
         if chosen.missing and not config.skip_corrupt:
             raise ValueError(
                 f"{len(chosen.missing)} shard file(s) of split {split!r} that the manifest of "
-                f"{config.data} lists are missing: {', '.join(chosen.missing[:3])}. Restore "
-                "them, or pass skip_corrupt=True to read without them."
+                f"{config.data} lists are missing (or not files): "
+                f"{', '.join(chosen.missing[:3])}. Restore them, or pass skip_corrupt=True to "
+                "read without them."
             )
         if chosen.missing:
             log.warning(

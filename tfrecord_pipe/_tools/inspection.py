@@ -143,7 +143,7 @@ def summarize(
 
 
 def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
-    problems = [f"{path}: missing (the manifest lists it)" for path in split.missing]
+    problems = [f"{path}: missing, or not a file (the manifest lists it)" for path in split.missing]
     present = split.without_missing()
     files = list(present.files)
     if not files:  # every input of the split was rejected, or every shard is missing
