@@ -253,7 +253,37 @@ def finalise(
         storage.write_bytes(paths.join(out, name), text.encode("utf-8"), mime_type="text/plain")
     storage.write_bytes(paths.join(temp_dir, DONE_NAME), b"")
     _clean_up(out, temp_dir, run)
+    if config.labels_file is None:  # a labels file gives the labels asked for
+        for warning in empty_labels(job):
+            LOG.warning("%s", warning)
     return result
+
+
+def empty_labels(job: summary.Summary) -> list[str]:
+    """What to say of labels that no record holds, or none of train: labels come from the
+    inputs listed, so a folder whose every input was rejected (`__MACOSX`, `.git`) or a CSV
+    line's misspelt label is a class of its own, and shifts the indices of those after it."""
+    if not job.stored:
+        return []  # a summary of tfrecord-pipe before 0.5, or no record
+    anywhere = {label for _, label in job.stored}
+    in_train = {label for split, label in job.stored if split == naming.TRAIN}
+    said = []
+    if nowhere := [label for label in job.labels if label not in anywhere]:
+        said.append(
+            f"labels with no record (every input of theirs was rejected): {_names(nowhere)}. "
+            "Each is still a class and takes an index, shifting the labels after it: remove "
+            "those folders or lines and convert again, or give --labels_file."
+        )
+    untrained = [label for label in job.labels if label in anywhere and label not in in_train]
+    if in_train and untrained:
+        said.append(f"labels with no record in split {naming.TRAIN}, only in others: "
+                    f"{_names(untrained)}. A model trained on it never sees them.")  # fmt: skip
+    return said
+
+
+def _names(labels: list[str], shown: int = 10) -> str:
+    more = f" and {len(labels) - shown} more" if len(labels) > shown else ""
+    return ", ".join(map(ascii, labels[:shown])) + more
 
 
 def _clean_up(out: str, temp_dir: str, run: str | None) -> None:

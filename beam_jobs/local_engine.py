@@ -72,7 +72,8 @@ def run(
         job.write_lists()
         storage.write_bytes(
             paths.join(temp_dir, finalise.SUMMARY_NAME),
-            summary.Summary.of(shards, job.count_rows(), labels, job.duplicate_totals)
+            summary.Summary.of(shards, job.count_rows(), labels, job.duplicate_totals,
+                               job.stored)
             .to_json().encode("utf-8"),
             mime_type="application/json",
         )
@@ -96,6 +97,7 @@ class _Job:
         self._spill_dir = spill_dir
         self._counts: collections.Counter = collections.Counter()  # (split, reason) -> n
         self.duplicate_totals: collections.Counter = collections.Counter()
+        self.stored: set[tuple[str, str]] = set()  # (split, label) of the records written
         self._seen = self._seen_rejected = 0  # inputs checked, and rejected by the checks
         self._reported = time.monotonic()
 
@@ -168,6 +170,7 @@ class _Job:
                 for rejection in others:
                     self._reject(rejection)
             for split, checked in same:
+                self.stored.add((split, checked.label_text))
                 checked = checked.with_label_index(index[checked.label_text])
                 self._by_key.add((split, checked.key, checked))
                 totals[split][0] += 1

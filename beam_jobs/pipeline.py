@@ -104,7 +104,7 @@ def _write_lines(path: str, lines: list[str]) -> None:
 
 class WriteSummary(beam.PTransform):
     """Writes the job's small results (shard infos, counts, the label list, the duplicate
-    totals) as one JSON file.
+    totals, the labels each split's records hold) as one JSON file.
 
     A few hundred rows at most, so one worker writes them; one file instead of three text
     sinks also spares a dozen pipeline stages, each with a fixed start-up cost. The rows are
@@ -118,7 +118,7 @@ class WriteSummary(beam.PTransform):
         self._path = path
 
     def expand(self, parts):
-        shards, counts, labels, duplicate_totals = parts
+        shards, counts, labels, duplicate_totals, stored = parts
         path = self._path
         start = shards.pipeline | "Start" >> beam.Create([("start", None)])
         return (
@@ -128,6 +128,7 @@ class WriteSummary(beam.PTransform):
                 counts | "TagCount" >> beam.Map(lambda row: ("counts", row)),
                 labels | "TagLabels" >> beam.Map(lambda row: ("labels", row)),
                 duplicate_totals | "TagDuplicates" >> beam.Map(lambda row: ("duplicates", row)),
+                stored | "TagStored" >> beam.Map(lambda row: ("stored", row)),
             )
             | "Rows" >> beam.Flatten()
             | "OneKey" >> beam.Map(lambda row: (None, row))
@@ -137,12 +138,14 @@ class WriteSummary(beam.PTransform):
 
 
 def _write_summary(path: str, rows) -> str:
-    parts = {"shards": [], "counts": [], "labels": [], "duplicates": []}
+    parts = {"shards": [], "counts": [], "labels": [], "duplicates": [], "stored": []}
     for kind, row in rows:
         if kind != "start":  # nothing listed: an empty summary, and finalising says so
             parts[kind].append(row)
     (labels,) = parts["labels"] or [()]
-    written = summary.Summary.of(parts["shards"], parts["counts"], labels, dict(parts["duplicates"]))
+    (stored,) = parts["stored"] or [()]
+    written = summary.Summary.of(parts["shards"], parts["counts"], labels, dict(parts["duplicates"]),
+                                 stored)  # fmt: skip
     storage.write_bytes(path, written.to_json().encode("utf-8"), mime_type="application/json")
     return path
 
@@ -347,7 +350,12 @@ def build_pipeline(
         | "SumCounts" >> beam.CombinePerKey(sum)
         | "CountRows" >> beam.MapTuple(lambda key, n: summary.SplitCount(*key, n))
     )
-    summary_path = (shards, counts, labels, duplicate_totals) | "Summary" >> WriteSummary(
+    stored = (
+        same["records"]
+        | "StoredLabels" >> beam.MapTuple(lambda split, checked: (split, checked.label_text))
+        | "SplitsAndLabels" >> beam.CombineGlobally(SortedSet()).without_defaults()
+    )
+    summary_path = (shards, counts, labels, duplicate_totals, stored) | "Summary" >> WriteSummary(
         paths.join(temp_dir, finalise.SUMMARY_NAME)
     )
     rejected_written = rejected | "WriteRejected" >> WriteRejected(temp_dir)

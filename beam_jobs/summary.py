@@ -49,21 +49,25 @@ class Summary:
     counts: listed and rejected inputs, by split and reason.
     labels: the dataset's labels, when any input had one.
     duplicates: totals of the inputs with the same bytes (`duplicates.totals`).
+    stored: (split, label) of every split and label some record holds, sorted (absent from
+      summaries before 0.5): at most splits x labels, however many records.
     """
 
     shards: tuple[ShardWritten, ...] = ()
     counts: tuple[SplitCount, ...] = ()
     labels: tuple[str, ...] = ()
     duplicates: dict[str, int] = dataclasses.field(default_factory=dict)
+    stored: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def of(cls, shards, counts, labels=(), duplicates=None) -> Summary:
+    def of(cls, shards, counts, labels=(), duplicates=None, stored=()) -> Summary:
         """In a fixed order, whatever order the pipeline delivered the rows in."""
         return cls(
             shards=tuple(sorted(shards, key=lambda s: (s.split, s.index, s.file_format))),
             counts=tuple(sorted(counts, key=lambda c: (c.split, c.reason or ""))),
             labels=tuple(labels),
             duplicates=dict(sorted((duplicates or {}).items())),
+            stored=tuple(sorted(tuple(pair) for pair in stored)),
         )
 
     def to_json(self) -> str:
@@ -87,6 +91,7 @@ class Summary:
             counts=tuple(counts),
             labels=tuple(labels),
             duplicates=duplicates,
+            stored=tuple(tuple(pair) for pair in data.get("stored", ())),
         )
 
 
