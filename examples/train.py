@@ -54,7 +54,8 @@ class TrainConfig:
 
 
 def convert_images(images_dir: str, dataset_dir: str) -> manifest.Manifest:
-    """The Beam job, as `python -m beam_jobs.convert` runs it, on local defaults."""
+    """The conversion, as `python -m beam_jobs.convert` runs it on local defaults (its local
+    engine: Beam's pipeline with `--runner`)."""
     return convert.run(
         [images_dir, dataset_dir, "--validation_fraction", "0.2", "--num_shards", "4",
          "--overwrite"],
@@ -185,7 +186,7 @@ def main(argv=None):
     dataset_dir, export_dir = str(work / "dataset"), str(work / "export")
     backup_dir = str(work / "backup")
 
-    print(f"[1/5] converting {args.images_dir} with the Beam job")
+    print(f"[1/5] converting {args.images_dir} on this machine's cores")
     convert_images(args.images_dir, dataset_dir)
     strategy = resolve_strategy(args.tpu)
     where = distribute.describe(strategy) if strategy else f"Keras on {tf.keras.backend.backend()}"
