@@ -138,6 +138,13 @@ def _pipeline_batch_size(config, input_context, batch_size) -> int:
         )
     if input_context is None:
         return config.batch_size
+    replicas = input_context.num_replicas_in_sync
+    if config.batch_size % replicas:  # TensorFlow's own words named no host
+        raise ValueError(
+            f"batch_size {config.batch_size} is the global batch, split evenly over "
+            f"{replicas} replicas (hosts, or a strategy's replicas): give a multiple of "
+            f"{replicas}."
+        )
     return input_context.get_per_replica_batch_size(config.batch_size)
 
 

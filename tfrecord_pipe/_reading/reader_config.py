@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import os
 
 import tensorflow as tf
@@ -31,6 +32,11 @@ EVAL_REMAINDERS = ("pad", "drop")
 # Beyond any model input in use: one such float32 image is 800 MB, and a typo (100000) would
 # otherwise end in a MemoryError (or the OOM killer) instead of a message.
 MAX_IMAGE_SIZE = 8192
+
+
+# The fields that count something: an int (a numpy int too), never a float, str or bool.
+_INTS = ("batch_size", "image_size", "label_offset", "num_classes", "shuffle_buffer", "seed",
+         "cycle_length", "read_buffer_bytes")
 
 
 @keywords.suggest_on_typo
@@ -121,6 +127,14 @@ class ReaderConfig:
     with_keys: bool = False
 
     def __post_init__(self):
+        # Checked first: `2.5` or `"32"` failed deep in TensorFlow, or at a comparison below.
+        not_ints = [
+            f"{name} must be an int, got {value!r}" for name in _INTS
+            if (value := getattr(self, name)) is not None
+            and (isinstance(value, bool) or not isinstance(value, numbers.Integral))
+        ]  # fmt: skip
+        if not_ints:
+            raise ValueError("Invalid ReaderConfig: " + "; ".join(not_ints))
         problems = []
         if not self.data:
             problems.append("data is empty: give a dataset folder or a file pattern")
