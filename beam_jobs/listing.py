@@ -45,12 +45,17 @@ class Entry:
     problem: tuple[str, str] | None = None
 
 
-def walk(root: str) -> Iterator[Entry]:
-    """The entries under the folder `root` (local or remote), in a deterministic order."""
+def walk(root: str, output: str | None = None) -> Iterator[Entry]:
+    """The entries under the folder `root` (local or remote), in a deterministic order.
+
+    Raises:
+      ValueError: a link under the local `root` leads to the folder `output` or into it: the
+        listing would take the dataset's own files for inputs.
+    """
     if paths.is_remote(root):
         yield from _walk_remote(paths.folder(root))
     else:
-        yield from _Walk(paths.folder(root)).entries()
+        yield from _Walk(paths.folder(root), output).entries()
 
 
 def matching_below(folder: str) -> list:
@@ -100,9 +105,12 @@ class _Walk:
     """A walk of a local folder: first every path without a link in it, then the folders that
     links lead to (so a path without links is the one kept for a file reached both ways)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, output: str | None = None):
         self._root = root
         self._real_root = os.path.realpath(root)
+        # Where the dataset is written (a folder inside the root is refused before listing).
+        local = output is not None and not paths.is_remote(output)
+        self._output = os.path.realpath(output) if local else None
         self._folders: dict[tuple[int, int], str] = {}  # (device, inode) -> relpath listed
         self._linked_files: dict[str, str] = {}  # real path -> relpath kept
         self._linked_folders = collections.deque()  # (path, relpath) of links to folders
@@ -111,7 +119,20 @@ class _Walk:
         yield from self._folder(self._root, "", through_link=False)
         while self._linked_folders:
             path, relpath = self._linked_folders.popleft()
+            self._not_into_output(path, relpath)
             yield from self._folder(path, relpath, through_link=True)
+
+    def _not_into_output(self, path: str, relpath: str) -> None:
+        """Refuses a linked folder that is the output folder, holds it or lies inside it."""
+        if self._output is None:
+            return
+        real = os.path.realpath(path)
+        if paths.is_inside(real, self._output) or paths.is_inside(self._output, real):
+            raise ValueError(
+                f"{path} in the input folder is a link to {real}, which holds the output folder "
+                f"{self._output} or lies inside it: the listing would take the dataset's own "
+                "files for inputs. Write the dataset elsewhere, or remove the link."
+            )
 
     def _folder(self, path: str, relpath: str, through_link: bool) -> Iterator[Entry]:
         try:

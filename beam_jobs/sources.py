@@ -92,7 +92,7 @@ def list_sources(config: ConvertConfig) -> Iterator[SourceFile]:
             if number > 1 or config.csv_header != "yes":
                 yield from sources_of_csv_line(line, config)
         return
-    for entry in listing.walk(config.source_root):
+    for entry in listing.walk(config.source_root, config.output):
         yield source_of_entry(entry, config)
 
 

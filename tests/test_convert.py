@@ -237,6 +237,22 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
 
 
+def test_a_link_in_the_input_to_the_output_or_a_folder_holding_it_is_refused_both_ways(tmp_path):
+    # The output given by its own path, a link in the input leading to it: the job listed its
+    # claim (and, run again, its old shards) as inputs, and verify failed the dataset.
+    src = make_folder(tmp_path / "src", per_label=2, odd=())
+    out = tmp_path / "data" / "out"
+    run(src, out)
+    for target in (tmp_path / "data", out):
+        os.symlink(target, src / "red" / "more")
+        with pytest.raises(ValueError, match=r"holds the output folder .* remove the link"):
+            run(src, out, "--overwrite")
+        done = run_cli("verify", src, out)
+        assert done.returncode == 2 and "remove the link" in done.stderr, done.stderr
+        os.unlink(src / "red" / "more")
+    assert run_cli("verify", src, out).returncode == 0  # the dataset as it was
+
+
 @pytest.mark.slow
 def test_full_run_from_gs_to_gs(gcs, tmp_path):
     src = make_folder(tmp_path / "src", per_label=3, odd=("truncated_jpeg.jpg",))
