@@ -102,7 +102,10 @@ def parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, li
             raise ValueError(
                 f"No {name.upper()}: give SOURCE and OUTPUT (or --source and --output)."
             )
-        setattr(args, name, given if given is not None else flag)
+        value = given if given is not None else flag
+        if not value.strip():  # "" named no folder, and a message about it showed nothing
+            raise ValueError(f"{name.upper()} is empty: give a folder (or gs://bucket/path).")
+        setattr(args, name, value)
     return args, beam_args
 
 

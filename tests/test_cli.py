@@ -49,6 +49,9 @@ def test_convert_on_a_missing_folder_exits_2_with_one_clear_line(tmp_path):
     assert result.returncode == 2
     assert len(result.errors) == 1 and "No files found under" in result.errors[0]
     assert not (tmp_path / "out").exists()
+    result = run_cli("convert", tmp_path / "empty", "")  # said "error:  holds the input folder"
+    assert result.returncode == 2 and result.errors == [
+        "error: OUTPUT is empty: give a folder (or gs://bucket/path)."], result.errors  # fmt: skip
 
 
 @pytest.mark.slow

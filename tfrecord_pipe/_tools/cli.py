@@ -6,9 +6,10 @@
                                            flags: as a Beam pipeline, e.g. on Dataflow)
   bench PATH                               the reader's images/s next to the decode ceiling
 
-Exit codes: 0 success; 1 `verify` or `inspect --check` found problems, or verify itself
-failed (its Beam job, a worker); 2 bad input (a missing path, a folder that is not a dataset,
-...), with one line on stderr saying what to do; 130 verify interrupted (Ctrl-C).
+Exit codes: 0 success; 1 `verify` or `inspect --check` found problems, or a conversion or
+verify itself failed (its Beam job, the storage, a worker); 2 bad input (a missing path, a
+folder that is not a dataset, ...), with one line on stderr saying what to do; 130
+interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
   tfrecord-pipe bench dataset/ --batch_size 256
 
 Paths may be local or gs://. Run `tfrecord-pipe COMMAND --help` for details.
-Exit codes: 0 fine, 1 problems found (verify, inspect --check), 2 bad input.""",
+Exit codes: 0 fine; 1 problems found (verify, inspect --check) or a job that failed (the
+storage, a worker); 2 bad input; 130 interrupted (Ctrl-C).""",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser(
