@@ -120,6 +120,11 @@ def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
     check_split_name(split, f"{config.source}: line {line!r}: split", "change it")
     check_label(label, f"{config.source}: line {line!r}: its", "write it without them")
     problem = None if cells[0] else (images.UNREADABLE, f"the line has no path: {line!r}")
+    if problem is None and len(cells) == 1:  # said as a folder's file without a label was
+        other = next((sep for sep in (";", "\t", "|") if sep in cells[0]), None)
+        separated = f"; CSV lists are comma-separated, and it holds {other!r}" if other else ""
+        problem = (images.NO_LABEL, f"the line has no label (no second column): {line!r}"
+                                    f"{separated}")  # fmt: skip
     return [SourceFile(path, relpath, label, split, problem)]
 
 

@@ -223,7 +223,12 @@ def finalise(
             f"({reasons}). The reasons are in {paths.join(temp_dir, naming.REJECTED_DIR)} (the "
             f"next conversion into {out} removes it)."
         )
-        if set(result.rejected_reasons) == {images.NO_LABEL}:  # a flat folder, most likely
+        if set(result.rejected_reasons) == {images.NO_LABEL} and config.layout == "csv":
+            said += (
+                f" No line of {config.source} gave a label: write each as path,label[,split], "
+                "comma-separated."
+            )
+        elif set(result.rejected_reasons) == {images.NO_LABEL}:  # a flat folder, most likely
             said += (
                 f" No input had a label: put the images in one sub-folder per label under "
                 f"{config.source} (cat/1.jpg, dog/2.jpg), or list them with their labels in a "

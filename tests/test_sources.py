@@ -299,6 +299,21 @@ def test_a_csv_whose_lines_end_in_cr_alone_is_read_line_by_line(tmp_path):
     ]  # fmt: skip
 
 
+def test_a_csv_separated_by_semicolons_is_said_so_not_taken_for_a_folder(tmp_path):
+    # Every line was rejected `no_label` "the input gives no label", and the job ended saying
+    # to put the images in label sub-folders.
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes(8, 8, COLOURS["red"]))
+    (tmp_path / "list.csv").write_text("a.jpg;red;train\nb.jpg;green;train\n")
+    [first, _] = sources.list_sources(resolved(tmp_path / "list.csv"))
+    assert first.problem == (images.NO_LABEL, "the line has no label (no second column): "
+                             "'a.jpg;red;train'; CSV lists are comma-separated, and it holds "
+                             "';'")  # fmt: skip
+    ran = run_cli("convert", tmp_path / "list.csv", tmp_path / "out")
+    assert ran.returncode == 2 and ran.errors[0].endswith(
+        "list.csv gave a label: write each as path,label[,split], comma-separated."
+    ), ran.stderr
+
+
 def test_a_csv_that_never_ends_is_refused_not_read_forever(tmp_path):
     # A link to /dev/zero or a FIFO named *.csv used to hang at the header check; a file with
     # no line end held its whole content as one line.
