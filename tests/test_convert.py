@@ -235,6 +235,13 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path):
     (tmp_path / "labels.txt").write_text("red\nblue\nred\n")
     with pytest.raises(ValueError, match=r"more than once: \['red'\]"):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
+    # Split folders decide the splits: the fraction was ignored, and nothing said so.
+    for split in ("train", "validation"):
+        (tmp_path / "splits" / split / "red").mkdir(parents=True)
+        (tmp_path / "splits" / split / "red" / "a.jpg").write_bytes(jpeg_bytes(8, 8))
+    with pytest.raises(ValueError, match="--validation_fraction 0.2 does nothing here"):
+        run(tmp_path / "splits", tmp_path / "out", "--validation_fraction", 0.2)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_link_in_the_input_to_the_output_or_a_folder_holding_it_is_refused_both_ways(tmp_path):
