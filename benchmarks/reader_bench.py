@@ -103,8 +103,19 @@ def write_shards(
         files=tuple(names),
         array_record_files=tuple(twins),
     )
-    # Evaluation reads the same shards, as its own split.
-    splits = {"train": info, "validation": info}
+    # Evaluation reads the same shards, as its own split: links named as a manifest must
+    # name a split's files.
+    named_again = {}
+    for name in names + twins:
+        again = name.replace("train-", "validation-", 1)
+        (folder / again).unlink(missing_ok=True)
+        os.link(folder / name, folder / again)
+        named_again[name] = again
+    validation = dataclasses.replace(
+        info, files=tuple(named_again[n] for n in names),
+        array_record_files=tuple(named_again[n] for n in twins),
+    )  # fmt: skip
+    splits = {"train": info, "validation": validation}
     dataset.write_manifest(
         str(folder), manifest.Manifest(labels=LABELS, label_offset=1, compression="", splits=splits)
     )
