@@ -40,3 +40,16 @@ def test_other_split_names_are_refused_saying_what_to_use(split):
 def test_splits_sort_train_validation_test_then_by_name():
     names = ["zeta", "test", "alpha", "validation", "train"]
     assert sorted(names, key=naming.split_order) == ["train", "validation", "test", "alpha", "zeta"]
+
+
+def test_a_manifest_may_list_its_splits_shard_names_and_no_path():
+    # --overwrite deletes what a manifest lists, and readers open it: an edited `../notes.txt`
+    # was deleted outside the dataset. Split names of 0.1's first days (`val 2017`) still read.
+    for split, file_format in (("train", naming.TFRECORD), ("val 2017", naming.ARRAY_RECORD)):
+        names = [naming.shard_name(split, i, 3, False, file_format) for i in range(3)]
+        assert naming.manifest_split_problem(split, names) is None
+    assert naming.manifest_split_problem("train", ["train-00000-of-00001.tfrecord.gz"]) is None
+    for split, name in (("train", "../notes.txt"), ("train", "/tmp/x"), ("a", "b-00000-of-00001"),
+                        ("train", "validation-00000-of-00001.tfrecord"), ("x.y", "xzy-00000-of-00001"),
+                        ("../up", "../up-00000-of-00001.tfrecord"), ("a\\b", "a\\b-00000-of-00001")):
+        assert naming.manifest_split_problem(split, [name]) is not None, (split, name)

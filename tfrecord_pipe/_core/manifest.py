@@ -155,9 +155,7 @@ class Manifest:
             raise ValueError(f"labels lists these more than once: {repeated}")
         # Names that become paths: readers open them, and --overwrite deletes them.
         for split, info in self.splits.items():
-            problems = (naming.split_name_problem(split),
-                        *(naming.shard_file_problem(name, split) for name in info.all_files))
-            if problem := next((p for p in problems if p is not None), None):
+            if problem := naming.manifest_split_problem(split, info.all_files):
                 raise ValueError(problem)
 
     @property

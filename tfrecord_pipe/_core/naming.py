@@ -36,9 +36,8 @@ COMPRESSIONS = ("", GZIP)  # as tf.data.TFRecordDataset's compression_type takes
 
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]+")
 # Our names, and the Cloud TPU scripts' (train-00000-of-01024, without a suffix).
-_SHARD_NAME = re.compile(
-    r"(?P<split>[A-Za-z0-9_-]+)-\d{5,}-of-\d{5,}((\.tfrecord)?(\.gz)?|\.array_record)"
-)
+_SHARD_TAIL = r"-\d{5,}-of-\d{5,}((\.tfrecord)?(\.gz)?|\.array_record)"
+_SHARD_NAME = re.compile(r"(?P<split>[A-Za-z0-9_-]+)" + _SHARD_TAIL)
 
 
 def shard_name(split: str, index: int, shards: int, compressed: bool,
@@ -58,15 +57,19 @@ def split_of(name: str) -> str | None:
     return found.group("split") if found else None
 
 
-def shard_file_problem(name: str, split: str) -> str | None:
-    """Why `name` cannot be a file of `split` that a manifest lists, or None. Readers join it
-    to the dataset's folder and `--overwrite` deletes it: only a name `shard_name` makes for
-    that split will do, never a path (`../notes.txt`, `/home/...`)."""
-    found = _SHARD_NAME.fullmatch(name) if isinstance(name, str) else None
-    if found is not None and found.group("split") == split:
-        return None
-    return (f"split {split}'s files list {name!r}, which is not a shard file name of that "
-            f"split (such as {shard_name(split, 0, 1, False)})")  # fmt: skip
+def manifest_split_problem(split: str, files) -> str | None:
+    """Why a manifest cannot list `files` for `split`, or None. Readers join the names to the
+    dataset's folder, `--overwrite` deletes them and the split names its rejection file: only
+    names `shard_name` makes for that split will do, never a path (`../notes.txt`,
+    `/home/...`). (Split names of 0.1's first days, `val 2017`, still pass.)"""
+    if not isinstance(split, str) or not split or any(c in split for c in "/\\\0"):
+        return f"split {split!r} cannot name files"
+    pattern = re.compile(re.escape(split) + _SHARD_TAIL)
+    for name in files:
+        if not isinstance(name, str) or not pattern.fullmatch(name):
+            return (f"split {split}'s files list {name!r}, which is not a shard file name of "
+                    f"that split (such as {shard_name(split, 0, 1, False)})")  # fmt: skip
+    return None
 
 
 def file_format_of(name: str) -> str:
