@@ -85,6 +85,12 @@ def test_inspect_says_a_shard_replaced_by_a_fifo_is_no_file_and_never_blocks(con
     done = run_command("inspect", out, "--check", timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"PROBLEM {shard}: missing, or not a file (the manifest lists it)" in done.stdout
+    # Named by a pattern (as the error for a folder without a manifest says to), or by its own
+    # path, it was opened too.
+    matched = dataset.resolve(str(out / "train-*")).everything().files
+    assert str(shard) not in matched and len(matched) == len(list(out.glob("train-*"))) - 1
+    with pytest.raises(ValueError, match="matched no files"):
+        dataset.resolve(str(shard))
 
 
 @pytest.mark.parametrize(

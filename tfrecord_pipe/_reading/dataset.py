@@ -160,7 +160,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
     if is_dataset:
         found = read_manifest(folder)
         chosen = _chosen(path, found.file_formats, file_format)
-        present = _files(folder)
+        present = {name for name, kind in _children(folder) if kind == FILE}
         splits = {
             name: Split(
                 name,
@@ -175,9 +175,9 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
     if tf.io.gfile.isdir(folder):
         # Local folders only: a listing of a bucket's folder pages through all it holds.
         children = [] if paths.is_remote(folder) else _children(folder)
-        unfinished = [name for name, is_folder in children
-                      if is_folder and name.startswith(naming.TEMP_PREFIX)]  # fmt: skip
-        if unfinished and (naming.CLAIM_NAME, False) in children:
+        unfinished = [name for name, kind in children
+                      if kind == FOLDER and name.startswith(naming.TEMP_PREFIX)]  # fmt: skip
+        if unfinished and (naming.CLAIM_NAME, FILE) in children:
             raise ValueError(
                 f"{path} holds no {naming.MANIFEST_NAME} yet: a conversion may still be writing "
                 f"it ({unfinished[0]}). Wait for it to finish; if it stopped, run it again."
@@ -255,40 +255,53 @@ def match(pattern: str) -> list[str]:
 def _matching_children(folder: str, part: str, last: bool) -> list[str]:
     """The paths in `folder` that `part` names: files if it is the path's last part, else
     folders."""
+    wanted = FILE if last else FOLDER
     literal = paths.join(folder, part) if folder else part
     if not any(char in part for char in "*?[") or tf.io.gfile.exists(literal):
-        if tf.io.gfile.exists(literal) and tf.io.gfile.isdir(literal) != last:
-            return [literal]
-        return []
+        return [literal] if _kind(literal) == wanted else []
     return [
         paths.join(folder, name) if folder else name
-        for name, is_folder in _children(folder)
-        if is_folder != last and fnmatch.fnmatchcase(name, part)
+        for name, kind in _children(folder)
+        if kind == wanted and fnmatch.fnmatchcase(name, part)
     ]
 
 
-def _children(folder: str) -> list[tuple[str, bool]]:
-    """(name, is a folder) of what `folder` holds, sorted; one listing, no call per name."""
+# What a folder holds. On local disk a file is a regular file (or a link to one): a FIFO or a
+# socket named like a shard, OTHER, would block whoever opened it, for ever.
+FOLDER, FILE, OTHER = "folder", "file", "other"
+
+
+def _children(folder: str) -> list[tuple[str, str]]:
+    """(name, FOLDER, FILE or OTHER) of what `folder` holds, sorted; one listing, no call
+    per name."""
     if not paths.is_remote(folder):
         try:
-            return sorted((child.name, child.is_dir()) for child in os.scandir(folder or "."))
+            return sorted((child.name, _local_kind(child)) for child in os.scandir(folder or "."))
         except OSError:
             return []
     try:  # tf.io.gfile marks the "folders" of an object store with a trailing slash
-        return sorted((name.rstrip("/"), name.endswith("/")) for name in tf.io.gfile.listdir(folder))
+        return sorted((name.rstrip("/"), FOLDER if name.endswith("/") else FILE)
+                      for name in tf.io.gfile.listdir(folder))  # fmt: skip
     except tf.errors.NotFoundError:
         return []
 
 
-def _files(folder: str) -> set[str]:
-    """The names of the files `folder` holds: on local disk, regular files only (or links to
-    them), as a FIFO or a socket would block whoever opens it; one listing, no call per name."""
-    if not paths.is_remote(folder):
-        try:
-            return {child.name for child in os.scandir(folder or ".") if child.is_file()}
-        except OSError:
-            return set()
-    return {name for name, is_folder in _children(folder) if not is_folder}
+def _local_kind(entry: os.DirEntry | str) -> str:
+    """A listed entry's kind from the listing (a stat only for a link), or a path's."""
+    if isinstance(entry, os.DirEntry):
+        is_dir, is_file = entry.is_dir(), entry.is_file()
+    else:
+        is_dir, is_file = os.path.isdir(entry), os.path.isfile(entry)
+    return FOLDER if is_dir else FILE if is_file else OTHER
+
+
+def _kind(path: str) -> str | None:
+    """What `path` is (as `_children` says); None where nothing is."""
+    if not paths.is_remote(path):
+        return _local_kind(path) if os.path.lexists(path) else None
+    if not tf.io.gfile.exists(path):
+        return None
+    return FOLDER if tf.io.gfile.isdir(path) else FILE
 
 
 def _manifest_beside(files) -> manifest_lib.Manifest | None:
