@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfrecord_pipe._core import network
-from tfrecord_pipe._reading import resume
+from tfrecord_pipe._reading import reader_config, resume
 
 TPU, GPUS, CPU = "tpu", "gpus", "cpu"
 # Device files of a Cloud TPU VM's local chips (/dev/accel* up to v4, /dev/vfio/* from v5).
@@ -140,13 +140,7 @@ def per_replica_batch_size(global_batch_size: int, strategy: tf.distribute.Strat
     Raises:
       ValueError: the global batch does not split evenly (replicas would differ in shape).
     """
-    replicas = strategy.num_replicas_in_sync
-    if global_batch_size % replicas:
-        raise ValueError(
-            f"Global batch size {global_batch_size} does not divide among {replicas} replicas; "
-            f"use a multiple of {replicas}, such as {replicas * max(1, global_batch_size // replicas)}."
-        )
-    return global_batch_size // replicas
+    return reader_config.per_replica(global_batch_size, strategy.num_replicas_in_sync)
 
 
 def distribute(

@@ -33,6 +33,7 @@ from tfrecord_pipe._reading.reader_config import (
     ReaderConfig,
     Source,
     data_options,
+    per_replica,
     prefetch_size,
     resolve_source,
 )
@@ -138,14 +139,8 @@ def _pipeline_batch_size(config, input_context, batch_size) -> int:
         )
     if input_context is None:
         return config.batch_size
-    replicas = input_context.num_replicas_in_sync
-    if config.batch_size % replicas:  # TensorFlow's own words named no host
-        raise ValueError(
-            f"batch_size {config.batch_size} is the global batch, split evenly over "
-            f"{replicas} replicas (hosts, or a strategy's replicas): give a multiple of "
-            f"{replicas}."
-        )
-    return input_context.get_per_replica_batch_size(config.batch_size)
+    # TensorFlow's own words for a batch that does not split named no host.
+    return per_replica(config.batch_size, input_context.num_replicas_in_sync)
 
 
 def _records(config, source, share) -> tf.data.Dataset:

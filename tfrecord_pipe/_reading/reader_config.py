@@ -34,11 +34,6 @@ EVAL_REMAINDERS = ("pad", "drop")
 MAX_IMAGE_SIZE = 8192
 
 
-# The fields that count something: an int (a numpy int too), never a float, str or bool.
-_INTS = ("batch_size", "image_size", "label_offset", "num_classes", "shuffle_buffer", "seed",
-         "cycle_length", "read_buffer_bytes")
-
-
 @keywords.suggest_on_typo
 @dataclasses.dataclass(frozen=True)
 class ReaderConfig:
@@ -135,6 +130,9 @@ class ReaderConfig:
         ]  # fmt: skip
         if not_ints:
             raise ValueError("Invalid ReaderConfig: " + "; ".join(not_ints))
+        for name in _INTS:  # a numpy int as an int: the settings are saved as JSON too
+            if (value := getattr(self, name)) is not None:
+                object.__setattr__(self, name, int(value))
         problems = []
         if not self.data:
             problems.append("data is empty: give a dataset folder or a file pattern")
@@ -220,6 +218,26 @@ class ReaderConfig:
     def seeded(self) -> bool:
         """Training in the seeded, position-addressable order of `epochs.py`."""
         return self.is_training and self.seed is not None
+
+
+def per_replica(global_batch_size: int, replicas: int) -> int:
+    """The batch each of `replicas` gets (hosts' pipelines, or a strategy's replicas).
+
+    Raises:
+      ValueError: the global batch does not split evenly (replicas would differ in shape).
+    """
+    if global_batch_size % replicas:
+        raise ValueError(
+            f"Global batch size {global_batch_size} does not divide among {replicas} replicas "
+            f"(hosts, or a strategy's replicas); use a multiple of {replicas}, such as "
+            f"{replicas * max(1, global_batch_size // replicas)}."
+        )
+    return global_batch_size // replicas
+
+
+# The fields that count something (annotated int): an int or a numpy int, never a float, a
+# str or a bool.
+_INTS = tuple(f.name for f in dataclasses.fields(ReaderConfig) if f.type in ("int", "int | None"))
 
 
 @dataclasses.dataclass(frozen=True)
