@@ -374,8 +374,8 @@ def test_a_pattern_beside_a_manifest_uses_its_offset_and_counts(dataset):
         ("", {"split": "test"}, r"has no split 'test'; it has \['train', 'validation'\]"),
         ("", {"label_offset": 0}, "says its labels were written with offset 1"),
         ("/train-*", {"split": "train"}, "drop split"),
-        ("", {"host_index": 0, "host_count": 4}, r"Global batch size 2 does not divide among 4 "
-         r"replicas \(hosts"),  # TensorFlow's words named no host
+        ("", {"host_index": 0, "host_count": 4},
+         r"Global batch size 2 does not divide among 4 replicas \(hosts"),  # TensorFlow's: no host
     ],
 )
 def test_wrong_inputs_get_errors_that_say_what_to_do(dataset, data_suffix, options, message):
