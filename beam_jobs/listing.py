@@ -119,10 +119,9 @@ class _Walk:
         yield from self._folder(self._root, "", through_link=False)
         while self._linked_folders:
             path, relpath = self._linked_folders.popleft()
-            self._not_into_output(path, relpath)
             yield from self._folder(path, relpath, through_link=True)
 
-    def _not_into_output(self, path: str, relpath: str) -> None:
+    def _not_into_output(self, path: str) -> None:
         """Refuses a linked folder that is the output folder, holds it or lies inside it."""
         if self._output is None:
             return
@@ -171,7 +170,8 @@ class _Walk:
             yield Entry(child.path, relpath, problem=(UNREADABLE, detail))
             return
         if stat.S_ISDIR(info.st_mode):
-            if is_link:  # after every path without links
+            if is_link:  # after every path without links; refused at once if it must be
+                self._not_into_output(child.path)
                 self._linked_folders.append((child.path, relpath))
             else:
                 yield from self._folder(child.path, relpath, through_link)

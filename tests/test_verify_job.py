@@ -276,3 +276,14 @@ def test_a_csv_list_is_listed_as_the_converter_did_one_record_per_file(tmp_path)
     assert "imgs/2.jpg: should be rejected (duplicate), but is in no shard and not in " in (
         "".join(report.problems)
     )
+
+
+def test_rejection_lines_pair_with_their_own_split_first():
+    # Paired in turn, the first expected rejection took the other's line: two problems said
+    # where one is true (a line in test, where validation is expected).
+    expected = [{"rejected": "duplicate", "split": "validation"},
+                {"rejected": "duplicate", "split": "train"}]  # fmt: skip
+    lines = [{"reason": "duplicate", "split": "train"}, {"reason": "duplicate", "split": "test"}]
+    problems = []
+    verify_rules._check_rejections("a.jpg", expected, lines, problems)
+    assert problems == ["a.jpg: rejected in split test, but listed in validation"]

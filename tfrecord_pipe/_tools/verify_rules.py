@@ -432,11 +432,17 @@ def _first(lines: list[dict], **values) -> dict | None:
 def _check_rejections(relpath, refused, rejected, problems: list[str]) -> None:
     """Each rejection the converter would make now has its line, with its reason and split."""
     lines = list(rejected)
+    # First each with its own line, of its reason and split: a file a CSV list names in two
+    # splits has a line in each, with the same reason. Then the rest, to say what differs.
+    unmatched = []
     for expected in refused:
-        # A file a CSV list names in two splits has a line in each, with the same reason.
         line = _first(lines, reason=expected["rejected"], split=expected["split"])
         if line is None:
-            line = _first(lines, reason=expected["rejected"])
+            unmatched.append(expected)
+        else:
+            lines.remove(line)
+    for expected in unmatched:
+        line = _first(lines, reason=expected["rejected"])
         if line is None and lines:
             line = lines[0]
             problems.append(
