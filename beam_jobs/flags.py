@@ -54,7 +54,8 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
         help="whether the CSV's first line is a header; auto: when its path cell is a plain "
         "name, no '/' or '.', that names no existing file")
     add("--validation_fraction", type=float, default=ConvertConfig.validation_fraction,
-        help="share of inputs for validation when SRC does not split")
+        help="share of inputs for validation, of label folders and of CSV lines without a "
+        "split (refused with split folders)")
     add("--labels_file", help="label order, one per line (default: sorted names)")
     add("--label_offset", type=int, default=ConvertConfig.label_offset,
         help="added to label indices (1: index 0 is 'background', as Cloud TPU models expect)")
@@ -104,7 +105,8 @@ def parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, li
             )
         value = given if given is not None else flag
         if not value.strip():  # "" named no folder, and a message about it showed nothing
-            raise ValueError(f"{name.upper()} is empty: give a folder (or gs://bucket/path).")
+            what = "an image folder or a CSV list" if name == "source" else "a folder"
+            raise ValueError(f"{name.upper()} is empty: give {what} (local or gs://).")
         setattr(args, name, value)
     return args, beam_args
 

@@ -51,7 +51,7 @@ def test_convert_on_a_missing_folder_exits_2_with_one_clear_line(tmp_path):
     assert not (tmp_path / "out").exists()
     result = run_cli("convert", tmp_path / "empty", "")  # said "error:  holds the input folder"
     assert result.returncode == 2 and result.errors == [
-        "error: OUTPUT is empty: give a folder (or gs://bucket/path)."], result.errors  # fmt: skip
+        "error: OUTPUT is empty: give a folder (local or gs://)."], result.errors  # fmt: skip
 
 
 @pytest.mark.slow

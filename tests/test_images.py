@@ -153,6 +153,8 @@ def test_an_image_wider_than_a_jpeg_holds_is_refused_saying_so_or_downscaled():
     assert err.value.reason == images.TOO_MANY_PIXELS and "--max_side" in err.value.detail
     stored = images.normalise(wide, images.ImagePolicy(max_side=1000))
     assert (stored.width, stored.height) == (1000, 1)
+    with pytest.raises(images.Rejected, match="set --max_side .* to 65500 or less"):
+        images.normalise(wide, images.ImagePolicy(max_side=70_000))
 
 
 def test_max_side_downscales_keeping_aspect():

@@ -268,8 +268,8 @@ def test_a_csv_list_is_listed_as_the_converter_did_one_record_per_file(tmp_path)
         *found.labels, "yellow")))  # fmt: skip
     report = verified_both_ways(listed, tmp_path / "out")
     assert report.problems == (("manifest.json: its labels are not the sorted labels of the "
-                                "sources listed now (not among the sources: 'yellow'): a label "
-                                "folder added or removed since, or the manifest edited"),)  # fmt: skip
+                                "sources listed now (not among the sources: 'yellow'): a line "
+                                "added or removed since, or the manifest edited"),)  # fmt: skip
     dataset.write_manifest(str(tmp_path / "out"), found)
     listed.write_text("\n".join(lines + ["imgs/2.jpg,blue,validation"]) + "\n")  # a line added
     report = verified_both_ways(listed, tmp_path / "out")

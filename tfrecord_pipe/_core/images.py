@@ -179,6 +179,14 @@ def _open(
             f"{width}x{height} = {pixels} pixels; tf.io.decode_jpeg decodes at most "
             f"{MOST_DECODABLE_PIXELS}",
         )
+    side = jpeg_markers.MAX_SIDE  # of a JPEG; one of another format is stored as a JPEG
+    if max(width, height) > side and (policy.max_side is None or policy.max_side > side):
+        # libjpeg's encoder failed with a bare OSError, after the whole decode.
+        raise Rejected(
+            TOO_MANY_PIXELS,
+            f"{width}x{height} pixels; a JPEG holds at most {side} a side: set --max_side "
+            f"(ImagePolicy.max_side) to {side} or less to store it downscaled",
+        )
     if image.format != "JPEG" and not policy.allow_other_formats:
         raise Rejected(
             NOT_ALLOWED_FORMAT,
@@ -397,12 +405,6 @@ def normalise(data: bytes, policy: ImagePolicy = ImagePolicy()) -> StoredImage:
     width, height = image.size
     if not changes:
         return StoredImage(encoded=data, height=height, width=width)
-    if max(width, height) > jpeg_markers.MAX_SIDE:  # libjpeg's failure was a bare OSError
-        raise Rejected(
-            TOO_MANY_PIXELS,
-            f"{width}x{height} pixels; a JPEG holds at most {jpeg_markers.MAX_SIDE} a side: "
-            "set --max_side (ImagePolicy.max_side) to store it downscaled",
-        )
     buffer = io.BytesIO()
     # No exif= argument: the orientation is already applied to the pixels and must not be
     # applied again by a reader.

@@ -199,10 +199,11 @@ def label_problems(found: manifest.Manifest, config, listed: Iterable[str]) -> l
     extra, missing = set(found.labels) - set(expected), set(expected) - set(found.labels)
     said = [f"{what}: {_some(names)}" for what, names in (
         ("not among the sources", extra), ("not in the manifest", missing)) if names]  # fmt: skip
+    changed = "a line" if config.layout == "csv" else "a label folder"
     return [
         f"{naming.MANIFEST_NAME}: its labels are not the sorted labels of the sources listed "
-        f"now ({'; '.join(said) or 'in another order'}): a label folder added or removed "
-        "since, or the manifest edited"
+        f"now ({'; '.join(said) or 'in another order'}): {changed} added or removed since, or "
+        "the manifest edited"
     ]
 
 
