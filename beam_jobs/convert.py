@@ -56,10 +56,6 @@ from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import manifest, messages, paths
 
 LOG = logging.getLogger("beam_jobs.convert")
-# Where Beam logs a failed step's traceback (in-process runner, and SDK workers).
-# (and where the local engine logs a worker's).
-BEAM_FAILURE_LOGGERS = ("apache_beam.runners.common", "apache_beam.runners.worker.sdk_worker",
-                        "beam_jobs.local_engine")  # fmt: skip
 FLEX_LAUNCHER = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in a Flex Template's launcher container
 
 
@@ -79,26 +75,8 @@ def run(
     parser = flags.make_parser(prog)
     args, beam_args = flags.parse(parser, argv)
     flags.check_beam_flags(beam_args, parser)
-    with _beam_logging(args.verbose):
+    with flags.beam_logging(args.verbose):
         return _convert(args, beam_args, save_main_session)
-
-
-@contextlib.contextmanager
-def _beam_logging(verbose: bool):
-    """Beam's INFO lines are worker chatter, not progress (the progress line is ours); a failed
-    step's traceback, which Beam logs before it stops, is said in one line by our error. The
-    levels are put back after the run, for a program that runs other pipelines."""
-    levels = {"apache_beam": logging.INFO if verbose else logging.WARNING}
-    levels.update({name: logging.NOTSET if verbose else logging.CRITICAL
-                   for name in BEAM_FAILURE_LOGGERS})  # fmt: skip
-    before = {name: logging.getLogger(name).level for name in levels}
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-    try:
-        yield
-    finally:
-        for name, level in before.items():
-            logging.getLogger(name).setLevel(level)
 
 
 def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | None:

@@ -9,8 +9,10 @@ no Beam, and its import costs most of a CPU-second.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
+import logging
 import math
 import os
 import shutil
@@ -345,3 +347,27 @@ def local_load_threads(options: PipelineOptions) -> int:
     direct = options.view_as(DirectOptions)
     one_worker = direct.direct_running_mode == "in_memory" and direct.direct_num_workers == 1
     return (os.cpu_count() or 1) if one_worker else 1
+
+
+# Where Beam logs a failed step's traceback (in-process runner, and SDK workers), and where
+# the local engine logs a worker's.
+BEAM_FAILURE_LOGGERS = ("apache_beam.runners.common", "apache_beam.runners.worker.sdk_worker",
+                        "beam_jobs.local_engine")  # fmt: skip
+
+
+@contextlib.contextmanager
+def beam_logging(verbose: bool):
+    """Beam's INFO lines are worker chatter, not progress (the progress line is ours); a failed
+    step's traceback, which Beam logs before it stops, is said in one line by our error. The
+    levels are put back after the run, for a program that runs other pipelines."""
+    levels = {"apache_beam": logging.INFO if verbose else logging.WARNING}
+    levels.update({name: logging.NOTSET if verbose else logging.CRITICAL
+                   for name in BEAM_FAILURE_LOGGERS})  # fmt: skip
+    before = {name: logging.getLogger(name).level for name in levels}
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)

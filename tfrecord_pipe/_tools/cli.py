@@ -269,7 +269,8 @@ def _verify(args) -> int:
         from tfrecord_pipe._tools import verify_job
 
         try:
-            report = verify_job.run(args.source, args.dataset, args.beam_args, args.decode)
+            report = verify_job.run(args.source, args.dataset, args.beam_args, args.decode,
+                                    args.verbose)  # fmt: skip
         except verify_job.JobFailedError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_PROBLEMS

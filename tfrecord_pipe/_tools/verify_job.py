@@ -50,11 +50,12 @@ class JobFailedError(RuntimeError):
     """The verify job itself failed (storage, workers): nothing was proven either way."""
 
 
-def run(source: str, dataset: str, beam_args: list[str], decode: bool = False
-        ) -> rules.VerifyReport:  # fmt: skip
+def run(source: str, dataset: str, beam_args: list[str], decode: bool = False,
+        verbose: bool = False) -> rules.VerifyReport:  # fmt: skip
     """Verifies `dataset` against `source` with a Beam pipeline run with `beam_args`
     (`--runner`, `--project`, ...); waits for it. `decode`: as `verify.verify`'s (the
-    workers then install TensorFlow too).
+    workers then install TensorFlow too). `verbose`: Beam's INFO lines, and the traceback of
+    a step that fails.
 
     Raises:
       FileNotFoundError, ValueError: as `verify.verify`; options Beam refuses; a remote runner
@@ -85,26 +86,35 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False
         except ValueError as err:  # Beam's check of the options: a line each
             raise ValueError(" ".join(str(err).split())) from None
         _ = job | "Verify" >> VerifyDataset(dataset, found, config, report_path, decode)
+        launched = True
         try:
-            launched = True
-            result = job.run()
-            if not local:  # minutes of silence otherwise
-                job_id = getattr(result, "job_id", lambda: None)()
-                print(f"Verify job{f' {job_id}' if job_id else ''} launched; waiting for its "
-                      f"report (its counters, under {METRICS}, show progress).",
-                      file=sys.stderr, flush=True)  # fmt: skip
-            result.wait_until_finish()
+            with flags.beam_logging(verbose):
+                result = job.run()
+                if not local:  # minutes of silence otherwise
+                    job_id = getattr(result, "job_id", lambda: None)()
+                    print(f"Verify job{f' {job_id}' if job_id else ''} launched; waiting for its "
+                          f"report (its counters, under {METRICS}, show progress).",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                result.wait_until_finish()
+        except (ValueError, FileNotFoundError) as err:  # bad input found while listing
+            kind = FileNotFoundError if isinstance(err, FileNotFoundError) else ValueError
+            raise kind(messages.one_line(err)) from None
+        except Exception as err:
+            raise _failed(err) from err
+        try:
             written = json.loads(storage.read_text(report_path))
         except Exception as err:
-            raise JobFailedError(
-                f"The verify job failed ({type(err).__name__}: {messages.one_line(err)}); nothing "
-                "was proven either way."
-            ) from err
+            raise _failed(err) from err
     finally:
         flags.remove_wheel(options)
         if launched or not temp_location:  # else nothing was written (and gs:// may hang)
             _remove(folder if temp_location else work)
     return dataclasses.replace(_report(found, source, written, descriptions), decoded=decode)
+
+
+def _failed(err: Exception) -> JobFailedError:
+    return JobFailedError(f"The verify job failed ({type(err).__name__}: "
+                          f"{messages.one_line(err)}); nothing was proven either way.")  # fmt: skip
 
 
 def _check_options(given: PipelineOptions, local: bool) -> str | None:
