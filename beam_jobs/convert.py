@@ -263,7 +263,8 @@ def _read_labels(path: str) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert") -> int:
     """Command-line entry: exit 0 on success, 2 with a one-line error for bad input, 1 with one
-    for a job that failed (the storage, the workers), 130 when interrupted (Ctrl-C)."""
+    for a job that failed (the storage, the workers), 130 when interrupted (Ctrl-C), 143 when
+    terminated (SIGTERM: a scheduler, a preempted VM's shutdown)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     interrupted = []
 
@@ -271,13 +272,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
         interrupted.append(signum)  # Beam may wrap the KeyboardInterrupt in its own error
         raise KeyboardInterrupt
 
-    # Only where Ctrl-C would stop the program anyway: not when SIGINT is ignored (a job
-    # started in the background) or handled by the caller, nor outside the main thread.
-    ours = (
-        threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    )
-    previous = signal.signal(signal.SIGINT, interrupt) if ours else None
+    # Only where the signal would stop the program anyway: not when it is ignored (SIGINT in
+    # a job started in the background) or handled by the caller, nor outside the main thread.
+    main_thread = threading.current_thread() is threading.main_thread()
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    previous = {
+        signum: signal.signal(signum, interrupt) for signum, default in defaults.items()
+        if main_thread and signal.getsignal(signum) is default
+    }  # fmt: skip
     try:
         run(argv, prog=prog)
     except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as err:
@@ -288,19 +290,21 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
             # With --overwrite, a run stopped while it finalised has removed the old
             # dataset's manifest already (docs/conversion.md): say so, never "kept".
             replacing = _overwrites(argv)
+            terminated = signal.SIGTERM in interrupted
             print(
-                "\nerror: interrupted before the conversion finished. Run the same command "
-                "again; what this run left is removed then."
+                f"\nerror: {'terminated (SIGTERM)' if terminated else 'interrupted'} before the "
+                "conversion finished. Run the same command again; what this run left is "
+                "removed then."
                 + (" The dataset it was replacing may be gone already: the run again writes "
                    "the new one." if replacing else ""),
                 file=sys.stderr,
             )  # fmt: skip
-            return 130
+            return 128 + signal.SIGTERM if terminated else 130
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
-        if ours:
-            signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return 0
 
 

@@ -377,22 +377,31 @@ def _start(launcher: fork_server.Launcher, start_method: str, initializer, inita
 
 @contextlib.contextmanager
 def ctrl_c_held():
-    """A Ctrl-C (SIGINT) during the block is held back, then handled as it would have been.
-    (Python runs signal handlers in the main thread, whichever thread the signal reached:
-    the handler is swapped, not the signal blocked.)"""
+    """A Ctrl-C (SIGINT) during the block is held back, then handled as it would have been;
+    so is a SIGTERM where Python handles it (the command's `convert.main`). (Python runs
+    signal handlers in the main thread, whichever thread the signal reached: the handler is
+    swapped, not the signal blocked.)"""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread handles signals, and may set handlers
         return
     caught = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    python_term = callable(signal.getsignal(signal.SIGTERM))
+    held = (signal.SIGINT, signal.SIGTERM) if python_term else (signal.SIGINT,)
+    previous = {
+        signum: signal.signal(signum, lambda signum, frame: caught.append((signum, frame)))
+        for signum in held
+    }  # fmt: skip
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught and callable(previous):
-            previous(signal.SIGINT, caught[0])
-        elif caught and previous in (signal.SIG_DFL, None):
-            os.kill(os.getpid(), signal.SIGINT)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if caught:
+            signum, frame = caught[0]
+            if callable(previous[signum]):
+                previous[signum](signum, frame)
+            elif previous[signum] in (signal.SIG_DFL, None):
+                os.kill(os.getpid(), signum)
 
 
 class WorkerError(RuntimeError):

@@ -167,7 +167,13 @@ def test_a_finalise_that_fails_midway_says_so_and_the_same_command_again_finishe
     assert run_cli("verify", src, out).returncode == 0
 
 
-def test_ctrl_c_says_interrupted_and_the_same_command_again_converts(tmp_path):
+@pytest.mark.parametrize("signum, code, said", [
+    (signal.SIGINT, 130, "interrupted"),
+    (signal.SIGTERM, 143, "terminated (SIGTERM)"),  # a scheduler's stop: it ended saying nothing
+])  # fmt: skip
+def test_ctrl_c_or_sigterm_says_so_and_the_same_command_again_converts(
+    tmp_path, signum, code, said
+):
     src = write_image_folder(tmp_path / "src", per_label=2000)  # seconds of work, not less
     out = tmp_path / "out"
     command = [COMMAND, "convert", str(src), str(out), *IN_PROCESS]
@@ -186,10 +192,10 @@ def test_ctrl_c_says_interrupted_and_the_same_command_again_converts(tmp_path):
             break
         running.communicate()
         shutil.rmtree(out)
-    running.send_signal(signal.SIGINT)  # as Ctrl-C does, once the job holds the output
+    running.send_signal(signum)  # as Ctrl-C or a scheduler does, once the job holds the output
     _, stderr = running.communicate(timeout=120)
-    assert running.returncode == 130, stderr[-3000:]
-    assert "error: interrupted before the conversion finished" in stderr
+    assert running.returncode == code, stderr[-3000:]
+    assert f"error: {said} before the conversion finished" in stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert not (out / naming.MANIFEST_NAME).exists()
     again = run_command(*command[1:])

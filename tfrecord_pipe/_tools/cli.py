@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
 
 Paths may be local or gs://. Run `tfrecord-pipe COMMAND --help` for details.
 Exit codes: 0 fine; 1 problems found (verify, inspect --check) or a job that failed (the
-storage, a worker); 2 bad input; 130 interrupted (Ctrl-C).""",
+storage, a worker); 2 bad input; 130 interrupted (Ctrl-C); 143 convert terminated (SIGTERM).""",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser(
