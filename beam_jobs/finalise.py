@@ -17,7 +17,7 @@ import logging
 
 from beam_jobs import claim, storage, summary
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import images, manifest, naming, paths, tfds_metadata
+from tfrecord_pipe._core import images, manifest, messages, naming, paths, tfds_metadata
 
 LOG = logging.getLogger(__name__)
 TEMP_PREFIX = naming.TEMP_PREFIX  # OUT/.tmp-<run>: where a run writes before finalising
@@ -71,9 +71,8 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
         if {f"{naming.REJECTED_DIR}/{name}" for name in rejected} - unfinished:
             found.append(naming.REJECTED_DIR + "/")
     if found and not config.overwrite:
-        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
         raise FileExistsError(
-            f"{out} already holds a dataset (found {shown}). "
+            f"{out} already holds a dataset (found {messages.some(found)}). "
             "Choose an empty folder, or pass --overwrite to replace it."
         )
     return old
@@ -275,20 +274,17 @@ def empty_labels(job: summary.Summary) -> list[str]:
     said = []
     if nowhere := [label for label in job.labels if label not in anywhere]:
         said.append(
-            f"labels with no record (every input of theirs was rejected): {_names(nowhere)}. "
+            "labels with no record (every input of theirs was rejected): "
+            f"{messages.some(nowhere, 10, ascii)}. "
             "Each is still a class and takes an index, shifting the labels after it: remove "
             "those folders or lines and convert again, or give --labels_file."
         )
     untrained = [label for label in job.labels if label in anywhere and label not in in_train]
     if in_train and untrained:
         said.append(f"labels with no record in split {naming.TRAIN}, only in others: "
-                    f"{_names(untrained)}. A model trained on it never sees them.")  # fmt: skip
+                    f"{messages.some(untrained, 10, ascii)}. A model trained on it never "
+                    "sees them.")  # fmt: skip
     return said
-
-
-def _names(labels: list[str], shown: int = 10) -> str:
-    more = f" and {len(labels) - shown} more" if len(labels) > shown else ""
-    return ", ".join(map(ascii, labels[:shown])) + more
 
 
 def _clean_up(out: str, temp_dir: str, run: str | None) -> None:

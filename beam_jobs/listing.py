@@ -126,7 +126,7 @@ class _Walk:
         if self._output is None:
             return
         real = os.path.realpath(path)
-        if paths.is_inside(real, self._output) or paths.is_inside(self._output, real):
+        if os.path.commonpath((real, self._output)) in (real, self._output):  # both real
             raise ValueError(
                 f"{path} in the input folder is a link to {real}, which holds the output folder "
                 f"{self._output} or lies inside it: the listing would take the dataset's own "

@@ -33,3 +33,9 @@ def one_line(error: BaseException | str) -> str:
         line = exception_lines[-1] if exception_lines else line
     return _TENSORFLOW_NOISE.sub("", line).strip()[:LIMIT]
 
+
+def some(items, shown: int = 5, show=str) -> str:
+    """The first `shown` of `items` (a sequence), each as `show` writes it, then how many
+    more: a list that fits in one line."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(map(show, items[:shown])) + more

@@ -276,7 +276,8 @@ def _children(folder: str) -> list[tuple[str, str]]:
     per name."""
     if not paths.is_remote(folder):
         try:
-            return sorted((child.name, _local_kind(child)) for child in os.scandir(folder or "."))
+            return sorted((child.name, _kind_of(child.is_dir(), child.is_file()))
+                          for child in os.scandir(folder or "."))  # fmt: skip
         except OSError:
             return []
     try:  # tf.io.gfile marks the "folders" of an object store with a trailing slash
@@ -286,19 +287,16 @@ def _children(folder: str) -> list[tuple[str, str]]:
         return []
 
 
-def _local_kind(entry: os.DirEntry | str) -> str:
-    """A listed entry's kind from the listing (a stat only for a link), or a path's."""
-    if isinstance(entry, os.DirEntry):
-        is_dir, is_file = entry.is_dir(), entry.is_file()
-    else:
-        is_dir, is_file = os.path.isdir(entry), os.path.isfile(entry)
+def _kind_of(is_dir: bool, is_file: bool) -> str:
     return FOLDER if is_dir else FILE if is_file else OTHER
 
 
 def _kind(path: str) -> str | None:
     """What `path` is (as `_children` says); None where nothing is."""
     if not paths.is_remote(path):
-        return _local_kind(path) if os.path.lexists(path) else None
+        if not os.path.lexists(path):
+            return None
+        return _kind_of(os.path.isdir(path), os.path.isfile(path))
     if not tf.io.gfile.exists(path):
         return None
     return FOLDER if tf.io.gfile.isdir(path) else FILE

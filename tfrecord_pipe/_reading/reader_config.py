@@ -123,16 +123,16 @@ class ReaderConfig:
 
     def __post_init__(self):
         # Checked first: `2.5` or `"32"` failed deep in TensorFlow, or at a comparison below.
-        not_ints = [
-            f"{name} must be an int, got {value!r}" for name in _INTS
-            if (value := getattr(self, name)) is not None
-            and (isinstance(value, bool) or not isinstance(value, numbers.Integral))
-        ]  # fmt: skip
+        # A numpy int is kept as an int: the settings are saved as JSON too.
+        not_ints = []
+        for name in _INTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (numbers.Integral, type(None))):
+                not_ints.append(f"{name} must be an int, got {value!r}")
+            elif value is not None:
+                object.__setattr__(self, name, int(value))
         if not_ints:
             raise ValueError("Invalid ReaderConfig: " + "; ".join(not_ints))
-        for name in _INTS:  # a numpy int as an int: the settings are saved as JSON too
-            if (value := getattr(self, name)) is not None:
-                object.__setattr__(self, name, int(value))
         problems = []
         if not self.data:
             problems.append("data is empty: give a dataset folder or a file pattern")

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 from beam_jobs import outcome
 from beam_jobs.source_file import SourceFile
-from tfrecord_pipe._core import images, manifest, naming, schema
+from tfrecord_pipe._core import images, manifest, messages, naming, schema
 
 MAX_PROBLEMS_KEPT = 1000  # problems listed in full; beyond that only counted
 # What the readers of shards, rejection files and sources yield: (kind, value) with kind one
@@ -197,7 +197,7 @@ def label_problems(found: manifest.Manifest, config, listed: Iterable[str]) -> l
     if expected == found.labels:
         return []
     extra, missing = set(found.labels) - set(expected), set(expected) - set(found.labels)
-    said = [f"{what}: {_some(names)}" for what, names in (
+    said = [f"{what}: {messages.some(sorted(names), show=repr)}" for what, names in (
         ("not among the sources", extra), ("not in the manifest", missing)) if names]  # fmt: skip
     changed = "a line" if config.layout == "csv" else "a label folder"
     return [
@@ -205,12 +205,6 @@ def label_problems(found: manifest.Manifest, config, listed: Iterable[str]) -> l
         f"now ({'; '.join(said) or 'in another order'}): {changed} added or removed since, or "
         "the manifest edited"
     ]
-
-
-def _some(names: set[str], shown: int = 5) -> str:
-    first = sorted(names)[:shown]
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(map(repr, first)) + more
 
 
 def count_problems(found: manifest.Manifest, source: str, listed: dict[str, int]) -> list[str]:
