@@ -200,11 +200,11 @@ def label_problems(found: manifest.Manifest, config, listed: Iterable[str]) -> l
     said = [f"{what}: {messages.some(sorted(names), show=repr)}" for what, names in (
         ("not among the sources", extra), ("not in the manifest", missing)) if names]  # fmt: skip
     changed = "a line" if config.layout == "csv" else "a label folder"
-    return [
+    return [(
         f"{naming.MANIFEST_NAME}: its labels are not the sorted labels of the sources listed "
         f"now ({'; '.join(said) or 'in another order'}): {changed} added or removed since, or "
         "the manifest edited"
-    ]
+    )]
 
 
 def count_problems(found: manifest.Manifest, source: str, listed: dict[str, int]) -> list[str]:
