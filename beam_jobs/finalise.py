@@ -420,11 +420,27 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
     line = f"Converted into {out} in {seconds:.1f} s: " + "; ".join(parts) + f"; {rejected}."
     if result.duplicates:
         line += f"\nWARNING: {result.duplicates_line()}"
-    alike = naming.look_alike_labels(result.labels)
+    alike = naming.look_alike(result.labels)
     if alike:
-        shown = "; ".join(" / ".join(ascii(label) for label in group) for group in alike)
         line += (
-            f"\nWARNING: labels that print alike are separate classes ({shown}): folders named "
-            "in another Unicode form or case. Merge them if they are one class"
+            f"\nWARNING: labels that print alike are separate classes ({_groups(alike)}): "
+            "folders named in another Unicode form or case. Merge them if they are one class"
         )
+    alike = naming.look_alike(result.splits)
+    if alike:  # a `Train` folder, or a CSV line's `Train`, beside train
+        line += (
+            f"\nWARNING: splits that print alike are separate splits ({_groups(alike)}), and "
+            "a reader of one never sees the other's records. Rename the folders, or fix the "
+            "CSV lines, if they are one split"
+        )
+    for name, info in result.splits.items():
+        if info.listed and not info.num_examples:
+            line += (
+                f"\nWARNING: split {name} has no record: all {info.listed} of its inputs were "
+                f"rejected; why is in {paths.join(out, naming.rejected_name(name))}"
+            )
     return line
+
+
+def _groups(alike: list[tuple[str, ...]]) -> str:
+    return "; ".join(" / ".join(ascii(name) for name in group) for group in alike)

@@ -525,3 +525,23 @@ def test_labels_that_print_alike_are_kept_apart_with_a_warning(tmp_path):
     warning = next(line for line in result.stdout.splitlines() if "print alike" in line)
     assert "'cafe\\u0301' / 'caf\\xe9'" in warning and "'Dog' / 'dog'" in warning
     assert "cat" not in warning
+
+
+def test_a_split_left_without_records_or_printing_like_another_is_warned_of(tmp_path):
+    # Split folders whose test/ holds train/'s pictures: --dedupe rejects every train copy,
+    # and the job ended with "train: 0 in 0 shards" and exit 0, warning of nothing. A `Train`
+    # folder beside train/ was a split of its own, as silently, once --layout said splits.
+    for split, shade in (("train", 1), ("test", 1), ("Train", 60)):
+        (tmp_path / "src" / split / "cat").mkdir(parents=True)
+        for i in range(2):
+            (tmp_path / "src" / split / "cat" / f"{i}.jpg").write_bytes(jpeg_bytes(8, 8, (shade, i, 2)))
+    result = run_cli("convert", tmp_path / "src", tmp_path / "out", "--dedupe", "--layout", "splits")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("WARNING")]
+    assert any("splits that print alike" in line and "'train' / 'Train'" in line
+               for line in warnings), warnings  # fmt: skip
+    [empty] = [line for line in warnings if "no record" in line]
+    assert "split train has no record: all 2 of its inputs were rejected" in empty
+    assert empty.endswith(str(tmp_path / "out" / "rejected" / "rejected-train.jsonl"))
+    result = run_cli("convert", tmp_path / "src", tmp_path / "kept", "--layout", "splits")
+    assert "no record" not in result.stdout and result.returncode == 0, result.stdout

@@ -118,13 +118,21 @@ def label_problem(label: str) -> str | None:
     return None
 
 
-def look_alike_labels(labels) -> list[tuple[str, ...]]:
-    """Groups of labels that are different classes but print alike: the same text in another
-    Unicode normalisation (`café` typed as one character or as e and an accent) or case."""
+def look_alike(names) -> list[tuple[str, ...]]:
+    """Groups of names (labels, splits) that are different but print alike: the same text in
+    another Unicode normalisation (`café` typed as one character or as e and an accent) or
+    case."""
     groups = {}
-    for label in labels:
-        groups.setdefault(unicodedata.normalize("NFC", label).casefold(), []).append(label)
+    for name in names:
+        groups.setdefault(unicodedata.normalize("NFC", name).casefold(), []).append(name)
     return [tuple(group) for group in groups.values() if len(group) > 1]
+
+
+def dedupe_order(split: str, relpath: str) -> tuple[bool, str]:
+    """Of inputs with the same bytes, `--dedupe` keeps the first in this order: a copy in
+    another split before one in train, so that the splits a model is scored on stay as given
+    and it trains on none of their pictures; then the first by path."""
+    return (split == TRAIN, relpath)
 
 
 def split_order(name: str) -> tuple[int, str]:
