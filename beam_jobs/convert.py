@@ -113,7 +113,8 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
     with contextlib.nullcontext() if template else claim.Claim(config.output, run_id) as held:
         if held is not None:
             _clear_under_claim(config, held)
-        LOG.info("Converting %s (%s layout) into %s", config.source, config.layout, config.output)
+        LOG.info("Converting %s (%s) into %s", config.source,
+                 sources.layout_said(config, args.csv_header), config.output)  # fmt: skip
         waits = not (template or no_wait)
         if no_wait:
             # Before the job starts, which may finish and give the claim up at once. Should

@@ -106,12 +106,18 @@ def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
     A line without a path comes out with its problem, so that it is rejected, not dropped.
 
     Raises:
-      ValueError: a split that cannot name shard files, or a label that cannot be a line of
-        labels.txt (the job stops at listing).
+      ValueError: a split that cannot name shard files, a label that cannot be a line of
+        labels.txt, or a fourth column (the job stops at listing).
     """
     cells = cells_of(line)
     if not any(cells):
         return []
+    if any(cells[3:]):  # `path,label,width,height`: its width was taken for a split
+        raise ValueError(
+            f"{config.source}: line {line!r} has {len(cells)} columns; a CSV list's lines are "
+            "path,label[,split]. Keep those columns only (and write a path that holds a comma "
+            "in double quotes)."
+        )
     path, relpath = _resolved(cells[0], config.source) if cells[0] else ("", line)
     label = cells[1] if len(cells) > 1 and cells[1] else None
     split = cells[2] if len(cells) > 2 and cells[2] else None

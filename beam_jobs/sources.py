@@ -29,6 +29,15 @@ from beam_jobs.source_file import SourceFile, check_label, check_split_name, spl
 from tfrecord_pipe._core import images, naming, paths
 
 
+def layout_said(config: ConvertConfig, asked_header: str) -> str:
+    """The resolved layout in words, for the job's first line: with the header the auto rule
+    found, so that a first data line taken for one is not dropped unseen."""
+    if config.layout != "csv" or asked_header != "auto" or config.csv_header != "yes":
+        return f"{config.layout} layout"
+    first = next(csv_lines(config.source))[1]
+    return f"csv layout; line 1 ({first!r}) read as a header: --csv_header no if it lists an input"
+
+
 def resolve_layout(config: ConvertConfig) -> ConvertConfig:
     """Checks that the source exists; fills in layout="auto" and csv_header="auto".
 

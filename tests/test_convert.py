@@ -173,6 +173,22 @@ def test_a_csv_split_that_cannot_be_a_file_name_stops_the_job_with_what_to_do(tm
     assert not list(tmp_path.glob("*train*")) and not list((tmp_path / "out").glob("*.tfrecord"))
 
 
+def test_a_csv_list_with_more_columns_than_path_label_split_stops_the_job(tmp_path):
+    # `path,label,width,height` (a Kaggle-style list): the width was taken for a split, each
+    # number a split of its own, and the rest ignored.
+    make_folder(tmp_path / "src", per_label=1, odd=())
+    (tmp_path / "list.csv").write_text("path,label,width,height\nsrc/red/000.jpg,red,64,48\n")
+    ran = run_cli("convert", tmp_path / "list.csv", tmp_path / "out", *IN_PROCESS)
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert ran.stderr.splitlines()[-1].startswith(f"error: {tmp_path / 'list.csv'}: line "
+                                                  "'src/red/000.jpg,red,64,48' "
+                                 "has 4 columns; a CSV list's lines are path,label[,split].")  # fmt: skip
+    assert not list((tmp_path / "out").iterdir())  # the folder is made for the claim
+    # Empty cells after the split, as spreadsheets write them, are no columns.
+    (tmp_path / "list.csv").write_text("src/red/000.jpg,red,train,,\nsrc/blue/000.jpg,blue,,\n")
+    assert run(tmp_path / "list.csv", tmp_path / "out").splits["train"].num_examples == 2
+
+
 @pytest.mark.slow
 def test_split_folders_are_detected(tmp_path):
     for split in ("train", "validation"):

@@ -41,7 +41,17 @@ def test_only_a_first_line_that_names_no_file_and_looks_like_a_name_is_a_header(
     (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
     (tmp_path / "a").write_bytes(jpeg_bytes())  # a file named like a column
     (tmp_path / "list.csv").write_text(first_line + "\na.jpg,red\n", encoding="utf-8")
-    assert resolved(tmp_path / "list.csv").csv_header == header
+    config = resolved(tmp_path / "list.csv")
+    assert config.csv_header == header
+    # The job's first line says which line it took for a header (the line is not an input,
+    # nor a rejection, and was dropped unseen), and how to read it as data.
+    said = sources.layout_said(config, asked_header="auto")
+    if header == "yes":
+        assert said == (f"csv layout; line 1 ({first_line.lstrip(chr(0xFEFF))!r}) read as a "
+                        "header: --csv_header no if it lists an input")  # fmt: skip
+    else:
+        assert said == "csv layout"
+    assert sources.layout_said(resolved(tmp_path / "list.csv", csv_header="yes"), "yes") == said.split(";")[0]
 
 
 @pytest.mark.slow
