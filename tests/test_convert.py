@@ -180,9 +180,10 @@ def test_a_csv_list_with_more_columns_than_path_label_split_stops_the_job(tmp_pa
     (tmp_path / "list.csv").write_text("path,label,width,height\nsrc/red/000.jpg,red,64,48\n")
     ran = run_cli("convert", tmp_path / "list.csv", tmp_path / "out", *IN_PROCESS)
     assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
-    assert ran.stderr.splitlines()[-1].startswith(f"error: {tmp_path / 'list.csv'}: line "
-                                                  "'src/red/000.jpg,red,64,48' "
-                                 "has 4 columns; a CSV list's lines are path,label[,split].")  # fmt: skip
+    assert ran.stderr.splitlines()[-1].startswith(
+        f"error: {tmp_path / 'list.csv'}: line 'src/red/000.jpg,red,64,48' has 4 columns; a "
+        "CSV list's lines are path,label[,split]."
+    )
     assert not list((tmp_path / "out").iterdir())  # the folder is made for the claim
     # Empty cells after the split, as spreadsheets write them, are no columns.
     (tmp_path / "list.csv").write_text("src/red/000.jpg,red,train,,\nsrc/blue/000.jpg,blue,,\n")
@@ -550,8 +551,10 @@ def test_a_split_left_without_records_or_printing_like_another_is_warned_of(tmp_
     for split, shade in (("train", 1), ("test", 1), ("Train", 60)):
         (tmp_path / "src" / split / "cat").mkdir(parents=True)
         for i in range(2):
-            (tmp_path / "src" / split / "cat" / f"{i}.jpg").write_bytes(jpeg_bytes(8, 8, (shade, i, 2)))
-    result = run_cli("convert", tmp_path / "src", tmp_path / "out", "--dedupe", "--layout", "splits")
+            image = jpeg_bytes(8, 8, (shade, i, 2))
+            (tmp_path / "src" / split / "cat" / f"{i}.jpg").write_bytes(image)
+    result = run_cli("convert", tmp_path / "src", tmp_path / "out", "--dedupe",
+                     "--layout", "splits")  # fmt: skip
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stdout.splitlines() if line.startswith("WARNING")]
     assert any("splits that print alike" in line and "'train' / 'Train'" in line

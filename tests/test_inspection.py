@@ -8,7 +8,7 @@ from PIL import Image
 
 from tfrecord_pipe._core import manifest, schema
 from tfrecord_pipe._reading import dataset
-from tfrecord_pipe._tools import inspection
+from tfrecord_pipe._tools import cli, inspection
 
 from dataset_factory import write_dataset
 from helpers import jpeg_bytes, run_cli, run_command
@@ -105,6 +105,17 @@ def test_inspect_bad_input_is_one_clear_line_and_exit_2(tmp_path, make_path, mes
     done = run_cli("inspect", make_path(tmp_path))
     assert done.returncode == 2
     assert len(done.errors) == 1 and message in done.errors[0]
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("--grid_count", "0", "--grid_count must be 1 or more, got 0"),
+    ("--sample", "-1", "--sample must be 0 (every record) or more, got -1"),
+])  # fmt: skip
+def test_inspect_names_the_count_that_is_out_of_range(converted, capsys, option, value, says):
+    # --grid_count 0 was refused naming --sample first.
+    _, out = converted
+    assert cli.main(["inspect", str(out), option, value]) == 2
+    assert capsys.readouterr().err == f"error: {says}\n"
 
 
 def test_inspect_a_bare_pattern_counts_from_the_shards(converted):

@@ -176,8 +176,10 @@ def _inspect(args) -> int:
     _require_path(args.path)
     if args.grid:
         _check_writable_png(args.grid)
-    if args.sample < 0 or args.grid_count < 1:
-        raise ValueError("--sample must be 0 (all) or more, --grid_count 1 or more")
+    if args.sample < 0:
+        raise ValueError(f"--sample must be 0 (every record) or more, got {args.sample}")
+    if args.grid_count < 1:
+        raise ValueError(f"--grid_count must be 1 or more, got {args.grid_count}")
     summary = inspection.summarize(
         args.path, sample=args.sample or None, check_counts=args.check,
         label_offset=args.label_offset, file_format=args.format,
