@@ -89,7 +89,7 @@ def test_inspect_says_a_shard_replaced_by_a_fifo_is_no_file_and_never_blocks(con
     # path, it was opened too.
     matched = dataset.resolve(str(out / "train-*")).everything().files
     assert str(shard) not in matched and len(matched) == len(list(out.glob("train-*"))) - 1
-    with pytest.raises(ValueError, match="matched no files"):
+    with pytest.raises(ValueError, match=r"is not a file \(a pipe, a device, a socket"):
         dataset.resolve(str(shard))
 
 

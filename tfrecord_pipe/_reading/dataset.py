@@ -194,6 +194,11 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
             f"pattern such as {paths.join(folder, 'train-*')}, and the label offset."
         )
     matched = tuple(sorted(match(path)))
+    if not matched and not paths.is_remote(path) and os.path.lexists(path):
+        raise ValueError(  # a pattern's match is never one: it is no shard to open
+            f"{path} is not a file (a pipe, a device, a socket, or a link to nothing). Pass a "
+            f"dataset folder (with {naming.MANIFEST_NAME}), or shard files or a pattern of them."
+        )
     if not matched:
         raise ValueError(
             f"{path} matched no files. Pass a dataset folder (with {naming.MANIFEST_NAME}) or a "
