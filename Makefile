@@ -22,7 +22,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "pip==$(PIP_VERSION)"
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
+	@# setuptools prints a boxed "Editable installation" note for every editable install of a
+	@# project with two top-level packages; it is information only, and was a new user's
+	@# first question. Filtered by its text, so its other warnings still show.
+	PYTHONWARNINGS="ignore:Editable installation" \
+	  $(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
 	@# Our modules compiled, as pip compiles an installed package (benchmarks/compiled.py).
 	$(BIN)/python -m benchmarks.compiled
 	@rm -f $(VENV)/.installed-*
