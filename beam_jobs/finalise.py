@@ -257,34 +257,7 @@ def finalise(
         storage.write_bytes(paths.join(out, name), text.encode("utf-8"), mime_type="text/plain")
     storage.write_bytes(paths.join(temp_dir, DONE_NAME), b"")
     _clean_up(out, temp_dir, run)
-    if config.labels_file is None:  # a labels file gives the labels asked for
-        for warning in empty_labels(job):
-            LOG.warning("%s", warning)
     return result
-
-
-def empty_labels(job: summary.Summary) -> list[str]:
-    """What to say of labels that no record holds, or none of train: labels come from the
-    inputs listed, so a folder whose every input was rejected (`__MACOSX`, `.git`) or a CSV
-    line's misspelt label is a class of its own, and shifts the indices of those after it."""
-    if not job.stored:
-        return []  # a summary of tfrecord-pipe before 0.5, or no record
-    anywhere = {label for _, label in job.stored}
-    in_train = {label for split, label in job.stored if split == naming.TRAIN}
-    said = []
-    if nowhere := [label for label in job.labels if label not in anywhere]:
-        said.append(
-            "labels with no record (every input of theirs was rejected): "
-            f"{messages.some(nowhere, 10, ascii)}. "
-            "Each is still a class and takes an index, shifting the labels after it: remove "
-            "those folders or lines and convert again, or give --labels_file."
-        )
-    untrained = [label for label in job.labels if label in anywhere and label not in in_train]
-    if in_train and untrained:
-        said.append(f"labels with no record in split {naming.TRAIN}, only in others: "
-                    f"{messages.some(untrained, 10, ascii)}. A model trained on it never "
-                    "sees them.")  # fmt: skip
-    return said
 
 
 def _clean_up(out: str, temp_dir: str, run: str | None) -> None:
@@ -373,6 +346,7 @@ def _read_json(temp_dir: str, name: str) -> dict:
 def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> manifest.Manifest:
     """The manifest of the job's summary: per split, its shards and counts."""
     splits, reasons = {}, {}
+    records = {(split, label): n for split, label, n in written.label_counts}
     for split in sorted({row.split for row in written.counts}, key=naming.split_order):
         rows = [row for row in written.counts if row.split == split]
         for row in rows:
@@ -394,6 +368,8 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
             array_record_files=tuple(s.file for s in by_format[naming.ARRAY_RECORD]),
             shard_digests=tuple(s.digest for s in counted) if all(s.digest for s in counted)
             else (),
+            label_counts=tuple(records.get((split, label), 0) for label in written.labels)
+            if records else (),
         )
     return manifest.Manifest(
         labels=written.labels,
@@ -439,6 +415,8 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
                 f"\nWARNING: split {name} has no record: all {info.listed} of its inputs were "
                 f"rejected; why is in {paths.join(out, naming.rejected_name(name))}"
             )
+    for warning in result.label_warnings():
+        line += f"\nWARNING: {warning}"
     return line
 
 

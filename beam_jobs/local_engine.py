@@ -73,7 +73,7 @@ def run(
         storage.write_bytes(
             paths.join(temp_dir, finalise.SUMMARY_NAME),
             summary.Summary.of(shards, job.count_rows(), labels, job.duplicate_totals,
-                               job.stored)
+                               [(*key, n) for key, n in job.label_counts.items()])
             .to_json().encode("utf-8"),
             mime_type="application/json",
         )
@@ -97,7 +97,7 @@ class _Job:
         self._spill_dir = spill_dir
         self._counts: collections.Counter = collections.Counter()  # (split, reason) -> n
         self.duplicate_totals: collections.Counter = collections.Counter()
-        self.stored: set[tuple[str, str]] = set()  # (split, label) of the records written
+        self.label_counts: collections.Counter = collections.Counter()  # (split, label) -> records
         self._seen = self._seen_rejected = 0  # inputs checked, and rejected by the checks
         self._reported = time.monotonic()
 
@@ -170,7 +170,7 @@ class _Job:
                 for rejection in others:
                     self._reject(rejection)
             for split, checked in same:
-                self.stored.add((split, checked.label_text))
+                self.label_counts[split, checked.label_text] += 1
                 checked = checked.with_label_index(index[checked.label_text])
                 self._by_key.add((split, checked.key, checked))
                 totals[split][0] += 1

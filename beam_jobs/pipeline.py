@@ -118,7 +118,7 @@ class WriteSummary(beam.PTransform):
         self._path = path
 
     def expand(self, parts):
-        shards, counts, labels, duplicate_totals, stored = parts
+        shards, counts, labels, duplicate_totals, label_counts = parts
         path = self._path
         start = shards.pipeline | "Start" >> beam.Create([("start", None)])
         return (
@@ -128,7 +128,7 @@ class WriteSummary(beam.PTransform):
                 counts | "TagCount" >> beam.Map(lambda row: ("counts", row)),
                 labels | "TagLabels" >> beam.Map(lambda row: ("labels", row)),
                 duplicate_totals | "TagDuplicates" >> beam.Map(lambda row: ("duplicates", row)),
-                stored | "TagStored" >> beam.Map(lambda row: ("stored", row)),
+                label_counts | "TagLabelCounts" >> beam.Map(lambda row: ("label_counts", row)),
             )
             | "Rows" >> beam.Flatten()
             | "OneKey" >> beam.Map(lambda row: (None, row))
@@ -138,14 +138,13 @@ class WriteSummary(beam.PTransform):
 
 
 def _write_summary(path: str, rows) -> str:
-    parts = {"shards": [], "counts": [], "labels": [], "duplicates": [], "stored": []}
+    parts = {"shards": [], "counts": [], "labels": [], "duplicates": [], "label_counts": []}
     for kind, row in rows:
         if kind != "start":  # nothing listed: an empty summary, and finalising says so
             parts[kind].append(row)
     (labels,) = parts["labels"] or [()]
-    (stored,) = parts["stored"] or [()]
     written = summary.Summary.of(parts["shards"], parts["counts"], labels, dict(parts["duplicates"]),
-                                 stored)  # fmt: skip
+                                 parts["label_counts"])  # fmt: skip
     storage.write_bytes(path, written.to_json().encode("utf-8"), mime_type="application/json")
     return path
 
@@ -350,12 +349,13 @@ def build_pipeline(
         | "SumCounts" >> beam.CombinePerKey(sum)
         | "CountRows" >> beam.MapTuple(lambda key, n: summary.SplitCount(*key, n))
     )
-    stored = (
+    label_counts = (
         same["records"]
-        | "StoredLabels" >> beam.MapTuple(lambda split, checked: (split, checked.label_text))
-        | "SplitsAndLabels" >> beam.CombineGlobally(SortedSet()).without_defaults()
+        | "RecordLabels" >> beam.MapTuple(lambda split, checked: ((split, checked.label_text), 1))
+        | "SumLabels" >> beam.CombinePerKey(sum)
+        | "LabelCountRows" >> beam.MapTuple(lambda key, n: (*key, n))
     )
-    summary_path = (shards, counts, labels, duplicate_totals, stored) | "Summary" >> WriteSummary(
+    summary_path = (shards, counts, labels, duplicate_totals, label_counts) | "Summary" >> WriteSummary(
         paths.join(temp_dir, finalise.SUMMARY_NAME)
     )
     rejected_written = rejected | "WriteRejected" >> WriteRejected(temp_dir)

@@ -1,6 +1,6 @@
 """The job's small results, written by the pipeline into its temporary folder as
 `_summary.json` and read by `finalise` to make the manifest: the shards written, the counts
-per split, the label list and the duplicate totals."""
+per split, the label list, the duplicate totals and the records per split and label."""
 
 from __future__ import annotations
 
@@ -49,25 +49,26 @@ class Summary:
     counts: listed and rejected inputs, by split and reason.
     labels: the dataset's labels, when any input had one.
     duplicates: totals of the inputs with the same bytes (`duplicates.totals`).
-    stored: (split, label) of every split and label some record holds, sorted (absent from
-      summaries before 0.5): at most splits x labels, however many records.
+    label_counts: (split, label, records) of every split and label some record holds,
+      sorted (absent from summaries before 0.5): at most splits x labels rows, however many
+      records.
     """
 
     shards: tuple[ShardWritten, ...] = ()
     counts: tuple[SplitCount, ...] = ()
     labels: tuple[str, ...] = ()
     duplicates: dict[str, int] = dataclasses.field(default_factory=dict)
-    stored: tuple[tuple[str, str], ...] = ()
+    label_counts: tuple[tuple[str, str, int], ...] = ()
 
     @classmethod
-    def of(cls, shards, counts, labels=(), duplicates=None, stored=()) -> Summary:
+    def of(cls, shards, counts, labels=(), duplicates=None, label_counts=()) -> Summary:
         """In a fixed order, whatever order the pipeline delivered the rows in."""
         return cls(
             shards=tuple(sorted(shards, key=lambda s: (s.split, s.index, s.file_format))),
             counts=tuple(sorted(counts, key=lambda c: (c.split, c.reason or ""))),
             labels=tuple(labels),
             duplicates=dict(sorted((duplicates or {}).items())),
-            stored=tuple(sorted(tuple(pair) for pair in stored)),
+            label_counts=tuple(sorted(tuple(row) for row in label_counts)),
         )
 
     def to_json(self) -> str:
@@ -91,7 +92,7 @@ class Summary:
             counts=tuple(counts),
             labels=tuple(labels),
             duplicates=duplicates,
-            stored=tuple(tuple(pair) for pair in data.get("stored", ())),
+            label_counts=tuple(tuple(row) for row in data.get("label_counts", ())),
         )
 
 

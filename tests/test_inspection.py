@@ -23,6 +23,8 @@ def test_inspect_shows_splits_labels_sizes_and_rejections(converted):
     assert "train:" in text and "validation:" in text and "in 2 shards" in text
     assert "counts checked against the shards: OK" in text
     assert "blue (0)" in text and "red (2)" in text and "█" in text  # name (0-based index)
+    # Every record's label, counted by the converter: no sample read for them.
+    assert text.count("labels (every record, as the manifest counts them):") == 2
     assert "image height 8..8" in text
     assert "rejected: 1 (truncated 1)" in text and "truncated_jpeg.jpg" in text
 

@@ -5,7 +5,6 @@ whatever the input count (sorted runs on disk, merged), and never outlive, hang 
 the failure of its worker processes.
 """
 
-import logging
 import os
 import random
 import signal
@@ -19,7 +18,7 @@ import pytest
 from beam_jobs import convert, load, shard_writer, spill, worker_pool
 from tfrecord_pipe._core import images
 
-from helpers import COLOURS, COMMAND, ODD_IMAGES, RGB, jpeg_bytes, write_image_folder
+from helpers import COLOURS, COMMAND, ODD_IMAGES, RGB, jpeg_bytes, run_cli, write_image_folder
 from test_engines import files_of
 
 BEAM = ["--runner", "DirectRunner"]  # the Beam pipeline, on Beam's local runner
@@ -73,9 +72,11 @@ def test_the_local_engine_writes_the_beam_pipelines_dataset_byte_for_byte(
     assert not [name for name in os.listdir(tmp_path / "engine") if name.startswith(".")]
 
 
-def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(tmp_path, caplog):
+def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(tmp_path, capsys):
     # A macOS zip's __MACOSX folder (its AppleDouble files rejected) was a class of its own,
     # shifting every label after it, and nothing said so; nor of a label that train lacks.
+    # Said from the manifest's counts, so where the launcher prints the summary (Dataflow's
+    # too) and by `inspect`.
     for split, labels in (("train", RGB[:2]), ("validation", RGB)):
         for label in labels:
             (tmp_path / "src" / split / label).mkdir(parents=True)
@@ -84,25 +85,26 @@ def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(tmp_pa
     (tmp_path / "src" / "train" / "__MACOSX" / "._0.jpg").write_bytes(b"\x00\x05\x16\x07" * 20)
     said = []
     for engine in ([], BEAM):
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="beam_jobs.finalise"):
-            found = convert.run([str(tmp_path / "src"), str(tmp_path / f"out{len(said)}"),
-                                 *engine])  # fmt: skip
+        capsys.readouterr()
+        found = convert.run([str(tmp_path / "src"), str(tmp_path / f"out{len(said)}"), *engine])
         assert found.labels == ("__MACOSX", "blue", "green", "red")
-        said.append([r.getMessage() for r in caplog.records if r.name == "beam_jobs.finalise"])
+        assert found.splits["train"].label_counts == (0, 0, 1, 1)
+        assert found.splits["validation"].label_counts == (0, 1, 1, 1)
+        said.append([line for line in capsys.readouterr().out.splitlines() if "labels with" in line])
     assert said[0] == said[1] == [
-        ("labels with no record (every input of theirs was rejected): '__MACOSX'. Each is still "
-         "a class and takes an index, shifting the labels after it: remove those folders or "
-         "lines and convert again, or give --labels_file."),
-        ("labels with no record in split train, only in others: 'blue'. A model trained on it "
-         "never sees them."),
+        ("WARNING: labels with no record (every input of theirs was rejected): '__MACOSX'. Each "
+         "is still a class and takes an index, shifting the labels after it: remove those "
+         "folders or lines and convert again, or give --labels_file."),
+        ("WARNING: labels with no record in split train, only in others: 'blue'. A model "
+         "trained on it never sees them."),
     ]
+    inspected = run_cli("inspect", tmp_path / "out0")
+    assert said[0][0].removeprefix("WARNING: ") in inspected.stdout, inspected.stdout
     (tmp_path / "labels.txt").write_text("__MACOSX\nblue\ngreen\nred\n")  # as asked: no word
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="beam_jobs.finalise"):
-        convert.run([str(tmp_path / "src"), str(tmp_path / "asked"), "--labels_file",
-                     str(tmp_path / "labels.txt")])  # fmt: skip
-    assert not [r for r in caplog.records if r.name == "beam_jobs.finalise"]
+    capsys.readouterr()
+    convert.run([str(tmp_path / "src"), str(tmp_path / "asked"), "--labels_file",
+                 str(tmp_path / "labels.txt")])  # fmt: skip
+    assert "labels with" not in capsys.readouterr().out
 
 
 @pytest.mark.slow

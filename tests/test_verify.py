@@ -28,6 +28,7 @@ from helpers import (
     run_command,
     run_python,
     verified_both_ways,
+    with_label_added,
 )  # fmt: skip
 
 
@@ -256,9 +257,12 @@ def test_verify_catches_a_good_source_moved_into_rejected(converted_copy):
     rewrite_shard(shard, lambda records: records[1:])
     info = found.splits["train"]
     splits = dict(found.splits)
+    label_counts = list(info.label_counts)
+    label_counts[found.labels.index(record.label_text)] -= 1
     splits["train"] = dataclasses.replace(
         info, num_examples=info.num_examples - 1, rejected=info.rejected + 1,
         shard_lengths=(info.shard_lengths[0] - 1, *info.shard_lengths[1:]),
+        label_counts=tuple(label_counts),
     )  # fmt: skip
     dataset.write_manifest(str(out), dataclasses.replace(found, splits=splits))
     line = {"path": str(src / record.filename), "relpath": record.filename, "split": "train",
@@ -279,7 +283,7 @@ def test_verify_checks_the_manifest_s_labels_and_offset_against_the_sources(conv
     # offset it records.
     src, out = converted_copy
     found = dataset.read_manifest(str(out))
-    dataset.write_manifest(str(out), dataclasses.replace(found, labels=(*found.labels, "zzz")))
+    dataset.write_manifest(str(out), with_label_added(found, "zzz"))
     report = verified_both_ways(src, out)
     assert report.num_problems == 1, report
     assert report.problems[0] == (
@@ -291,6 +295,30 @@ def test_verify_checks_the_manifest_s_labels_and_offset_against_the_sources(conv
     report = verified_both_ways(src, out)
     assert report.num_problems == 1 and "manifest.json: label_offset 1, but the conversion it " \
         "records wrote labels with 2 (edited?)" in report.problems, report
+
+
+def test_verify_checks_the_manifest_s_records_per_label_against_the_shards(converted_copy):
+    # The counts a class weight is made from: two labels' counts swapped (their sum kept)
+    # are found by both drivers. Counts that do not sum to the split's are refused as edited.
+    src, out = converted_copy
+    found = dataset.read_manifest(str(out))
+    info = found.splits["train"]
+    assert sum(info.label_counts) == info.num_examples and len(set(info.label_counts)) > 1
+    swapped = (info.label_counts[1], info.label_counts[0], *info.label_counts[2:])
+    edited = {**found.splits, "train": dataclasses.replace(info, label_counts=swapped)}
+    dataset.write_manifest(str(out), dataclasses.replace(found, splits=edited))
+    report = verified_both_ways(src, out)
+    first, second = found.labels[:2]
+    assert report.problems == (
+        f"split train: the shards read hold other records per label than label_counts says: "
+        f"{first!r} {info.label_counts[0]} (the manifest: {swapped[0]}), {second!r} "
+        f"{info.label_counts[1]} (the manifest: {swapped[1]})",
+    ), report
+    written = json.loads((out / "manifest.json").read_text())
+    written["splits"]["train"]["label_counts"][0] += 1
+    (out / "manifest.json").write_text(json.dumps(written))
+    done = run_cli("verify", src, out)
+    assert done.returncode == 2 and "label_counts do not sum to num_examples" in done.stderr
 
 
 def test_a_shard_s_digest_of_its_inputs_is_the_one_manifests_already_hold():

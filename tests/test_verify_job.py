@@ -2,7 +2,6 @@
 datasets one machine should not re-read. Run here on Beam's local runner, on local folders
 and the test GCS; on Dataflow only its graph and staged wheel are checked (offline)."""
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -20,7 +19,7 @@ from tfrecord_pipe._core import schema
 from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import verify_job, verify_reading, verify_rules
 
-from helpers import IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways
+from helpers import IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways, with_label_added
 
 pytestmark = pytest.mark.slow  # each test runs Beam pipelines
 
@@ -264,8 +263,7 @@ def test_a_csv_list_is_listed_as_the_converter_did_one_record_per_file(tmp_path)
     report = verified_both_ways(listed, tmp_path / "out")
     assert (report.sources, report.records, report.rejected, report.ok) == (8, 3, 5, True), report
     # The manifest edited with the files made from it: its labels are checked as a folder's.
-    dataset.write_manifest(str(tmp_path / "out"), dataclasses.replace(found, labels=(
-        *found.labels, "yellow")))  # fmt: skip
+    dataset.write_manifest(str(tmp_path / "out"), with_label_added(found, "yellow"))
     report = verified_both_ways(listed, tmp_path / "out")
     assert report.problems == (("manifest.json: its labels are not the sorted labels of the "
                                 "sources listed now (not among the sources: 'yellow'): a line "

@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 
-from tfrecord_pipe._core import naming, paths, schema, tfds_metadata
+from tfrecord_pipe._core import messages, naming, paths, schema, tfds_metadata
 
 DUPLICATES_AND_TFDS_SINCE = (0, 3)  # the version that began to write both
 # The version whose --dedupe keeps a copy outside train before one in it (`naming.dedupe_order`);
@@ -70,6 +70,9 @@ class SplitInfo:
         them (`--formats`): the same records as `files`, shard for shard, in the same order.
       shard_digests: per shard, which input each of its records holds (`ShardPositions`);
         empty in manifests of tfrecord-pipe 0.4 and before.
+      label_counts: the split's records of each label, in the manifest's label order (a
+        class's share, for class weights; a label with none, for a warning); empty in
+        manifests of tfrecord-pipe 0.4 and before.
     """
 
     num_examples: int
@@ -80,6 +83,7 @@ class SplitInfo:
     files: tuple[str, ...]
     array_record_files: tuple[str, ...] = ()
     shard_digests: tuple[str, ...] = ()
+    label_counts: tuple[int, ...] = ()
 
     @property
     def positions(self) -> str:
@@ -110,6 +114,11 @@ class SplitInfo:
             raise ValueError(
                 f"shard_lengths sum to {sum(self.shard_lengths)}, num_examples is {self.num_examples}"
             )
+        if self.label_counts and (
+            sum(self.label_counts) != self.num_examples
+            or not all(type(n) is int and n >= 0 for n in self.label_counts)
+        ):
+            raise ValueError(f"label_counts do not sum to num_examples ({self.num_examples})")
         if self.listed != self.num_examples + self.rejected:
             raise ValueError(
                 f"listed ({self.listed}) != num_examples ({self.num_examples}) + "
@@ -160,6 +169,9 @@ class Manifest:
         for split, info in self.splits.items():
             if problem := naming.manifest_split_problem(split, info.all_files):
                 raise ValueError(problem)
+            if info.label_counts and len(info.label_counts) != len(self.labels):
+                raise ValueError(f"split {split}: {len(info.label_counts)} label_counts for "
+                                 f"{len(self.labels)} labels")  # fmt: skip
 
     @property
     def file_formats(self) -> tuple[str, ...]:
@@ -210,12 +222,38 @@ class Manifest:
             text += ". Validation scores count pictures the model trained on"
         return text + ". --dedupe keeps one of each"
 
+    def label_warnings(self) -> list[str]:
+        """What to say of labels that no record holds, or none of train: labels come from the
+        inputs listed, so a folder whose every input was rejected (`__MACOSX`, `.git`) or a
+        CSV line's misspelt label is a class of its own, and shifts the indices of those after
+        it. Nothing where a labels file gave the labels asked for, or no counts were kept
+        (before 0.5)."""
+        counts = {split: info.label_counts for split, info in self.splits.items()}
+        if self.conversion.get("labels_file") or not counts or not all(counts.values()):
+            return []
+        anywhere = {label for each in counts.values() for label, n in zip(self.labels, each) if n}
+        in_train = {label for label, n in zip(self.labels, counts.get(naming.TRAIN, ())) if n}
+        said = []
+        if nowhere := [label for label in self.labels if label not in anywhere]:
+            said.append(
+                "labels with no record (every input of theirs was rejected): "
+                f"{messages.some(nowhere, 10, ascii)}. "
+                "Each is still a class and takes an index, shifting the labels after it: remove "
+                "those folders or lines and convert again, or give --labels_file."
+            )
+        untrained = [label for label in self.labels if label in anywhere and label not in in_train]
+        if in_train and untrained:
+            said.append(f"labels with no record in split {naming.TRAIN}, only in others: "
+                        f"{messages.some(untrained, 10, ascii)}. A model trained on it never "
+                        "sees them.")  # fmt: skip
+        return said
+
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         # Optional fields left out where empty, as 0.4.0 wrote its manifests (0.4.0 reads none
         # with shard_digests: CHANGELOG.md).
         for info in data["splits"].values():
-            for optional in ("array_record_files", "shard_digests"):
+            for optional in ("array_record_files", "shard_digests", "label_counts"):
                 if not info[optional]:
                     del info[optional]
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
@@ -248,6 +286,7 @@ class Manifest:
                     "files": tuple(info["files"]),
                     "array_record_files": tuple(info.get("array_record_files", ())),
                     "shard_digests": tuple(info.get("shard_digests", ())),
+                    "label_counts": tuple(info.get("label_counts", ())),
                 }
             )
             for name, info in sorted(data["splits"].items(), key=lambda kv: naming.split_order(kv[0]))

@@ -270,10 +270,16 @@ def render(summary: DatasetSummary) -> str:
                 f"  counts checked against the shards: {'OK' if not bad else f'{len(bad)} differ'}"
                 f" ({sum(s.counted for s in checked)} records read)"
             )
-        if split.read:
+        counts = () if summary.is_pattern or not found else found.splits[split.name].label_counts
+        if counts:  # every record's, without reading them
+            lines.append("  labels (every record, as the manifest counts them):")
+            lines += _histogram({f"{label} ({index})": n
+                                 for index, (label, n) in enumerate(zip(found.labels, counts)) if n})  # fmt: skip
+        elif split.read:
             sampled = "" if listed is None or split.read >= listed else f", a sample of {split.read}"
             lines.append(f"  labels (records read{sampled}):")
             lines += _histogram(split.labels)
+        if split.read:
             lines.append(
                 f"  image height {_stats(split.heights)}; width {_stats(split.widths)}"
             )
@@ -291,6 +297,7 @@ def render(summary: DatasetSummary) -> str:
             lines.append("rejected: none")
         if found is not None:
             lines.append(f"duplicates: {found.duplicates_line()}")
+            lines += [f"WARNING: {warning}" for warning in found.label_warnings()]
     lines += [f"PROBLEM {problem}" for problem in summary.problems]
     return "\n".join(lines)
 

@@ -38,6 +38,7 @@ from tfrecord_pipe._tools.verify_rules import (
     COUNT,
     FILES,
     INPUTS,
+    LABELS,
     PROBLEM,
     RECORD,
     REJECTED,
@@ -187,6 +188,7 @@ class _Join:
         self.per_split: collections.Counter = collections.Counter()
         self.checked = 0  # sources checked so far
         self._spans: list[tuple[str, str, str, str]] = []  # one per shard
+        self._labels: collections.Counter = collections.Counter()  # (split, label) -> records
 
     def add(self, read: Iterable[tuple[str, object]], total: str | None) -> None:
         """The (kind, value) pairs of `verify_reading`: rows joined, problems, counts."""
@@ -199,6 +201,9 @@ class _Join:
                 self._by_content.add((value[0], _ORDER[REPORTED], value[1]))
             elif kind == SPAN:
                 self._spans.append(value)
+            elif kind == LABELS:
+                split, label, n = value
+                self._labels[split, label] += n
             else:
                 key, row = value
                 self._by_path.add((key, _ORDER[kind], kind, row))
@@ -264,6 +269,7 @@ class _Join:
     def check(self, found: manifest.Manifest) -> None:
         """The rules for the paths `match` left, then per content hash."""
         self._problems.extend(rules.span_problems(found, self._spans), FILES)
+        self._problems.extend(rules.label_count_problems(found, self._labels), FILES)
         dedupe = bool(found.conversion.get("dedupe"))
         for relpath, same in itertools.groupby(self._later.sorted(), key=operator.itemgetter(0)):
             rows = {SOURCE: [], RECORD: [], REJECTED: []}

@@ -31,6 +31,7 @@ from tfrecord_pipe._tools.verify_rules import (
     COUNT,
     FILES,
     INPUTS,
+    LABELS,
     PROBLEM,
     RECORD,
     REJECTED,
@@ -235,9 +236,18 @@ class VerifyDataset(beam.PTransform):
             | "ShardSpans" >> beam.combiners.ToList()
             | "OrderAcrossShards" >> beam.FlatMap(_span_problems, found)
         )
+        per_label = (
+            shards[LABELS]
+            | "RecordsPerLabel" >> beam.MapTuple(lambda split, label, n: ((split, label), n))
+            | "SumPerLabel" >> beam.CombinePerKey(sum)
+            | "LabelTotals" >> beam.combiners.ToList()
+            | "CheckLabelCounts" >> beam.FlatMap(
+                lambda totals: [(FILES, problem)
+                                for problem in rules.label_count_problems(found, dict(totals))])
+        )  # fmt: skip
         problems = (
             shards[PROBLEM], rejected[PROBLEM], checked[PROBLEM], reported[PROBLEM],
-            contents[PROBLEM], across, labels,
+            contents[PROBLEM], across, labels, per_label,
         ) | "Problems" >> beam.Flatten()  # fmt: skip
         tally = (
             (shards[COUNT], rejected[COUNT], expected[COUNT], contents[COUNT])
@@ -259,7 +269,7 @@ class VerifyDataset(beam.PTransform):
         )
 
 
-_KINDS = (SOURCE, RECORD, REJECTED, REPORTED, PROBLEM, COUNT, SPAN)
+_KINDS = (SOURCE, RECORD, REJECTED, REPORTED, PROBLEM, COUNT, SPAN, LABELS)
 
 
 def _tagged(read, total: str | None = None):

@@ -9,6 +9,7 @@ times: our retry, on top of the client library's.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import fnmatch
 import hashlib
@@ -25,6 +26,7 @@ from tfrecord_pipe._core import manifest, messages, naming, paths, schema, tfds_
 from tfrecord_pipe._core import rejection as rejection_lib
 from tfrecord_pipe._tools.verify_rules import (
     COUNT,
+    LABELS,
     PROBLEM,
     RECORD,
     REJECTED,
@@ -213,6 +215,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     other format (if any) against it, record for record; its SPAN of keys (read whole), with
     whether the inputs it holds are those the manifest's digest of them names
     (`manifest.ShardPositions`); then its COUNT of records.
+    Also the records of each label it holds, as LABELS rows.
     `temp_dir`: where a remote ArrayRecord shard is copied to be read. `beside`: told the
     relative paths of each window of records before they are judged (`ahead`), and asked
     whether each record's image is its source's (`same_image`; `verify_beside`)."""
@@ -221,6 +224,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     count, failed, digest = 0, None, hashlib.sha256() if twin is not None else None
     first_key, last_key, out_of_order = None, "", None
     positions, unparsed = manifest.ShardPositions(), False
+    labels = collections.Counter()
     same_image = beside.same_image if beside is not None else None
     try:
         records = _serialized(path, found.compression, temp_dir)
@@ -234,6 +238,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
                 unparsed = True
                 continue
             positions.add(row["relpath"], row["label_index"], row["label"])
+            labels[row["label"]] += 1
             # The converter writes a shard's records in key order (shard_plan.order_key).
             key = shard_plan.order_key(row["relpath"])
             if key <= last_key and out_of_order is None:
@@ -268,6 +273,8 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
                                 temp_dir)  # fmt: skip
         if problem:
             yield PROBLEM, problem
+    for label, n in labels.items():
+        yield LABELS, (split, label, n)
     yield COUNT, count
 
 

@@ -35,6 +35,7 @@ MAX_PROBLEMS_KEPT = 1000  # problems listed in full; beyond that only counted
 SOURCE, RECORD, REJECTED, PROBLEM, COUNT = "source", "record", "rejected", "problem", "count"
 REPORTED = "reported"  # a group of duplicates.jsonl, joined on its content hash
 SPAN = "span"  # a shard's first and last record keys, for the order across shards
+LABELS = "labels"  # (split, label, n): a shard's records of a label
 # Problems are listed in this order: those of the dataset's files (shards, rejection files,
 # the manifest's counts), then those of single inputs; alphabetically within each. The first
 # MAX_PROBLEMS_KEPT are kept, the same ones by both drivers.
@@ -369,6 +370,24 @@ def span_problems(found: manifest.Manifest, spans: Iterable[tuple[str, str, str,
         "(shard_digests): was the manifest edited, or the shard replaced?"
         for _, _, name in sorted(misnamed) if name not in misplaced
     ]  # fmt: skip
+    return problems
+
+
+def label_count_problems(found: manifest.Manifest, counted: dict[tuple[str, str], int]
+                         ) -> list[str]:  # fmt: skip
+    """The manifest's records of each label per split (`SplitInfo.label_counts`) are those
+    the shards hold: `counted`, (split, label) to records read. A shard that could not be
+    read whole is a problem of its own, and shows here too."""
+    problems = []
+    for split, info in found.splits.items():
+        differ = [
+            f"{label!r} {counted.get((split, label), 0)} (the manifest: {n})"
+            for label, n in zip(found.labels, info.label_counts)
+            if counted.get((split, label), 0) != n
+        ]
+        if differ:
+            problems.append(f"split {split}: the shards read hold other records per label than "
+                            f"label_counts says: {messages.some(differ, 5)}")  # fmt: skip
     return problems
 
 
