@@ -14,6 +14,10 @@ PYTEST_ARGS ?=
 # starting, retries' backoff), so three keep a 2-core machine's cores busier than two:
 # 6:09 against 6:50 for the whole suite, run after run. Each worker starts its own test GCS.
 PYTEST_WORKERS ?= 3
+# setuptools prints a boxed "Editable installation" note for every editable install of a project
+# with two top-level packages; it is information only, and was a new user's first question.
+# Filtered by its text, so its other warnings still show.
+EDITABLE_NOTE_HIDDEN := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: install test test-fast test-latest lock demo clean
 
@@ -22,11 +26,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "pip==$(PIP_VERSION)"
-	@# setuptools prints a boxed "Editable installation" note for every editable install of a
-	@# project with two top-level packages; it is information only, and was a new user's
-	@# first question. Filtered by its text, so its other warnings still show.
-	PYTHONWARNINGS="ignore:Editable installation" \
-	  $(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
+	$(EDITABLE_NOTE_HIDDEN) $(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
 	@# Our modules compiled, as pip compiles an installed package (benchmarks/compiled.py).
 	$(BIN)/python -m benchmarks.compiled
 	@rm -f $(VENV)/.installed-*
@@ -50,7 +50,7 @@ test-latest:
 	.venv-latest/bin/python dev/requirements.py --unbounded > .venv-latest/requirements.txt
 	.venv-latest/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager \
 	  -r .venv-latest/requirements.txt
-	.venv-latest/bin/python -m pip install --quiet --no-deps -e .
+	$(EDITABLE_NOTE_HIDDEN) .venv-latest/bin/python -m pip install --quiet --no-deps -e .
 	.venv-latest/bin/python -m pip freeze --exclude-editable > .venv-latest/versions.txt
 	@echo "make test-latest: versions in .venv-latest/versions.txt"
 	.venv-latest/bin/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
@@ -61,7 +61,7 @@ lock:
 	rm -rf .venv-lock
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/python -m pip install --quiet "pip==$(PIP_VERSION)"
-	.venv-lock/bin/python -m pip install --quiet -e ".[test]"
+	$(EDITABLE_NOTE_HIDDEN) .venv-lock/bin/python -m pip install --quiet -e ".[test]"
 	{ .venv-lock/bin/python dev/requirements.py --header; \
 	  .venv-lock/bin/python -m pip freeze --exclude-editable; } > $(CONSTRAINTS)
 	rm -rf .venv-lock

@@ -35,9 +35,8 @@ class ConvertConfig:
       formats: the shard file formats to write (naming.FILE_FORMATS): each holds the same
         records in the same shards; ArrayRecord is what Grain and TFDS data sources read.
       overwrite: replace a dataset already in `output`.
-      dedupe: of inputs with the same bytes, keep one (`naming.dedupe_order`: a copy outside
-        train first, then the first by path) and reject the others (`duplicate_content`);
-        without it they are all written, and reported.
+      dedupe: of inputs with the same bytes, keep the first by path and reject the others
+        (`duplicate_content`); without it they are all written, and reported.
       policy: image normalisation policy.
     """
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from beam_jobs import spill, storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import SourceFile, check_label, check_split_name, split_by_hash
-from tfrecord_pipe._core import images, paths
+from tfrecord_pipe._core import images, messages, paths
 
 
 _PLAIN_NAME = re.compile(r"[\w -]+")
@@ -100,24 +100,32 @@ def cells_of(line: str) -> list[str]:
     return [cell.strip() for cell in next(csv.reader([line]), [])]  # csv_lines took the BOM
 
 
+def column_problem(cells: list[str], number: int, line: str, csv_path: str) -> str | None:
+    """What is wrong with a data line of more columns than `path,label[,split]`: a list such
+    as `path,label,width,height` had its widths taken for splits, the rest ignored. Empty
+    cells after the split, as spreadsheets write them, are no columns."""
+    if not any(cells[3:]):
+        return None
+    header = " If it is a header, pass --csv_header yes." if number == 1 else ""
+    return (
+        f"CSV list {csv_path} line {number} has {len(cells)} columns ({messages.quoted(line)}"
+        "); its lines are path,label[,split]: keep those columns only, and write a path that "
+        f"holds a comma in double quotes.{header}"
+    )
+
+
 def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
     """The input of a data line `path,label[,split]`; none for a blank line.
 
     A line without a path comes out with its problem, so that it is rejected, not dropped.
 
     Raises:
-      ValueError: a split that cannot name shard files, a label that cannot be a line of
-        labels.txt, or a fourth column (the job stops at listing).
+      ValueError: a split that cannot name shard files, or a label that cannot be a line of
+        labels.txt (the job stops at listing).
     """
     cells = cells_of(line)
     if not any(cells):
         return []
-    if any(cells[3:]):  # `path,label,width,height`: its width was taken for a split
-        raise ValueError(
-            f"{config.source}: line {line!r} has {len(cells)} columns; a CSV list's lines are "
-            "path,label[,split]. Keep those columns only (and write a path that holds a comma "
-            "in double quotes)."
-        )
     path, relpath = _resolved(cells[0], config.source) if cells[0] else ("", line)
     label = cells[1] if len(cells) > 1 and cells[1] else None
     split = cells[2] if len(cells) > 2 and cells[2] else None

@@ -3,9 +3,8 @@
 The same picture in two classes, or in train and validation, silently inflates validation
 accuracy. Every loaded input's bytes are hashed already (the record keeps the hash), so the
 job groups the loaded inputs by that hash: each group of more than one is a line of
-`duplicates.jsonl`, groups across splits first. With `dedupe`, one input of a group is kept
-(`naming.dedupe_order`: a copy outside train first, then by path) and the others are
-rejected as `duplicate_content`, naming the one kept.
+`duplicates.jsonl`, groups across splits first. With `dedupe`, the first input of a group
+by path is kept and the others are rejected as `duplicate_content`, naming the one kept.
 
 Only the small `Checked` entries are grouped (the shard writer reads the images again), so
 the grouping moves a few hundred bytes per input, not the images.
@@ -14,7 +13,7 @@ the grouping moves a few hundred bytes per input, not the images.
 from __future__ import annotations
 
 from beam_jobs.source_file import SourceFile, rejection
-from tfrecord_pipe._core import images, naming
+from tfrecord_pipe._core import images
 
 
 def _ordered(split_checked_list) -> list:
@@ -37,12 +36,10 @@ def group_row(sha256: str, records) -> dict | None:
 
 
 def keep_first(records) -> tuple[tuple, list]:
-    """Of a group of (split, Checked) with the same bytes: the one kept
-    (`naming.dedupe_order`), and the others' rejections, naming it."""
-    first, *others = sorted(records, key=lambda split_checked: naming.dedupe_order(
-        split_checked[0], split_checked[1].relpath))  # fmt: skip
-    detail = (f"the same bytes as {first[1].relpath} in split {first[0]} (--dedupe keeps a "
-              "copy outside train first, then the first by path)")  # fmt: skip
+    """Of a group of (split, Checked) with the same bytes: the first by path, kept, and the
+    others' rejections, naming it."""
+    first, *others = _ordered(records)
+    detail = f"the same bytes as {first[1].relpath} (--dedupe keeps the first by path)"
     return first, [
         rejection(SourceFile(checked.path, checked.relpath, checked.label_text, split),
                   images.DUPLICATE_CONTENT, detail)  # fmt: skip

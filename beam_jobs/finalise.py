@@ -398,27 +398,19 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
         line += f"\nWARNING: {result.duplicates_line()}"
     alike = naming.look_alike(result.labels)
     if alike:
+        shown = "; ".join(" / ".join(ascii(label) for label in group) for group in alike)
         line += (
-            f"\nWARNING: labels that print alike are separate classes ({_groups(alike)}): "
-            "folders named in another Unicode form or case. Merge them if they are one class"
-        )
-    alike = naming.look_alike(result.splits)
-    if alike:  # a `Train` folder, or a CSV line's `Train`, beside train
-        line += (
-            f"\nWARNING: splits that print alike are separate splits ({_groups(alike)}), and "
-            "a reader of one never sees the other's records. Rename the folders, or fix the "
-            "CSV lines, if they are one split"
+            f"\nWARNING: labels that print alike are separate classes ({shown}): folders named "
+            "in another Unicode form or case. Merge them if they are one class"
         )
     for name, info in result.splits.items():
         if info.listed and not info.num_examples:
+            inputs = f"all {info.listed} of its inputs were" if info.listed > 1 else (
+                "its one input was")  # fmt: skip
             line += (
-                f"\nWARNING: split {name} has no record: all {info.listed} of its inputs were "
-                f"rejected; why is in {paths.join(out, naming.rejected_name(name))}"
+                f"\nWARNING: split {name} has no record: {inputs} rejected; why is in "
+                f"{paths.join(out, naming.rejected_name(name))}"
             )
     for warning in result.label_warnings():
         line += f"\nWARNING: {warning}"
     return line
-
-
-def _groups(alike: list[tuple[str, ...]]) -> str:
-    return "; ".join(" / ".join(ascii(name) for name in group) for group in alike)

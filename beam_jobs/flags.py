@@ -83,9 +83,8 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
         "TFDS data sources), or both: the same records in the same shards")
     add("--overwrite", action="store_true", help="replace a dataset in OUTPUT")
     add("--dedupe", action="store_true",
-        help="of inputs with the same bytes, keep one (a copy outside train first, so that the "
-        "splits a model is scored on stay whole, then the first by path) and reject the others "
-        "as duplicate_content (without it they are all written, and listed in duplicates.jsonl)")
+        help="of inputs with the same bytes, keep the first by path and reject the others as "
+        "duplicate_content (without it they are all written, and listed in duplicates.jsonl)")
     add("--no_wait", action="store_true",
         help="launch the job (Dataflow) and return: its last step finalises OUTPUT, and gives "
         "up the claim on it; check the result with `tfrecord-pipe verify`")

@@ -19,14 +19,21 @@ Rules a user can rely on (docs/conversion.md, "What we guarantee"):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Callable, Iterator
 
 from beam_jobs import listing, storage
 from beam_jobs.config import ConvertConfig
-from beam_jobs.csv_lists import cells_of, csv_lines, is_a_header, sources_of_csv_line
+from beam_jobs.csv_lists import (
+    cells_of,
+    column_problem,
+    csv_lines,
+    is_a_header,
+    sources_of_csv_line,
+)
 from beam_jobs.source_file import SourceFile, check_label, check_split_name, split_by_hash
-from tfrecord_pipe._core import images, naming, paths
+from tfrecord_pipe._core import images, messages, naming, paths
 
 
 def layout_said(config: ConvertConfig, asked_header: str) -> str:
@@ -35,33 +42,52 @@ def layout_said(config: ConvertConfig, asked_header: str) -> str:
     if config.layout != "csv" or asked_header != "auto" or config.csv_header != "yes":
         return f"{config.layout} layout"
     first = next(csv_lines(config.source))[1]
-    return f"csv layout; line 1 ({first!r}) read as a header: --csv_header no if it lists an input"
+    return (f"csv layout; line 1 ({messages.quoted(first)}) read as a header: --csv_header no "
+            "if it lists an input")  # fmt: skip
 
 
-def resolve_layout(config: ConvertConfig) -> ConvertConfig:
+def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertConfig:
     """Checks that the source exists; fills in layout="auto" and csv_header="auto".
+
+    `converting`: also the rules a new conversion's source must meet, which older versions
+    did not ask (no fourth CSV column, no split names alike); verify passes False, so that a
+    dataset they wrote can still be verified.
 
     Raises:
       FileNotFoundError: no such CSV file, or no file under the folder; says what is expected.
-      ValueError: a folder whose layout is ambiguous; says what to pass.
+      ValueError: a folder whose layout is ambiguous, or a source that breaks those rules;
+        says what to pass or change.
     """
     is_csv = config.layout == "auto" and config.source.lower().endswith(".csv")
     if config.layout == "csv" or is_csv:
         if not storage.exists_at_all(config.source):
             raise FileNotFoundError(f"CSV list {config.source} does not exist.")
         # Read whole here, once, streaming: a bad byte is found before the job starts.
-        lines = (line for _, line in csv_lines(config.source))
-        first = next(lines, "")
+        lines = csv_lines(config.source)
+        number, first = next(lines, (1, ""))
         header = config.csv_header
         if header == "auto":
             header = "yes" if is_a_header(first, config.source) else "no"
-        data_lines = sum(1 for line in lines if any(cells_of(line)))
-        data_lines += header == "no" and any(cells_of(first))
+        data = lines if header == "yes" else itertools.chain([(number, first)], lines)
+        data_lines, splits = 0, set()
+        for number, line in data:
+            cells = cells_of(line)
+            if not any(cells):
+                continue
+            data_lines += 1
+            if converting and (problem := column_problem(cells, number, line, config.source)):
+                raise ValueError(problem)
+            if len(cells) > 2 and cells[2]:
+                splits.add(cells[2])
+            else:  # hashed into train or validation
+                splits.update(naming.SPLIT_ORDER[: 2 if config.validation_fraction else 1])
         if not data_lines:
             raise ValueError(
                 f"CSV list {config.source} lists no inputs (it is empty, blank, or only a "
                 "header). Give lines `path,label[,split]`."
             )
+        if converting:
+            _refuse_look_alike(splits, "fix the CSV lines")
         return dataclasses.replace(config, layout="csv", csv_header=header)
     root = config.source_root
     try:
@@ -79,6 +105,8 @@ def resolve_layout(config: ConvertConfig) -> ConvertConfig:
             f"{found}. Give a folder whose sub-folders are labels (SRC/daisy/1.jpg), a folder "
             "of split folders (SRC/train/daisy/1.jpg), or a CSV file."
         )
+    if config.layout == "splits" and converting:
+        _refuse_look_alike(folders, "rename the split folders")
     if config.layout != "auto":
         return config
     splits = sorted(folders & set(naming.SPLIT_ORDER))
@@ -92,6 +120,19 @@ def resolve_layout(config: ConvertConfig) -> ConvertConfig:
         f"({', '.join(others)}): is {splits[0]!r} a label or a split? Pass --layout labels "
         "(every folder is a label) or --layout splits (SRC/<split>/<label>/...)."
     )
+
+
+def _refuse_look_alike(splits, fix: str) -> None:
+    """Split names that print alike (`Train` beside `train`) would be separate splits whose
+    shard files are one file on a case-insensitive disk (macOS, Windows)."""
+    alike = naming.look_alike(sorted(splits))
+    if alike:
+        shown = "; ".join(" / ".join(ascii(name) for name in group) for group in alike)
+        raise ValueError(
+            f"Split names that differ only in case or Unicode form ({shown}): each would be a "
+            "split of its own, and their shard files one file on a disk that ignores case "
+            f"(macOS, Windows). Give each split one name: {fix}."
+        )
 
 
 def list_sources(config: ConvertConfig) -> Iterator[SourceFile]:

@@ -173,21 +173,33 @@ def test_a_csv_split_that_cannot_be_a_file_name_stops_the_job_with_what_to_do(tm
     assert not list(tmp_path.glob("*train*")) and not list((tmp_path / "out").glob("*.tfrecord"))
 
 
-def test_a_csv_list_with_more_columns_than_path_label_split_stops_the_job(tmp_path):
+def test_a_csv_list_with_more_columns_than_path_label_split_stops_before_the_job(tmp_path):
     # `path,label,width,height` (a Kaggle-style list): the width was taken for a split, each
-    # number a split of its own, and the rest ignored.
+    # number a split of its own, and the rest ignored. Checked where the launcher reads the
+    # list whole: on Beam a worker's listing failed after the job had started.
     make_folder(tmp_path / "src", per_label=1, odd=())
-    (tmp_path / "list.csv").write_text("path,label,width,height\nsrc/red/000.jpg,red,64,48\n")
-    ran = run_cli("convert", tmp_path / "list.csv", tmp_path / "out", *IN_PROCESS)
-    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
-    assert ran.stderr.splitlines()[-1].startswith(
-        f"error: {tmp_path / 'list.csv'}: line 'src/red/000.jpg,red,64,48' has 4 columns; a "
-        "CSV list's lines are path,label[,split]."
-    )
-    assert not list((tmp_path / "out").iterdir())  # the folder is made for the claim
+    listed = tmp_path / "list.csv"
+    listed.write_text("path,label,width,height\nsrc/red/000.jpg,red,64,48\n")
+    for engine in ([], ["--runner", "DirectRunner"]):
+        ran = run_cli("convert", listed, tmp_path / "out", *IN_PROCESS, *engine)
+        assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+        assert ran.stderr.splitlines()[-1] == (
+            f"error: CSV list {listed} line 2 has 4 columns ('src/red/000.jpg,red,64,48'); its "
+            "lines are path,label[,split]: keep those columns only, and write a path that holds "
+            "a comma in double quotes."
+        )
+        assert not (tmp_path / "out").exists()  # refused before the job, and its claim
+    # A first line the auto rule does not take for a header is named with what to pass.
+    listed.write_text("image.path,label,split,notes\nsrc/red/000.jpg,red,train,x\n")
+    ran = run_cli("convert", listed, tmp_path / "out", *IN_PROCESS)
+    assert "line 1 has 4 columns" in ran.stderr and "pass --csv_header yes" in ran.stderr
     # Empty cells after the split, as spreadsheets write them, are no columns.
-    (tmp_path / "list.csv").write_text("src/red/000.jpg,red,train,,\nsrc/blue/000.jpg,blue,,\n")
-    assert run(tmp_path / "list.csv", tmp_path / "out").splits["train"].num_examples == 2
+    listed.write_text("src/red/000.jpg,red,train,,\nsrc/blue/000.jpg,blue,,\n")
+    assert run(listed, tmp_path / "out").splits["train"].num_examples == 2
+    # verify of a dataset made before the rule (the fourth column ignored) still works.
+    listed.write_text("src/red/000.jpg,red,train,from batch 3\nsrc/blue/000.jpg,blue\n")
+    verified = run_cli("verify", listed, tmp_path / "out")
+    assert verified.returncode == 0 and verified.stdout.strip().endswith("OK"), verified.stdout
 
 
 @pytest.mark.slow
@@ -544,23 +556,30 @@ def test_labels_that_print_alike_are_kept_apart_with_a_warning(tmp_path):
     assert "cat" not in warning
 
 
-def test_a_split_left_without_records_or_printing_like_another_is_warned_of(tmp_path):
+def test_a_split_left_without_records_is_warned_of_and_look_alike_splits_refused(tmp_path):
     # Split folders whose test/ holds train/'s pictures: --dedupe rejects every train copy,
-    # and the job ended with "train: 0 in 0 shards" and exit 0, warning of nothing. A `Train`
-    # folder beside train/ was a split of its own, as silently, once --layout said splits.
-    for split, shade in (("train", 1), ("test", 1), ("Train", 60)):
+    # and the job ended with "train: 0 in 0 shards" and exit 0, warning of nothing.
+    for split in ("train", "test"):
         (tmp_path / "src" / split / "cat").mkdir(parents=True)
         for i in range(2):
-            image = jpeg_bytes(8, 8, (shade, i, 2))
-            (tmp_path / "src" / split / "cat" / f"{i}.jpg").write_bytes(image)
-    result = run_cli("convert", tmp_path / "src", tmp_path / "out", "--dedupe",
-                     "--layout", "splits")  # fmt: skip
+            (tmp_path / "src" / split / "cat" / f"{i}.jpg").write_bytes(jpeg_bytes(8, 8, (1, i, 2)))
+    result = run_cli("convert", tmp_path / "src", tmp_path / "out", "--dedupe")
     assert result.returncode == 0, result.stderr
-    warnings = [line for line in result.stdout.splitlines() if line.startswith("WARNING")]
-    assert any("splits that print alike" in line and "'train' / 'Train'" in line
-               for line in warnings), warnings  # fmt: skip
-    [empty] = [line for line in warnings if "no record" in line]
-    assert "split train has no record: all 2 of its inputs were rejected" in empty
-    assert empty.endswith(str(tmp_path / "out" / "rejected" / "rejected-train.jsonl"))
-    result = run_cli("convert", tmp_path / "src", tmp_path / "kept", "--layout", "splits")
+    [empty] = [line for line in result.stdout.splitlines() if "no record" in line]
+    assert empty == (f"WARNING: split train has no record: all 2 of its inputs were rejected; "
+                     f"why is in {tmp_path / 'out' / 'rejected' / 'rejected-train.jsonl'}")  # fmt: skip
+    result = run_cli("convert", tmp_path / "src", tmp_path / "kept")
     assert "no record" not in result.stdout and result.returncode == 0, result.stdout
+    # A `Train` folder beside train/ (given --layout splits), or a CSV line's `Train`, was a
+    # split of its own, whose shards are train's on a disk that ignores case (macOS).
+    (tmp_path / "src" / "Train" / "cat").mkdir(parents=True)
+    (tmp_path / "src" / "Train" / "cat" / "9.jpg").write_bytes(jpeg_bytes(8, 8, (9, 9, 9)))
+    (tmp_path / "list.csv").write_text("src/train/cat/0.jpg,cat\nsrc/Train/cat/9.jpg,cat,Train\n")
+    for source, layout, fix in ((tmp_path / "src", "splits", "rename the split folders"),
+                                (tmp_path / "list.csv", "csv", "fix the CSV lines")):  # fmt: skip
+        result = run_cli("convert", source, tmp_path / "alike", "--layout", layout)
+        assert result.returncode == 2 and result.stderr.splitlines()[-1] == (
+            "error: Split names that differ only in case or Unicode form ('Train' / 'train'): "
+            "each would be a split of its own, and their shard files one file on a disk that "
+            f"ignores case (macOS, Windows). Give each split one name: {fix}."
+        ), result.stderr

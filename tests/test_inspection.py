@@ -120,6 +120,15 @@ def test_inspect_names_the_count_that_is_out_of_range(converted, capsys, option,
     assert capsys.readouterr().err == f"error: {says}\n"
 
 
+def test_inspect_of_a_link_to_nothing_says_so(tmp_path, capsys):
+    # It said the link "does not exist", which `ls` contradicts.
+    os.symlink(tmp_path / "gone", tmp_path / "dataset")
+    assert cli.main(["inspect", str(tmp_path / "dataset")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path / 'dataset'} is a link to nothing: {tmp_path / 'gone'} does not exist.\n"
+    )
+
+
 def test_inspect_a_bare_pattern_counts_from_the_shards(converted):
     _, out = converted
     done = run_cli("inspect", f"{out}/train-*")

@@ -16,9 +16,6 @@ import re
 from tfrecord_pipe._core import messages, naming, paths, schema, tfds_metadata
 
 DUPLICATES_AND_TFDS_SINCE = (0, 3)  # the version that began to write both
-# The version whose --dedupe keeps a copy outside train before one in it (`naming.dedupe_order`);
-# before, it kept the first by path.
-DEDUPE_SPARES_EVALUATION_SINCE = (0, 5)
 
 
 DIGEST_CHARS = 16  # hex digits kept of a digest: identity, not security
@@ -187,21 +184,11 @@ class Manifest:
     def num_rejected(self) -> int:
         return sum(info.rejected for info in self.splits.values())
 
-    def written_since(self, version: tuple[int, int]) -> bool:
-        """Whether a tfrecord-pipe of `version` (major, minor) or later wrote the dataset."""
-        numbers = re.findall(r"\d+", self.tool_version)[:2]
-        return tuple(int(n) for n in numbers) >= version
-
     @property
     def knows_duplicates(self) -> bool:
         """Whether the duplicates were counted: since 0.3, which also writes TFDS's metadata."""
-        return self.written_since(DUPLICATES_AND_TFDS_SINCE)
-
-    def deduped_first(self, split: str, relpath: str) -> tuple:
-        """Sort key: the copy of some bytes this dataset's `--dedupe` kept comes first."""
-        if self.written_since(DEDUPE_SPARES_EVALUATION_SINCE):
-            return naming.dedupe_order(split, relpath)
-        return (False, relpath)
+        numbers = re.findall(r"\d+", self.tool_version)[:2]
+        return tuple(int(n) for n in numbers) >= DUPLICATES_AND_TFDS_SINCE
 
     def duplicates_line(self) -> str:
         """What a person should know of the duplicates, in one line."""
@@ -217,10 +204,10 @@ class Manifest:
             f"labels): {naming.DUPLICATES_NAME}"
         )
         if deduped:
-            return text + "; --dedupe kept one of each, the others are in rejected/"
+            return text + "; --dedupe kept the first of each, the others are in rejected/"
         if d["cross_split_groups"]:
             text += ". Validation scores count pictures the model trained on"
-        return text + ". --dedupe keeps one of each"
+        return text + ". --dedupe keeps the first of each"
 
     def label_warnings(self) -> list[str]:
         """What to say of labels that no record holds, or none of train: labels come from the

@@ -39,3 +39,9 @@ def some(items, shown: int = 5, show=str) -> str:
     more: a list that fits in one line."""
     more = f" and {len(items) - shown} more" if len(items) > shown else ""
     return ", ".join(map(show, items[:shown])) + more
+
+
+def quoted(text: str, most: int = 100) -> str:
+    """`text` as `repr` writes it, cut after `most` characters (then "..."): a line of a
+    user's file, in a message that must stay one readable line."""
+    return repr(text) if len(text) <= most else f"{text[:most]!r}..."

@@ -128,13 +128,6 @@ def look_alike(names) -> list[tuple[str, ...]]:
     return [tuple(group) for group in groups.values() if len(group) > 1]
 
 
-def dedupe_order(split: str, relpath: str) -> tuple[bool, str]:
-    """Of inputs with the same bytes, `--dedupe` keeps the first in this order: a copy in
-    another split before one in train, so that the splits a model is scored on stay as given
-    and it trains on none of their pictures; then the first by path."""
-    return (split == TRAIN, relpath)
-
-
 def split_order(name: str) -> tuple[int, str]:
     """Sort key: train, validation, test, then other splits by name."""
     return (SPLIT_ORDER.index(name) if name in SPLIT_ORDER else len(SPLIT_ORDER), name)

@@ -218,6 +218,10 @@ def _require_path(path: str) -> None:
         exists = tf.io.gfile.exists(path)
     except tf.errors.OpError as err:  # an unreachable or forbidden bucket
         raise FileNotFoundError(f"Cannot reach {path}: {err.message}") from err
+    if not exists and not paths.is_remote(path) and os.path.lexists(path):
+        raise FileNotFoundError(
+            f"{path} is a link to nothing: {os.readlink(path)} does not exist."
+        )
     if not exists:
         raise FileNotFoundError(f"{path} does not exist.")
 

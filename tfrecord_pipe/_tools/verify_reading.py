@@ -102,7 +102,9 @@ def source_config(source: str, dataset: str, found: manifest.Manifest):
             f"{dataset} was converted from the CSV list {recorded.source}: give that file (or "
             f"its copy) as SRC, not the folder {source}."
         )
-    config = sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset))
+    # Not the rules a new conversion must meet: a dataset of a version before them verifies.
+    config = sources.resolve_layout(dataclasses.replace(recorded, source=source, output=dataset),
+                                    converting=False)  # fmt: skip
     root = config.source_root
     if config.layout != "csv" and paths.is_inside(dataset, root):
         raise ValueError(

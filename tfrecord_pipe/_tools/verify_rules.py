@@ -296,8 +296,8 @@ def content_row(relpath: str, rows: dict[str, list[dict]]) -> tuple[str, dict] |
 def check_content(rows: Iterable[dict], reported: list[list[str]], found: manifest.Manifest
                   ) -> tuple[list[str], int, int]:  # fmt: skip
     """The sources with the same bytes (`content_row`s), and the groups duplicates.jsonl gives
-    for those bytes (one, or none): listed there as they are; with dedupe, the one the
-    dataset's version keeps (`Manifest.deduped_first`) is stored and the others are rejected.
+    for those bytes (one, or none): listed there as they are; with dedupe, the first by path
+    is the one stored and the others are rejected.
 
     Returns the problems, and 1 or 0 for: a group of duplicates, one across splits.
     """
@@ -308,11 +308,10 @@ def check_content(rows: Iterable[dict], reported: list[list[str]], found: manife
         problems.append(f"{naming.DUPLICATES_NAME}: lists the bytes of {reported[0][0]} "
                         f"{len(reported)} times")  # fmt: skip
     if found.conversion.get("dedupe") and group:
-        first, *others = sorted(group, key=lambda row: found.deduped_first(row["split"],
-                                                                           row["relpath"]))
+        first, *others = group
         if first["became"] != "record":
             problems.append(
-                f"{first['relpath']}: the copy of its content --dedupe keeps is not stored"
+                f"{first['relpath']}: the first of its content (--dedupe) is not stored"
             )
         for other in others:
             if other["became"] != images.DUPLICATE_CONTENT:
