@@ -355,8 +355,9 @@ def build_pipeline(
         | "SumLabels" >> beam.CombinePerKey(sum)
         | "LabelCountRows" >> beam.MapTuple(lambda key, n: (*key, n))
     )
-    summary_path = (shards, counts, labels, duplicate_totals, label_counts) | "Summary" >> WriteSummary(
-        paths.join(temp_dir, finalise.SUMMARY_NAME)
+    summary_path = (
+        (shards, counts, labels, duplicate_totals, label_counts)
+        | "Summary" >> WriteSummary(paths.join(temp_dir, finalise.SUMMARY_NAME))
     )
     rejected_written = rejected | "WriteRejected" >> WriteRejected(temp_dir)
     _ = summary_path | "FinaliseDataset" >> FinaliseDataset(

@@ -90,7 +90,8 @@ def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(tmp_pa
         assert found.labels == ("__MACOSX", "blue", "green", "red")
         assert found.splits["train"].label_counts == (0, 0, 1, 1)
         assert found.splits["validation"].label_counts == (0, 1, 1, 1)
-        said.append([line for line in capsys.readouterr().out.splitlines() if "labels with" in line])
+        printed = capsys.readouterr().out.splitlines()
+        said.append([line for line in printed if "labels with" in line])
     assert said[0] == said[1] == [
         ("WARNING: labels with no record (every input of theirs was rejected): '__MACOSX'. Each "
          "is still a class and takes an index, shifting the labels after it: remove those "

@@ -273,8 +273,8 @@ def render(summary: DatasetSummary) -> str:
         counts = () if summary.is_pattern or not found else found.splits[split.name].label_counts
         if counts:  # every record's, without reading them
             lines.append("  labels (every record, as the manifest counts them):")
-            lines += _histogram({f"{label} ({index})": n
-                                 for index, (label, n) in enumerate(zip(found.labels, counts)) if n})  # fmt: skip
+            named = enumerate(zip(found.labels, counts))
+            lines += _histogram({f"{label} ({index})": n for index, (label, n) in named if n})
         elif split.read:
             sampled = "" if listed is None or split.read >= listed else f", a sample of {split.read}"
             lines.append(f"  labels (records read{sampled}):")
