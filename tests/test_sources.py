@@ -55,6 +55,15 @@ def test_only_a_first_line_that_names_no_file_and_looks_like_a_name_is_a_header(
     assert sources.layout_said(told, asked_header="yes") == "csv layout"
 
 
+def test_a_long_first_line_taken_for_a_header_is_shown_cut(tmp_path):
+    # A 60 KB header was one 60 KB log line.
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "list.csv").write_text("path" + "_" * 60000 + ",label\na.jpg,red\n")
+    said = sources.layout_said(resolved(tmp_path / "list.csv"), asked_header="auto")
+    assert said.startswith("csv layout; line 1 ('path____") and "'...) read as a header" in said
+    assert len(said) < 200
+
+
 @pytest.mark.slow
 def test_a_bom_a_header_and_data_lines_named_like_columns(tmp_path):
     # A BOM and an unexpected header used to become a class of their own; a data line whose
