@@ -192,7 +192,7 @@ def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: b
             pipeline.build_pipeline(
                 job, config, temp_dir, fixed_labels, progress_dir if local else None,
                 flags.local_load_threads(options) if local else 1,
-                version=tfrecord_pipe.__version__, run=run,
+                version=tfrecord_pipe.__version__, run=run, launcher_waits=waits,
             )  # fmt: skip
             shown = worker_progress.ProgressLine(progress_dir) if local else None
             with shown or contextlib.nullcontext():

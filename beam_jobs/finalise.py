@@ -384,7 +384,8 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
 
 
 def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
-    """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`"""
+    """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`,
+    then a `WARNING:` line for each of `warnings`."""
     parts = [
         f"{name}: {info.num_examples} in {len(info.shard_lengths)} shards"
         for name, info in result.splits.items()
@@ -394,23 +395,25 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
         reasons = sorted(result.rejected_reasons.items())
         rejected += " (" + ", ".join(f"{k} {v}" for k, v in reasons) + ")"
     line = f"Converted into {out} in {seconds:.1f} s: " + "; ".join(parts) + f"; {rejected}."
-    if result.duplicates:
-        line += f"\nWARNING: {result.duplicates_line()}"
+    return "\n".join([line, *(f"WARNING: {warning}" for warning in warnings(result, out))])
+
+
+def warnings(result: manifest.Manifest, out: str) -> list[str]:
+    """What a person should look at in a dataset just written: the launcher prints them after
+    the summary; a job that finalises with nobody waiting (Dataflow's `--no_wait`, a
+    template) logs them."""
+    said = [result.duplicates_line()] if result.duplicates else []
     alike = naming.look_alike(result.labels)
     if alike:
         shown = "; ".join(" / ".join(ascii(label) for label in group) for group in alike)
-        line += (
-            f"\nWARNING: labels that print alike are separate classes ({shown}): folders named "
-            "in another Unicode form or case. Merge them if they are one class"
+        said.append(
+            f"labels that print alike are separate classes ({shown}): folders named in another "
+            "Unicode form or case. Merge them if they are one class"
         )
     for name, info in result.splits.items():
         if info.listed and not info.num_examples:
             inputs = f"all {info.listed} of its inputs were" if info.listed > 1 else (
                 "its one input was")  # fmt: skip
-            line += (
-                f"\nWARNING: split {name} has no record: {inputs} rejected; why is in "
-                f"{paths.join(out, naming.rejected_name(name))}"
-            )
-    for warning in result.label_warnings():
-        line += f"\nWARNING: {warning}"
-    return line
+            said.append(f"split {name} has no record: {inputs} rejected; why is in "
+                        f"{paths.join(out, naming.rejected_name(name))}")  # fmt: skip
+    return said + result.label_warnings()

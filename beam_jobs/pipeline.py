@@ -13,6 +13,7 @@ two import Beam, so that a local conversion never does.
 from __future__ import annotations
 
 import json
+import logging
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -27,6 +28,8 @@ from beam_jobs.source_file import rejection
 from beam_jobs.sources import list_sources
 from beam_jobs.write_shards import WriteShards
 from tfrecord_pipe._core import naming, paths
+
+LOG = logging.getLogger(__name__)
 
 
 class CollectLabels(beam.PTransform):
@@ -267,9 +270,11 @@ class FinaliseDataset(beam.PTransform):
     """
 
     def __init__(self, config: ConvertConfig, temp_dir: str, version: str, run: str | None,
-                 written=()):  # fmt: skip
+                 written=(), says_warnings: bool = False):  # fmt: skip
+        """`says_warnings`: log the dataset's warnings (`finalise.warnings`), for a job that
+        nobody waits for; a waiting launcher prints them with its summary."""
         super().__init__()
-        self._finalise = _Finalise(config, temp_dir, version, run)
+        self._finalise = _Finalise(config, temp_dir, version, run, says_warnings)
         self._written = written
 
     def expand(self, summary_path):
@@ -278,11 +283,15 @@ class FinaliseDataset(beam.PTransform):
 
 
 class _Finalise(beam.DoFn):
-    def __init__(self, config, temp_dir, version, run):
+    def __init__(self, config, temp_dir, version, run, says_warnings: bool):
         self._args = (config, temp_dir, version, run)
+        self._says_warnings = says_warnings
 
     def process(self, summary_path, *written):
         result = finalise.finalise(*self._args)
+        if self._says_warnings:
+            for warning in finalise.warnings(result, self._args[0].output):
+                LOG.warning("%s", warning)
         yield sum(info.num_examples for info in result.splits.values())
 
 
@@ -295,10 +304,12 @@ def build_pipeline(
     load_threads: int = 1,
     version: str = "",
     run: str | None = None,
+    launcher_waits: bool = False,
 ) -> None:
     """Adds the conversion's steps to `pipeline`: outputs land in `temp_dir`, and the last
     step finalises them into the output folder (`version` goes into the manifest; the claim
-    of run `run` is given up at the end).
+    of run `run` is given up at the end). Unless the `launcher_waits` for the job (to print
+    its summary), that step logs the dataset's warnings.
 
     `progress_dir` and `load_threads` are for local runs: where LoadImages reports its counts
     for the progress line, and how many threads each LoadImages instance checks inputs on.
@@ -361,5 +372,6 @@ def build_pipeline(
     )
     rejected_written = rejected | "WriteRejected" >> WriteRejected(temp_dir)
     _ = summary_path | "FinaliseDataset" >> FinaliseDataset(
-        config, temp_dir, version, run, written=(rejected_written, duplicates_written)
+        config, temp_dir, version, run, written=(rejected_written, duplicates_written),
+        says_warnings=not launcher_waits,
     )

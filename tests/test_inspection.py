@@ -70,8 +70,9 @@ def test_inspect_check_catches_a_manifest_that_disagrees_with_a_shard(converted_
     lengths = (info.shard_lengths[0] + 1,) + info.shard_lengths[1:]
     splits = dict(found.splits)
     splits["train"] = manifest.SplitInfo(
-        info.num_examples + 1, lengths, info.num_bytes, info.listed + 1, info.rejected, info.files
-    )
+        info.num_examples + 1, lengths, info.num_bytes, info.listed + 1, info.rejected, info.files,
+        label_counts=(info.label_counts[0] + 1, *info.label_counts[1:]),
+    )  # fmt: skip
     dataset.write_manifest(str(out), manifest.Manifest(**{**found.__dict__, "splits": splits}))
     done = run_cli("inspect", out, "--check")
     assert done.returncode == 1
@@ -118,6 +119,13 @@ def test_inspect_names_the_count_that_is_out_of_range(converted, capsys, option,
     _, out = converted
     assert cli.main(["inspect", str(out), option, value]) == 2
     assert capsys.readouterr().err == f"error: {says}\n"
+
+
+def test_a_histogram_of_many_labels_shows_the_largest_and_sums_up_the_rest():
+    # 20,000 classes were 20,000 lines.
+    lines = inspection._histogram({f"label{i}": i + 1 for i in range(100)}, most=40)
+    assert len(lines) == 41 and lines[0].split()[0] == "label99"
+    assert lines[-1] == "    ... and 60 more, 1 to 60 each"
 
 
 def test_inspect_of_a_link_to_nothing_says_so(tmp_path, capsys):

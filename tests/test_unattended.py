@@ -4,6 +4,7 @@ end with the same bytes (Dataflow retries failed bundles and may run a slow one 
 
 import errno
 import hashlib
+import logging
 import os
 import pathlib
 import shutil
@@ -75,14 +76,20 @@ def killed_after_moving(monkeypatch, config: ConvertConfig) -> None:
 
 
 @pytest.mark.slow
-def test_the_job_finalises_on_its_own_and_gives_up_the_launchers_claim(tmp_path):
+def test_the_job_finalises_on_its_own_and_gives_up_the_launchers_claim(tmp_path, caplog):
     src = write_image_folder(tmp_path / "src", per_label=6, odd=ODD)
+    (src / "__MACOSX").mkdir()  # a label whose every input is rejected
+    (src / "__MACOSX" / "._0.jpg").write_bytes(b"\x00\x05\x16\x07" * 20)
     out = tmp_path / "out"
     held = claim.Claim(str(out))
     with held:
         held.hand_over()  # what the launcher does before it returns
     assert (out / claim.CLAIM_NAME).exists()  # the job holds it now, not the launcher
-    launch(config_for(src, out, num_shards=2), run=held.run)
+    with caplog.at_level(logging.WARNING, logger="beam_jobs.pipeline"):
+        launch(config_for(src, out, num_shards=2), run=held.run)
+    # Nobody prints a summary: the job's log has what it would have said.
+    assert any("labels with no record (every input of theirs was rejected): '__MACOSX'"
+               in record.getMessage() for record in caplog.records), caplog.records  # fmt: skip
     assert (out / naming.MANIFEST_NAME).exists()
     assert not (out / claim.CLAIM_NAME).exists()
     assert not [p for p in out.iterdir() if p.name.startswith(finalise.TEMP_PREFIX)]

@@ -315,10 +315,16 @@ def test_verify_checks_the_manifest_s_records_per_label_against_the_shards(conve
         f"{info.label_counts[1]} (the manifest: {swapped[1]})",
     ), report
     written = json.loads((out / "manifest.json").read_text())
-    written["splits"]["train"]["label_counts"][0] += 1
-    (out / "manifest.json").write_text(json.dumps(written))
-    done = run_cli("verify", src, out)
-    assert done.returncode == 2 and "label_counts do not sum to num_examples" in done.stderr
+    for edit, says in ((lambda counts: counts.__setitem__(0, counts[0] + 1), "do not sum to"),
+                       (lambda counts: counts.__setitem__(0, float(counts[0])), "must be counts"),
+                       (lambda counts: counts.clear(), "in some splits and not others")):  # fmt: skip
+        edited = json.loads(json.dumps(written))
+        edit(edited["splits"]["train"]["label_counts"])
+        (out / "manifest.json").write_text(json.dumps(edited))
+        with pytest.raises(ValueError, match=says):
+            dataset.read_manifest(str(out))
+    done = run_cli("verify", src, out)  # the last of them
+    assert done.returncode == 2 and "in some splits and not others" in done.stderr
 
 
 def test_a_shard_s_digest_of_its_inputs_is_the_one_manifests_already_hold():

@@ -111,10 +111,9 @@ class SplitInfo:
             raise ValueError(
                 f"shard_lengths sum to {sum(self.shard_lengths)}, num_examples is {self.num_examples}"
             )
-        if self.label_counts and (
-            sum(self.label_counts) != self.num_examples
-            or not all(type(n) is int and n >= 0 for n in self.label_counts)
-        ):
+        if not all(type(n) is int and n >= 0 for n in self.label_counts):
+            raise ValueError("label_counts must be counts: ints, 0 or more")
+        if self.label_counts and sum(self.label_counts) != self.num_examples:
             raise ValueError(f"label_counts do not sum to num_examples ({self.num_examples})")
         if self.listed != self.num_examples + self.rejected:
             raise ValueError(
@@ -169,6 +168,9 @@ class Manifest:
             if info.label_counts and len(info.label_counts) != len(self.labels):
                 raise ValueError(f"split {split}: {len(info.label_counts)} label_counts for "
                                  f"{len(self.labels)} labels")  # fmt: skip
+        if len({bool(info.label_counts) for info in self.splits.values()}) > 1:
+            raise ValueError("label_counts in some splits and not others: a converter writes "
+                             "them for every split or for none")  # fmt: skip
 
     @property
     def file_formats(self) -> tuple[str, ...]:

@@ -274,11 +274,12 @@ def render(summary: DatasetSummary) -> str:
         if counts:  # every record's, without reading them
             lines.append("  labels (every record, as the manifest counts them):")
             named = enumerate(zip(found.labels, counts))
-            lines += _histogram({f"{label} ({index})": n for index, (label, n) in named if n})
+            lines += _histogram({f"{label} ({index})": n for index, (label, n) in named if n},
+                                most=MOST_LABELS_SHOWN)  # fmt: skip
         elif split.read:
             sampled = "" if listed is None or split.read >= listed else f", a sample of {split.read}"
             lines.append(f"  labels (records read{sampled}):")
-            lines += _histogram(split.labels)
+            lines += _histogram(split.labels, most=MOST_LABELS_SHOWN)
         if split.read:
             lines.append(
                 f"  image height {_stats(split.heights)}; width {_stats(split.widths)}"
@@ -317,13 +318,23 @@ def _stats(values) -> str:
     return f"{min(values)}..{max(values)} (median {statistics.median(values):g})"
 
 
-def _histogram(counts: dict, sort_by_count: bool = True) -> list[str]:
+MOST_LABELS_SHOWN = 40  # rows of a label histogram; the rest in one line (21,000 classes)
+
+
+def _histogram(counts: dict, sort_by_count: bool = True, most: int | None = None) -> list[str]:
+    """A bar per key; with `most`, the `most` largest and one line for the rest."""
     items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if sort_by_count else list(counts.items())
+    items, rest = (items, []) if most is None else (items[:most], items[most:])
     top = max(counts.values())
     width = max(len(str(key)) for key, _ in items)
-    return [
+    lines = [
         f"    {str(key):<{width}} {'█' * max(1, round(_BAR * n / top))} {n}" for key, n in items
     ]
+    if rest:
+        low, high = min(n for _, n in rest), max(n for _, n in rest)
+        each = f"{low}" if low == high else f"{low} to {high}"
+        lines.append(f"    ... and {len(rest)} more, {each} each")
+    return lines
 
 
 def _size_buckets(sides) -> dict[str, int]:
