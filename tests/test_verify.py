@@ -315,9 +315,10 @@ def test_verify_checks_the_manifest_s_records_per_label_against_the_shards(conve
         f"{info.label_counts[1]} (the manifest: {swapped[1]})",
     ), report
     written = json.loads((out / "manifest.json").read_text())
-    for edit, says in ((lambda counts: counts.__setitem__(0, counts[0] + 1), "do not sum to"),
-                       (lambda counts: counts.__setitem__(0, float(counts[0])), "must be counts"),
-                       (lambda counts: counts.clear(), "in some splits and not others")):  # fmt: skip
+    edits = ((lambda counts: counts.__setitem__(0, counts[0] + 1), "do not sum to"),
+             (lambda counts: counts.__setitem__(0, float(counts[0])), "must be counts"),
+             (lambda counts: counts.clear(), "in some splits and not others"))  # fmt: skip
+    for edit, says in edits:
         edited = json.loads(json.dumps(written))
         edit(edited["splits"]["train"]["label_counts"])
         (out / "manifest.json").write_text(json.dumps(edited))
