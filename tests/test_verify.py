@@ -229,6 +229,20 @@ def test_verify_a_csv_conversion_with_a_duplicate_line_and_a_missing_file(tmp_pa
     assert done.returncode == 2 and "is a folder, not a CSV list" in done.stderr
 
 
+@pytest.mark.parametrize("dedupe", [[], ["--dedupe"]], ids=["kept", "deduped"])
+def test_verify_a_csv_naming_a_file_twice_that_has_a_copy_under_another_name(tmp_path, dedupe):
+    # The file named twice was left out of its content's group, and verify failed the
+    # untouched dataset: "counts 1 duplicate groups; the sources have 0".
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jpg").write_bytes(jpeg_bytes(9, 9, COLOURS["red"]))
+    (tmp_path / "c.jpg").write_bytes(jpeg_bytes(9, 9, COLOURS["blue"]))
+    (tmp_path / "list.csv").write_text("a.jpg,x\na.jpg,x\nb.jpg,y\nc.jpg,y\n")
+    found = convert.run([str(tmp_path / "list.csv"), str(tmp_path / "out"), *dedupe, *IN_PROCESS])
+    assert found.duplicates["groups"] == 1
+    report = verified_both_ways(tmp_path / "list.csv", tmp_path / "out")
+    assert report.ok and (report.sources, report.rejected) == (4, 1 + len(dedupe)), report
+
+
 def test_verify_catches_records_that_changed_split(converted_copy):
     # A train record and a validation record swapped places, counts untouched: it used to
     # say OK.

@@ -282,8 +282,9 @@ def _order(row: dict) -> str:
 
 def content_row(relpath: str, rows: dict[str, list[dict]]) -> tuple[str, dict] | None:
     """A source the converter would store, under its content hash, with what became of it."""
+    # One file a CSV list names twice is two sources here, one of them stored.
     stored = [s for s in rows[SOURCE] if "rejected" not in s]
-    if len(rows[SOURCE]) != 1 or not stored:
+    if len(stored) != 1:
         return None
     became = "record" if rows[RECORD] else None
     if not became and rows[REJECTED]:
