@@ -395,25 +395,5 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
         reasons = sorted(result.rejected_reasons.items())
         rejected += " (" + ", ".join(f"{k} {v}" for k, v in reasons) + ")"
     line = f"Converted into {out} in {seconds:.1f} s: " + "; ".join(parts) + f"; {rejected}."
-    return "\n".join([line, *(f"WARNING: {warning}" for warning in warnings(result, out))])
+    return "\n".join([line, *(f"WARNING: {warning}" for warning in result.warnings(out))])
 
-
-def warnings(result: manifest.Manifest, out: str) -> list[str]:
-    """What a person should look at in a dataset just written: the launcher prints them after
-    the summary; a job that finalises with nobody waiting (Dataflow's `--no_wait`, a
-    template) logs them."""
-    said = [result.duplicates_line()] if result.duplicates else []
-    alike = naming.look_alike(result.labels)
-    if alike:
-        shown = "; ".join(" / ".join(ascii(label) for label in group) for group in alike)
-        said.append(
-            f"labels that print alike are separate classes ({shown}): folders named in another "
-            "Unicode form or case. Merge them if they are one class"
-        )
-    for name, info in result.splits.items():
-        if info.listed and not info.num_examples:
-            inputs = f"all {info.listed} of its inputs were" if info.listed > 1 else (
-                "its one input was")  # fmt: skip
-            said.append(f"split {name} has no record: {inputs} rejected; why is in "
-                        f"{paths.join(out, naming.rejected_name(name))}")  # fmt: skip
-    return said + result.label_warnings()

@@ -271,7 +271,7 @@ class FinaliseDataset(beam.PTransform):
 
     def __init__(self, config: ConvertConfig, temp_dir: str, version: str, run: str | None,
                  written=(), says_warnings: bool = False):  # fmt: skip
-        """`says_warnings`: log the dataset's warnings (`finalise.warnings`), for a job that
+        """`says_warnings`: log the dataset's warnings (`Manifest.warnings`), for a job that
         nobody waits for; a waiting launcher prints them with its summary."""
         super().__init__()
         self._finalise = _Finalise(config, temp_dir, version, run, says_warnings)
@@ -290,7 +290,7 @@ class _Finalise(beam.DoFn):
     def process(self, summary_path, *written):
         result = finalise.finalise(*self._args)
         if self._says_warnings:
-            for warning in finalise.warnings(result, self._args[0].output):
+            for warning in result.warnings(self._args[0].output):
                 LOG.warning("%s", warning)
         yield sum(info.num_examples for info in result.splits.values())
 

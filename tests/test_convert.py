@@ -13,6 +13,7 @@ from google.cloud import storage
 from beam_jobs import convert, pipeline, shard_plan, sources
 from tfrecord_pipe._core import manifest, schema
 from tfrecord_pipe._reading import dataset
+from tfrecord_pipe._tools import cli
 
 from helpers import IN_PROCESS, RGB, jpeg_bytes, run_cli, write_image_folder
 
@@ -544,7 +545,7 @@ def test_names_that_are_not_utf8_are_rejected_with_their_bytes_escaped(tmp_path)
     assert verified.returncode == 0 and verified.stdout.strip().endswith("OK"), verified.stdout
 
 
-def test_labels_that_print_alike_are_kept_apart_with_a_warning(tmp_path):
+def test_labels_that_print_alike_are_kept_apart_with_a_warning(tmp_path, capsys):
     # café typed two ways (NFC and NFD) and Dog/dog: separate classes that look like one.
     for label in ("caf\u00e9", "cafe\u0301", "Dog", "dog", "cat"):
         (tmp_path / "src" / label).mkdir(parents=True)
@@ -554,6 +555,9 @@ def test_labels_that_print_alike_are_kept_apart_with_a_warning(tmp_path):
     warning = next(line for line in result.stdout.splitlines() if "print alike" in line)
     assert "'cafe\\u0301' / 'caf\\xe9'" in warning and "'Dog' / 'dog'" in warning
     assert "cat" not in warning
+    # `inspect` says the same, for a job whose summary nobody saw (Dataflow's --no_wait).
+    assert cli.main(["inspect", str(tmp_path / "out")]) == 0
+    assert warning in capsys.readouterr().out.splitlines()
 
 
 def test_a_split_left_without_records_is_warned_of_and_look_alike_splits_refused(tmp_path):

@@ -53,7 +53,7 @@ def test_duplicates_are_reported_cross_split_first_and_all_kept(leaky, tmp_path,
     ]  # fmt: skip
     assert [f["relpath"] for f in second["files"]] == ["train/cat/a.jpg", "train/cat/b.jpg"]
     inspected = run_cli("inspect", out)
-    assert "duplicates: 2 picture(s)" in inspected.stdout and "1 across splits" in inspected.stdout
+    assert "WARNING: 2 picture(s)" in inspected.stdout and "1 across splits" in inspected.stdout
     assert run_cli("verify", leaky, out).returncode == 0
 
 

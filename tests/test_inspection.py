@@ -128,13 +128,20 @@ def test_a_histogram_of_many_labels_shows_the_largest_and_sums_up_the_rest():
     assert lines[-1] == "    ... and 60 more, 1 to 60 each"
 
 
-def test_inspect_of_a_link_to_nothing_says_so(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_a_link_that_leads_nowhere_is_said_to_be_one(tmp_path, capsys, command):
     # It said the link "does not exist", which `ls` contradicts.
-    os.symlink(tmp_path / "gone", tmp_path / "dataset")
-    assert cli.main(["inspect", str(tmp_path / "dataset")]) == 2
-    assert capsys.readouterr().err == (
-        f"error: {tmp_path / 'dataset'} is a link to nothing: {tmp_path / 'gone'} does not exist.\n"
-    )
+    os.symlink("gone", tmp_path / "dataset")
+    os.symlink("loop", tmp_path / "loop")
+    for link, to in (("dataset", "gone"), ("loop", "loop")):
+        args = [str(tmp_path / link)]
+        if command == "verify":  # SRC, then the dataset
+            args.insert(0, str(tmp_path))
+        assert cli.main([command, *args]) == 2
+        assert capsys.readouterr().err.endswith(
+            f"error: {tmp_path / link} is a link that leads nowhere (to {to}: missing, or a loop "
+            "of links).\n"
+        )
 
 
 def test_inspect_a_bare_pattern_counts_from_the_shards(converted):

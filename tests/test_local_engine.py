@@ -72,7 +72,9 @@ def test_the_local_engine_writes_the_beam_pipelines_dataset_byte_for_byte(
     assert not [name for name in os.listdir(tmp_path / "engine") if name.startswith(".")]
 
 
-def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(tmp_path, capsys):
+def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(
+    tmp_path, capsys, caplog
+):
     # A macOS zip's __MACOSX folder (its AppleDouble files rejected) was a class of its own,
     # shifting every label after it, and nothing said so; nor of a label that train lacks.
     # Said from the manifest's counts, so where the launcher prints the summary (Dataflow's
@@ -92,6 +94,8 @@ def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(tmp_pa
         assert found.splits["validation"].label_counts == (0, 1, 1, 1)
         printed = capsys.readouterr().out.splitlines()
         said.append([line for line in printed if "labels with" in line])
+    # Printed by the launcher that waited, not logged by the job as well.
+    assert not [r for r in caplog.records if "labels with" in r.getMessage()]
     assert said[0] == said[1] == [
         ("WARNING: labels with no record (every input of theirs was rejected): '__MACOSX'. Each "
          "is still a class and takes an index, shifting the labels after it: remove those "

@@ -229,14 +229,20 @@ def test_verify_a_csv_conversion_with_a_duplicate_line_and_a_missing_file(tmp_pa
     assert done.returncode == 2 and "is a folder, not a CSV list" in done.stderr
 
 
-@pytest.mark.parametrize("dedupe", [[], ["--dedupe"]], ids=["kept", "deduped"])
-def test_verify_a_csv_naming_a_file_twice_that_has_a_copy_under_another_name(tmp_path, dedupe):
+@pytest.mark.parametrize("twice", ["a", "b"], ids=["the-copy-kept", "the-copy-deduped"])
+@pytest.mark.parametrize("dedupe", [[], ["--dedupe"]], ids=["all-kept", "deduped"])
+def test_verify_a_csv_naming_a_file_twice_that_has_a_copy_under_another_name(
+    tmp_path, dedupe, twice
+):
     # The file named twice was left out of its content's group, and verify failed the
-    # untouched dataset: "counts 1 duplicate groups; the sources have 0".
+    # untouched dataset: "counts 1 duplicate groups; the sources have 0"; with --dedupe
+    # rejecting it (b.jpg: a.jpg is first by path), "in rejected/ (duplicate_content), but
+    # the converter would store it now".
     for name in ("a", "b"):
         (tmp_path / f"{name}.jpg").write_bytes(jpeg_bytes(9, 9, COLOURS["red"]))
     (tmp_path / "c.jpg").write_bytes(jpeg_bytes(9, 9, COLOURS["blue"]))
-    (tmp_path / "list.csv").write_text("a.jpg,x\na.jpg,x\nb.jpg,y\nc.jpg,y\n")
+    other = "b" if twice == "a" else "a"
+    (tmp_path / "list.csv").write_text(f"{twice}.jpg,x\n{twice}.jpg,x\n{other}.jpg,y\nc.jpg,y\n")
     found = convert.run([str(tmp_path / "list.csv"), str(tmp_path / "out"), *dedupe, *IN_PROCESS])
     assert found.duplicates["groups"] == 1
     report = verified_both_ways(tmp_path / "list.csv", tmp_path / "out")
@@ -324,9 +330,12 @@ def test_verify_checks_the_manifest_s_records_per_label_against_the_shards(conve
     report = verified_both_ways(src, out)
     first, second = found.labels[:2]
     assert report.problems == (
-        f"split train: the shards read hold other records per label than label_counts says: "
-        f"{first!r} {info.label_counts[0]} (the manifest: {swapped[0]}), {second!r} "
-        f"{info.label_counts[1]} (the manifest: {swapped[1]})",
+        (
+            f"split train: the shards read hold other records per label than label_counts says: "
+            f"{first!r} {info.label_counts[0]} (the manifest: {swapped[0]}), {second!r} "
+            f"{info.label_counts[1]} (the manifest: {swapped[1]}) (the manifest edited, or "
+            "shards replaced?)"
+        ),
     ), report
     written = json.loads((out / "manifest.json").read_text())
     edits = ((lambda counts: counts.__setitem__(0, counts[0] + 1), "do not sum to"),

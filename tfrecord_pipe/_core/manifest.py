@@ -211,7 +211,27 @@ class Manifest:
             text += ". Validation scores count pictures the model trained on"
         return text + ". --dedupe keeps the first of each"
 
-    def label_warnings(self) -> list[str]:
+    def warnings(self, folder: str) -> list[str]:
+        """What a person should look at in the dataset in `folder`: the launcher prints them
+        after its summary, a job that finalises with nobody waiting (Dataflow's `--no_wait`,
+        a template) logs them, and `inspect` shows them."""
+        said = [self.duplicates_line()] if self.duplicates else []
+        alike = naming.look_alike(self.labels)
+        if alike:
+            shown = "; ".join(" / ".join(ascii(label) for label in group) for group in alike)
+            said.append(
+                f"labels that print alike are separate classes ({shown}): folders named in "
+                "another Unicode form or case. Merge them if they are one class"
+            )
+        for name, info in self.splits.items():
+            if info.listed and not info.num_examples:
+                inputs = f"all {info.listed} of its inputs were" if info.listed > 1 else (
+                    "its one input was")  # fmt: skip
+                said.append(f"split {name} has no record: {inputs} rejected; why is in "
+                            f"{paths.join(folder, naming.rejected_name(name))}")  # fmt: skip
+        return said + self._label_warnings()
+
+    def _label_warnings(self) -> list[str]:
         """What to say of labels that no record holds, or none of train: labels come from the
         inputs listed, so a folder whose every input was rejected (`__MACOSX`, `.git`) or a
         CSV line's misspelt label is a class of its own, and shifts the indices of those after
@@ -268,19 +288,27 @@ class Manifest:
             data["conversion"] = {"flags": data.pop("options")}
         data["labels"] = tuple(data["labels"])
         data["splits"] = {  # in split order (train, validation, test, ...), as written
-            name: SplitInfo(
-                **{
-                    **info,
-                    "shard_lengths": tuple(info["shard_lengths"]),
-                    "files": tuple(info["files"]),
-                    "array_record_files": tuple(info.get("array_record_files", ())),
-                    "shard_digests": tuple(info.get("shard_digests", ())),
-                    "label_counts": tuple(info.get("label_counts", ())),
-                }
-            )
+            name: _split_info(name, info)
             for name, info in sorted(data["splits"].items(), key=lambda kv: naming.split_order(kv[0]))
         }
         return cls(**data)
+
+
+def _split_info(name: str, info: dict) -> SplitInfo:
+    """A split's entry of a manifest's JSON; a problem in it names the split."""
+    try:
+        return SplitInfo(
+            **{
+                **info,
+                "shard_lengths": tuple(info["shard_lengths"]),
+                "files": tuple(info["files"]),
+                "array_record_files": tuple(info.get("array_record_files", ())),
+                "shard_digests": tuple(info.get("shard_digests", ())),
+                "label_counts": tuple(info.get("label_counts", ())),
+            }
+        )
+    except ValueError as err:
+        raise ValueError(f"split {name}: {err}") from None
 
 
 def not_a_dataset(folder: str) -> FileNotFoundError:

@@ -69,7 +69,8 @@ storage, a worker); 2 bad input; 130 interrupted (Ctrl-C); 143 convert terminate
     )  # fmt: skip
     inspect.add_argument(
         "--sample", type=int, default=5000,
-        help="records read per split for the histograms (0 reads all)",
+        help="records read per split for the image-size histograms, and for the label one "
+        "where the manifest does not count labels (0 reads all)",
     )  # fmt: skip
     inspect.add_argument("--grid_count", type=int, default=24, help="records in the grid")
     inspect.add_argument(
@@ -218,12 +219,17 @@ def _require_path(path: str) -> None:
         exists = tf.io.gfile.exists(path)
     except tf.errors.OpError as err:  # an unreachable or forbidden bucket
         raise FileNotFoundError(f"Cannot reach {path}: {err.message}") from err
-    if not exists and not paths.is_remote(path) and os.path.lexists(path):
-        raise FileNotFoundError(
-            f"{path} is a link to nothing: {os.readlink(path)} does not exist."
-        )
     if not exists:
-        raise FileNotFoundError(f"{path} does not exist.")
+        raise _not_there(path)
+
+
+def _not_there(path: str) -> FileNotFoundError:
+    """The error for a path that is not there; a link that leads nowhere is said to be one
+    (`ls` shows it)."""
+    if not paths.is_remote(path) and os.path.islink(path):
+        return FileNotFoundError(f"{path} is a link that leads nowhere (to {os.readlink(path)}: "
+                                 "missing, or a loop of links).")  # fmt: skip
+    return FileNotFoundError(f"{path} does not exist.")
 
 
 def _require_path_without_tensorflow(path: str) -> None:
@@ -239,7 +245,7 @@ def _require_path_without_tensorflow(path: str) -> None:
     except Exception as err:  # noqa: BLE001 - an unreachable or forbidden bucket
         raise FileNotFoundError(f"Cannot reach {path}: {messages.one_line(err)}") from err
     if not there:
-        raise FileNotFoundError(f"{path} does not exist.")
+        raise _not_there(path)
 
 
 def _verify(args) -> int:

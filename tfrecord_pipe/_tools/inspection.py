@@ -27,7 +27,7 @@ from tfrecord_pipe._core import messages, naming, paths, schema
 from tfrecord_pipe._reading import dataset as dataset_lib
 from tfrecord_pipe._reading import records
 
-DEFAULT_SAMPLE = 5000  # records read per split for the histograms
+DEFAULT_SAMPLE = 5000  # records read per split for the histograms the manifest cannot give
 _BAR = 30  # width of the longest histogram bar, in characters
 
 
@@ -271,11 +271,14 @@ def render(summary: DatasetSummary) -> str:
                 f" ({sum(s.counted for s in checked)} records read)"
             )
         counts = () if summary.is_pattern or not found else found.splits[split.name].label_counts
-        if counts:  # every record's, without reading them
+        if any(counts):  # every record's, without reading them
             lines.append("  labels (every record, as the manifest counts them):")
-            named = enumerate(zip(found.labels, counts))
-            lines += _histogram({f"{label} ({index})": n for index, (label, n) in named if n},
-                                most=MOST_LABELS_SHOWN)  # fmt: skip
+            offset = found.label_offset
+            lines += _histogram(
+                {label_text(index + offset, label, offset, found.labels): n
+                 for index, (label, n) in enumerate(zip(found.labels, counts)) if n},
+                most=MOST_LABELS_SHOWN,
+            )  # fmt: skip
         elif split.read:
             sampled = "" if listed is None or split.read >= listed else f", a sample of {split.read}"
             lines.append(f"  labels (records read{sampled}):")
@@ -297,8 +300,9 @@ def render(summary: DatasetSummary) -> str:
         else:
             lines.append("rejected: none")
         if found is not None:
-            lines.append(f"duplicates: {found.duplicates_line()}")
-            lines += [f"WARNING: {warning}" for warning in found.label_warnings()]
+            if not found.duplicates:  # else the first warning
+                lines.append(f"duplicates: {found.duplicates_line()}")
+            lines += [f"WARNING: {warning}" for warning in found.warnings(summary.path)]
     lines += [f"PROBLEM {problem}" for problem in summary.problems]
     return "\n".join(lines)
 

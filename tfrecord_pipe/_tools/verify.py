@@ -38,7 +38,7 @@ from tfrecord_pipe._tools.verify_rules import (
     COUNT,
     FILES,
     INPUTS,
-    LABELS,
+    LABEL_COUNT,
     PROBLEM,
     RECORD,
     REJECTED,
@@ -201,7 +201,7 @@ class _Join:
                 self._by_content.add((value[0], _ORDER[REPORTED], value[1]))
             elif kind == SPAN:
                 self._spans.append(value)
-            elif kind == LABELS:
+            elif kind == LABEL_COUNT:
                 split, label, n = value
                 self._labels[split, label] += n
             else:

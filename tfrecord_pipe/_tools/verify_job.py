@@ -31,7 +31,7 @@ from tfrecord_pipe._tools.verify_rules import (
     COUNT,
     FILES,
     INPUTS,
-    LABELS,
+    LABEL_COUNT,
     PROBLEM,
     RECORD,
     REJECTED,
@@ -237,7 +237,7 @@ class VerifyDataset(beam.PTransform):
             | "OrderAcrossShards" >> beam.FlatMap(_span_problems, found)
         )
         per_label = (
-            shards[LABELS]
+            shards[LABEL_COUNT]
             | "RecordsPerLabel" >> beam.MapTuple(lambda split, label, n: ((split, label), n))
             | "SumPerLabel" >> beam.CombinePerKey(sum)
             | "LabelTotals" >> beam.combiners.ToList()
@@ -269,7 +269,7 @@ class VerifyDataset(beam.PTransform):
         )
 
 
-_KINDS = (SOURCE, RECORD, REJECTED, REPORTED, PROBLEM, COUNT, SPAN, LABELS)
+_KINDS = (SOURCE, RECORD, REJECTED, REPORTED, PROBLEM, COUNT, SPAN, LABEL_COUNT)
 
 
 def _tagged(read, total: str | None = None):

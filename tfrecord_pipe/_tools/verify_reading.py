@@ -26,7 +26,7 @@ from tfrecord_pipe._core import manifest, messages, naming, paths, schema, tfds_
 from tfrecord_pipe._core import rejection as rejection_lib
 from tfrecord_pipe._tools.verify_rules import (
     COUNT,
-    LABELS,
+    LABEL_COUNT,
     PROBLEM,
     RECORD,
     REJECTED,
@@ -217,7 +217,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     other format (if any) against it, record for record; its SPAN of keys (read whole), with
     whether the inputs it holds are those the manifest's digest of them names
     (`manifest.ShardPositions`); then its COUNT of records.
-    Also the records of each label it holds, as LABELS rows.
+    Also the records of each label it holds, as LABEL_COUNT rows.
     `temp_dir`: where a remote ArrayRecord shard is copied to be read. `beside`: told the
     relative paths of each window of records before they are judged (`ahead`), and asked
     whether each record's image is its source's (`same_image`; `verify_beside`)."""
@@ -276,7 +276,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
         if problem:
             yield PROBLEM, problem
     for label, n in labels.items():
-        yield LABELS, (split, label, n)
+        yield LABEL_COUNT, (split, label, n)
     yield COUNT, count
 
 

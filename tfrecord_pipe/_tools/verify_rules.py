@@ -35,7 +35,7 @@ MAX_PROBLEMS_KEPT = 1000  # problems listed in full; beyond that only counted
 SOURCE, RECORD, REJECTED, PROBLEM, COUNT = "source", "record", "rejected", "problem", "count"
 REPORTED = "reported"  # a group of duplicates.jsonl, joined on its content hash
 SPAN = "span"  # a shard's first and last record keys, for the order across shards
-LABELS = "labels"  # (split, label, n): a shard's records of a label
+LABEL_COUNT = "label_count"  # (split, label, n): a shard's records of a label
 # Problems are listed in this order: those of the dataset's files (shards, rejection files,
 # the manifest's counts), then those of single inputs; alphabetically within each. The first
 # MAX_PROBLEMS_KEPT are kept, the same ones by both drivers.
@@ -236,12 +236,14 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
         for kind in (SOURCE, RECORD, REJECTED)
     )
     problems = []
-    if (
-        dedupe
-        and not records
-        and [r.get("reason") for r in rejected] == [images.DUPLICATE_CONTENT]
-        and [s.get("rejected") for s in listed] == [None]
-    ):
+    stored = [s for s in listed if "rejected" not in s]
+    refused = [s for s in listed if "rejected" in s]
+    by_content = [r for r in rejected if r.get("reason") == images.DUPLICATE_CONTENT]
+    if dedupe and not records and len(stored) == len(by_content) == 1:
+        # Its content's group judges the stored source's line (`check_content`); a CSV list's
+        # other listings of the same file have lines of their own.
+        others = [r for r in rejected if r is not by_content[0]]
+        _check_rejections(relpath, refused, others, problems)
         return problems
     if not listed:
         where = [f"shard {r['shard']}" for r in records] + ["rejected/"] * len(rejected)
@@ -249,8 +251,6 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
     if len(records) > 1:
         shards = ", ".join(record["shard"] for record in records)
         problems.append(f"{relpath}: written {len(records)} times (shards {shards})")
-    stored = [s for s in listed if "rejected" not in s]
-    refused = [s for s in listed if "rejected" in s]
     if records and stored:
         _check_record(relpath, records[0], stored[0], problems)
     elif records:
@@ -288,7 +288,10 @@ def content_row(relpath: str, rows: dict[str, list[dict]]) -> tuple[str, dict] |
         return None
     became = "record" if rows[RECORD] else None
     if not became and rows[REJECTED]:
-        became = min(rows[REJECTED], key=_order).get("reason")
+        # The stored source's own line, not a line of the file's other listings (`duplicate`).
+        listings = {s["rejected"] for s in rows[SOURCE] if "rejected" in s}
+        own = [r for r in rows[REJECTED] if r.get("reason") not in listings] or rows[REJECTED]
+        became = min(own, key=_order).get("reason")
     source = stored[0]
     row = {"relpath": relpath, "split": source["split"], "label": source["label"], "became": became}
     return source["sha256"], row
@@ -387,7 +390,8 @@ def label_count_problems(found: manifest.Manifest, counted: dict[tuple[str, str]
         ]
         if differ:
             problems.append(f"split {split}: the shards read hold other records per label than "
-                            f"label_counts says: {messages.some(differ, 5)}")  # fmt: skip
+                            f"label_counts says: {messages.some(differ, 5)} (the manifest "
+                            "edited, or shards replaced?)")  # fmt: skip
     return problems
 
 
