@@ -25,13 +25,18 @@ def group_row(sha256: str, records) -> dict | None:
     records = list(records)  # Beam gives an iterable
     if len(records) < 2:  # nearly every group: no sort for it
         return None
-    records = _ordered(records)
-    files = [{"relpath": c.relpath, "split": split, "label": c.label_text} for split, c in records]
+    return report_row(sha256, [(c.relpath, split, c.label_text) for split, c in _ordered(records)])
+
+
+def report_row(sha256: str, files: list[tuple[str, str, str]]) -> dict:
+    """duplicates.jsonl's line for the inputs with these bytes, (relpath, split, label) in path
+    order: what the job writes and `verify` expects."""
+    rows = [{"relpath": relpath, "split": split, "label": label} for relpath, split, label in files]
     return {
         "sha256": sha256,
-        "cross_split": len({f["split"] for f in files}) > 1,
-        "cross_label": len({f["label"] for f in files}) > 1,
-        "files": files,
+        "cross_split": len({row["split"] for row in rows}) > 1,
+        "cross_label": len({row["label"] for row in rows}) > 1,
+        "files": rows,
     }
 
 

@@ -385,7 +385,7 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
 
 def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
     """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`,
-    then a `WARNING:` line for each of `warnings`."""
+    then a `WARNING:` line for each of the dataset's warnings (`Manifest.warnings`)."""
     parts = [
         f"{name}: {info.num_examples} in {len(info.shard_lengths)} shards"
         for name, info in result.splits.items()
@@ -396,4 +396,3 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
         rejected += " (" + ", ".join(f"{k} {v}" for k, v in reasons) + ")"
     line = f"Converted into {out} in {seconds:.1f} s: " + "; ".join(parts) + f"; {rejected}."
     return "\n".join([line, *(f"WARNING: {warning}" for warning in result.warnings(out))])
-

@@ -102,3 +102,33 @@ def test_verify_finds_a_report_that_no_longer_matches(leaky, tmp_path):
     assert convert.run([str(leaky), str(out), "--overwrite", *IN_PROCESS]).duplicates == {}
     assert not (out / naming.DUPLICATES_NAME).exists()
     assert run_cli("verify", leaky, out).returncode == 0
+
+
+def test_verify_finds_a_report_or_a_rejection_edited_to_hide_a_leak(leaky, tmp_path):
+    # duplicates.jsonl's splits and labels, and a --dedupe copy's split in rejected/, were
+    # taken as written: a leak across splits could be edited out of the report, and verify
+    # said OK.
+    out = tmp_path / "out"
+    convert.run([str(leaky), str(out), *IN_PROCESS])
+    lines = (out / naming.DUPLICATES_NAME).read_text().splitlines()
+    leak = json.loads(lines[0])
+    leak["files"][1]["split"], leak["cross_split"] = "train", False
+    (out / naming.DUPLICATES_NAME).write_text("\n".join([json.dumps(leak), *lines[1:]]) + "\n")
+    report = verified_both_ways(leaky, out)
+    assert report.problems == ("duplicates.jsonl: the group of train/cat/leaked.jpg gives other "
+                               "splits or labels than its inputs have (edited?)",)  # fmt: skip
+    # A file a CSV list names in train and validation, the copy --dedupe drops in both.
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes(9, 9, (10, 200, 10)))
+    (tmp_path / "b.jpg").write_bytes(jpeg_bytes(9, 9, (10, 200, 10)))
+    (tmp_path / "c.jpg").write_bytes(jpeg_bytes(9, 9, (200, 10, 10)))
+    listed = tmp_path / "list.csv"
+    listed.write_text("a.jpg,x,train\nb.jpg,x,train\nb.jpg,x,validation\nc.jpg,y,validation\n")
+    out = tmp_path / "csv"
+    convert.run([str(listed), str(out), "--dedupe", *IN_PROCESS])
+    assert verified_both_ways(listed, out).ok
+    rejected = out / "rejected" / "rejected-train.jsonl"
+    [line] = [json.loads(text) for text in rejected.read_text().splitlines()]
+    assert (line["relpath"], line["reason"]) == ("b.jpg", images.DUPLICATE_CONTENT)
+    rejected.write_text(json.dumps({**line, "split": "validation"}) + "\n")
+    report = verified_both_ways(listed, out)
+    assert report.problems == ("b.jpg: rejected in split validation, but listed in train",)

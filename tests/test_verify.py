@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from beam_jobs import convert, record_reader, sources, spill
+from beam_jobs import convert, duplicates, record_reader, sources, spill
 from tfrecord_pipe._core import manifest, schema
 from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import verify, verify_beside, verify_reading, verify_rules
@@ -405,9 +405,11 @@ def test_the_rules_give_one_answer_whatever_order_the_rows_come_in(converted):
         for rejected in (lines, lines[::-1])
     }  # fmt: skip
     assert len(answers) == 1 and any("written 2 times" in p for p in answers.pop())
-    twice = verify_rules.check_content([], [["b.jpg", "c.jpg"], ["a.jpg", "b.jpg"]], found)[0]
+    lines = [duplicates.report_row("s", [(name, "train", "red") for name in names])
+             for names in (["b.jpg", "c.jpg"], ["a.jpg", "b.jpg"])]  # fmt: skip
+    twice = verify_rules.check_content([], lines, found)[0]
     assert twice[0] == "duplicates.jsonl: lists the bytes of a.jpg 2 times"
-    assert verify_rules.check_content([], [["a.jpg", "b.jpg"], ["b.jpg", "c.jpg"]], found)[0] == twice
+    assert verify_rules.check_content([], lines[::-1], found)[0] == twice
 
 
 def test_verify_never_loads_tensorflow(converted):

@@ -192,6 +192,11 @@ class Manifest:
         numbers = re.findall(r"\d+", self.tool_version)[:2]
         return tuple(int(n) for n in numbers) >= DUPLICATES_AND_TFDS_SINCE
 
+    @property
+    def duplicates_found(self) -> bool:
+        """Whether the conversion found inputs with the same bytes (and counted them)."""
+        return self.knows_duplicates and bool(self.duplicates.get("groups"))
+
     def duplicates_line(self) -> str:
         """What a person should know of the duplicates, in one line."""
         if not self.knows_duplicates:
@@ -208,14 +213,14 @@ class Manifest:
         if deduped:
             return text + "; --dedupe kept the first of each, the others are in rejected/"
         if d["cross_split_groups"]:
-            text += ". Validation scores count pictures the model trained on"
+            text += ". Scores on one split count pictures the model trained on in another"
         return text + ". --dedupe keeps the first of each"
 
     def warnings(self, folder: str) -> list[str]:
         """What a person should look at in the dataset in `folder`: the launcher prints them
         after its summary, a job that finalises with nobody waiting (Dataflow's `--no_wait`,
         a template) logs them, and `inspect` shows them."""
-        said = [self.duplicates_line()] if self.duplicates else []
+        said = [self.duplicates_line()] if self.duplicates_found else []
         alike = naming.look_alike(self.labels)
         if alike:
             shown = "; ".join(" / ".join(ascii(label) for label in group) for group in alike)

@@ -300,7 +300,7 @@ def render(summary: DatasetSummary) -> str:
         else:
             lines.append("rejected: none")
         if found is not None:
-            if not found.duplicates:  # else the first warning
+            if not found.duplicates_found:  # else its first warning says them
                 lines.append(f"duplicates: {found.duplicates_line()}")
             lines += [f"WARNING: {warning}" for warning in found.warnings(summary.path)]
     lines += [f"PROBLEM {problem}" for problem in summary.problems]

@@ -405,7 +405,7 @@ def read_rejected(dataset: str, split: str, expected: int) -> Iterator[tuple[str
 
 
 def read_reported(dataset: str, found: manifest.Manifest) -> Iterator[tuple[str, object]]:
-    """duplicates.jsonl's groups as REPORTED (content hash, relative paths), or its PROBLEM.
+    """duplicates.jsonl's groups as REPORTED (content hash, the line read), or its PROBLEM.
     Read whenever it is there: a report the manifest counts no groups in is checked too.
     The file is read twice, to check it whole and then to give its groups, rather than held."""
     path = paths.join(dataset, naming.DUPLICATES_NAME)
@@ -427,7 +427,7 @@ def read_reported(dataset: str, found: manifest.Manifest) -> Iterator[tuple[str,
         yield PROBLEM, f"{naming.DUPLICATES_NAME} cannot be read again ({messages.one_line(err)})"
 
 
-def _groups(path: str) -> Iterator[tuple[str, list[str]]]:
+def _groups(path: str) -> Iterator[tuple[str, dict]]:
     for line in storage.read_lines(path):
         if not line.strip():
             continue
@@ -435,4 +435,4 @@ def _groups(path: str) -> Iterator[tuple[str, list[str]]]:
         sha256, files = row["sha256"], [f["relpath"] for f in row["files"]]
         if not (isinstance(sha256, str) and files and all(isinstance(f, str) for f in files)):
             raise TypeError("a group without a content hash or files")
-        yield sha256, files
+        yield sha256, row

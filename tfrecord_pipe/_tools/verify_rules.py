@@ -24,7 +24,7 @@ import json
 import operator
 from collections.abc import Iterable
 
-from beam_jobs import outcome
+from beam_jobs import duplicates, outcome
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import images, manifest, messages, naming, schema
 
@@ -239,11 +239,15 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
     stored = [s for s in listed if "rejected" not in s]
     refused = [s for s in listed if "rejected" in s]
     by_content = [r for r in rejected if r.get("reason") == images.DUPLICATE_CONTENT]
-    if dedupe and not records and len(stored) == len(by_content) == 1:
-        # Its content's group judges the stored source's line (`check_content`); a CSV list's
-        # other listings of the same file have lines of their own.
-        others = [r for r in rejected if r is not by_content[0]]
-        _check_rejections(relpath, refused, others, problems)
+    if dedupe and not records and len(stored) == 1 and by_content:
+        # Its content's group judges whether it is a copy `--dedupe` drops (`check_content`);
+        # here, that its line is in its split. A CSV list's other listings of the same file
+        # have lines of their own.
+        own = _first(by_content, split=stored[0]["split"]) or by_content[0]
+        if own.get("split") != stored[0]["split"]:
+            problems.append(f"{relpath}: rejected in split {own.get('split')}, but listed in "
+                            f"{stored[0]['split']}")  # fmt: skip
+        _check_rejections(relpath, refused, [r for r in rejected if r is not own], problems)
         return problems
     if not listed:
         where = [f"shard {r['shard']}" for r in records] + ["rejected/"] * len(rejected)
@@ -258,11 +262,14 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
         problems.append(
             f"{relpath}: has a record, but the converter would reject it now ({reasons})"
         )
-    elif stored:
-        if rejected:
+    own = None  # the stored source's line in rejected/: of a reason no other listing has
+    if stored and not records:
+        taken = {s["rejected"] for s in refused}
+        own = next((r for r in rejected if r.get("reason") not in taken), None)
+        if own is not None:
             problems.append(
-                f"{relpath}: in rejected/ ({rejected[0].get('reason')}), but the converter "
-                "would store it now"
+                f"{relpath}: in rejected/ ({own.get('reason')}), but the converter would store "
+                "it now"
             )
         else:
             problems.append(
@@ -271,7 +278,7 @@ def check_path(relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> list[
             )
     # A stored source's line in rejected/ was reported just above, and so was a record of a
     # source that would be rejected now (it has no rejection line to miss).
-    lines = rejected[1:] if stored and not records and rejected else rejected
+    lines = [r for r in rejected if r is not own]
     _check_rejections(relpath, refused if stored or not records else [], lines, problems)
     return problems
 
@@ -297,19 +304,21 @@ def content_row(relpath: str, rows: dict[str, list[dict]]) -> tuple[str, dict] |
     return source["sha256"], row
 
 
-def check_content(rows: Iterable[dict], reported: list[list[str]], found: manifest.Manifest
+def check_content(rows: Iterable[dict], reported: list[dict], found: manifest.Manifest
                   ) -> tuple[list[str], int, int]:  # fmt: skip
-    """The sources with the same bytes (`content_row`s), and the groups duplicates.jsonl gives
-    for those bytes (one, or none): listed there as they are; with dedupe, the first by path
-    is the one stored and the others are rejected.
+    """The sources with the same bytes (`content_row`s), and the lines duplicates.jsonl gives
+    for those bytes (one, or none): the line the job writes for them
+    (`duplicates.report_row`); with dedupe, the first by path is the one stored and the
+    others are rejected.
 
     Returns the problems, and 1 or 0 for: a group of duplicates, one across splits.
     """
     group = sorted(rows, key=operator.itemgetter("relpath"))
-    reported = sorted(reported)
+    reported = sorted(reported, key=_order)
+    first_reported = reported[0]["files"][0]["relpath"] if reported else None
     problems = []
     if len(reported) > 1:
-        problems.append(f"{naming.DUPLICATES_NAME}: lists the bytes of {reported[0][0]} "
+        problems.append(f"{naming.DUPLICATES_NAME}: lists the bytes of {first_reported} "
                         f"{len(reported)} times")  # fmt: skip
     if found.conversion.get("dedupe") and group:
         first, *others = group
@@ -326,14 +335,23 @@ def check_content(rows: Iterable[dict], reported: list[list[str]], found: manife
                 )  # fmt: skip
     if len(group) < 2:
         if reported:
-            problems.append(f"{naming.DUPLICATES_NAME}: lists {reported[0][0]} and others, "
+            problems.append(f"{naming.DUPLICATES_NAME}: lists {first_reported} and others, "
                             "which differ now")  # fmt: skip
         return problems, 0, 0
-    if found.knows_duplicates and reported[:1] != [[row["relpath"] for row in group]]:
-        problems.append(
-            f"{naming.DUPLICATES_NAME}: the inputs with the bytes of {group[0]['relpath']} "
-            f"({len(group)}) are not listed as one group"
-        )
+    if found.knows_duplicates:
+        listed = [row["relpath"] for row in reported[0]["files"]] if reported else None
+        if listed != [row["relpath"] for row in group]:
+            problems.append(
+                f"{naming.DUPLICATES_NAME}: the inputs with the bytes of {group[0]['relpath']} "
+                f"({len(group)}) are not listed as one group"
+            )
+        elif reported[0] != duplicates.report_row(
+            reported[0]["sha256"], [(row["relpath"], row["split"], row["label"]) for row in group]
+        ):
+            problems.append(
+                f"{naming.DUPLICATES_NAME}: the group of {group[0]['relpath']} gives other "
+                "splits or labels than its inputs have (edited?)"
+            )
     return problems, 1, int(len({row["split"] for row in group}) > 1)
 
 
