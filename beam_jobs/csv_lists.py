@@ -174,9 +174,12 @@ def one_per_file(listings: list[SourceFile]) -> tuple[SourceFile, list[SourceFil
     """The listing of a file that is kept, and the others, each with its DUPLICATE problem.
 
     Which one is kept must not depend on the order the listings come in: the smallest by
-    (split, label, relpath) is kept, so re-runs write the same records.
+    (split, label, relpath) is kept, so re-runs write the same records; a listing that gives
+    a label before one that gives none (which would have the file rejected `no_label`, and
+    the labelled line as a duplicate of it).
     """
-    ordered = sorted(listings, key=lambda s: (s.split, s.label or "", s.relpath))
+    ordered = sorted(listings, key=lambda s: (s.class_label is None, s.split, s.label or "",
+                                              s.relpath))  # fmt: skip
     kept = ordered[0]
     detail = (
         f"the same file as {kept.relpath} is listed {len(ordered)} times; kept the listing "

@@ -98,6 +98,20 @@ def test_one_file_spelled_five_ways_is_one_record_and_four_rejections(tmp_path):
     assert verified.returncode == 0, verified.stdout
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_of_a_file_listed_with_and_without_a_label_the_labelled_line_is_kept(tmp_path, first):
+    # `b.jpg,,train` sorted before `b.jpg,x,train`: the file was rejected no_label and the
+    # line that labels it rejected as a duplicate of that one.
+    lines = ["b.jpg,,train", "b.jpg,x,train"]
+    (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "list.csv").write_text("\n".join(lines if first else lines[::-1]) + "\n")
+    config = resolved(tmp_path / "list.csv", csv_header="no")
+    listed = list(csv_lists.kept_once(sources.list_sources(config), str(tmp_path)))
+    assert [(s.label, s.problem and s.problem[0]) for s in listed] == [
+        ("x", None), (None, images.DUPLICATE)
+    ]  # fmt: skip
+
+
 def test_a_line_without_a_path_is_rejected_not_dropped(tmp_path):
     (tmp_path / "list.csv").write_text("a.jpg,red\n,red\n\n")
     listed = list(sources.list_sources(resolved(tmp_path / "list.csv", csv_header="no")))
