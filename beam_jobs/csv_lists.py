@@ -170,16 +170,24 @@ def identity(source: SourceFile) -> str:
     return os.path.realpath(source.path)
 
 
-def one_per_file(listings: list[SourceFile]) -> tuple[SourceFile, list[SourceFile]]:
+LABELLED_FIRST_SINCE = (0, 5)  # the version whose `one_per_file` keeps a labelled listing first
+
+
+def one_per_file(listings: list[SourceFile], labelled_first: bool = True
+                 ) -> tuple[SourceFile, list[SourceFile]]:  # fmt: skip
     """The listing of a file that is kept, and the others, each with its DUPLICATE problem.
 
     Which one is kept must not depend on the order the listings come in: the smallest by
-    (split, label, relpath) is kept, so re-runs write the same records; a listing that gives
-    a label before one that gives none (which would have the file rejected `no_label`, and
-    the labelled line as a duplicate of it).
+    (split, label, relpath) is kept, so re-runs write the same records; with
+    `labelled_first` (from 0.5; `verify` asks for an older dataset's rule), a listing that
+    gives a label before one that gives none, which would have the file rejected
+    `no_label` and the labelled line as a duplicate of it.
     """
-    ordered = sorted(listings, key=lambda s: (s.class_label is None, s.split, s.label or "",
-                                              s.relpath))  # fmt: skip
+    def order(s: SourceFile) -> tuple:
+        first = (s.class_label is None, s.problem is not None) if labelled_first else ()
+        return (*first, s.split, s.label or "", s.relpath)
+
+    ordered = sorted(listings, key=order)
     kept = ordered[0]
     detail = (
         f"the same file as {kept.relpath} is listed {len(ordered)} times; kept the listing "
@@ -189,7 +197,8 @@ def one_per_file(listings: list[SourceFile]) -> tuple[SourceFile, list[SourceFil
     return kept, [dataclasses.replace(s, problem=(images.DUPLICATE, detail)) for s in ordered[1:]]
 
 
-def kept_once(listed: Iterable[SourceFile], spill_dir: str) -> Iterator[SourceFile]:
+def kept_once(listed: Iterable[SourceFile], spill_dir: str, labelled_first: bool = True
+              ) -> Iterator[SourceFile]:  # fmt: skip
     """Every listing, each file's kept one (`one_per_file`) then its others marked as
     duplicates; grouped through a sort on local disk in `spill_dir`, so memory stays flat
     however long the list (the local engine and `verify`; Beam groups with
@@ -198,6 +207,6 @@ def kept_once(listed: Iterable[SourceFile], spill_dir: str) -> Iterator[SourceFi
     for source in listed:
         by_file.add((identity(source), source))
     for _, same in itertools.groupby(by_file.sorted(), key=operator.itemgetter(0)):
-        kept, others = one_per_file([source for _, source in same])
+        kept, others = one_per_file([source for _, source in same], labelled_first)
         yield kept
         yield from others

@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 
+import tfrecord_pipe
 from beam_jobs import csv_lists, duplicates, finalise, load, local_workers, shard_plan, sources
 from beam_jobs import spill, storage, summary, worker_pool, worker_progress
 from beam_jobs.config import ConvertConfig
@@ -41,7 +42,7 @@ def run(
     temp_dir: str,
     fixed_labels: tuple[str, ...] | None,
     progress_dir: str | None = None,
-    version: str = "",
+    version: str = tfrecord_pipe.__version__,
     processes: int | None = None,
 ) -> None:
     """Converts as `pipeline.build_pipeline` does: outputs land in `temp_dir`, then are

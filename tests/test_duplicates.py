@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from beam_jobs import convert
-from tfrecord_pipe._core import images, naming
+from beam_jobs import convert, duplicates
+from tfrecord_pipe._core import images, manifest, naming
+from tfrecord_pipe._tools import verify_rules
 
 from helpers import IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways
 
@@ -132,3 +133,25 @@ def test_verify_finds_a_report_or_a_rejection_edited_to_hide_a_leak(leaky, tmp_p
     rejected.write_text(json.dumps({**line, "split": "validation"}) + "\n")
     report = verified_both_ways(listed, out)
     assert report.problems == ("b.jpg: rejected in split validation, but listed in train",)
+
+
+def test_an_older_version_claimed_does_not_hide_an_edited_report():
+    # duplicates.jsonl was checked only where the manifest's version counted duplicates (0.3
+    # on): a manifest edited to say 0.2 hid a leak edited out of the report.
+    old = manifest.Manifest(labels=("x",), label_offset=1, compression="", splits={},
+                            tool_version="0.2.0")  # fmt: skip
+    group = [{"relpath": "a.jpg", "split": "train", "label": "x", "became": "record"},
+             {"relpath": "b.jpg", "split": "validation", "label": "x", "became": "record"}]
+    line = duplicates.report_row("s", [("a.jpg", "train", "x"), ("b.jpg", "train", "x")])
+    problems, _, across = verify_rules.check_content(group, [line], old)
+    assert problems == ["duplicates.jsonl: the group of a.jpg gives other splits or labels "
+                        "than its inputs have (edited?)"] and across == 1  # fmt: skip
+    assert verify_rules.check_content(group, [], old)[0] == []  # 0.2 wrote no report
+    # Nor does a manifest say an older version wrote what only a newer one writes.
+    info = manifest.SplitInfo(1, (1,), 10, 1, 0, ("train-00000-of-00001.tfrecord",),
+                              label_counts=(1,))  # fmt: skip
+    for version, fields, says in (("0.4.0", {"splits": {"train": info}}, "label_counts"),
+                                  ("0.2.0", {"duplicates": {"groups": 1}}, "duplicates")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"tool_version '{version}' wrote no {says}"):
+            manifest.Manifest(**{"labels": ("x",), "label_offset": 1, "compression": "",
+                                 "splits": {}, "tool_version": version, **fields})  # fmt: skip

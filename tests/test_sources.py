@@ -3,6 +3,7 @@ rely on (layout, CSV headers, one record per file however its path is spelled); 
 lists the same way."""
 
 import collections
+import functools
 import json
 import os
 import socket
@@ -15,7 +16,7 @@ from beam_jobs import convert, csv_lists, sources, storage
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import images, naming
 
-from helpers import COLOURS, IN_PROCESS, jpeg_bytes, run_cli, write_image_folder
+from helpers import COLOURS, IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways, write_image_folder
 
 
 def convert_(*argv):
@@ -472,3 +473,30 @@ def test_no_source_is_looked_for_outside_the_folder_or_in_a_csv_list(tmp_path):
     assert find("red/1.jpg").path == str(tmp_path / "src/red/1.jpg")
     (tmp_path / "list.csv").write_text("src/red/1.jpg,red\n")
     assert sources.source_finder(resolved(tmp_path / "list.csv")) is None
+
+
+def test_verify_judges_a_file_listed_with_and_without_a_label_by_the_rule_of_its_version(
+    tmp_path, monkeypatch
+):
+    # 0.4 kept the listing without a label (it sorted first): its datasets still verify.
+    from tfrecord_pipe._core import manifest
+    from tfrecord_pipe._reading import dataset
+    from tfrecord_pipe._tools import verify
+
+    (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "c.jpg").write_bytes(jpeg_bytes(9, 9))
+    (tmp_path / "list.csv").write_text("b.jpg,,train\nb.jpg,x,train\nc.jpg,x,train\n")
+    before = functools.partial(csv_lists.kept_once, labelled_first=False)
+    monkeypatch.setattr(csv_lists, "kept_once", before)  # the converter of 0.4
+    convert_(tmp_path / "list.csv", tmp_path / "out")
+    monkeypatch.undo()
+    assert not verify.verify(str(tmp_path / "list.csv"), str(tmp_path / "out")).ok
+    path = tmp_path / "out" / "manifest.json"
+    written = json.loads(path.read_text())
+    written["tool_version"] = "0.4.0"  # and without what 0.4 did not write
+    for info in written["splits"].values():
+        del info["label_counts"], info["shard_digests"]
+    edited = manifest.Manifest.from_json(json.dumps(written))
+    dataset.write_manifest(str(tmp_path / "out"), edited)  # and TFDS's metadata from it
+    report = verified_both_ways(tmp_path / "list.csv", tmp_path / "out")  # both drivers
+    assert report.ok, report.problems

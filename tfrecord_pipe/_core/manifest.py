@@ -16,6 +16,7 @@ import re
 from tfrecord_pipe._core import messages, naming, paths, schema, tfds_metadata
 
 DUPLICATES_AND_TFDS_SINCE = (0, 3)  # the version that began to write both
+COUNTS_PER_LABEL_SINCE = (0, 5)  # and which input each record holds (shard_digests)
 
 
 DIGEST_CHARS = 16  # hex digits kept of a digest: identity, not security
@@ -171,6 +172,17 @@ class Manifest:
         if len({bool(info.label_counts) for info in self.splits.values()}) > 1:
             raise ValueError("label_counts in some splits and not others: a converter writes "
                              "them for every split or for none")  # fmt: skip
+        # The version decides how verify judges a dataset: an older one, with what it did not
+        # write, would have its newer facts go unchecked.
+        newer = [name for name, since in (
+            ("duplicates", DUPLICATES_AND_TFDS_SINCE if self.duplicates else None),
+            ("label_counts", COUNTS_PER_LABEL_SINCE
+             if any(info.label_counts for info in self.splits.values()) else None),
+            ("shard_digests", COUNTS_PER_LABEL_SINCE
+             if any(info.shard_digests for info in self.splits.values()) else None),
+        ) if since is not None and not self.written_since(since)]  # fmt: skip
+        if newer:
+            raise ValueError(f"tool_version {self.tool_version!r} wrote no {', '.join(newer)}")
 
     @property
     def file_formats(self) -> tuple[str, ...]:
@@ -186,11 +198,15 @@ class Manifest:
     def num_rejected(self) -> int:
         return sum(info.rejected for info in self.splits.values())
 
+    def written_since(self, version: tuple[int, int]) -> bool:
+        """Whether a tfrecord-pipe of `version` (major, minor) or later wrote the dataset."""
+        numbers = re.findall(r"\d+", self.tool_version)[:2]
+        return tuple(int(n) for n in numbers) >= version
+
     @property
     def knows_duplicates(self) -> bool:
         """Whether the duplicates were counted: since 0.3, which also writes TFDS's metadata."""
-        numbers = re.findall(r"\d+", self.tool_version)[:2]
-        return tuple(int(n) for n in numbers) >= DUPLICATES_AND_TFDS_SINCE
+        return self.written_since(DUPLICATES_AND_TFDS_SINCE)
 
     @property
     def duplicates_found(self) -> bool:

@@ -96,12 +96,14 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
             if beside:
                 # Sources are checked beside their records; the listing, between the shards'
                 # tasks, says which were; those left are checked after, on their own.
-                listed = _Listing(_listed(config, work, labels), job, len(shards), listed_count)
+                listed = _Listing(_listed(config, work, labels, found), job, len(shards),
+                                  listed_count)  # fmt: skip
                 tasks = ((workers.SHARD, listed.after(shard)) for shard in shards)
             else:
                 tasks = itertools.chain(
                     ((workers.SHARD, shard) for shard in shards),
-                    ((workers.SOURCES, batch) for batch in _batches(_listed(config, work, labels))),
+                    ((workers.SOURCES, batch)
+                     for batch in _batches(_listed(config, work, labels, found))),
                 )
             for future in load.in_order(pool, workers.task, tasks, window):
                 kind, result = future.result()
@@ -315,12 +317,16 @@ class _Listing:
                 self._job.add_listed(source)
 
 
-def _listed(config, work: str, labels: set[str]) -> Iterator[SourceFile]:
+def _listed(config, work: str, labels: set[str], found: manifest.Manifest
+            ) -> Iterator[SourceFile]:  # fmt: skip
     """The inputs as the converter listed them; a CSV's files named twice kept once (the
-    others marked, and expected among the rejections, as the converter does). Their labels
-    go into `labels` (`SourceFile.class_label`)."""
+    others marked, and expected among the rejections, as the converter of `found` did).
+    Their labels go into `labels` (`SourceFile.class_label`)."""
     listed = sources.list_sources(config)
-    for source in csv_lists.kept_once(listed, work) if config.layout == "csv" else listed:
+    if config.layout == "csv":
+        first = found.written_since(csv_lists.LABELLED_FIRST_SINCE)
+        listed = csv_lists.kept_once(listed, work, labelled_first=first)
+    for source in listed:
         if source.class_label is not None:
             labels.add(source.class_label)
         yield source

@@ -188,12 +188,13 @@ class VerifyDataset(beam.PTransform):
             ).with_outputs(*_KINDS)
         )
         listed = pbegin | "List" >> pipeline.ListSources(config)
-        if config.layout == "csv":  # a file listed twice is kept once, as the converter does
+        if config.layout == "csv":  # a file listed twice is kept once, as the converter did
+            labelled_first = found.written_since(csv_lists.LABELLED_FIRST_SINCE)
             listed = (
                 listed
                 | "KeyByFile" >> beam.Map(lambda s: (csv_lists.identity(s), s))
                 | "GroupByFile" >> beam.GroupByKey()
-                | "OnePerFile" >> beam.FlatMapTuple(lambda _, group: _one_per_file(group))
+                | "OnePerFile" >> beam.FlatMap(_one_per_file, labelled_first)
             )
         else:
             listed = listed | "Spread" >> beam.Reshuffle()
@@ -304,8 +305,8 @@ class _Expect(beam.DoFn):
         yield beam.pvalue.TaggedOutput(COUNT, ((SOURCE, listed.split), 1))
 
 
-def _one_per_file(group):
-    kept, duplicates = csv_lists.one_per_file(list(group))
+def _one_per_file(identity_and_group, labelled_first: bool):
+    kept, duplicates = csv_lists.one_per_file(list(identity_and_group[1]), labelled_first)
     return [kept, *duplicates]
 
 

@@ -338,7 +338,7 @@ def check_content(rows: Iterable[dict], reported: list[dict], found: manifest.Ma
             problems.append(f"{naming.DUPLICATES_NAME}: lists {first_reported} and others, "
                             "which differ now")  # fmt: skip
         return problems, 0, 0
-    if found.knows_duplicates:
+    if found.knows_duplicates or reported:  # a report is checked whole whatever its version
         listed = [row["relpath"] for row in reported[0]["files"]] if reported else None
         if listed != [row["relpath"] for row in group]:
             problems.append(
