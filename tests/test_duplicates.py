@@ -150,8 +150,9 @@ def test_an_older_version_claimed_does_not_hide_an_edited_report():
     # Nor does a manifest say an older version wrote what only a newer one writes.
     info = manifest.SplitInfo(1, (1,), 10, 1, 0, ("train-00000-of-00001.tfrecord",),
                               label_counts=(1,))  # fmt: skip
-    for version, fields, says in (("0.4.0", {"splits": {"train": info}}, "label_counts"),
-                                  ("0.2.0", {"duplicates": {"groups": 1}}, "duplicates")):  # fmt: skip
+    claims = (("0.4.0", {"splits": {"train": info}}, "label_counts"),
+              ("0.2.0", {"duplicates": {"groups": 1}}, "duplicates"))  # fmt: skip
+    for version, fields, says in claims:
         with pytest.raises(ValueError, match=f"tool_version '{version}' wrote no {says}"):
             manifest.Manifest(**{"labels": ("x",), "label_offset": 1, "compression": "",
                                  "splits": {}, "tool_version": version, **fields})  # fmt: skip
