@@ -153,6 +153,7 @@ def test_an_older_version_claimed_does_not_hide_an_edited_report():
     claims = (("0.4.0", {"splits": {"train": info}}, "label_counts"),
               ("0.2.0", {"duplicates": {"groups": 1}}, "duplicates"))  # fmt: skip
     for version, fields, says in claims:
-        with pytest.raises(ValueError, match=f"tool_version '{version}' wrote no {says}"):
+        with pytest.raises(ValueError, match=f"it holds {says}, which the tfrecord-pipe it names "
+                                             rf"\(tool_version '{version}'\) does not write"):
             manifest.Manifest(**{"labels": ("x",), "label_offset": 1, "compression": "",
                                  "splits": {}, "tool_version": version, **fields})  # fmt: skip

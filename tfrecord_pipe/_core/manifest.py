@@ -182,7 +182,8 @@ class Manifest:
              if any(info.shard_digests for info in self.splits.values()) else None),
         ) if since is not None and not self.written_since(since)]  # fmt: skip
         if newer:
-            raise ValueError(f"tool_version {self.tool_version!r} wrote no {', '.join(newer)}")
+            raise ValueError(f"it holds {', '.join(newer)}, which the tfrecord-pipe it names "
+                             f"(tool_version {self.tool_version!r}) does not write")  # fmt: skip
 
     @property
     def file_formats(self) -> tuple[str, ...]:
