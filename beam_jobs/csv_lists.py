@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from beam_jobs import spill, storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import SourceFile, check_label, check_split_name, split_by_hash
-from tfrecord_pipe._core import images, messages, paths
+from tfrecord_pipe._core import images, manifest, messages, paths
 
 
 _PLAIN_NAME = re.compile(r"[\w -]+")
@@ -171,6 +171,11 @@ def identity(source: SourceFile) -> str:
 
 
 LABELLED_FIRST_SINCE = (0, 5)  # the version whose `one_per_file` keeps a labelled listing first
+
+
+def labelled_first(found: manifest.Manifest) -> bool:
+    """Whether the converter of `found` kept a labelled listing first (`one_per_file`)."""
+    return found.written_since(LABELLED_FIRST_SINCE)
 
 
 def one_per_file(listings: list[SourceFile], labelled_first: bool = True

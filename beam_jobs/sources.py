@@ -125,11 +125,9 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
 def _refuse_look_alike(splits, fix: str) -> None:
     """Split names that print alike (`Train` beside `train`) would be separate splits whose
     shard files are one file on a case-insensitive disk (macOS, Windows)."""
-    alike = naming.look_alike(sorted(splits))
-    if alike:
-        shown = "; ".join(" / ".join(ascii(name) for name in group) for group in alike)
+    if alike := naming.look_alike(sorted(splits)):
         raise ValueError(
-            f"Split names that differ only in case or Unicode form ({shown}): each would be a "
+            f"Split names that differ only in case or Unicode form ({alike}): each would be a "
             "split of its own, and their shard files one file on a disk that ignores case "
             f"(macOS, Windows). Give each split one name: {fix}."
         )

@@ -174,13 +174,14 @@ class Manifest:
                              "them for every split or for none")  # fmt: skip
         # The version decides how verify judges a dataset: an older one, with what it did not
         # write, would have its newer facts go unchecked.
-        newer = [name for name, since in (
-            ("duplicates", DUPLICATES_AND_TFDS_SINCE if self.duplicates else None),
-            ("label_counts", COUNTS_PER_LABEL_SINCE
-             if any(info.label_counts for info in self.splits.values()) else None),
-            ("shard_digests", COUNTS_PER_LABEL_SINCE
-             if any(info.shard_digests for info in self.splits.values()) else None),
-        ) if since is not None and not self.written_since(since)]  # fmt: skip
+        splits = self.splits.values()
+        held = {
+            "duplicates": (bool(self.duplicates), DUPLICATES_AND_TFDS_SINCE),
+            "label_counts": (any(i.label_counts for i in splits), COUNTS_PER_LABEL_SINCE),
+            "shard_digests": (any(i.shard_digests for i in splits), COUNTS_PER_LABEL_SINCE),
+        }
+        newer = [name for name, (holds, since) in held.items()
+                 if holds and not self.written_since(since)]  # fmt: skip
         if newer:
             raise ValueError(f"it holds {', '.join(newer)}, which the tfrecord-pipe it names "
                              f"(tool_version {self.tool_version!r}) does not write")  # fmt: skip
@@ -238,11 +239,9 @@ class Manifest:
         after its summary, a job that finalises with nobody waiting (Dataflow's `--no_wait`,
         a template) logs them, and `inspect` shows them."""
         said = [self.duplicates_line()] if self.duplicates_found else []
-        alike = naming.look_alike(self.labels)
-        if alike:
-            shown = "; ".join(" / ".join(ascii(label) for label in group) for group in alike)
+        if alike := naming.look_alike(self.labels):
             said.append(
-                f"labels that print alike are separate classes ({shown}): folders named in "
+                f"labels that print alike are separate classes ({alike}): folders named in "
                 "another Unicode form or case. Merge them if they are one class"
             )
         for name, info in self.splits.items():

@@ -118,14 +118,15 @@ def label_problem(label: str) -> str | None:
     return None
 
 
-def look_alike(names) -> list[tuple[str, ...]]:
-    """Groups of names (labels, splits) that are different but print alike: the same text in
-    another Unicode normalisation (`café` typed as one character or as e and an accent) or
-    case."""
+def look_alike(names) -> str:
+    """The names (labels, splits) that are different but print alike, for a message (`'Dog'
+    / 'dog'; 'café' / 'café'`, escaped), or "" when none do: the same text in another
+    Unicode normalisation (`café` typed as one character or as e and an accent) or case."""
     groups = {}
     for name in names:
         groups.setdefault(unicodedata.normalize("NFC", name).casefold(), []).append(name)
-    return [tuple(group) for group in groups.values() if len(group) > 1]
+    alike = [group for group in groups.values() if len(group) > 1]
+    return "; ".join(" / ".join(ascii(name) for name in group) for group in alike)
 
 
 def split_order(name: str) -> tuple[int, str]:

@@ -324,8 +324,7 @@ def _listed(config, work: str, labels: set[str], found: manifest.Manifest
     Their labels go into `labels` (`SourceFile.class_label`)."""
     listed = sources.list_sources(config)
     if config.layout == "csv":
-        first = found.written_since(csv_lists.LABELLED_FIRST_SINCE)
-        listed = csv_lists.kept_once(listed, work, labelled_first=first)
+        listed = csv_lists.kept_once(listed, work, csv_lists.labelled_first(found))
     for source in listed:
         if source.class_label is not None:
             labels.add(source.class_label)

@@ -189,12 +189,12 @@ class VerifyDataset(beam.PTransform):
         )
         listed = pbegin | "List" >> pipeline.ListSources(config)
         if config.layout == "csv":  # a file listed twice is kept once, as the converter did
-            labelled_first = found.written_since(csv_lists.LABELLED_FIRST_SINCE)
             listed = (
                 listed
                 | "KeyByFile" >> beam.Map(lambda s: (csv_lists.identity(s), s))
                 | "GroupByFile" >> beam.GroupByKey()
-                | "OnePerFile" >> beam.FlatMap(_one_per_file, labelled_first)
+                # An argument, not a closure: this method rebinds its names (`first`).
+                | "OnePerFile" >> beam.FlatMap(_one_per_file, csv_lists.labelled_first(found))
             )
         else:
             listed = listed | "Spread" >> beam.Reshuffle()
