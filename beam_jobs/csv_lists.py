@@ -18,7 +18,7 @@ import operator
 import os
 import posixpath
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 
 from beam_jobs import spill, storage
 from beam_jobs.config import ConvertConfig
@@ -170,28 +170,41 @@ def identity(source: SourceFile) -> str:
     return os.path.realpath(source.path)
 
 
-LABELLED_FIRST_SINCE = (0, 5)  # the version whose `one_per_file` keeps a labelled listing first
+LABELLED_FIRST_SINCE = (0, 5)  # the version whose `one_per_file` keeps a usable listing first
 
 
 def labelled_first(found: manifest.Manifest) -> bool:
-    """Whether the converter of `found` kept a labelled listing first (`one_per_file`)."""
+    """Whether the converter of `found` kept a usable listing first (`one_per_file`)."""
     return found.written_since(LABELLED_FIRST_SINCE)
 
 
-def one_per_file(listings: list[SourceFile], labelled_first: bool = True
+def fixed_labels(found: manifest.Manifest, config) -> frozenset[str] | None:
+    """The labels file's labels the converter of `found` ranked listings by (`one_per_file`),
+    or None: no labels file, or a converter before that rule."""
+    if config.labels_file is None or not labelled_first(found):
+        return None
+    return frozenset(found.labels)
+
+
+def one_per_file(listings: list[SourceFile], labelled_first: bool = True,
+                 labels: Container[str] | None = None
                  ) -> tuple[SourceFile, list[SourceFile]]:  # fmt: skip
     """The listing of a file that is kept, and the others, each with its DUPLICATE problem.
 
     Which one is kept must not depend on the order the listings come in: the smallest by
-    (split, label, relpath) is kept, so re-runs write the same records; with
+    (split, label, relpath) is kept, so re-runs write the same records. With
     `labelled_first` (from 0.5; `verify` asks for an older dataset's rule), a listing that
-    gives a label before one that gives none, which would have the file rejected
-    `no_label` and the labelled line as a duplicate of it.
+    the dataset can use comes before one that gives no label, or a label not among the
+    `labels` a labels file fixed: that one would have the file rejected (`no_label`,
+    `unknown_label`) and the usable line rejected as a duplicate of it.
     """
     def order(s: SourceFile) -> tuple:
-        first = (s.class_label is None, s.problem is not None) if labelled_first else ()
+        unknown = labels is not None and s.class_label not in labels
+        first = (s.class_label is None, s.problem is not None, unknown) if labelled_first else ()
         return (*first, s.split, s.label or "", s.relpath)
 
+    if len(listings) == 1:
+        return listings[0], []
     ordered = sorted(listings, key=order)
     kept = ordered[0]
     detail = (
@@ -202,8 +215,8 @@ def one_per_file(listings: list[SourceFile], labelled_first: bool = True
     return kept, [dataclasses.replace(s, problem=(images.DUPLICATE, detail)) for s in ordered[1:]]
 
 
-def kept_once(listed: Iterable[SourceFile], spill_dir: str, labelled_first: bool = True
-              ) -> Iterator[SourceFile]:  # fmt: skip
+def kept_once(listed: Iterable[SourceFile], spill_dir: str, labelled_first: bool = True,
+              labels: Container[str] | None = None) -> Iterator[SourceFile]:
     """Every listing, each file's kept one (`one_per_file`) then its others marked as
     duplicates; grouped through a sort on local disk in `spill_dir`, so memory stays flat
     however long the list (the local engine and `verify`; Beam groups with
@@ -212,6 +225,6 @@ def kept_once(listed: Iterable[SourceFile], spill_dir: str, labelled_first: bool
     for source in listed:
         by_file.add((identity(source), source))
     for _, same in itertools.groupby(by_file.sorted(), key=operator.itemgetter(0)):
-        kept, others = one_per_file([source for _, source in same], labelled_first)
+        kept, others = one_per_file([source for _, source in same], labelled_first, labels)
         yield kept
         yield from others

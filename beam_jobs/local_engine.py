@@ -121,7 +121,7 @@ class _Job:
 
         def inputs() -> Iterator[list[SourceFile]]:
             batch = []
-            for source in self._listed():
+            for source in self._listed(fixed_labels):
                 if source.class_label is not None:
                     found.add(source.class_label)
                 batch.append(source)
@@ -143,12 +143,13 @@ class _Job:
         self._report(force=True)
         return fixed_labels if fixed_labels is not None else tuple(sorted(found))
 
-    def _listed(self) -> Iterator[SourceFile]:
+    def _listed(self, fixed_labels: tuple[str, ...] | None) -> Iterator[SourceFile]:
         """Every input listed, counted; a CSV's files named twice kept once (the others
         rejected by the workers, as `pipeline.DropDuplicatePaths` rejects them)."""
         listed = sources.list_sources(self._config)
         if self._config.layout == "csv":
-            listed = csv_lists.kept_once(listed, self._spill_dir)
+            known = None if fixed_labels is None else frozenset(fixed_labels)
+            listed = csv_lists.kept_once(listed, self._spill_dir, labels=known)
         for source in listed:
             self._counts[source.split, None] += 1
             yield source

@@ -173,9 +173,9 @@ class ListSources(beam.PTransform):
             | "Walk" >> beam.FlatMap(lambda _: list_sources(config))
         )
 
-def _keep_one_per_file(identity_and_sources):
+def _keep_one_per_file(identity_and_sources, labels: frozenset[str] | None):
     """The kept listing, and the others as rejections (DropDuplicatePaths.REJECTED)."""
-    kept, duplicates = csv_lists.one_per_file(list(identity_and_sources[1]))
+    kept, duplicates = csv_lists.one_per_file(list(identity_and_sources[1]), labels=labels)
     yield kept
     for duplicate in duplicates:
         Metrics.counter(beam_jobs.METRICS_NAMESPACE, "inputs_duplicate").inc()
@@ -194,12 +194,16 @@ class DropDuplicatePaths(beam.PTransform):
 
     REJECTED = "rejected"
 
+    def __init__(self, fixed_labels: tuple[str, ...] | None):
+        super().__init__()
+        self._labels = None if fixed_labels is None else frozenset(fixed_labels)
+
     def expand(self, sources):
         return (
             sources
             | "KeyByFile" >> beam.Map(lambda source: (csv_lists.identity(source), source))
             | "GroupByFile" >> beam.GroupByKey()
-            | "KeepOne" >> beam.FlatMap(_keep_one_per_file).with_outputs(
+            | "KeepOne" >> beam.FlatMap(_keep_one_per_file, self._labels).with_outputs(
                 self.REJECTED, main="sources"
             )
         )
@@ -321,7 +325,7 @@ def build_pipeline(
     if config.layout == "csv":
         # Grouping by path also spreads the lines over workers. Labels come from the lines
         # kept: a label only a dropped duplicate gives is no label of the dataset.
-        deduplicated = listed | "DropDuplicatePaths" >> DropDuplicatePaths()
+        deduplicated = listed | "DropDuplicatePaths" >> DropDuplicatePaths(fixed_labels)
         sources, duplicates = deduplicated.sources, (deduplicated[DropDuplicatePaths.REJECTED],)
         labels = sources | "CollectLabels" >> CollectLabels(fixed_labels)
     else:

@@ -113,6 +113,27 @@ def test_of_a_file_listed_with_and_without_a_label_the_labelled_line_is_kept(tmp
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("beam_args", [[], IN_PROCESS], ids=["local_engine", "beam"])
+def test_of_a_file_listed_with_a_label_the_labels_file_has_not_that_listing_is_dropped(
+    tmp_path, beam_args
+):
+    # `b.jpg,a,train` sorted before `b.jpg,x,train`: with "a" not in the labels file, the
+    # file was rejected unknown_label and the usable line rejected as a duplicate of it.
+    (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "list.csv").write_text("b.jpg,x,train\nb.jpg,a,train\n")
+    (tmp_path / "labels.txt").write_text("x\n")
+    result = convert.run([str(tmp_path / "list.csv"), str(tmp_path / "out"), "--labels_file",
+                          str(tmp_path / "labels.txt"), *beam_args])  # fmt: skip
+    assert result.splits["train"].num_examples == 1
+    assert [(line["reason"], line["error"]) for line in rejected_lines(tmp_path / "out")] == [
+        (images.DUPLICATE, "the same file as b.jpg is listed 2 times; kept the listing 'b.jpg' "
+         "with label 'x' in split 'train'. Remove the extra lines.")
+    ]  # fmt: skip
+    if beam_args:  # one engine is enough for verify: it judges the dataset, not the engine
+        report = verified_both_ways(tmp_path / "list.csv", tmp_path / "out")
+        assert report.ok, report.problems
+
+
 def test_a_line_without_a_path_is_rejected_not_dropped(tmp_path):
     (tmp_path / "list.csv").write_text("a.jpg,red\n,red\n\n")
     listed = list(sources.list_sources(resolved(tmp_path / "list.csv", csv_header="no")))

@@ -324,7 +324,8 @@ def _listed(config, work: str, labels: set[str], found: manifest.Manifest
     Their labels go into `labels` (`SourceFile.class_label`)."""
     listed = sources.list_sources(config)
     if config.layout == "csv":
-        listed = csv_lists.kept_once(listed, work, csv_lists.labelled_first(found))
+        listed = csv_lists.kept_once(listed, work, csv_lists.labelled_first(found),
+                                     csv_lists.fixed_labels(found, config))
     for source in listed:
         if source.class_label is not None:
             labels.add(source.class_label)

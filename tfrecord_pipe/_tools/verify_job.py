@@ -194,7 +194,8 @@ class VerifyDataset(beam.PTransform):
                 | "KeyByFile" >> beam.Map(lambda s: (csv_lists.identity(s), s))
                 | "GroupByFile" >> beam.GroupByKey()
                 # An argument, not a closure: this method rebinds its names (`first`).
-                | "OnePerFile" >> beam.FlatMap(_one_per_file, csv_lists.labelled_first(found))
+                | "OnePerFile" >> beam.FlatMap(_one_per_file, csv_lists.labelled_first(found),
+                                               csv_lists.fixed_labels(found, config))
             )
         else:
             listed = listed | "Spread" >> beam.Reshuffle()
@@ -305,8 +306,8 @@ class _Expect(beam.DoFn):
         yield beam.pvalue.TaggedOutput(COUNT, ((SOURCE, listed.split), 1))
 
 
-def _one_per_file(identity_and_group, labelled_first: bool):
-    kept, duplicates = csv_lists.one_per_file(list(identity_and_group[1]), labelled_first)
+def _one_per_file(identity_and_group, labelled_first: bool, labels: frozenset[str] | None):
+    kept, duplicates = csv_lists.one_per_file(list(identity_and_group[1]), labelled_first, labels)
     return [kept, *duplicates]
 
 
