@@ -130,7 +130,8 @@ def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
     label = cells[1] if len(cells) > 1 and cells[1] else None
     split = cells[2] if len(cells) > 2 and cells[2] else None
     if split is None:
-        split = split_by_hash(relpath, config.validation_fraction)
+        hashed = named_before_0_5(relpath) if cells[0] else relpath  # each file keeps its split
+        split = split_by_hash(hashed, config.validation_fraction)
     check_split_name(split, f"{config.source}: line {line!r}: split", "change it")
     check_label(label, f"{config.source}: line {line!r}: its", "write it without them")
     problem = None if cells[0] else (images.UNREADABLE, f"the line has no path: {line!r}")
@@ -145,14 +146,37 @@ def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
 def _resolved(path: str, csv_path: str) -> tuple[str, str]:
     """(full path, path relative to the CSV's folder) of a CSV cell, normalised: `./a.jpg`,
     `x/../a.jpg`, `imgs//..//a.jpg` and the absolute path are one `a.jpg`. A path outside the
-    CSV's folder keeps its whole path, without the scheme, as its relative path."""
+    CSV's folder is its own relative path, whole: no relative path starts with "/" or holds
+    "//", so no two files have one name."""
     base = posixpath.dirname(csv_path)
     if not paths.is_remote(path) and not path.startswith("/"):
         path = posixpath.join(base, path) if base else path
     full, folder = _normalised(path), _normalised(base)
     if full.startswith(folder.rstrip("/") + "/"):
         return full, full[len(folder.rstrip("/")) + 1 :]
-    return full, full.split("://", 1)[-1].lstrip("/")
+    return full, full
+
+
+WHOLE_OUTSIDE_SINCE = (0, 5)  # the version that names a file outside the CSV's folder whole
+
+
+def named_before_0_5(relpath: str) -> str:
+    """A listed file's relative path as converters before 0.5 named it: one outside the CSV's
+    folder without its scheme and leading "/", which could be another file's name (`/x/a.jpg`
+    beside a CSV in `/d` was `x/a.jpg`, as `/d/x/a.jpg` is)."""
+    return relpath.split("://", 1)[-1].lstrip("/")
+
+
+def names_outside_whole(found: manifest.Manifest) -> bool:
+    """Whether the converter of `found` named a file outside the CSV's folder whole; `verify`
+    lists an older dataset's files with `named_as_before_0_5`."""
+    return found.written_since(WHOLE_OUTSIDE_SINCE)
+
+
+def named_as_before_0_5(source: SourceFile) -> SourceFile:
+    if not source.path:  # a line without a path is named by its text
+        return source
+    return dataclasses.replace(source, relpath=named_before_0_5(source.relpath))
 
 
 def _normalised(path: str) -> str:

@@ -12,9 +12,10 @@ from concurrent import futures
 
 import pytest
 
-from beam_jobs import convert, csv_lists, sources, storage
+from beam_jobs import convert, csv_lists, record_reader, sources, storage
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import images, naming
+from beam_jobs.source_file import split_by_hash
+from tfrecord_pipe._core import images, naming, schema
 
 from helpers import COLOURS, IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways, write_image_folder
 
@@ -494,6 +495,77 @@ def test_no_source_is_looked_for_outside_the_folder_or_in_a_csv_list(tmp_path):
     assert find("red/1.jpg").path == str(tmp_path / "src/red/1.jpg")
     (tmp_path / "list.csv").write_text("src/red/1.jpg,red\n")
     assert sources.source_finder(resolved(tmp_path / "list.csv")) is None
+
+
+def filenames_in(out) -> list[str]:
+    return sorted(schema.decode_example(r, label_offset=1).filename
+                  for shard in out.glob("train-*") for r in record_reader.records(str(shard)))
+
+
+def outside_and_its_look_alike_inside(tmp_path) -> tuple[str, str]:
+    """A CSV list naming a file outside its folder and one inside that 0.4 named alike."""
+    outside = tmp_path / "elsewhere" / "a.jpg"
+    inside = tmp_path / "csv" / str(outside).lstrip("/")
+    for path, side in ((outside, 9), (inside, 10)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(jpeg_bytes(side, side))
+    (tmp_path / "csv" / "list.csv").write_text(f"{outside},x\n{inside},y\n")
+    return str(outside), str(outside).lstrip("/")
+
+
+@pytest.mark.parametrize("beam_args", [[], IN_PROCESS], ids=["local_engine", "beam"])
+def test_a_file_outside_the_csvs_folder_is_named_by_its_whole_path(tmp_path, beam_args):
+    # It was named without its leading "/", which is also the name of a file inside the
+    # folder: two records of one name, and verify failed the untouched dataset.
+    outside, inside = outside_and_its_look_alike_inside(tmp_path)
+    convert.run([str(tmp_path / "csv" / "list.csv"), str(tmp_path / "out"), *beam_args])
+    assert filenames_in(tmp_path / "out") == sorted([outside, inside])
+    report = verified_both_ways(tmp_path / "csv" / "list.csv", tmp_path / "out")
+    assert report.ok, report.problems
+
+
+def test_a_file_outside_the_csvs_folder_keeps_the_split_it_had(tmp_path):
+    # Its split is hashed from the name 0.4 gave it: no file moves between train and
+    # validation when a dataset is converted again.
+    (tmp_path / "csv").mkdir()
+    lines = []
+    for i in range(40):
+        (tmp_path / f"{i}.jpg").write_bytes(jpeg_bytes())
+        lines.append(f"{tmp_path / f'{i}.jpg'},x")
+    (tmp_path / "csv" / "list.csv").write_text("\n".join(lines))
+    config = resolved(tmp_path / "csv" / "list.csv", validation_fraction=0.5)
+    listed = list(sources.list_sources(config))
+    assert [s.relpath for s in listed] == [line.split(",")[0] for line in lines]
+    assert [s.split for s in listed] == [
+        split_by_hash(s.relpath.lstrip("/"), 0.5) for s in listed
+    ] and {s.split for s in listed} == {naming.TRAIN, naming.VALIDATION}
+
+
+def test_verify_judges_a_file_outside_the_csvs_folder_by_the_name_its_version_gave(
+    tmp_path, monkeypatch
+):
+    from tfrecord_pipe._core import manifest
+    from tfrecord_pipe._reading import dataset
+    from tfrecord_pipe._tools import verify
+
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "csv" / "list.csv").write_text(f"{tmp_path / 'a.jpg'},x\n")
+    old = csv_lists.named_as_before_0_5
+    monkeypatch.setattr(sources, "list_sources", lambda config, list_=sources.list_sources: map(
+        old, list_(config)))  # the converter of 0.4  # fmt: skip
+    convert_(tmp_path / "csv" / "list.csv", tmp_path / "out")
+    monkeypatch.undo()
+    assert filenames_in(tmp_path / "out") == [str(tmp_path / "a.jpg").lstrip("/")]
+    assert not verify.verify(str(tmp_path / "csv" / "list.csv"), str(tmp_path / "out")).ok
+    path = tmp_path / "out" / "manifest.json"
+    written = json.loads(path.read_text())
+    written["tool_version"] = "0.4.0"  # and without what 0.4 did not write
+    for info in written["splits"].values():
+        del info["label_counts"], info["shard_digests"]
+    dataset.write_manifest(str(tmp_path / "out"), manifest.Manifest.from_json(json.dumps(written)))
+    report = verified_both_ways(tmp_path / "csv" / "list.csv", tmp_path / "out")
+    assert report.ok, report.problems
 
 
 def test_verify_judges_a_file_listed_with_and_without_a_label_by_the_rule_of_its_version(

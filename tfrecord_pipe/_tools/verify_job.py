@@ -188,6 +188,8 @@ class VerifyDataset(beam.PTransform):
             ).with_outputs(*_KINDS)
         )
         listed = pbegin | "List" >> pipeline.ListSources(config)
+        if config.layout == "csv" and not csv_lists.names_outside_whole(found):
+            listed = listed | "NamedBefore0_5" >> beam.Map(csv_lists.named_as_before_0_5)
         if config.layout == "csv":  # a file listed twice is kept once, as the converter did
             listed = (
                 listed
