@@ -109,3 +109,20 @@ def test_manifests_of_version_0_1_read_with_their_flags_as_the_conversion(folder
     read = manifest.Manifest.from_json(legacy)
     assert read.conversion == {"flags": {"jpeg_quality": 90}}
     assert dataclasses.replace(read, conversion={}) == found
+
+
+def test_a_manifest_of_many_labels_writes_each_splits_counts_on_one_line():
+    # One count a line made 20,000 lines a split at 20,000 labels, between the facts a
+    # person opens manifest.json for.
+    labels = tuple(f"class {i}" for i in range(20_000))
+    splits = {split: manifest.SplitInfo(20_000, (20_000,), 1, 20_000, 0,
+                                        (f"{split}-00000-of-00001.tfrecord",),
+                                        label_counts=(1,) * 20_000)  # fmt: skip
+              for split in ("train", "validation")}
+    found = manifest.Manifest(labels=labels, label_offset=1, compression="", splits=splits,
+                              tool_version="0.5.0")
+    text = found.to_json()
+    assert manifest.Manifest.from_json(text) == found
+    counts = [line for line in text.splitlines() if '"label_counts"' in line]
+    assert counts == ['      "label_counts": [' + ", ".join(["1"] * 20_000) + "],"] * 2
+    assert len(text.splitlines()) < len(labels) + 100  # a line per label, and the facts

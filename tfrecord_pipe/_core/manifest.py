@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import secrets
 
 from tfrecord_pipe._core import messages, naming, paths, schema, tfds_metadata
 
@@ -282,11 +283,20 @@ class Manifest:
         data = dataclasses.asdict(self)
         # Optional fields left out where empty, as 0.4.0 wrote its manifests (0.4.0 reads none
         # with shard_digests: CHANGELOG.md).
-        for info in data["splits"].values():
+        # A split's label_counts on one line, not one number a line: 20,000 lines at 20,000
+        # labels. Put in place of a token no name can hold by chance.
+        token, one_line = secrets.token_hex(16), {}
+        for split, info in data["splits"].items():
             for optional in ("array_record_files", "shard_digests", "label_counts"):
                 if not info[optional]:
                     del info[optional]
-        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+            if info.get("label_counts"):
+                one_line[f"{token}-{split}"] = json.dumps(info["label_counts"])
+                info["label_counts"] = f"{token}-{split}"
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+        for placeholder, counts in one_line.items():
+            text = text.replace(json.dumps(placeholder), counts, 1)
+        return text
 
     @classmethod
     def from_file_text(cls, text: str, path: str) -> "Manifest":
