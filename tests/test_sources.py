@@ -497,6 +497,19 @@ def test_no_source_is_looked_for_outside_the_folder_or_in_a_csv_list(tmp_path):
     assert sources.source_finder(resolved(tmp_path / "list.csv")) is None
 
 
+def as_written_by_0_4(out) -> None:
+    """The dataset's manifest as 0.4 wrote it: its version, without what 0.4 did not write
+    (and TFDS's metadata made from it)."""
+    from tfrecord_pipe._core import manifest
+    from tfrecord_pipe._reading import dataset
+
+    written = json.loads((out / "manifest.json").read_text())
+    written["tool_version"] = "0.4.0"
+    for info in written["splits"].values():
+        del info["label_counts"], info["shard_digests"]
+    dataset.write_manifest(str(out), manifest.Manifest.from_json(json.dumps(written)))
+
+
 def filenames_in(out) -> list[str]:
     return sorted(schema.decode_example(r, label_offset=1).filename
                   for shard in out.glob("train-*") for r in record_reader.records(str(shard)))
@@ -544,8 +557,6 @@ def test_a_file_outside_the_csvs_folder_keeps_the_split_it_had(tmp_path):
 def test_verify_judges_a_file_outside_the_csvs_folder_by_the_name_its_version_gave(
     tmp_path, monkeypatch
 ):
-    from tfrecord_pipe._core import manifest
-    from tfrecord_pipe._reading import dataset
     from tfrecord_pipe._tools import verify
 
     (tmp_path / "csv").mkdir()
@@ -558,12 +569,7 @@ def test_verify_judges_a_file_outside_the_csvs_folder_by_the_name_its_version_ga
     monkeypatch.undo()
     assert filenames_in(tmp_path / "out") == [str(tmp_path / "a.jpg").lstrip("/")]
     assert not verify.verify(str(tmp_path / "csv" / "list.csv"), str(tmp_path / "out")).ok
-    path = tmp_path / "out" / "manifest.json"
-    written = json.loads(path.read_text())
-    written["tool_version"] = "0.4.0"  # and without what 0.4 did not write
-    for info in written["splits"].values():
-        del info["label_counts"], info["shard_digests"]
-    dataset.write_manifest(str(tmp_path / "out"), manifest.Manifest.from_json(json.dumps(written)))
+    as_written_by_0_4(tmp_path / "out")
     report = verified_both_ways(tmp_path / "csv" / "list.csv", tmp_path / "out")
     assert report.ok, report.problems
 
@@ -572,8 +578,6 @@ def test_verify_judges_a_file_listed_with_and_without_a_label_by_the_rule_of_its
     tmp_path, monkeypatch
 ):
     # 0.4 kept the listing without a label (it sorted first): its datasets still verify.
-    from tfrecord_pipe._core import manifest
-    from tfrecord_pipe._reading import dataset
     from tfrecord_pipe._tools import verify
 
     (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
@@ -584,12 +588,6 @@ def test_verify_judges_a_file_listed_with_and_without_a_label_by_the_rule_of_its
     convert_(tmp_path / "list.csv", tmp_path / "out")
     monkeypatch.undo()
     assert not verify.verify(str(tmp_path / "list.csv"), str(tmp_path / "out")).ok
-    path = tmp_path / "out" / "manifest.json"
-    written = json.loads(path.read_text())
-    written["tool_version"] = "0.4.0"  # and without what 0.4 did not write
-    for info in written["splits"].values():
-        del info["label_counts"], info["shard_digests"]
-    edited = manifest.Manifest.from_json(json.dumps(written))
-    dataset.write_manifest(str(tmp_path / "out"), edited)  # and TFDS's metadata from it
+    as_written_by_0_4(tmp_path / "out")
     report = verified_both_ways(tmp_path / "list.csv", tmp_path / "out")  # both drivers
     assert report.ok, report.problems
