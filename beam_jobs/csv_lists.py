@@ -174,6 +174,7 @@ def names_outside_whole(found: manifest.Manifest) -> bool:
 
 
 def named_as_before_0_5(source: SourceFile) -> SourceFile:
+    """`source` with the relative path a converter before 0.5 gave it (`named_before_0_5`)."""
     if not source.path:  # a line without a path is named by its text
         return source
     return dataclasses.replace(source, relpath=named_before_0_5(source.relpath))
