@@ -312,6 +312,26 @@ def test_a_truncated_shard_stops_with_an_error_naming_the_file(tmp_path):
         batches(ds)
 
 
+@pytest.mark.parametrize("batch_size", [2, 3])  # the records fill the batches, or padding does
+def test_a_shard_holding_a_record_more_than_listed_stops_evaluation_naming_it(tmp_path, batch_size):
+    # Evaluation took the manifest's count of records and stopped there: the record past a
+    # shard's count was never read, and the shard's end, where counts were checked, never
+    # reached. A shard swapped for another went unnoticed.
+    folder = tmp_path / "ds"
+    write_dataset(str(folder), {"validation": [[0, 1, 2], [1, 2, 1]]})
+    shard = folder / "validation-00000-of-00002.tfrecord"
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for record in [*records, records[0]]:
+            writer.write(record)
+    ds = reader.make_input_fn(str(folder), is_training=False, image_size=SIZE,
+                              batch_size=batch_size)()  # fmt: skip
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"validation-00000-of-00002\.tfrecord: read 4 records, the manifest "
+                             "lists 3"):  # fmt: skip
+        batches(ds)
+
+
 def test_skip_corrupt_reads_what_it_can_and_reports_the_skip(tmp_path, capfd):
     folder = tmp_path / "ds"
     write_dataset(str(folder), {"validation": [[0, 0, 0], [1, 1, 1, 1]]})

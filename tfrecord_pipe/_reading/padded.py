@@ -39,6 +39,8 @@ def padded_batches(config, source, serialized, parse, batch, context) -> tf.data
     # The filler joins as records, before the map: map and batch then fuse, and each image is
     # copied into its batch by the thread that made it (a separate batch stage copied them all).
     real = serialized.map(lambda record: (record, tf.constant(True)))
+    if steps is not None:
+        real = _each_once_the_next_is_read(real)
     filler = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(False))).repeat()
     examples = real.concatenate(filler).map(
         example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.is_deterministic
@@ -54,6 +56,19 @@ def padded_batches(config, source, serialized, parse, batch, context) -> tf.data
         )
     # One pipeline, one replica, count unknown: stop at the first batch that starts with filler.
     return batches.take_while(lambda images, labels, weights: weights[0] > 0)
+
+
+def _each_once_the_next_is_read(real: tf.data.Dataset) -> tf.data.Dataset:
+    """`real`'s (record, True) pairs, each let through once the next (or the end) is read.
+
+    The last batch is taken as soon as it is full: without reading one more, a record past a
+    shard's count (checked as it comes, `records._checked`) was never read, nor counted.
+    """
+    end = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(False)))
+    held_back = real.concatenate(end).scan(
+        (tf.constant(b""), tf.constant(False)), lambda previous, pair: (pair, previous)
+    )
+    return held_back.filter(lambda record, is_real: is_real)
 
 
 def padded_weight(source: Source, steps: int | None, batch: int, context=None) -> float:

@@ -96,10 +96,10 @@ def shard_reader(
 
 def _checked(records, filename, expected, skip_corrupt, skipped=None, catch=True,
              numbered_from=None):  # fmt: skip
-    """`records` with read errors caught (`catch`) and the count checked when the file ends
-    (the `skipped` records before them counted in); numbered from `numbered_from` by the same
-    count (a count of its own, a scan beside it, cost about 15% of a seeded pipeline's speed:
-    benchmarks/RESULTS.md)."""
+    """`records` with read errors caught (`catch`) and the count checked when the file ends,
+    and at each record past it (the `skipped` records before them counted in); numbered from
+    `numbered_from` by the same count (a count of its own, a scan beside it, cost about 15% of
+    a seeded pipeline's speed: benchmarks/RESULTS.md)."""
     end = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True)))
     records = records.ignore_errors() if catch else records
     tagged = records.map(lambda r: (r, tf.constant(False))).concatenate(end)
@@ -110,8 +110,12 @@ def _checked(records, filename, expected, skip_corrupt, skipped=None, catch=True
         return seen, (record, is_end, seen)
 
     def keep(record, is_end, seen):
+        # A record past the count is stopped as it comes: evaluation reads as many records
+        # as the manifest lists, and may never reach the file's end.
         return tf.cond(
-            is_end, lambda: _file_end(filename, seen, expected, skip_corrupt), lambda: True
+            tf.logical_or(is_end, seen > expected),
+            lambda: _miscounted(filename, seen, expected, is_end, skip_corrupt),
+            lambda: True,
         )
 
     initial = tf.constant(0, tf.int64) if skipped is None else tf.cast(skipped, tf.int64)
@@ -122,9 +126,10 @@ def _checked(records, filename, expected, skip_corrupt, skipped=None, catch=True
     return kept.map(lambda record, is_end, seen: (numbered_from + seen - 1, record))
 
 
-def _file_end(filename, seen, expected, skip_corrupt):
-    """At a file's end: False (the end marker is dropped), after an error or a warning if short."""
-    complete = tf.equal(seen, expected)
+def _miscounted(filename, seen, expected, is_end, skip_corrupt):
+    """At a file's end (False: the end marker is dropped) or a record past its count (False
+    with skip_corrupt): an error or a warning unless the count is the manifest's."""
+    complete = tf.logical_and(is_end, tf.equal(seen, expected))
     problem = tf.strings.join(
         [
             "Corrupt or truncated TFRecord file ",
