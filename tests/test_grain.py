@@ -4,6 +4,7 @@ and exact, resumable, padded evaluation, this host's share) and its evaluation p
 
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -295,8 +296,19 @@ def test_what_the_grain_path_cannot_read_is_refused_with_what_to_do(both, tmp_pa
         train(broken)
     with pytest.raises(ValueError, match="host_count must be >= 1"):
         train(both, host_index=0, host_count=0)
-    with pytest.raises(ValueError, match="seed must be an integer"):
+    with pytest.raises(ValueError, match="seed must be an int or None, got 1.5"):
         train(both, seed=1.5)
+    # Other types were taken (a str as True) or failed inside Grain.
+    for wrong, said in ((dict(batch_size="4"), "batch_size must be an int, got '4'"),
+                        (dict(batch_size=4.0), "batch_size must be an int, got 4.0"),
+                        (dict(with_keys="no"), "with_keys must be True or False"),
+                        (dict(split=["train"]), "split must be a str or None")):  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(said)):
+            train(both, **wrong)
+    # A pathlib.Path is a path ("argument of type 'PosixPath' is not iterable").
+    first = [next(iter(grain.make_dataset(data, is_training=False, batch_size=4, image_size=SIZE)))
+             for data in (both, str(both))]  # fmt: skip
+    assert isinstance(both, pathlib.Path) and np.array_equal(first[0][1], first[1][1])
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 import collections
 import logging
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -419,10 +420,26 @@ def test_config_errors_list_every_problem():
     # A count of the wrong type was a TypeError from deep in TensorFlow, or from a comparison.
     with pytest.raises(ValueError) as caught:
         reader.ReaderConfig(data="x", batch_size=2.5, image_size="32", seed=True)
-    assert str(caught.value) == ("Invalid ReaderConfig: batch_size must be an int, got 2.5; "
-                                 "image_size must be an int, got '32'; seed must be an int, got "
-                                 "True")  # fmt: skip
+    assert str(caught.value) == (
+        "Invalid ReaderConfig: batch_size must be an int or None, got 2.5 (float); image_size "
+        "must be an int, got '32' (str); seed must be an int or None, got True (bool)")
     assert type(reader.ReaderConfig(data="x", batch_size=np.int64(8)).batch_size) is int  # JSON
+    # `is_training="no"` was taken as True, and a list as the split failed as unhashable.
+    with pytest.raises(ValueError) as caught:
+        reader.make_input_fn("x", is_training="no", split=["train"], color_jitter="0.1")
+    assert str(caught.value) == (
+        "Invalid ReaderConfig: split must be a str or None, got ['train'] (list); is_training "
+        "must be True or False, got 'no' (str); color_jitter must be a number, got '0.1' (str)")
+
+
+def test_a_path_object_is_a_path(dataset):
+    # A pathlib.Path failed at a string method ("has no attribute 'rstrip'").
+    as_path = reader.make_input_fn(pathlib.Path(dataset), is_training=False, image_size=SIZE,
+                                   batch_size=4)()  # fmt: skip
+    as_str = reader.make_input_fn(dataset, is_training=False, image_size=SIZE, batch_size=4)()
+    assert real_labels(batches(as_path)) == real_labels(batches(as_str))
+    with pytest.raises(ValueError, match=r"data must be a path \(a str or a pathlib.Path\), got 7"):
+        reader.make_input_fn(7, is_training=False)
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ import threading
 
 import numpy as np
 
-from tfrecord_pipe._core import crops, naming, parent_watch, schema
+from tfrecord_pipe._core import arguments, crops, naming, parent_watch, schema
 from tfrecord_pipe._grain import images
 from tfrecord_pipe._grain.resume import GrainInput, fingerprint
 from tfrecord_pipe._grain.source import Keyed, Split, find_split, grain_module, source
@@ -106,6 +106,19 @@ def make_dataset(
       Its iterators have `get_state()` / `set_state(state)`.
     """
     grain = grain_module()
+    # Types first (`arguments`): a numpy int is stored as an int, as the state is JSON.
+    data = arguments.path("data", data)
+    split = arguments.text("split", split, optional=True)
+    is_training = arguments.flag("is_training", is_training)
+    with_keys = arguments.flag("with_keys", with_keys)
+    batch_size = arguments.count("batch_size", batch_size)
+    image_size = arguments.count("image_size", image_size)
+    worker_count = arguments.count("worker_count", worker_count)
+    threads = arguments.count("threads", threads)
+    seed = arguments.count("seed", seed, optional=True)
+    num_epochs = arguments.count("num_epochs", num_epochs, optional=True)
+    host_index = arguments.count("host_index", host_index, optional=True)
+    host_count = arguments.count("host_count", host_count, optional=True)
     crops.check_dtype(dtype)
     if batch_size < 1 or image_size < 1:
         raise ValueError(f"batch_size and image_size must be >= 1, got {batch_size}, {image_size}")
@@ -114,8 +127,6 @@ def make_dataset(
             "seed is required for Grain training: the shuffle and the augmentation are a "
             "function of it, and a resumed run must pass the same seed."
         )
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
     if is_training and not 0 <= seed < 2**32:
         raise ValueError(f"seed must be in 0..2**32-1, got {seed}")
     if not is_training and (seed is not None or num_epochs is not None or with_keys):

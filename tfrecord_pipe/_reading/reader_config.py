@@ -4,13 +4,13 @@ and the tf.data options every pipeline of a config runs with."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-import numbers
 import os
 
 import tensorflow as tf
 
-from tfrecord_pipe._core import keywords, naming
+from tfrecord_pipe._core import arguments, keywords, naming
 from tfrecord_pipe._reading import dataset as dataset_lib
 from tfrecord_pipe._reading import preprocess
 
@@ -41,7 +41,8 @@ class ReaderConfig:
 
     Attributes:
       data: a dataset folder written by tfrecord-pipe (has manifest.json), or a file pattern
-        (`gs://b/d/train-*`). Local paths and anything tf.io.gfile reads.
+        (`gs://b/d/train-*`), a str or a `pathlib.Path`. Local paths and anything
+        tf.io.gfile reads.
       split: the split to read from a dataset folder; default "train" when training and
         "validation" otherwise. Must be None for a file pattern.
       is_training: True: shuffled, repeated, randomly cropped and flipped. False: one pass in
@@ -122,17 +123,16 @@ class ReaderConfig:
     with_keys: bool = False
 
     def __post_init__(self):
-        # Checked first: `2.5` or `"32"` failed deep in TensorFlow, or at a comparison below.
-        # A numpy int is kept as an int: the settings are saved as JSON too.
-        not_ints = []
-        for name in _INTS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (numbers.Integral, type(None))):
-                not_ints.append(f"{name} must be an int, got {value!r}")
-            elif value is not None:
-                object.__setattr__(self, name, int(value))
-        if not_ints:
-            raise ValueError("Invalid ReaderConfig: " + "; ".join(not_ints))
+        # Types first: `2.5` or `"32"` failed deep in TensorFlow or at a comparison below, and
+        # `is_training="no"` was taken as True.
+        wrong_types = []
+        for name, check in _TYPE_CHECKS:
+            try:
+                object.__setattr__(self, name, check(name, getattr(self, name)))
+            except ValueError as err:
+                wrong_types.append(str(err))
+        if wrong_types:
+            raise ValueError("Invalid ReaderConfig: " + "; ".join(wrong_types))
         problems = []
         if not self.data:
             problems.append("data is empty: give a dataset folder or a file pattern")
@@ -235,9 +235,19 @@ def per_replica(global_batch_size: int, replicas: int) -> int:
     return global_batch_size // replicas
 
 
-# The fields that count something (annotated int): an int or a numpy int, never a float, a
-# str or a bool.
-_INTS = tuple(f.name for f in dataclasses.fields(ReaderConfig) if f.type in ("int", "int | None"))
+def _type_check(field: dataclasses.Field):
+    """The check of a field's type (`arguments`), from its annotation; the data is a path."""
+    if field.name == "data":
+        return arguments.path
+    kind = field.type.removesuffix(" | None")
+    checks = {"int": arguments.count, "bool": arguments.flag, "str": arguments.text,
+              "float": arguments.number}  # fmt: skip
+    return functools.partial(checks[kind], optional=field.type.endswith(" | None"))
+
+
+# dtype is checked by its value: one of preprocess.DTYPES.
+_TYPE_CHECKS = tuple((f.name, _type_check(f)) for f in dataclasses.fields(ReaderConfig)
+                     if f.name != "dtype")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
