@@ -1,6 +1,7 @@
 """dataset.py: what a dataset folder or a file pattern holds, worked out once for every tool."""
 
 import dataclasses
+import pathlib
 
 import pytest
 import tensorflow as tf
@@ -74,6 +75,10 @@ def test_the_label_offset_is_the_manifests_or_given_never_guessed(folder, tmp_pa
 
 def test_label_names_are_the_manifests(folder, tmp_path):
     assert dataset.label_names(folder) == ("red", "green", "blue")
+    as_path = pathlib.Path(folder)  # failed at a string method ("no attribute 'rstrip'")
+    assert dataset.label_names(as_path) == ("red", "green", "blue")
+    assert dataset.resolve(as_path) == dataset.resolve(folder)
+    assert dataset.read_manifest(as_path) == dataset.read_manifest(folder)
     write_dataset(str(tmp_path), {"train": [[0]]})
     tf.io.gfile.remove(f"{tmp_path}/manifest.json")
     with pytest.raises(ValueError, match="label names are unknown"):

@@ -20,7 +20,7 @@ import os
 import tensorflow as tf
 
 from tfrecord_pipe._core import manifest as manifest_lib
-from tfrecord_pipe._core import naming, paths
+from tfrecord_pipe._core import arguments, naming, paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
     """Finds what `path` holds.
 
     Args:
-      path: a dataset folder or a file pattern.
+      path: a dataset folder or a file pattern (a str or a `pathlib.Path`).
       file_format: the shard format to read (naming.FILE_FORMATS); None: TFRecord where there
         is any, else ArrayRecord.
 
@@ -152,6 +152,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
         `file_format`; the message says what to pass instead.
       FileNotFoundError: a bucket that cannot be reached.
     """
+    path = arguments.path("path", path)
     folder = paths.folder(path)
     try:
         is_dataset = tf.io.gfile.exists(paths.join(folder, naming.MANIFEST_NAME))
@@ -365,6 +366,7 @@ def label_names(path: str) -> tuple[str, ...]:
     Raises:
       ValueError: `path` has no manifest (a bare pattern), so the names are not known.
     """
+    path = arguments.path("path", path)
     found = resolve(path)
     if found.labels is None:
         raise ValueError(f"{path} has no manifest.json beside it: its label names are unknown.")
@@ -378,6 +380,7 @@ def read_manifest(folder: str) -> manifest_lib.Manifest:
       FileNotFoundError: the folder has no manifest.json (not a dataset, or an unfinished one).
       ValueError: manifest.json is not a valid manifest; the message names it.
     """
+    folder = arguments.path("folder", folder)
     path = paths.join(folder, naming.MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
         raise manifest_lib.not_a_dataset(folder)
