@@ -333,6 +333,17 @@ def test_an_epoch_that_reads_a_record_twice_stops_at_its_end(folder):
         next(iterator)
 
 
+def test_an_unseeded_training_iterator_fails_to_save_as_docs_preemption_says(folder, tmp_path):
+    # docs/preemption.md quotes TensorFlow's error, and says to give a seed.
+    unseeded = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4)()
+    iterator = iter(unseeded)
+    next(iterator)
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match=re.escape("SampleDistortedBoundingBoxV2 is stateful. "
+                                       "[Op:SerializeIterator]")):  # fmt: skip
+        tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "checkpoint"))
+
+
 def test_a_checkpoint_restored_into_other_settings_is_refused(folder, tmp_path):
     iterator = iter(seeded(folder))
     next(iterator)
