@@ -245,7 +245,8 @@ def test_a_state_on_a_dataset_converted_again_from_other_images_is_refused(tmp_p
     state = batches.get_state()
     (src / "red" / "000.jpg").rename(src / "blue" / "900.jpg")
     convert.run(args)
-    with pytest.raises(ValueError, match="reads other batches \\(.*records: saved"):
+    said = "reads other batches \\(records \\(the dataset: .*\\): saved"
+    with pytest.raises(ValueError, match=said):
         iter(train(out)).set_state(state)
 
 

@@ -424,7 +424,7 @@ def test_a_position_on_a_dataset_converted_again_from_other_images_is_refused(tm
     convert.run(args)
     again = json.loads((out / "manifest.json").read_text())["splits"]["train"]
     assert again["shard_lengths"] == shard_lengths["shard_lengths"]  # the counts say nothing
-    with pytest.raises(ValueError, match="reads other records"):
+    with pytest.raises(ValueError, match="reads other records \\(dataset: saved"):
         make().numpy_batches().set_state(state)
     restored = iter(make()())
     with pytest.raises(tf.errors.InvalidArgumentError, match="reads other records"):
@@ -521,14 +521,25 @@ def test_the_numpy_batches_state_is_small_json_and_restores_exactly(folder):
     assert [next(again)[2].tolist() for _ in range(5)] == reference[7:]
 
 
+def test_a_state_from_another_cycle_length_is_refused_naming_it(folder):
+    # It said only that the fingerprints differ.
+    settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=5)
+    batches = reader.make_input_fn(folder, **settings).numpy_batches()
+    next(batches)
+    elsewhere = reader.make_input_fn(folder, **settings, cycle_length=1).numpy_batches()
+    with pytest.raises(ValueError, match="other records \\(cycle_length: saved 3, here 1; finger"):
+        elsewhere.set_state(batches.get_state())
+
+
 @pytest.mark.parametrize(
     "other, said",
     [(dict(host_index=0), "host: saved \\[1, 2\\], here \\[0, 2\\]"),
      (dict(host_index=0, host_count=1), "fingerprint: saved"),
      (dict(seed=6), "seed: saved 5, here 6; fingerprint: saved"),
+     (dict(shuffle_buffer=8), "shuffle_window: saved 12, here 8; fingerprint: saved"),
      (dict(batch_size=2), "batch_size: saved 2, here 1")],
 )  # fmt: skip
-def test_a_state_from_another_host_count_dataset_or_batch_is_refused(folder, other, said):
+def test_a_state_from_other_hosts_shuffle_seed_or_batch_is_refused_naming_it(folder, other, said):
     settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=5, host_index=1,
                     host_count=2)  # fmt: skip
     batches = reader.make_input_fn(folder, **settings).numpy_batches()
@@ -812,6 +823,10 @@ def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp
         resumed(small_model(steps_per_execution=2), run="e")
     other = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2, seed=3)
     with pytest.raises(ValueError, match="batch_size: saved 4, here 2"):
+        resumed(small_model(), data_fn=other, run="e")
+    other = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4, seed=3,
+                                 shuffle_buffer=5)  # fmt: skip
+    with pytest.raises(ValueError, match="shuffle_window: saved 34, here 5; records: saved"):
         resumed(small_model(), data_fn=other, run="e")
     # What the backup's steps mean, lost: removed (or never written, by a run before
     # FitResume was used), or damaged. Resuming blind could read other batches.

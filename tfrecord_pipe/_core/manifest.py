@@ -53,6 +53,16 @@ def positions_of(shard_digests) -> str:
     return hashlib.sha256(",".join(shard_digests).encode()).hexdigest()[:DIGEST_CHARS]
 
 
+def split_identity(files, counts, positions: str, name: str = "") -> str:
+    """Which records a split holds, in which order, as one digest: its shard names and counts,
+    and which input is at each place where the manifest says ("" `positions`: unknown). A
+    resumed position names it when it differs ("dataset"); Grain's states hold the split's
+    `name` in it too (a split read through a pattern is named by the pattern)."""
+    names = ",".join(file.rsplit("/", 1)[-1] for file in files)
+    facts = f"{name}:{names}:{','.join(map(str, counts))}" + (f":{positions}" if positions else "")
+    return hashlib.sha256(facts.encode()).hexdigest()[:DIGEST_CHARS]
+
+
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
     """One split's shards and counts.

@@ -4,21 +4,16 @@ than silently resumed."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 
+from tfrecord_pipe._core import manifest
 from tfrecord_pipe._grain.source import Split
 
 
 def fingerprint(split: Split) -> str:
-    """What names the records and their order: the split's shard names and counts, and which
-    input is at each place where the manifest says (a dataset converted again from other
-    images may have the same counts)."""
-    names = ",".join(os.path.basename(file) for file in split.files)
-    lengths = ",".join(map(str, split.shard_lengths))
-    facts = f"{split.name}:{names}:{lengths}" + (f":{split.positions}" if split.positions else "")
-    return hashlib.sha256(facts.encode()).hexdigest()[:16]
+    """What names the records and their order (`manifest.split_identity`): a dataset converted
+    again from other images may have the same counts."""
+    return manifest.split_identity(split.files, split.shard_lengths, split.positions, split.name)
 
 
 STATE_FORMAT = "tfrecord-pipe grain position"
@@ -73,7 +68,7 @@ class ResumableBatches:
             )
         saved = state["settings"]
         differ = [
-            f"{key}: saved {saved.get(key)!r}, here {value!r}"
+            f"{_SAID.get(key, key)}: saved {saved.get(key)!r}, here {value!r}"
             for key, value in self._settings.items()
             if _as_json(saved.get(key)) != _as_json(value)
         ]
@@ -84,6 +79,10 @@ class ResumableBatches:
                 + "). Resume with the settings it was saved with."
             )
         self._iterator.set_state(state["grain"])
+
+
+# A setting named in words where its key alone does not say what changed.
+_SAID = {"records": "records (the dataset: its shards, their counts and which inputs they hold)"}
 
 
 def _as_json(value):

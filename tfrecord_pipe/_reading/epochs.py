@@ -148,7 +148,8 @@ def other_records(saved: str, what: str) -> str:
     )
 
 
-NAMED_ONLY = ("seed",)  # settings a position's fingerprint holds, also named for a refusal
+# Settings a position's fingerprint holds, also named for a refusal (`seeded.position_facts`).
+NAMED_ONLY = ("seed", "dataset", "shuffle_window", "cycle_length")
 
 
 def differs(saved: dict, here: dict, name: str) -> bool:

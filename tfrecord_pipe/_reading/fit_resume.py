@@ -231,11 +231,12 @@ def _check_counts_steps(optimizer) -> None:
 
 def _facts(config, context, steps_per_epoch: int) -> dict:
     """What a backup's steps mean: the order of this pipeline's records and its batches."""
-    layout = seeded.pipeline_layout(config, context)
+    facts = seeded.position_facts(config, context)
+    records = facts.pop("fingerprint")  # saved under this name before the others were named
     batch = context.get_per_replica_batch_size(config.batch_size) if context else config.batch_size
     return {
-        "seed": config.seed,  # in the fingerprint too: here to name it when it differs
-        "records": epochs.fingerprint(layout),  # dataset, seed, host share, shuffle settings
+        **facts,
+        "records": records,
         "batch_size": batch,
         "replicas": context.num_replicas_in_sync if context else 1,
         "steps_per_epoch": steps_per_epoch,

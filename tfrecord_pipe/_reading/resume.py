@@ -61,13 +61,11 @@ class BatchIterator:
         """What a state is valid for: this host's layout and batch."""
         if self._facts is None:
             context = self._input_fn.host_context()
-            layout = seeded.pipeline_layout(self._input_fn.config, context)
             hosts = (context.input_pipeline_id, context.num_input_pipelines) if context else (0, 1)
             config = self._input_fn.config
             batch = context.get_per_replica_batch_size(config.batch_size) if context else None
             self._facts = {
-                "seed": config.seed,  # in the fingerprint too: here to name it when it differs
-                "fingerprint": epochs.fingerprint(layout),
+                **seeded.position_facts(config, context),
                 "host": list(hosts),
                 "batch_size": batch or config.batch_size,
             }

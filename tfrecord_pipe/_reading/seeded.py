@@ -7,6 +7,7 @@ import os
 
 import tensorflow as tf
 
+from tfrecord_pipe._core import manifest
 from tfrecord_pipe._reading import epochs, file_share, parse, records
 from tfrecord_pipe._reading.reader_config import ReaderConfig, Source, resolve_source
 
@@ -40,6 +41,22 @@ def pipeline_layout(
         raise ValueError("Positions are for seeded training: set seed= (and is_training).")
     source = resolve_source(config)
     return seeded_layout(config, source, file_share.pipeline_share(source.split, input_context, config.is_training))
+
+
+def position_facts(config: ReaderConfig, input_context=None) -> dict:
+    """What a position of this pipeline means, as a restore compares it: the layout's
+    fingerprint, and the settings it holds that a refusal names (`epochs.NAMED_ONLY`)."""
+    source = resolve_source(config)
+    share = file_share.pipeline_share(source.split, input_context, config.is_training)
+    layout = seeded_layout(config, source, share)
+    split = source.split
+    return {
+        "seed": layout.seed,
+        "dataset": manifest.split_identity(split.files, split.record_counts, split.positions),
+        "shuffle_window": layout.window,  # the shuffle_buffer in effect: at most the records
+        "cycle_length": layout.cycle,  # and the files read at a time
+        "fingerprint": epochs.fingerprint(layout),
+    }
 
 
 def seeded_layout(config: ReaderConfig, source: Source, share) -> epochs.Layout:
