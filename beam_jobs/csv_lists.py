@@ -203,7 +203,7 @@ def labelled_first(found: manifest.Manifest) -> bool:
     return found.written_since(LABELLED_FIRST_SINCE)
 
 
-def fixed_labels(found: manifest.Manifest, config) -> frozenset[str] | None:
+def labels_ranked_by(found: manifest.Manifest, config) -> frozenset[str] | None:
     """The labels file's labels the converter of `found` ranked listings by (`one_per_file`),
     or None: no labels file, or a converter before that rule."""
     if config.labels_file is None or not labelled_first(found):
@@ -223,13 +223,14 @@ def one_per_file(listings: list[SourceFile], labelled_first: bool = True,
     `labels` a labels file fixed: that one would have the file rejected (`no_label`,
     `unknown_label`) and the usable line rejected as a duplicate of it.
     """
+    if len(listings) == 1:
+        return listings[0], []
+
     def order(s: SourceFile) -> tuple:
         unknown = labels is not None and s.class_label not in labels
         first = (s.class_label is None, s.problem is not None, unknown) if labelled_first else ()
         return (*first, s.split, s.label or "", s.relpath)
 
-    if len(listings) == 1:
-        return listings[0], []
     ordered = sorted(listings, key=order)
     kept = ordered[0]
     detail = (

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -66,11 +67,21 @@ def test_a_host_position_deals_files_as_an_input_context_does(numbered):
 @pytest.mark.parametrize(
     "index, count, said",
     [(0, None, "both host_index and host_count"), (2, 2, r"in \[0, host_count\)"),
-     (-1, 3, r"in \[0, host_count\)"), (0, 0, "host_count >= 1")],
+     (-1, 3, r"in \[0, host_count\)"), (0, 0, "host_count >= 1"),
+     (True, 2, "host_index must be an int or None, got True"),  # was taken as host 1
+     (0.0, 2.0, "host_index must be an int or None, got 0.0")],  # failed deep in TensorFlow
 )  # fmt: skip
 def test_a_wrong_host_position_is_refused_when_the_input_fn_is_made(numbered, index, count, said):
     with pytest.raises(ValueError, match=said):
         reader.make_input_fn(numbered, is_training=False, host_index=index, host_count=count)
+
+
+def test_a_numpy_host_position_makes_a_state_that_is_json(numbered):
+    input_fn = reader.make_input_fn(numbered, is_training=True, batch_size=4, seed=1,
+                                    host_index=np.int64(1), host_count=np.int64(2))  # fmt: skip
+    batches = input_fn.numpy_batches()
+    next(batches)
+    assert json.loads(json.dumps(batches.get_state()))["host"] == [1, 2]
 
 
 def test_dropping_the_evaluation_remainder_on_several_hosts_is_refused(numbered):

@@ -313,8 +313,9 @@ def test_a_truncated_shard_stops_with_an_error_naming_the_file(tmp_path):
         batches(ds)
 
 
-@pytest.mark.parametrize("batch_size", [2, 3])  # the records fill the batches, or padding does
-def test_a_shard_holding_a_record_more_than_listed_stops_evaluation_naming_it(tmp_path, batch_size):
+@pytest.mark.parametrize("batch_size", [2, 4])  # the records fill the batches, or padding does
+def test_a_shard_holding_records_past_its_count_stops_evaluation_naming_it(tmp_path, batch_size,
+                                                                          capfd):  # fmt: skip
     # Evaluation took the manifest's count of records and stopped there: the record past a
     # shard's count was never read, and the shard's end, where counts were checked, never
     # reached. A shard swapped for another went unnoticed.
@@ -323,7 +324,7 @@ def test_a_shard_holding_a_record_more_than_listed_stops_evaluation_naming_it(tm
     shard = folder / "validation-00000-of-00002.tfrecord"
     records = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
     with tf.io.TFRecordWriter(str(shard)) as writer:
-        for record in [*records, records[0]]:
+        for record in [*records, *records, *records]:
             writer.write(record)
     ds = reader.make_input_fn(str(folder), is_training=False, image_size=SIZE,
                               batch_size=batch_size)()  # fmt: skip
@@ -331,6 +332,11 @@ def test_a_shard_holding_a_record_more_than_listed_stops_evaluation_naming_it(tm
                        match=r"validation-00000-of-00002\.tfrecord: read 4 records, the manifest "
                              "lists 3"):  # fmt: skip
         batches(ds)
+    # skip_corrupt keeps the records listed, and says so once.
+    ds = reader.make_input_fn(str(folder), is_training=False, image_size=SIZE,
+                              batch_size=batch_size, skip_corrupt=True)()  # fmt: skip
+    assert sorted(real_labels(batches(ds))) == [0, 1, 1, 1, 2, 2]
+    assert capfd.readouterr().err.count("WARNING tfrecord-pipe") == 1
 
 
 def test_skip_corrupt_reads_what_it_can_and_reports_the_skip(tmp_path, capfd):

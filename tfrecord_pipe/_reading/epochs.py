@@ -148,7 +148,8 @@ def other_records(saved: str, what: str) -> str:
     )
 
 
-# Settings a position's fingerprint holds, also named for a refusal (`seeded.position_facts`).
+# What a position means, also named for a refusal (`seeded.position_facts`): the settings its
+# fingerprint holds, and the dataset whole (a change in another host's files is refused too).
 NAMED_ONLY = ("seed", "dataset", "shuffle_window", "cycle_length")
 
 

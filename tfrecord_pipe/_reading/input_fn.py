@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from tfrecord_pipe._core import keywords
+from tfrecord_pipe._core import arguments, keywords
 from tfrecord_pipe._reading import hosts, resume
 from tfrecord_pipe._reading.reader import build_dataset
 from tfrecord_pipe._reading.reader_config import ReaderConfig
@@ -28,6 +28,9 @@ class InputFn:
     """
 
     def __init__(self, config: ReaderConfig, host_index=None, host_count=None):
+        # (An int, not a numpy one: a position state holds the host as JSON.)
+        host_index = arguments.count("host_index", host_index, optional=True)
+        host_count = arguments.count("host_count", host_count, optional=True)
         if host_index is not None or host_count is not None:
             hosts.position(host_index, host_count)  # refuses a wrong position now, not later
         self.config = config

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from tfrecord_pipe._core import arguments
 from tfrecord_pipe._reading import file_share, padded, parse, records, seeded, service
 from tfrecord_pipe._reading.reader_config import (
     ReaderConfig,
@@ -88,6 +89,8 @@ def build_dataset(
       (images, labels) batches, plus weights when `config.padded`, plus keys with
       `config.with_keys`; labels are int32, 0-based.
     """
+    batch_size = arguments.count("batch_size", batch_size, optional=True)
+    start_batches = arguments.count("start_batches", start_batches)
     source = source or resolve_source(config)
     batch = _pipeline_batch_size(config, input_context, batch_size)
     share = file_share.pipeline_share(source.split, input_context, config.is_training)

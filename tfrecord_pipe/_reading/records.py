@@ -128,7 +128,8 @@ def _checked(records, filename, expected, skip_corrupt, skipped=None, catch=True
 
 def _miscounted(filename, seen, expected, is_end, skip_corrupt):
     """At a file's end (False: the end marker is dropped) or a record past its count (False
-    with skip_corrupt): an error or a warning unless the count is the manifest's."""
+    with skip_corrupt): an error unless the count is the manifest's; with skip_corrupt, one
+    warning, at the first record past the count or at the end of a short file."""
     complete = tf.logical_and(is_end, tf.equal(seen, expected))
     problem = tf.strings.join(
         [
@@ -141,8 +142,12 @@ def _miscounted(filename, seen, expected, is_end, skip_corrupt):
         ]
     )
     if skip_corrupt:
+        short = tf.logical_and(is_end, seen < expected)
+        first_past = tf.logical_and(tf.logical_not(is_end), tf.equal(seen, expected + 1))
         return tf.cond(
-            complete, lambda: False, lambda: _warn_false(problem, "skipped the rest of it")
+            tf.logical_or(short, first_past),
+            lambda: _warn_false(problem, "skipped the rest of it"),
+            lambda: False,
         )
     check = tf.debugging.Assert(complete, [problem])
     with tf.control_dependencies([check]):

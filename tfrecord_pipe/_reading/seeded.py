@@ -37,18 +37,13 @@ def pipeline_layout(
     config: ReaderConfig, input_context: tf.distribute.InputContext | None = None
 ) -> epochs.Layout:
     """The order of a seeded training pipeline's records: what its positions mean."""
-    if not config.seeded:
-        raise ValueError("Positions are for seeded training: set seed= (and is_training).")
-    source = resolve_source(config)
-    return seeded_layout(config, source, file_share.pipeline_share(source.split, input_context, config.is_training))
+    return _source_and_layout(config, input_context)[1]
 
 
 def position_facts(config: ReaderConfig, input_context=None) -> dict:
     """What a position of this pipeline means, as a restore compares it: the layout's
     fingerprint, and the settings it holds that a refusal names (`epochs.NAMED_ONLY`)."""
-    source = resolve_source(config)
-    share = file_share.pipeline_share(source.split, input_context, config.is_training)
-    layout = seeded_layout(config, source, share)
+    source, layout = _source_and_layout(config, input_context)
     split = source.split
     return {
         "seed": layout.seed,
@@ -57,6 +52,14 @@ def position_facts(config: ReaderConfig, input_context=None) -> dict:
         "cycle_length": layout.cycle,  # and the files read at a time
         "fingerprint": epochs.fingerprint(layout),
     }
+
+
+def _source_and_layout(config: ReaderConfig, input_context) -> tuple[Source, epochs.Layout]:
+    if not config.seeded:
+        raise ValueError("Positions are for seeded training: set seed= (and is_training).")
+    source = resolve_source(config)
+    share = file_share.pipeline_share(source.split, input_context, config.is_training)
+    return source, seeded_layout(config, source, share)
 
 
 def seeded_layout(config: ReaderConfig, source: Source, share) -> epochs.Layout:

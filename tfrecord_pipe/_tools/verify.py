@@ -323,11 +323,11 @@ def _listed(config, work: str, labels: set[str], found: manifest.Manifest
     others marked, and expected among the rejections, as the converter of `found` did).
     Their labels go into `labels` (`SourceFile.class_label`)."""
     listed = sources.list_sources(config)
-    if config.layout == "csv" and not csv_lists.names_outside_whole(found):
-        listed = map(csv_lists.named_as_before_0_5, listed)
     if config.layout == "csv":
+        if not csv_lists.names_outside_whole(found):
+            listed = map(csv_lists.named_as_before_0_5, listed)
         listed = csv_lists.kept_once(listed, work, csv_lists.labelled_first(found),
-                                     csv_lists.fixed_labels(found, config))
+                                     csv_lists.labels_ranked_by(found, config))
     for source in listed:
         if source.class_label is not None:
             labels.add(source.class_label)

@@ -188,16 +188,16 @@ class VerifyDataset(beam.PTransform):
             ).with_outputs(*_KINDS)
         )
         listed = pbegin | "List" >> pipeline.ListSources(config)
-        if config.layout == "csv" and not csv_lists.names_outside_whole(found):
-            listed = listed | "NamedBefore0_5" >> beam.Map(csv_lists.named_as_before_0_5)
         if config.layout == "csv":  # a file listed twice is kept once, as the converter did
+            if not csv_lists.names_outside_whole(found):
+                listed = listed | "NamedBefore0_5" >> beam.Map(csv_lists.named_as_before_0_5)
             listed = (
                 listed
                 | "KeyByFile" >> beam.Map(lambda s: (csv_lists.identity(s), s))
                 | "GroupByFile" >> beam.GroupByKey()
                 # An argument, not a closure: this method rebinds its names (`first`).
                 | "OnePerFile" >> beam.FlatMap(_one_per_file, csv_lists.labelled_first(found),
-                                               csv_lists.fixed_labels(found, config))
+                                               csv_lists.labels_ranked_by(found, config))
             )
         else:
             listed = listed | "Spread" >> beam.Reshuffle()
