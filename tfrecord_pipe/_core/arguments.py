@@ -2,7 +2,7 @@
 `is_training="no"` was taken as True (a non-empty string is true), `batch_size="4"` or `4.0`
 failed deep inside TensorFlow or Grain, and a `pathlib.Path` as the data failed at a string
 method. Each check returns the value as stored (a numpy int as an int: settings are saved as
-JSON) or raises ValueError naming the argument."""
+JSON) or raises ValueError naming the argument; None passes only where `optional`."""
 
 from __future__ import annotations
 
@@ -11,52 +11,42 @@ import os
 
 import numpy as np
 
+_BOOLS = (bool, np.bool_)
+
 
 def count(name: str, value, optional: bool = False) -> int | None:
-    """An int or a numpy int (not a bool, a float or a str); None only where `optional`."""
-    if value is None and optional:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        return _refused(name, "an int", value, optional)
-    return int(value)
+    """An int or a numpy int (not a bool, a float or a str)."""
+    is_count = isinstance(value, numbers.Integral) and not isinstance(value, _BOOLS)
+    return _typed(name, value, optional, is_count, "an int", int)
 
 
 def number(name: str, value, optional: bool = False) -> float | None:
-    """A real number (an int too; not a bool or a str); None only where `optional`."""
-    if value is None and optional:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        return _refused(name, "a number", value, optional)
-    return float(value)
+    """A real number (an int too; not a bool or a str)."""
+    is_number = isinstance(value, numbers.Real) and not isinstance(value, _BOOLS)
+    return _typed(name, value, optional, is_number, "a number", float)
 
 
 def flag(name: str, value, optional: bool = False) -> bool | None:
-    """True or False (a numpy bool too); None only where `optional`."""
-    if value is None and optional:
-        return None
-    if not isinstance(value, (bool, np.bool_)):
-        return _refused(name, "True or False", value, optional)
-    return bool(value)
+    """True or False (a numpy bool too)."""
+    return _typed(name, value, optional, isinstance(value, _BOOLS), "True or False", bool)
 
 
 def text(name: str, value, optional: bool = False) -> str | None:
-    """A str; None only where `optional`."""
-    if value is None and optional:
-        return None
-    if not isinstance(value, str):
-        return _refused(name, "a str", value, optional)
-    return value
+    return _typed(name, value, optional, isinstance(value, str), "a str", str)
 
 
 def path(name: str, value) -> str:
     """A path: a str or an os.PathLike (`pathlib.Path`), as a str."""
     if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str):  # (a PathLike of bytes too)
-        return _refused(name, "a path (a str or a pathlib.Path)", value, False)
-    return value
+        value = os.fspath(value)  # (a PathLike of bytes gives bytes: refused)
+    return _typed(name, value, False, isinstance(value, str), "a path (a str or a pathlib.Path)",
+                  str)  # fmt: skip
 
 
-def _refused(name: str, wanted: str, value, optional: bool):
-    wanted += " or None" if optional else ""
-    raise ValueError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")
+def _typed(name: str, value, optional: bool, right: bool, wanted: str, stored: type):
+    if value is None and optional:
+        return None
+    if not right:
+        wanted += " or None" if optional else ""
+        raise ValueError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")
+    return stored(value)
