@@ -2,8 +2,12 @@
 that runs several steps per call, then a padded evaluation loop that counts every image once.
 
     python -m examples.custom_loop DATASET_DIR [--tpu NAME] [--epochs 5] [--batch_size 64]
+                                   [--checkpoint_dir DIR]
 
-DATASET_DIR is a dataset written by `tfrecord-pipe convert` (or examples/train.py).
+DATASET_DIR is a dataset written by `tfrecord-pipe convert` (or examples/train.py). With
+--checkpoint_dir, the model, the optimizer and the input's position are saved after every
+call; run again with the same folder after a preemption, it goes on at the next step, with
+the batches an uninterrupted run would have had (the input is seeded).
 """
 
 from __future__ import annotations
@@ -73,13 +77,15 @@ def make_eval_step(strategy, model, global_batch_size: int):
     return eval_step
 
 
-def run(strategy, dataset_dir: str, config: fit_example.TrainConfig) -> dict:
-    """Trains with the custom loop and evaluates; returns the last training loss, and the
-    evaluation's accuracy, images counted and loss."""
+def run(strategy, dataset_dir: str, config: fit_example.TrainConfig,
+        checkpoint_dir: str | None = None) -> dict:  # fmt: skip
+    """Trains with the custom loop (from the last checkpoint in `checkpoint_dir`, if any, saving
+    one after each call) and evaluates; returns the last training loss, the steps this run
+    trained, and the evaluation's accuracy, images counted and loss."""
     found = dataset.read_manifest(dataset_dir)
     train_fn = reader.make_input_fn(
         dataset_dir, is_training=True, image_size=config.image_size,
-        batch_size=config.global_batch_size,
+        batch_size=config.global_batch_size, seed=config.seed,
     )  # fmt: skip
     eval_fn = reader.make_input_fn(
         dataset_dir, is_training=False, image_size=config.image_size,
@@ -94,14 +100,24 @@ def run(strategy, dataset_dir: str, config: fit_example.TrainConfig) -> dict:
     train_steps = make_train_steps(strategy, model, optimizer, config.global_batch_size)
     eval_step = make_eval_step(strategy, model, config.global_batch_size)
 
-    iterator = iter(distribute.distribute(strategy, train_fn))
+    # Saved with the model: a count of steps, from which the input is rebuilt on restore.
+    iterator = distribute.resumable_iterator(strategy, train_fn)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, iterator=iterator)
+    manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir, 2) if checkpoint_dir else None
+    if manager and manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
     steps_per_epoch = max(1, found.splits["train"].num_examples // config.global_batch_size)
     calls = max(1, steps_per_epoch // config.steps_per_execution)
+    per_call = config.steps_per_execution
+    first = int(iterator.steps.numpy()) // per_call  # calls made before a restore
     loss = float("nan")
-    for epoch in range(config.epochs):
-        for _ in range(calls):
-            loss = float(train_steps(iterator, tf.constant(config.steps_per_execution)))
-        print(f"      epoch {epoch + 1}/{config.epochs}: loss {loss:.3f}")
+    for call in range(first, config.epochs * calls):
+        # The iterator TensorFlow's loop takes its steps from, those steps counted as given.
+        loss = float(train_steps(iterator.for_steps(per_call), tf.constant(per_call)))
+        if manager:
+            manager.save()
+        if (call + 1) % calls == 0:
+            print(f"      epoch {(call + 1) // calls}/{config.epochs}: loss {loss:.3f}")
 
     correct = counted = eval_loss = 0.0
     steps = 0
@@ -111,7 +127,8 @@ def run(strategy, dataset_dir: str, config: fit_example.TrainConfig) -> dict:
         counted += float(batch_counted)
         eval_loss += float(batch_loss)
         steps += 1
-    return {"loss": loss, "accuracy": correct / counted, "images": int(counted),
+    return {"loss": loss, "steps": (config.epochs * calls - first) * per_call,
+            "accuracy": correct / counted, "images": int(counted),
             "eval_loss": eval_loss / max(steps, 1)}  # fmt: skip
 
 
@@ -122,13 +139,15 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=fit_example.TrainConfig.epochs)
     parser.add_argument("--batch_size", type=int, default=fit_example.TrainConfig.global_batch_size)
     parser.add_argument("--image_size", type=int, default=fit_example.TrainConfig.image_size)
+    parser.add_argument("--checkpoint_dir", default=None,
+                        help="where to save and resume from (local or gs://)")  # fmt: skip
     args = parser.parse_args(argv)
     config = fit_example.TrainConfig(
         image_size=args.image_size, global_batch_size=args.batch_size, epochs=args.epochs
     )
     strategy = distribute.resolve_strategy(args.tpu)
     print(f"custom loop under {distribute.describe(strategy)}")
-    result = run(strategy, args.dataset_dir, config)
+    result = run(strategy, args.dataset_dir, config, args.checkpoint_dir)
     print(f"validation: accuracy {result['accuracy']:.3f} on all {result['images']} images")
     return result
 

@@ -1,6 +1,7 @@
 """distribute.py and the training examples: the resolver's choices, real fit and custom-loop
 steps under the default strategy and under MirroredStrategy with two replicas."""
 
+import dataclasses
 import json
 import math
 import os
@@ -97,6 +98,16 @@ def test_fit_evaluate_and_custom_loop_under_the_default_strategy(dataset, tmp_pa
     looped = custom_loop.run(strategy, dataset, config)
     assert looped["images"] == 11
     assert math.isfinite(looped["loss"])
+    # Stopped after an epoch and run again from its checkpoint, the loop goes on at the next
+    # step, with the batches (and so the loss) of a run that was never stopped.
+    tf.keras.utils.set_random_seed(3)
+    custom_loop.run(strategy, dataset, config, str(tmp_path / "loop"))
+    two_epochs = dataclasses.replace(config, epochs=2)
+    resumed = custom_loop.run(strategy, dataset, two_epochs, str(tmp_path / "loop"))
+    tf.keras.utils.set_random_seed(3)
+    whole = custom_loop.run(strategy, dataset, two_epochs)
+    assert (resumed["steps"], whole["steps"]) == (4, 8)
+    assert resumed["loss"] == pytest.approx(whole["loss"], rel=1e-4)
 
 
 @pytest.mark.slow

@@ -230,6 +230,34 @@ def test_the_resumable_iterator_restored_again_and_again_reads_on_exactly(folder
     assert got == reference
 
 
+def test_a_function_of_several_steps_a_call_reads_on_exactly_after_a_restore(folder, tmp_path):
+    # TPU loops run many steps per tf.function call; `next` outside the function gave one.
+    from tfrecord_pipe import distribute
+
+    train_fn = seeded_fn(folder)
+    reference = digests(train_fn(), 10)
+
+    @tf.function
+    def steps(batches, count):
+        parts = [tf.TensorArray(dtype, size=count) for dtype in (tf.float32, tf.int32, tf.int64)]
+        for i in tf.range(count):
+            parts = [part.write(i, value) for part, value in zip(parts, next(batches))]
+        return [part.stack() for part in parts]
+
+    def run(iterator, count):
+        images, labels, keys = steps(iterator.for_steps(count), tf.constant(count))
+        return [digest((images[i], labels[i], keys[i])) for i in range(count)]
+
+    iterator = distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)
+    got = run(iterator, 3) + [digest(next(iterator))] + run(iterator, 2)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "it"))
+    restored = distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    assert got + run(restored, 4) == reference
+    with pytest.raises(ValueError, match="count must be an int, got 2.0"):
+        restored.for_steps(2.0)
+
+
 def test_a_checkpoint_of_one_kind_of_iterator_restored_into_the_other_is_refused(folder, tmp_path):
     # Switching from TensorFlow's own iterator to distribute.resumable_iterator (or back)
     # between two runs: each restore matched nothing of the other's, and the input started

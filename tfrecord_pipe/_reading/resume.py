@@ -24,6 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfrecord_pipe._core import arguments
 from tfrecord_pipe._reading import epochs, seeded
 
 FORMAT = "tfrecord-pipe/position"
@@ -115,7 +116,8 @@ class DistributedIterator(tf.Module):
     one after the save, and nothing skipped is decoded.
 
     `next(iterator)` gives a step's per-replica batches; call it outside your `tf.function`
-    and pass the batches in (`distribute.resumable_iterator` makes one).
+    and pass the batches in (`distribute.resumable_iterator` makes one). A `tf.function` that
+    runs several steps per call (as TPUs need) takes `iterator.for_steps(n)` instead.
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, input_fn):
@@ -159,6 +161,23 @@ class DistributedIterator(tf.Module):
         return self
 
     def __next__(self):
+        iterator = self.for_steps(1)
+        try:
+            return next(iterator)
+        except BaseException:  # (the end of a finite input, or an error): not given
+            self.steps.assign_sub(1)
+            self._held.at -= 1
+            raise
+
+    def for_steps(self, count: int):
+        """TensorFlow's distributed iterator at this position, its next `count` steps counted
+        as given: pass it into a `tf.function` that takes exactly `count` `next`s from it per
+        call (`for _ in tf.range(count): strategy.run(step, args=(next(it),))`), and save
+        checkpoints between calls. A call cut short (an error, a kill) leaves no checkpoint
+        saved inside it, so no position is lost."""
+        count = arguments.count("count", count)
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
         if int(self.fingerprint.numpy()) != self._fingerprint:
             raise ValueError(
                 epochs.other_records(
@@ -168,10 +187,9 @@ class DistributedIterator(tf.Module):
         steps = int(self.steps.numpy())
         if steps != self._held.at:  # restored from a checkpoint: start again from there
             self._held.build(steps)
-        batch = next(self._held.iterator)
-        self.steps.assign_add(1)
-        self._held.at += 1
-        return batch
+        self.steps.assign_add(count)
+        self._held.at += count
+        return self._held.iterator
 
 
 class _Held:
