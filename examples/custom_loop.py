@@ -110,6 +110,8 @@ def run(strategy, dataset_dir: str, config: fit_example.TrainConfig,
     calls = max(1, steps_per_epoch // config.steps_per_execution)
     per_call = config.steps_per_execution
     first = int(iterator.steps.numpy()) // per_call  # calls made before a restore
+    if first:
+        print(f"      resumed from {manager.latest_checkpoint} at step {first * per_call}")
     loss = float("nan")
     for call in range(first, config.epochs * calls):
         # The iterator TensorFlow's loop takes its steps from, those steps counted as given.
