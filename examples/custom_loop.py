@@ -106,20 +106,25 @@ def run(strategy, dataset_dir: str, config: fit_example.TrainConfig,
     manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir, 2) if checkpoint_dir else None
     if manager and manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-    steps_per_epoch = max(1, found.splits["train"].num_examples // config.global_batch_size)
-    calls = max(1, steps_per_epoch // config.steps_per_execution)
     per_call = config.steps_per_execution
-    first = int(iterator.steps.numpy()) // per_call  # calls made before a restore
+    steps_per_epoch = max(1, found.splits["train"].num_examples // config.global_batch_size)
+    steps_per_epoch = max(per_call, steps_per_epoch // per_call * per_call)  # whole calls
+    total = config.epochs * steps_per_epoch
+    iterator.in_function()  # a checkpoint of another input is refused here, before a word
+    done = first = int(iterator.steps.numpy())  # steps trained before a restore
     if first:
-        print(f"      resumed from {manager.latest_checkpoint} at step {first * per_call}")
+        finished = ": training was done" if first >= total else ""
+        print(f"      resumed from {manager.latest_checkpoint} at step {first}{finished}")
     loss = float("nan")
-    for call in range(first, config.epochs * calls):
-        # The iterator TensorFlow's loop takes its steps from, those steps counted as given.
-        loss = float(train_steps(iterator.for_steps(per_call), tf.constant(per_call)))
+    while done < total:
+        count = min(per_call, total - done)
+        # Passed on every call (a restore replaces it); each step is counted as it is taken.
+        loss = float(train_steps(iterator.in_function(), tf.constant(count)))
+        done += count
         if manager:
             manager.save()
-        if (call + 1) % calls == 0:
-            print(f"      epoch {(call + 1) // calls}/{config.epochs}: loss {loss:.3f}")
+        if done % steps_per_epoch == 0:
+            print(f"      epoch {done // steps_per_epoch}/{config.epochs}: loss {loss:.3f}")
 
     correct = counted = eval_loss = 0.0
     steps = 0
@@ -129,7 +134,7 @@ def run(strategy, dataset_dir: str, config: fit_example.TrainConfig,
         counted += float(batch_counted)
         eval_loss += float(batch_loss)
         steps += 1
-    return {"loss": loss, "steps": (config.epochs * calls - first) * per_call,
+    return {"loss": loss, "steps": max(0, total - first),
             "accuracy": correct / counted, "images": int(counted),
             "eval_loss": eval_loss / max(steps, 1)}  # fmt: skip
 

@@ -245,17 +245,23 @@ def test_a_function_of_several_steps_a_call_reads_on_exactly_after_a_restore(fol
         return [part.stack() for part in parts]
 
     def run(iterator, count):
-        images, labels, keys = steps(iterator.for_steps(count), tf.constant(count))
+        images, labels, keys = steps(iterator.in_function(), tf.constant(count))
         return [digest((images[i], labels[i], keys[i])) for i in range(count)]
 
     iterator = distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)
     got = run(iterator, 3) + [digest(next(iterator))] + run(iterator, 2)
+    iterator.in_function()  # asked for and not used: nothing is counted
     path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "it"))
+    got += run(iterator, 2)  # read past the checkpoint, then restored to it in place
+    checkpoint = tf.train.Checkpoint(iterator=iterator)
+    kept = iterator.in_function()
+    checkpoint.read(path).assert_consumed()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="restored from a checkpoint after"):
+        steps(kept, tf.constant(1))  # the stream from before the restore: refused, not read
     restored = distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)
     tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
-    assert got + run(restored, 4) == reference
-    with pytest.raises(ValueError, match="count must be an int, got 2.0"):
-        restored.for_steps(2.0)
+    assert got[:6] + run(restored, 4) == reference
+    assert run(iterator, 4) == reference[6:]  # the one restored in place, too
 
 
 def test_a_checkpoint_of_one_kind_of_iterator_restored_into_the_other_is_refused(folder, tmp_path):

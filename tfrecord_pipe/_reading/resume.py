@@ -24,7 +24,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfrecord_pipe._core import arguments
 from tfrecord_pipe._reading import epochs, seeded
 
 FORMAT = "tfrecord-pipe/position"
@@ -115,9 +114,10 @@ class DistributedIterator(tf.Module):
     the fingerprint of this worker's layout and batch; after a restore the next step is the
     one after the save, and nothing skipped is decoded.
 
-    `next(iterator)` gives a step's per-replica batches; call it outside your `tf.function`
-    and pass the batches in (`distribute.resumable_iterator` makes one). A `tf.function` that
-    runs several steps per call (as TPUs need) takes `iterator.for_steps(n)` instead.
+    `next(iterator)` gives a step's per-replica batches outside a `tf.function`. A function
+    that runs several steps per call (as TPUs need) takes `iterator.in_function()` as an
+    argument and calls `next` on it inside: each step is counted in the function, as it is
+    taken (`distribute.resumable_iterator` makes one).
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, input_fn):
@@ -127,17 +127,18 @@ class DistributedIterator(tf.Module):
                 "A resumable iterator keeps a position, which only a seeded pipeline has: give "
                 "seed= to make_input_fn (with is_training=True)."
             )
-        # Not tracked (a plain holder): only the two variables below make the checkpoint. The
-        # tf.data iterator's own state would tie it to the start it was built from.
-        self._held = _Held(strategy, input_fn)
+        with tf.init_scope():  # plain variables, whichever strategy scope this is made in
+            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
+            # Not tracked (a plain holder): only `steps` and `fingerprint` make the checkpoint.
+            # The tf.data iterator's own state would tie it to the start it was built from.
+            self._held = _Held(strategy, input_fn, self.steps)
         self._held.build(0)
         context = self._held.contexts[0]
         layout = seeded.pipeline_layout(input_fn.config, context)
         batch = context.get_per_replica_batch_size(input_fn.config.batch_size)
         facts = f"{epochs.fingerprint(layout)}/{batch}/{context.num_replicas_in_sync}"
         self._fingerprint = int(hashlib.sha256(facts.encode()).hexdigest()[:15], 16)
-        with tf.init_scope():  # plain variables, whichever strategy scope this is made in
-            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
+        with tf.init_scope():
             self.fingerprint = tf.Variable(
                 self._fingerprint, dtype=tf.int64, trainable=False, name="fingerprint"
             )
@@ -161,23 +162,20 @@ class DistributedIterator(tf.Module):
         return self
 
     def __next__(self):
-        iterator = self.for_steps(1)
+        stream = self.in_function()
         try:
-            return next(iterator)
-        except BaseException:  # (the end of a finite input, or an error): not given
-            self.steps.assign_sub(1)
-            self._held.at -= 1
+            return next(stream)
+        except BaseException:
+            # TensorFlow's iterator may have gone past the step that failed, which was not
+            # counted: the next step rebuilds the stream at the count.
+            self._held.given.assign(-1)
             raise
 
-    def for_steps(self, count: int):
-        """TensorFlow's distributed iterator at this position, its next `count` steps counted
-        as given: pass it into a `tf.function` that takes exactly `count` `next`s from it per
-        call (`for _ in tf.range(count): strategy.run(step, args=(next(it),))`), and save
-        checkpoints between calls. A call cut short (an error, a kill) leaves no checkpoint
-        saved inside it, so no position is lost."""
-        count = arguments.count("count", count)
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
+    def in_function(self) -> Steps:
+        """This input's steps for a `tf.function` that takes several per call: pass it as an
+        argument on every call (a restore replaces it) and call `next` on it inside. Each
+        step is counted as it is taken, so a checkpoint between calls holds the exact
+        position, however many steps a call took."""
         if int(self.fingerprint.numpy()) != self._fingerprint:
             raise ValueError(
                 epochs.other_records(
@@ -185,24 +183,53 @@ class DistributedIterator(tf.Module):
                 )
             )
         steps = int(self.steps.numpy())
-        if steps != self._held.at:  # restored from a checkpoint: start again from there
+        if steps != int(self._held.given.numpy()):  # restored: start again from the count
             self._held.build(steps)
-        self.steps.assign_add(count)
-        self._held.at += count
-        return self._held.iterator
+        return self._held.stream
+
+
+class Steps:
+    """A DistributedIterator's steps, as a `tf.function` takes them (`in_function`): TensorFlow's
+    distributed iterator, each `next` counted beside it."""
+
+    def __init__(self, iterator, steps: tf.Variable, given: tf.Variable):
+        self._iterator, self._steps, self._given = iterator, steps, given
+
+    def __iter__(self) -> Steps:
+        return self
+
+    def __next__(self):
+        # A stream restored under a function that kept this object would read on from the
+        # old place: refused before the step is taken (in a tf.function an assertion is
+        # ordered by its dependants alone). A step that fails is not counted.
+        check = tf.debugging.assert_equal(
+            self._steps, self._given,
+            message="This input was restored from a checkpoint after this function took its "
+            "steps object: pass iterator.in_function() to the function on every call.",
+        )  # fmt: skip
+        with tf.control_dependencies([] if check is None else [check]):  # (None when eager)
+            batch = next(self._iterator)
+        with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+            self._steps.assign_add(1)
+            self._given.assign_add(1)
+        return batch
 
 
 class _Held:
-    """What a DistributedIterator holds without saving it."""
+    """What a DistributedIterator holds without saving it: the stream, and how many steps it
+    has given counted from where it was built (a restore changes the saved count alone)."""
 
-    def __init__(self, strategy, input_fn):
-        self.strategy, self.input_fn = strategy, input_fn
-        self.contexts, self.iterator, self.at = [], None, 0
+    def __init__(self, strategy, input_fn, saved: tf.Variable):
+        self.strategy, self.input_fn, self.saved = strategy, input_fn, saved
+        self.contexts, self.stream = [], None
+        self.given = tf.Variable(0, dtype=tf.int64, trainable=False, name="given")
 
     def build(self, steps: int) -> None:
         def pipeline(context):
             self.contexts.append(context)
             return self.input_fn(context, start_batches=pipeline_batches(context, steps))
 
-        self.iterator = iter(self.strategy.distribute_datasets_from_function(pipeline))
-        self.at = steps
+        iterator = iter(self.strategy.distribute_datasets_from_function(pipeline))
+        self.given.assign(steps)
+        self.stream = Steps(iterator, self.saved, self.given)
+
