@@ -366,8 +366,7 @@ def label_names(path: str) -> tuple[str, ...]:
     Raises:
       ValueError: `path` has no manifest (a bare pattern), so the names are not known.
     """
-    path = arguments.path("path", path)
-    found = resolve(path)
+    found = resolve(path)  # (a pathlib.Path too)
     if found.labels is None:
         raise ValueError(f"{path} has no manifest.json beside it: its label names are unknown.")
     return found.labels

@@ -187,6 +187,9 @@ def resumable_iterator(strategy: tf.distribute.Strategy, input_fn) -> resume.Dis
 
         iterator = distribute.resumable_iterator(strategy, input_fn)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, iterator=iterator)
+
+    `next(iterator)` outside a `tf.function`; inside one that runs several steps per call,
+    `next` on `iterator.in_function()`, passed in as an argument on every call.
     """
     config = getattr(input_fn, "config", None)
     if config is not None and config.batch_size is not None:

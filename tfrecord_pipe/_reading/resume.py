@@ -232,4 +232,3 @@ class _Held:
         iterator = iter(self.strategy.distribute_datasets_from_function(pipeline))
         self.given.assign(steps)
         self.stream = Steps(iterator, self.saved, self.given)
-
