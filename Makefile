@@ -1,7 +1,16 @@
 # Two commands do all the set-up on a fresh clone: `make demo` and `make test`.
 # Both create (or reuse) .venv in the checkout and install the project into it, with every
 # package at the version in constraints.txt: the versions the suite passed with.
-PYTHON ?= python3
+# The interpreter .venv is made with: python3 where it is new enough for pyproject.toml's
+# requires-python, else the first of python3.11, python3.12 and python3.13 found (Ubuntu
+# 22.04's python3 is 3.10, too old for the pinned versions). `make demo PYTHON=python3.12`
+# chooses one.
+PYTHON_MIN := $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)".*/\1/p' pyproject.toml)
+PYTHON_OK := import sys; sys.exit(sys.version_info < tuple(map(int, "$(PYTHON_MIN)".split("."))))
+ifndef PYTHON
+PYTHON := $(shell for p in python3 python3.11 python3.12 python3.13; do \
+  $$p -c '$(PYTHON_OK)' 2>/dev/null && { echo $$p; break; }; done)
+endif
 VENV := .venv
 BIN := $(VENV)/bin
 CONSTRAINTS := constraints.txt
@@ -18,13 +27,25 @@ PYTEST_WORKERS ?= 3
 # with two top-level packages; it is information only, and was a new user's first question.
 # Filtered by its text, so its other warnings still show.
 EDITABLE_NOTE_HIDDEN := PYTHONWARNINGS="ignore:Editable installation"
+# $(call make_venv,DIR): a venv made with $(PYTHON) (emptied first, if half-made), or a
+# message saying what to install.
+make_venv = { $(PYTHON) -c '$(PYTHON_OK)' 2>/dev/null || { echo "make: tfrecord-pipe needs" \
+  "Python $(PYTHON_MIN) or newer; $(or $(PYTHON),python3) here is" \
+  "$$($(or $(PYTHON),python3) --version 2>&1 | tr -d '\n')." "Install one (on Ubuntu 22.04:" \
+  "sudo apt install python3.11 python3.11-venv) or name it: make $(or $(MAKECMDGOALS),install)" \
+  "PYTHON=/path/to/python3.11" >&2; exit 1; } && $(PYTHON) -m venv --clear $(1); }
 
 .PHONY: install test test-fast test-latest lock demo clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c '$(PYTHON_OK)' 2>/dev/null || ! test -x $(BIN)/python || { \
+	  echo "make: $(VENV) was made with $$($(BIN)/python --version 2>&1); this project needs" \
+	    "Python $(PYTHON_MIN) or newer. Remove it (make clean) and run make again." >&2; exit 1; }
+	@# A venv made without pip (Debian's python3-venv missing) is made again, so that Python
+	@# says what to install rather than pip's "No module named pip" on every later run.
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(call make_venv,$(VENV))
 	$(BIN)/python -m pip install --quiet "pip==$(PIP_VERSION)"
 	$(EDITABLE_NOTE_HIDDEN) $(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
 	@# Our modules compiled, as pip compiles an installed package (benchmarks/compiled.py).
@@ -45,7 +66,7 @@ test-fast: $(STAMP)
 # The suite against the newest release of every dependency, upper bounds lifted, in a venv of
 # its own (.venv-latest): upstream breaks show here before users meet them. Not part of CI.
 test-latest:
-	@test -x .venv-latest/bin/python || $(PYTHON) -m venv .venv-latest
+	@test -x .venv-latest/bin/python || $(call make_venv,.venv-latest)
 	.venv-latest/bin/python -m pip install --quiet --upgrade pip
 	.venv-latest/bin/python dev/requirements.py --unbounded > .venv-latest/requirements.txt
 	.venv-latest/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager \
@@ -59,11 +80,12 @@ test-latest:
 # a fresh venv. Run `make test` after it, and commit both only if the suite passes.
 lock:
 	rm -rf .venv-lock
-	$(PYTHON) -m venv .venv-lock
+	@$(call make_venv,.venv-lock)
 	.venv-lock/bin/python -m pip install --quiet "pip==$(PIP_VERSION)"
 	$(EDITABLE_NOTE_HIDDEN) .venv-lock/bin/python -m pip install --quiet -e ".[test]"
 	{ .venv-lock/bin/python dev/requirements.py --header; \
-	  .venv-lock/bin/python -m pip freeze --exclude-editable; } > $(CONSTRAINTS)
+	  .venv-lock/bin/python -m pip freeze --exclude-editable \
+	    | .venv-lock/bin/python dev/requirements.py --pins; } > $(CONSTRAINTS)
 	rm -rf .venv-lock
 
 demo: $(STAMP)

@@ -3,6 +3,9 @@
     python dev/requirements.py --unbounded   every requirement of the test extra, upper bounds
                                              lifted (what `make test-latest` installs)
     python dev/requirements.py --header      the comment that heads constraints.txt
+    pip freeze | python dev/requirements.py --pins
+                                             the pins of constraints.txt: pip freeze's, with
+                                             the versions of other Pythons (BY_PYTHON) added
 """
 
 from __future__ import annotations
@@ -18,6 +21,13 @@ except ImportError:  # Python 3.10: pip vendors the same parser
     from pip._vendor import tomli as tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+# Versions for Pythons other than the one `make lock` runs on, where a dependency wants other
+# versions there: {package: {first Python: its version from there on}}. apache-beam[gcp] 2.77
+# wants google-apitools <0.5.32 below Python 3.13 and >=0.5.35 from it.
+# tests/test_environment.py checks every pin against every requirement on each Python.
+BY_PYTHON = {"google-apitools": {"3.13": "0.5.35"}}
 
 
 def requirements() -> list[str]:
@@ -48,6 +58,23 @@ def unbounded(requirement: str) -> str:
     return name + ",".join(kept) + (f";{marker}" if semicolon else "")
 
 
+def pins(frozen: list[str]) -> list[str]:
+    """pip freeze's lines, each package of BY_PYTHON pinned per Python with markers."""
+    lines = []
+    for line in frozen:
+        name, _, version = line.partition("==")
+        firsts = sorted(BY_PYTHON.get(name.strip(), {}).items(),
+                        key=lambda item: tuple(map(int, item[0].split("."))))  # fmt: skip
+        if not firsts:
+            lines.append(line)
+            continue
+        lines.append(f'{name}=={version}; python_version < "{firsts[0][0]}"')
+        for (first, pinned), (after, _) in zip(firsts, [*firsts[1:], (None, None)]):
+            upto = f' and python_version < "{after}"' if after else ""
+            lines.append(f'{name}=={pinned}; python_version >= "{first}"{upto}')
+    return lines
+
+
 def header() -> str:
     return (
         "# The exact versions `make test` and `make demo` install (pip install -c), and the\n"
@@ -62,5 +89,7 @@ if __name__ == "__main__":
         print("\n".join(unbounded(requirement) for requirement in requirements()))
     elif sys.argv[1:] == ["--header"]:
         print(header(), end="")
+    elif sys.argv[1:] == ["--pins"]:
+        print("\n".join(pins(sys.stdin.read().splitlines())))
     else:
         sys.exit(__doc__)
