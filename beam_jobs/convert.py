@@ -86,12 +86,6 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
         worker_pool.start_server(remote=any(map(paths.is_remote, (args.source, args.output))))
     with _cloud_errors_said_plainly(f"{args.source} or {args.output}"):
         config = sources.resolve_layout(flags.config_from_args(args))
-        if config.layout == "splits" and config.validation_fraction > 0:  # it was ignored
-            raise ValueError(
-                f"--validation_fraction {config.validation_fraction} does nothing here: "
-                f"{config.source}'s split folders decide every input's split. Drop the flag, "
-                "or give the label folders of one split as SRC to carve a validation split."
-            )
         finalise.check_output(config)
         fixed_labels = _read_labels(config.labels_file) if config.labels_file else None
     if args.no_wait and local:

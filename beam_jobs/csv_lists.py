@@ -114,6 +114,60 @@ def column_problem(cells: list[str], number: int, line: str, csv_path: str) -> s
     )
 
 
+def line_problem(number: int, line: str, header: str | None, csv_path: str) -> str | None:
+    """What makes a line read otherwise than its writer meant, or None; a new conversion
+    refuses it (verify reads such lines as the job that wrote them did). `header`: the
+    first line's text, where it is a header."""
+    where = f"CSV list {csv_path} line {number} ({messages.quoted(line)})"
+    if line.startswith(codecs.BOM_UTF8.decode("utf-8")):
+        return (f"{where} starts with a byte-order mark (U+FEFF), as where CSV files were "
+                "joined (cat a.csv b.csv): remove it, and a header line repeated there.")  # fmt: skip
+    if header is not None and line.strip() == header.strip():
+        return f"{where} repeats the header of line 1 (CSV files joined?): remove it."
+    if '"' not in line:
+        return None
+    if _SPACE_BEFORE_QUOTE.search(line):
+        return (f"{where} has a space before a double-quoted cell: CSV readers keep the quotes "
+                "in the value then. Remove the space before the quote.")  # fmt: skip
+    try:
+        next(csv.reader([line], strict=True), [])
+    except csv.Error as err:
+        if "unexpected end of data" in str(err):
+            return (f"{where} opens a double quote that the line does not close: a path or "
+                    "label cannot hold a line break (a spreadsheet cell with Alt+Enter). Remove "
+                    "the line break from that cell.")  # fmt: skip
+    return None
+
+
+_SPACE_BEFORE_QUOTE = re.compile(r'(?:^|,)[ \t]+"')
+
+# Column names a header may give, by the column they name (spelt in lower case, "_" for
+# spaces and dashes): a header naming them in another order than path,label,split is refused.
+_COLUMN_NAMES = {
+    "path": {"path", "paths", "file", "files", "filename", "file_name", "filepath",
+             "file_path", "image", "images", "image_path", "image_file", "img", "img_path",
+             "uri", "url"},
+    "label": {"label", "labels", "class", "classes", "class_name", "category", "target"},
+    "split": {"split", "subset", "partition"},
+}  # fmt: skip
+
+
+def header_problem(line: str, csv_path: str) -> str | None:
+    """A header line that names its columns in another order than `path,label[,split]`
+    (`path,split,label` made splits of the labels and labels of the splits), or None."""
+    named = {name: column for column, names in _COLUMN_NAMES.items() for name in names}
+    cells = cells_of(line)
+    for place, (column, cell) in enumerate(zip(_COLUMN_NAMES, cells), start=1):
+        other = named.get(re.sub(r"[ -]", "_", cell.lower()))
+        if other and other != column:
+            return (
+                f"CSV list {csv_path}'s header (line 1: {messages.quoted(line)}) names column "
+                f"{place} {cell!r}, which is read as the {column}: its lines are read as "
+                "path,label[,split]. Put the columns in that order."
+            )
+    return None
+
+
 def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
     """The input of a data line `path,label[,split]`; none for a blank line.
 

@@ -29,7 +29,9 @@ from beam_jobs.csv_lists import (
     cells_of,
     column_problem,
     csv_lines,
+    header_problem,
     is_a_header,
+    line_problem,
     sources_of_csv_line,
 )
 from beam_jobs.source_file import SourceFile, check_label, check_split_name, split_by_hash
@@ -69,8 +71,13 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
         if header == "auto":
             header = "yes" if is_a_header(first, config.source) else "no"
         data = lines if header == "yes" else itertools.chain([(number, first)], lines)
-        data_lines, splits = 0, set()
+        if converting and header == "yes" and (problem := header_problem(first, config.source)):
+            raise ValueError(problem)
+        header_line = first if header == "yes" else None
+        data_lines, hashed, splits = 0, 0, set()
         for number, line in data:
+            if converting and (problem := line_problem(number, line, header_line, config.source)):
+                raise ValueError(problem)
             cells = cells_of(line)
             if not any(cells):
                 continue
@@ -80,6 +87,7 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
             if len(cells) > 2 and cells[2]:
                 splits.add(cells[2])
             else:  # hashed into train or validation
+                hashed += 1
                 splits.update(naming.SPLIT_ORDER[: 2 if config.validation_fraction else 1])
         if not data_lines:
             raise ValueError(
@@ -88,6 +96,8 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
             )
         if converting:
             _refuse_look_alike(splits, "fix the CSV lines")
+            if not hashed:
+                _refuse_fraction(config, "every line of it names its split")
         return dataclasses.replace(config, layout="csv", csv_header=header)
     root = config.source_root
     try:
@@ -107,12 +117,15 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
         )
     if config.layout == "splits" and converting:
         _refuse_look_alike(folders, "rename the split folders")
+        _refuse_fraction(config, "its split folders decide every input's split")
     if config.layout != "auto":
         return config
     splits = sorted(folders & set(naming.SPLIT_ORDER))
     if not splits:
         return dataclasses.replace(config, layout="labels")
     if folders <= set(naming.SPLIT_ORDER) and not has_files:
+        if converting:
+            _refuse_fraction(config, "its split folders decide every input's split")
         return dataclasses.replace(config, layout="splits")
     others = sorted(folders - set(naming.SPLIT_ORDER))[:5] + (["files"] if has_files else [])
     raise ValueError(
@@ -120,6 +133,16 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
         f"({', '.join(others)}): is {splits[0]!r} a label or a split? Pass --layout labels "
         "(every folder is a label) or --layout splits (SRC/<split>/<label>/...)."
     )
+
+
+def _refuse_fraction(config: ConvertConfig, because: str) -> None:
+    """--validation_fraction where no input's split is drawn would be ignored."""
+    if config.validation_fraction > 0:
+        raise ValueError(
+            f"--validation_fraction {config.validation_fraction} does nothing here: "
+            f"{config.source}: {because}. Drop the flag; or, to carve a validation split, give "
+            "inputs without one (the label folders of one split, CSV lines without a split)."
+        )
 
 
 def _refuse_look_alike(splits, fix: str) -> None:

@@ -42,7 +42,7 @@ def test_only_a_first_line_that_names_no_file_and_looks_like_a_name_is_a_header(
 ):
     (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
     (tmp_path / "a").write_bytes(jpeg_bytes())  # a file named like a column
-    (tmp_path / "list.csv").write_text(first_line + "\na.jpg,red\n", encoding="utf-8")
+    (tmp_path / "list.csv").write_text(first_line + "\na.jpg,green\n", encoding="utf-8")
     config = resolved(tmp_path / "list.csv")
     assert config.csv_header == header
     # The job's first line says which line it took for a header (the line is not an input,
@@ -409,7 +409,7 @@ def test_reading_ahead_passes_over_what_cannot_be_read_without_waiting(tmp_path)
     (tmp_path / "ok.jpg").write_bytes(b"x" * 10)
     (tmp_path / "big.jpg").write_bytes(b"x" * 101)
     (tmp_path / "empty.jpg").write_bytes(b"")
-    open_before = len(os.listdir("/proc/self/fd"))
+    open_before = open_under(tmp_path)
     with socket.socket(socket.AF_UNIX) as listening:
         listening.bind(str(tmp_path / "sock.jpg"))
         names = ["missing.jpg", "pipe.jpg", "folder", "sock.jpg", "ok.jpg", "big.jpg",
@@ -423,7 +423,19 @@ def test_reading_ahead_passes_over_what_cannot_be_read_without_waiting(tmp_path)
         with storage.ReadAhead(str(tmp_path / name) for name in names) as ahead:
             pass  # none read: each closed at the end
         assert _outcome(ahead.read, str(tmp_path / "ok.jpg")) == b"x" * 10  # after: afresh
-    assert len(os.listdir("/proc/self/fd")) == open_before
+    assert open_under(tmp_path) == open_before
+
+
+def open_under(folder) -> int:
+    """Files under `folder` this process holds open (other threads of a test worker open and
+    close files of their own meanwhile)."""
+    held = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held += os.readlink(f"/proc/self/fd/{fd}").startswith(f"{folder}{os.sep}")
+        except OSError:  # closed meanwhile
+            pass
+    return held
 
 
 def test_files_read_ahead_are_each_read_once_from_many_threads(tmp_path):
@@ -432,13 +444,13 @@ def test_files_read_ahead_are_each_read_once_from_many_threads(tmp_path):
     names = [f"{i % 50}.jpg" for i in range(200)]  # each listed four times
     for i in range(50):
         (tmp_path / f"{i}.jpg").write_bytes(bytes([i]) * (1000 + i))
-    open_before = len(os.listdir("/proc/self/fd"))
+    open_before = open_under(tmp_path)
     with futures.ThreadPoolExecutor(8) as pool:
         for _ in range(20):
             with storage.ReadAhead(str(tmp_path / name) for name in names) as ahead:
                 got = list(pool.map(lambda name: ahead.read(str(tmp_path / name), 1 << 20), names))
             assert got == [(tmp_path / name).read_bytes() for name in names]
-    assert len(os.listdir("/proc/self/fd")) == open_before
+    assert open_under(tmp_path) == open_before
 
 
 def test_files_held_open_ahead_stay_few_whatever_the_number_of_batches_at_once(tmp_path):
@@ -448,7 +460,7 @@ def test_files_held_open_ahead_stay_few_whatever_the_number_of_batches_at_once(t
     names = [f"{i}.jpg" for i in range(64 * 6)]
     for i, name in enumerate(names):
         (tmp_path / name).write_bytes(i.to_bytes(2, "big") * 50)
-    open_count = lambda: len(os.listdir("/proc/self/fd"))
+    open_count = functools.partial(open_under, tmp_path)
     before = open_count()
     batches = [names[i : i + 64] for i in range(0, len(names), 64)]
     aheads = [storage.ReadAhead(str(tmp_path / name) for name in batch) for batch in batches]
@@ -591,3 +603,42 @@ def test_verify_judges_a_file_listed_with_and_without_a_label_by_the_rule_of_its
     as_written_by_0_4(tmp_path / "out")
     report = verified_both_ways(tmp_path / "list.csv", tmp_path / "out")  # both drivers
     assert report.ok, report.problems
+
+
+@pytest.mark.parametrize(
+    "lines, says",
+    [
+        # A cell holding a line break (Alt+Enter in a spreadsheet) was read as two lines: the
+        # file got the label's first half, and the second half became an input of its own.
+        (['b.jpg,"golden', 'retriever"'], "line 2 ('b.jpg,\"golden') opens a double quote"),
+        # A space before a quoted cell kept the quotes in the label: '"cat"' beside 'cat'.
+        (['b.jpg, "cat"', "c.jpg,dog"], "line 2 ('b.jpg, \"cat\"') has a space before"),
+        # cat train.csv validation.csv: the second file's BOM and header became data.
+        (["\ufeffb.jpg,cat", "c.jpg,dog"], "line 3 ('\\ufeffb.jpg,cat') starts with a byte-order"),
+        (["c.jpg,dog", "path,label", "b.jpg,cat"], "line 3 ('path,label') repeats the header"),
+        # A header naming its columns in another order made labels of the splits.
+        (["c.jpg,dog,train"], "names column 2 'split', which is read as the label"),
+        (["c.jpg,train,dog"], "names column 1 'label', which is read as the path"),
+    ],
+)
+def test_a_csv_read_otherwise_than_its_writer_meant_is_refused_naming_the_line(tmp_path, lines, says):
+    (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
+    headers = {"c.jpg,dog,train": "path,split,label", "c.jpg,train,dog": "label,Image Path,split"}
+    header = headers.get(lines[0], "path,label")
+    if lines[0].startswith("\ufeff"):
+        lines = ["a.jpg,cat", *lines]
+    (tmp_path / "list.csv").write_text("\n".join([header, *lines]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError) as refused:
+        resolved(tmp_path / "list.csv")
+    assert says in str(refused.value), str(refused.value)
+    # verify reads such a list as the job that wrote the dataset did.
+    sources.resolve_layout(ConvertConfig(source=str(tmp_path / "list.csv"), output="o"), False)
+
+
+def test_a_validation_fraction_no_input_would_take_is_refused(tmp_path):
+    (tmp_path / "list.csv").write_text("a.jpg,cat,train\nb.jpg,dog,validation\n")
+    with pytest.raises(ValueError, match="--validation_fraction 0.5 does nothing here: .*every "
+                                         "line of it names its split"):  # fmt: skip
+        resolved(tmp_path / "list.csv", validation_fraction=0.5)
+    (tmp_path / "list.csv").write_text("a.jpg,cat,train\nb.jpg,dog\n")  # b's split is drawn
+    assert resolved(tmp_path / "list.csv", validation_fraction=0.5).layout == "csv"
