@@ -546,18 +546,60 @@ def test_names_that_are_not_utf8_are_rejected_with_their_bytes_escaped(tmp_path)
 
 
 def test_labels_that_print_alike_are_kept_apart_with_a_warning(tmp_path, capsys):
-    # café typed two ways (NFC and NFD) and Dog/dog: separate classes that look like one.
-    for label in ("caf\u00e9", "cafe\u0301", "Dog", "dog", "cat"):
+    # café typed two ways (NFC and NFD) and Dog/dog: separate classes that look like one; so
+    # are a no-break space, a zero-width space and a fullwidth letter (a CSV's labels).
+    for label in ("caf\u00e9", "cafe\u0301", "Dog", "dog", "cat", "big bird", "big\u00a0bird",
+                  "owl", "owl\u200b", "\uff45mu", "emu"):  # fmt: skip
         (tmp_path / "src" / label).mkdir(parents=True)
         (tmp_path / "src" / label / "a.jpg").write_bytes(jpeg_bytes(8, 8, (len(label), 1, 2)))
     result = run_cli("convert", tmp_path / "src", tmp_path / "out")
     assert result.returncode == 0, result.stderr
     warning = next(line for line in result.stdout.splitlines() if "print alike" in line)
     assert "'cafe\\u0301' / 'caf\\xe9'" in warning and "'Dog' / 'dog'" in warning
-    assert "cat" not in warning
+    assert "'big bird' / 'big\\xa0bird'" in warning and "'owl' / 'owl\\u200b'" in warning
+    assert "'emu' / '\\uff45mu'" in warning and "cat" not in warning
     # `inspect` says the same, for a job whose summary nobody saw (Dataflow's --no_wait).
     assert cli.main(["inspect", str(tmp_path / "out")]) == 0
     assert warning in capsys.readouterr().out.splitlines()
+
+
+def test_labels_numbered_as_text_one_label_alone_and_no_train_split_are_warned(tmp_path, capsys):
+    # A CSV of class numbers gave 10 the index before 2; a folder of images given for a
+    # folder of label folders gave one class; a split named otherwise left the reader's
+    # default split empty. Each was a dataset written without a word.
+    def warned(src, *flags):
+        capsys.readouterr()
+        convert.run([str(src), str(tmp_path / f"out{len(list(tmp_path.iterdir()))}"), *flags,
+                     *IN_PROCESS])  # fmt: skip
+        return [line for line in capsys.readouterr().out.splitlines() if "WARNING" in line]
+
+    lines = [f"{n}.jpg,{n % 12},{'train' if n < 12 else 'validation'}" for n in range(24)]
+    for n in range(24):
+        (tmp_path / "numbers" / f"{n}.jpg").parent.mkdir(exist_ok=True)
+        (tmp_path / "numbers" / f"{n}.jpg").write_bytes(jpeg_bytes(8, 8, (n * 10, 9, 9)))
+    (tmp_path / "numbers" / "list.csv").write_text("\n".join(lines) + "\n")
+    assert warned(tmp_path / "numbers" / "list.csv") == [
+        "WARNING: labels are numbers, put in the order of their text ('0', '1', '10', '11', '2', "
+        "'3' and 6 more): label '10' has index 2, not its number's place. For indices in the "
+        "numbers' order, give --labels_file listing them in that order"
+    ]
+    (tmp_path / "numbered.txt").write_text("\n".join(map(str, range(12))) + "\n")
+    assert warned(tmp_path / "numbers" / "list.csv", "--labels_file", str(tmp_path / "numbered.txt")) == []
+    (tmp_path / "images" / "holiday").mkdir(parents=True)
+    for n in range(3):
+        (tmp_path / "images" / "holiday" / f"{n}.jpg").write_bytes(jpeg_bytes(8, 8, (n * 60, 1, 1)))
+    assert warned(tmp_path / "images") == [
+        "WARNING: one label ('holiday'): every record is of that one class. Label folders "
+        "(SRC/cat/1.jpg, SRC/dog/2.jpg) or a CSV list's label column give a class each"
+    ]
+    (tmp_path / "folds" / "fold1" / "cat").mkdir(parents=True)
+    (tmp_path / "folds" / "fold1" / "dog").mkdir(parents=True)
+    (tmp_path / "folds" / "fold1" / "cat" / "a.jpg").write_bytes(jpeg_bytes(8, 8, (200, 1, 1)))
+    (tmp_path / "folds" / "fold1" / "dog" / "a.jpg").write_bytes(jpeg_bytes(8, 8, (1, 200, 1)))
+    assert warned(tmp_path / "folds", "--layout", "splits") == [
+        "WARNING: no split named train (the splits: fold1): the reader reads train when "
+        "training unless given split="
+    ]
 
 
 def test_a_split_left_without_records_is_warned_of_and_look_alike_splits_refused(tmp_path):

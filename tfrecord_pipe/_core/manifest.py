@@ -22,6 +22,7 @@ COUNTS_PER_LABEL_SINCE = (0, 5)  # and which input each record holds (shard_dige
 
 DIGEST_CHARS = 16  # hex digits kept of a digest: identity, not security
 _json_string = json.encoder.encode_basestring_ascii  # a str as `json.dumps` writes it
+_WHOLE_NUMBER = re.compile(r"[0-9]+")  # labels that are class numbers (ASCII digits only)
 
 
 class ShardPositions:
@@ -252,9 +253,11 @@ class Manifest:
         said = [self.duplicates_line()] if self.duplicates_found else []
         if alike := naming.look_alike(self.labels):
             said.append(
-                f"labels that print alike are separate classes ({alike}): folders named in "
-                "another Unicode form or case. Merge them if they are one class"
+                f"labels that print alike are separate classes ({alike}): named in another "
+                "case or Unicode form, or with invisible characters. Merge them if they are one "
+                "class"
             )
+        said += self._label_set_warnings()
         for name, info in self.splits.items():
             if info.listed and not info.num_examples:
                 inputs = f"all {info.listed} of its inputs were" if info.listed > 1 else (
@@ -262,6 +265,35 @@ class Manifest:
                 said.append(f"split {name} has no record: {inputs} rejected; why is in "
                             f"{paths.join(folder, naming.rejected_name(name))}")  # fmt: skip
         return said + self._label_warnings()
+
+    def _label_set_warnings(self) -> list[str]:
+        """What to say of labels that are numbers put in the order of their text (`10`
+        before `2`: a CSV of class numbers), of one label alone (a folder of images given
+        where a folder of label folders was meant), and of no split named train (the split
+        the reader reads by default)."""
+        said, labels = [], self.labels
+        by_text = not self.conversion.get("labels_file")
+        if by_text and len(labels) > 1 and all(_WHOLE_NUMBER.fullmatch(label) for label in labels):
+            by_number = sorted(labels, key=int)
+            if by_number != list(labels):
+                first = next(a for a, b in zip(labels, by_number) if a != b)
+                said.append(
+                    f"labels are numbers, put in the order of their text "
+                    f"({messages.some(labels, 6, repr)}): label {first!r} has index "
+                    f"{labels.index(first)}, not its number's place. For indices in the "
+                    "numbers' order, give --labels_file listing them in that order"
+                )
+        if len(labels) == 1:
+            said.append(
+                f"one label ({labels[0]!r}): every record is of that one class. Label folders "
+                "(SRC/cat/1.jpg, SRC/dog/2.jpg) or a CSV list's label column give a class each"
+            )
+        if self.splits and naming.TRAIN not in self.splits:
+            said.append(
+                f"no split named {naming.TRAIN} (the splits: {', '.join(self.splits)}): the "
+                f"reader reads {naming.TRAIN} when training unless given split="
+            )
+        return said
 
     def _label_warnings(self) -> list[str]:
         """What to say of labels that no record holds, or none of train: labels come from the

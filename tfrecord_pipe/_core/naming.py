@@ -120,13 +120,24 @@ def label_problem(label: str) -> str | None:
 
 def look_alike(names) -> str:
     """The names (labels, splits) that are different but print alike, for a message (`'Dog'
-    / 'dog'; 'café' / 'café'`, escaped), or "" when none do: the same text in another
-    Unicode normalisation (`café` typed as one character or as e and an accent) or case."""
+    / 'dog'; 'café' / 'café'`, escaped), or "" when none do: the same text in another case
+    or Unicode form (`café` typed as one character or as e and an accent, a fullwidth `ｃ`),
+    or with invisible characters or another kind of space (`_as_printed`)."""
     groups = {}
     for name in names:
-        groups.setdefault(unicodedata.normalize("NFC", name).casefold(), []).append(name)
+        groups.setdefault(_as_printed(name), []).append(name)
     alike = [group for group in groups.values() if len(group) > 1]
     return "; ".join(" / ".join(ascii(name) for name in group) for group in alike)
+
+
+def _as_printed(name: str) -> str:
+    """`name` as a reader sees it: compatibility forms folded (fullwidth letters, ligatures),
+    case ignored, invisible characters (zero-width spaces, joiners) left out, and every kind
+    of space (a no-break space) a space."""
+    folded = unicodedata.normalize("NFKC", name).casefold()
+    kept = (" " if char.isspace() else char for char in folded
+            if unicodedata.category(char) != "Cf")  # fmt: skip
+    return "".join(kept)
 
 
 def split_order(name: str) -> tuple[int, str]:
