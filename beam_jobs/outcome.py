@@ -15,7 +15,7 @@ from collections.abc import Callable, Container
 
 from beam_jobs import storage
 from beam_jobs.source_file import SourceFile
-from tfrecord_pipe._core import images
+from tfrecord_pipe._core import images, messages
 
 LOG = logging.getLogger(__name__)
 
@@ -56,13 +56,17 @@ def decide(
     policy: images.ImagePolicy,
     read: Callable[[], bytes] | None = None,
 ) -> Outcome:
-    """The outcome of `source`; never raises (one odd file must not fail a job of millions).
+    """The outcome of `source`; raises only when the storage failed (one odd file must not
+    fail a job of millions, and no file may be rejected for a network's fault).
 
     Args:
       source: the input as listed.
       labels: the dataset's labels.
       policy: the image checks.
       read: gives the source's bytes (a read started earlier, say); default: read it now.
+
+    Raises:
+      storage.StorageFailed: reading failed for the storage's sake (`storage.is_outage`).
     """
     refused = refused_unread(source, labels)
     if refused is not None:
@@ -73,6 +77,12 @@ def decide(
     except images.Rejected as err:
         return Outcome(reason=err.reason, detail=err.detail)
     except Exception as err:  # Beam wraps every filesystem's errors differently
+        if storage.is_outage(err):
+            raise storage.StorageFailed(
+                f"Cannot read {source.path}: the storage failed, not the file "
+                f"({messages.one_line(err)[:300]}). It is not rejected: run the job again "
+                "when the storage answers."
+            ) from err
         return Outcome(reason=images.UNREADABLE, detail=f"cannot read: {err}")
     try:
         return Outcome(data=data, stored=images.normalise(data, policy))

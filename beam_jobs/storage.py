@@ -14,6 +14,7 @@ import os
 import resource
 import shutil
 import stat
+import sys
 import threading
 import time
 import uuid
@@ -117,6 +118,39 @@ def gcs_retry():
 
     # The library's own predicate (which errors are passing); it has no way to add on_error.
     return Retry(predicate=retry.DEFAULT_RETRY._predicate, timeout=GCS_RETRY_S, on_error=said)
+
+
+class StorageFailed(OSError):
+    """An input could not be read for the storage's sake, not the file's: it is not rejected
+    (a run at another hour would have read it); the job stops instead, and nothing is lost."""
+
+
+# Errors that say the storage or the way to it failed (no network, a server error, throttling,
+# credentials, retries given up), by the module that defines them: checked only where that
+# module was imported, so a local job imports none of them.
+_OUTAGE_ERRORS = (
+    ("builtins", ("ConnectionError", "TimeoutError")),
+    ("http.client", ("HTTPException",)),
+    ("google.api_core.exceptions", ("ServerError", "TooManyRequests", "RetryError")),
+    ("google.auth.exceptions", ("TransportError", "RefreshError", "DefaultCredentialsError")),
+    ("requests.exceptions", ("ConnectionError", "Timeout")),
+    ("urllib3.exceptions", ("HTTPError",)),
+)
+
+
+def is_outage(err: BaseException) -> bool:
+    """Whether `err`, or an error it was raised from, says that the storage failed rather
+    than the file (which may be missing, unreadable to us, or no file)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        for module_name, names in _OUTAGE_ERRORS:
+            module = sys.modules.get(module_name)
+            kinds = tuple(getattr(module, name) for name in names if hasattr(module, name))
+            if kinds and isinstance(err, kinds):
+                return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 NO_CREDENTIALS = (

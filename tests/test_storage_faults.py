@@ -93,3 +93,64 @@ def test_a_storage_that_does_not_answer_is_said_while_the_client_retries(gcs, mo
         storage_lib.gcs_retry.cache_clear()
     said = [r.getMessage() for r in caplog.records if r.name == "beam_jobs.storage"]
     assert said and said[0].startswith("Cloud Storage did not answer; retrying for up to 2 s")
+
+
+def test_a_storage_that_fails_every_read_stops_the_job_rather_than_reject_its_inputs(
+    gcs, tmp_path, monkeypatch
+):
+    # A CSV list of gs:// images, read while the storage answers nothing but 503s (a network
+    # down, a region out): every input was rejected `unreadable` and the job succeeded, a
+    # dataset shrunk by an outage. Now the job stops, naming the storage, and writes nothing.
+    from apache_beam.io.gcp import gcsio_retry
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    src = write_image_folder(tmp_path / "src", per_label=1, odd=())
+    bucket = storage.Client().bucket(gcs.bucket)
+    lines = []
+    for path in sorted(src.rglob("*.jpg")):
+        bucket.blob(f"outage/{path.name}").upload_from_filename(path)
+        lines.append(f"{gcs.url('outage/' + path.name)},{path.parent.name}")
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    # The client retries for two minutes by default; a test cannot wait that long. (Beam
+    # passes its own policy to some calls, and leaves the library's default to others.)
+    monkeypatch.setattr(gcsio_retry, "get_retry", lambda options: DEFAULT_RETRY.with_timeout(1.0))
+    monkeypatch.setattr(DEFAULT_RETRY, "_timeout", 1.0)
+    out = tmp_path / "out"
+    with gcs.exported(), gcs.faults(error_rate=1.0) as dealt:
+        with pytest.raises(convert.JobFailedError) as failed:
+            # Beam's runner, in this process (where the shorter retries are): the local
+            # engine's workers fail the job the same way, by the same `outcome.decide`.
+            convert.run([str(tmp_path / "list.csv"), str(out), "--runner", "DirectRunner"])
+    assert sum(dealt.values())
+    assert "the storage failed, not the file" in str(failed.value), str(failed.value)
+    assert "It is not rejected" in str(failed.value) and not (out / "manifest.json").exists()
+
+
+def test_an_outage_is_told_from_a_file_that_cannot_be_read():
+    from google.api_core import exceptions as cloud
+    from requests import exceptions as http
+
+    from beam_jobs import outcome, storage as storage_lib
+    from beam_jobs.source_file import SourceFile
+    from tfrecord_pipe._core import images
+
+    def failing(err):
+        def read():
+            raise err
+
+        return read
+
+    given_up = cloud.RetryError("Timeout of 120.0s exceeded", cause=http.ConnectionError("DNS"))
+    try:
+        raise OSError("Beam's wrapper") from given_up
+    except OSError as wrapped:
+        outage = wrapped
+    source = SourceFile("gs://b/a.jpg", "a.jpg", "cat", "train", None)
+    for err in (outage, cloud.ServiceUnavailable("503"), TimeoutError("NFS"),
+                http.ReadTimeout("read timed out")):  # fmt: skip
+        with pytest.raises(storage_lib.StorageFailed, match="gs://b/a.jpg: the storage failed"):
+            outcome.decide(source, {"cat"}, images.ImagePolicy(), failing(err))
+    for err in (cloud.NotFound("404"), cloud.Forbidden("403"), PermissionError(13, "denied"),
+                IsADirectoryError(21, "a folder")):  # fmt: skip
+        decided = outcome.decide(source, {"cat"}, images.ImagePolicy(), failing(err))
+        assert decided.reason == images.UNREADABLE, err
