@@ -42,6 +42,8 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
         manifest.json is not a valid manifest (so the old dataset's files are unknown).
       FileExistsError: the output holds a dataset and `config.overwrite` is off.
     """
+    if problem := storage.scheme_problem(config.output, "OUT"):
+        raise ValueError(problem)
     out = paths.folder(config.output)
     if config.layout != "csv" and paths.is_inside(out, config.source_root):
         raise ValueError(

@@ -60,6 +60,8 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
       ValueError: a folder whose layout is ambiguous, or a source that breaks those rules;
         says what to pass or change.
     """
+    if problem := storage.scheme_problem(config.source, "SRC"):
+        raise ValueError(problem)
     is_csv = config.layout == "auto" and config.source.lower().endswith(".csv")
     if config.layout == "csv" or is_csv:
         if not storage.exists_at_all(config.source):
@@ -74,13 +76,19 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
         if converting and header == "yes" and (problem := header_problem(first, config.source)):
             raise ValueError(problem)
         header_line = first if header == "yes" else None
-        data_lines, hashed, splits = 0, 0, set()
+        data_lines, hashed, splits, schemes = 0, 0, set(), set()
         for number, line in data:
             if converting and (problem := line_problem(number, line, header_line, config.source)):
                 raise ValueError(problem)
             cells = cells_of(line)
             if not any(cells):
                 continue
+            if converting and "://" in cells[0] and (scheme := cells[0].partition("://")[0]) \
+                    not in schemes:  # fmt: skip
+                where = f"CSV list {config.source} line {number}: its path"
+                if problem := storage.scheme_problem(cells[0], where):
+                    raise ValueError(problem)
+                schemes.add(scheme)
             data_lines += 1
             if converting and (problem := column_problem(cells, number, line, config.source)):
                 raise ValueError(problem)

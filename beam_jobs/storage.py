@@ -37,6 +37,25 @@ def beam_filesystems():
     return FileSystems
 
 
+def scheme_problem(path: str, what: str) -> str | None:
+    """Why no filesystem here reads the URL `path` (`what` names it in the message), or None
+    for a local path or one Beam has a filesystem for (gs://; s3:// and others where their
+    packages are installed). Beam's own error names a pip extra that does not help."""
+    if not paths.is_remote(path):
+        return None
+    scheme = path.partition("://")[0].lower()
+    if scheme == "file":
+        return (f"{what} {path!r} is a file:// URL: give it as a local path "
+                f"({path[len('file://'):] or '/'}), without file://.")  # fmt: skip
+    try:
+        beam_filesystems().get_filesystem(path)
+    except Exception:  # noqa: BLE001 - Beam says ValueError or BeamIOError, by scheme
+        return (f"{what} {path!r}: nothing here reads {scheme}:// URLs. Local paths and gs:// "
+                "are read (other object stores with Beam's filesystem for them installed); "
+                "download or copy the files to one of those first.")  # fmt: skip
+    return None
+
+
 def _beam_compression(name: str):
     """Beam's CompressionTypes.<name>: imported, as FileSystems is, on first use."""
     beam_filesystems()

@@ -642,3 +642,26 @@ def test_a_validation_fraction_no_input_would_take_is_refused(tmp_path):
         resolved(tmp_path / "list.csv", validation_fraction=0.5)
     (tmp_path / "list.csv").write_text("a.jpg,cat,train\nb.jpg,dog\n")  # b's split is drawn
     assert resolved(tmp_path / "list.csv", validation_fraction=0.5).layout == "csv"
+
+
+def test_a_url_no_filesystem_here_reads_is_refused_saying_what_to_give(tmp_path):
+    # Beam's own words ("Unable to get filesystem ... pip install apache-beam[gcp]") came for
+    # file:// and http:// alike, for SRC and OUT; in a CSV list each such line was rejected.
+    from beam_jobs import finalise
+
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
+    local = f"file://{tmp_path}/a.jpg"
+    for line, says in ((local, f"is a file:// URL: give it as a local path ({tmp_path}/a.jpg)"),
+                       ("http://example.com/b.jpg", "nothing here reads http:// URLs")):  # fmt: skip
+        (tmp_path / "list.csv").write_text(f"a.jpg,cat\n{line},dog\n")
+        with pytest.raises(ValueError, match=f"line 2: its path '{line}'"):
+            resolved(tmp_path / "list.csv")
+        with pytest.raises(ValueError) as refused:
+            resolved(tmp_path / "list.csv")
+        assert says in str(refused.value)
+    with pytest.raises(ValueError, match="SRC 'file:///data' is a file:// URL"):
+        resolved("file:///data")
+    with pytest.raises(ValueError, match="OUT 'ftp://host/out': nothing here reads ftp://"):
+        finalise.check_output(ConvertConfig(source=str(tmp_path), output="ftp://host/out"))
+    ran = run_cli("verify", f"file://{tmp_path}", tmp_path / "out")
+    assert ran.returncode == 2 and f"'file://{tmp_path}' is a file:// URL" in ran.stderr

@@ -239,6 +239,8 @@ def _require_path_without_tensorflow(path: str) -> None:
 
     if any(char in path for char in "*?["):
         return
+    if problem := storage.scheme_problem(path, "The path"):
+        raise ValueError(problem)
     try:
         there = os.path.exists(path) if not paths.is_remote(path) else (
             storage.exists(path) or any(storage.children(path)))  # fmt: skip
