@@ -89,11 +89,12 @@ def _raw_lines(f, csv_path: str) -> Iterator[bytes]:
 
 
 def is_a_header(first: str, csv_path: str) -> bool:
-    """The auto rule: a header's path cell is a plain name that names no existing file."""
+    """The auto rule: a header's path cell is a plain name that names no existing file (a
+    folder of that name, as `images,label` beside images/, does not make it data)."""
     cells = cells_of(first)
     if not cells or not cells[0] or not _PLAIN_NAME.fullmatch(cells[0]):
         return False
-    return not storage.exists_at_all(_resolved(cells[0], csv_path)[0])
+    return not storage.exists(_resolved(cells[0], csv_path)[0])
 
 
 def cells_of(line: str) -> list[str]:

@@ -35,13 +35,15 @@ def resolved(source, **options) -> ConvertConfig:
 @pytest.mark.parametrize(
     "first_line, header",
     [("path,label", "yes"), ("file_name,class", "yes"), ("\ufeffimage path,category", "yes"),
-     ("a.jpg,red", "no"), ("missing.jpg,red", "no"), ("imgs/x,red", "no"), ("a,red", "no")],
+     ("a.jpg,red", "no"), ("missing.jpg,red", "no"), ("imgs/x,red", "no"), ("a,red", "no"),
+     ("images,label", "yes")],
 )  # fmt: skip
 def test_only_a_first_line_that_names_no_file_and_looks_like_a_name_is_a_header(
     tmp_path, first_line, header
 ):
     (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
     (tmp_path / "a").write_bytes(jpeg_bytes())  # a file named like a column
+    (tmp_path / "images").mkdir()  # a folder named like one: `images,label` was taken for data
     (tmp_path / "list.csv").write_text(first_line + "\na.jpg,green\n", encoding="utf-8")
     config = resolved(tmp_path / "list.csv")
     assert config.csv_header == header
