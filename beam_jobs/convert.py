@@ -43,6 +43,7 @@ if __name__ == "__main__":
 import contextlib
 import logging
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -248,12 +249,21 @@ def _read_labels(path: str) -> tuple[str, ...]:
                          "labels, one per line.")  # fmt: skip
     data = storage.read_bytes(path, by_name=True)  # labels.txt.gz is read too
     try:
-        return manifest.parse_labels(data.decode("utf-8-sig"), path)
+        labels = manifest.parse_labels(data.decode("utf-8-sig"), path)
     except UnicodeDecodeError as err:
         raise ValueError(
             f"Labels file {path} is not UTF-8 text (byte {err.start + 1}: {err.reason}). Save "
             "it as UTF-8, one label per line."
         ) from None
+    if all(_NUMBERED_LABEL.fullmatch(label) for label in labels):  # every input unknown_label
+        raise ValueError(
+            f"Labels file {path}'s lines are numbered ({labels[0]!r}): it lists one label per "
+            "line, a label's index being its line's place. Write the names alone, in index order."
+        )
+    return labels
+
+
+_NUMBERED_LABEL = re.compile(r"[0-9]+ *[,;:\t] *\S.*")
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert") -> int:

@@ -44,7 +44,9 @@ def csv_lines(csv_path: str) -> Iterator[tuple[int, str]]:
         raise ValueError(f"{csv_path} is a folder, not a CSV list: give the CSV file that lists "
                          "the images.")  # fmt: skip
     if not paths.is_remote(csv_path) and not os.path.isfile(csv_path):
-        raise ValueError(f"CSV list {csv_path} is not a regular file (a pipe or a device?).")
+        raise ValueError(f"CSV list {csv_path} is not a regular file (a pipe or a device?): it "
+                         "is read twice (checked, then listed); write it to a file and give "
+                         "that.")  # fmt: skip
     with storage.open_to_read(csv_path, by_name=True) as f:  # list.csv.gz is read too
         for number, raw in enumerate(_raw_lines(f, csv_path), start=1):
             if number == 1 and raw.startswith(codecs.BOM_UTF8):
@@ -169,8 +171,9 @@ def header_problem(line: str, csv_path: str) -> str | None:
     return None
 
 
-def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
-    """The input of a data line `path,label[,split]`; none for a blank line.
+def sources_of_csv_line(line: str, config: ConvertConfig, number: int = 0) -> list[SourceFile]:
+    """The input of a data line `path,label[,split]` (line `number` of the list, for
+    messages); none for a blank line.
 
     A line without a path comes out with its problem, so that it is rejected, not dropped.
 
@@ -187,8 +190,9 @@ def sources_of_csv_line(line: str, config: ConvertConfig) -> list[SourceFile]:
     if split is None:
         hashed = named_before_0_5(relpath) if cells[0] else relpath  # each file keeps its split
         split = split_by_hash(hashed, config.validation_fraction)
-    check_split_name(split, f"{config.source}: line {line!r}: split", "change it")
-    check_label(label, f"{config.source}: line {line!r}: its", "write it without them")
+    where = f"CSV list {config.source} line {number} ({messages.quoted(line)}):"
+    check_split_name(split, f"{where} split", "change it")
+    check_label(label, f"{where} its", "write it without them")
     problem = None if cells[0] else (images.UNREADABLE, f"the line has no path: {line!r}")
     if problem is None and len(cells) == 1:  # said as a folder's file without a label was
         other = next((sep for sep in (";", "\t", "|") if sep in cells[0]), None)

@@ -111,7 +111,7 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
     try:
         folders, files = storage.children(root)
     except NotADirectoryError as err:
-        wanted = "a folder of images, or a CSV list (*.csv)"
+        wanted = "a folder of images, or a CSV list (*.csv; another name with --layout csv)"
         if config.layout != "auto":
             wanted = f"a source of the {config.layout} layout (a folder)"
         raise ValueError(f"{err}: give {wanted}.") from err
@@ -169,7 +169,7 @@ def list_sources(config: ConvertConfig) -> Iterator[SourceFile]:
     if config.layout == "csv":
         for number, line in csv_lines(config.source):
             if number > 1 or config.csv_header != "yes":
-                yield from sources_of_csv_line(line, config)
+                yield from sources_of_csv_line(line, config, number)
         return
     for entry in listing.walk(config.source_root, config.output):
         yield source_of_entry(entry, config)

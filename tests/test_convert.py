@@ -169,7 +169,7 @@ def test_a_path_listed_twice_is_written_once_and_the_extra_line_rejected(tmp_pat
 def test_a_csv_split_that_cannot_be_a_file_name_stops_the_job_with_what_to_do(tmp_path):
     make_folder(tmp_path / "src", odd=())
     (tmp_path / "list.csv").write_text("src/red/000.jpg,red,../train\n")
-    with pytest.raises(Exception, match="is not a usable split name"):
+    with pytest.raises(Exception, match="list.csv line 1 .*: split '../train' is not a usable"):
         run(tmp_path / "list.csv", tmp_path / "out")
     assert not list(tmp_path.glob("*train*")) and not list((tmp_path / "out").glob("*.tfrecord"))
 
@@ -264,6 +264,10 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     (tmp_path / "labels.txt").write_text("red\nblue\nred\n")
     with pytest.raises(ValueError, match=r"more than once: \['red'\]"):
+        run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
+    # A class-index file (`0,red`) rejected every input `unknown_label`, saying nothing of why.
+    (tmp_path / "labels.txt").write_text("0,red\n1\tblue\n")
+    with pytest.raises(ValueError, match=r"lines are numbered \('0,red'\): it lists one label"):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     # Split folders decide the splits: the fraction was ignored, and nothing said so.
     for split in ("train", "validation"):
