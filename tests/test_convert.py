@@ -518,7 +518,7 @@ def test_a_csv_label_with_a_unicode_line_break_stops_the_job_naming_the_line(tmp
     (tmp_path / "list.csv").write_text("a.jpg,ca\u2028t\n", encoding="utf-8")
     result = run_cli("convert", tmp_path / "list.csv", tmp_path / "out")
     assert result.returncode == 2
-    assert "list.csv: line" in result.stderr and "has a line break" in result.stderr
+    assert "list.csv line 1 (" in result.stderr and "has a line break" in result.stderr
 
 
 def test_names_that_are_not_utf8_are_rejected_with_their_bytes_escaped(tmp_path):
