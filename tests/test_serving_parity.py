@@ -30,6 +30,7 @@ REFUSED_BY_SERVING = {  # converted, but refused with the reason, as docs/servin
     "animated.gif": "animated GIF or WebP",
     "animated.webp": "animated GIF or WebP",
     "palette.bmp": "BMP that TensorFlow cannot decode as the converter did",
+    "offset_frame.gif": "GIF whose image does not cover its canvas",
 }
 
 
@@ -79,6 +80,18 @@ def made_files() -> dict[str, bytes]:
     files["animated.gif"] = encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
     files["animated.webp"] = encode(frames[0], "WEBP", save_all=True, append_images=frames[1:])
     files["palette.bmp"] = encode(palette, "BMP")
+    # Palettes and greys of fewer than 8 bits: TensorFlow's decode_png(channels=4) made their
+    # alpha 1, 3 or 15, and serving laid them on white, near white.
+    files["palette2bit.png"] = encode(hopper.quantize(4), "PNG")
+    files["palette4bit.png"] = encode(hopper.quantize(16), "PNG")
+    files["onebit.png"] = encode(hopper.convert("1"), "PNG")
+    files["grey2bit.png"] = encode(hopper.convert("L"), "PNG", bits=2)
+    # A GIF image smaller than its canvas, at an offset: TensorFlow decodes the image alone.
+    small = bytearray(encode(palette.crop((0, 0, 20, 16)), "GIF"))
+    small[6:10] = struct.pack("<HH", 56, 40)  # the canvas
+    descriptor = small.index(b"\x2c", 13 + 3 * (2 << (small[10] & 7)))  # after the colour table
+    small[descriptor + 1 : descriptor + 5] = struct.pack("<HH", 10, 8)  # left, top
+    files["offset_frame.gif"] = bytes(small)
     # Bytes that start no marker before the EXIF segment: Pillow skips them, and rotates.
     turned = files["turned6.jpg"]
     after_app0 = 4 + struct.unpack(">H", turned[4:6])[0]  # the JFIF segment comes first

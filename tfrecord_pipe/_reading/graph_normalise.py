@@ -154,8 +154,10 @@ REFUSALS = (
     "the first; send that frame as PNG or JPEG",
     "is a BMP that TensorFlow cannot decode as the converter did (not 24 or 32 bits per "
     "pixel, or with an alpha channel); send it as PNG",
+    "is a GIF whose image does not cover its canvas, which TensorFlow decodes at the image's "
+    "size where the converter keeps the canvas; send it as PNG",
 )
-_TRANSPARENT_GIF, _ANIMATED, _OTHER_BMP = 1, 2, 3
+_TRANSPARENT_GIF, _ANIMATED, _OTHER_BMP, _PARTIAL_GIF = 1, 2, 3, 4
 _MAX_GIF_STEPS = 10_000  # a step per data sub-block of the first frame: up to ~2.5 MB of it
 
 
@@ -165,19 +167,26 @@ def _accepted():
 
 def _gif_refusal(data: _Bytes) -> tf.Tensor:
     """A GIF's refusal: a transparent colour in the graphic control extension before its first
-    image, or a second image; the first of the two when its blocks are too many to walk."""
+    image, a first image that does not cover the canvas (placed at an offset, or smaller), or
+    a second image; the first of these when its blocks are too many to walk."""
+    canvas_width, canvas_height = data.uint(6, 2, False), data.uint(8, 2, False)
     packed = data.uint(10, 1, False)
     table = tf.where(
         packed >= 128, 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), packed % 8), 0
     )
 
     # A step per block introducer or data sub-block.
-    def step(pos, in_blocks, images, transparent, done):
+    def step(pos, in_blocks, images, transparent, partial, done):
         byte, label = data.uint(pos, 1, False), data.uint(pos + 1, 1, False)
         extension = ~in_blocks & tf.equal(byte, 0x21)
         image = ~in_blocks & tf.equal(byte, 0x2C)
         control = extension & tf.equal(label, 0xF9) & tf.equal(images, 0)
         transparent |= control & tf.equal(data.uint(pos + 3, 1, False) % 2, 1)
+        # The image descriptor: left, top, width, height.
+        placed = tf.stack([data.uint(pos + 1 + 2 * i, 2, False) for i in range(4)])
+        partial |= image & tf.equal(images, 0) & tf.reduce_any(
+            tf.not_equal(placed, tf.stack([0, 0, canvas_width, canvas_height]))
+        )
         local = data.uint(pos + 9, 1, False)
         local_table = tf.where(
             local >= 128, 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), local % 8), 0
@@ -189,16 +198,17 @@ def _gif_refusal(data: _Bytes) -> tf.Tensor:
         images += tf.cast(image, tf.int64)
         next_in_blocks = extension | image | (in_blocks & tf.not_equal(byte, 0))
         finished = (~in_blocks & ~extension & ~image) | (images > 1) | (pos >= data.size)
-        return next_pos, next_in_blocks, images, transparent, done | finished
+        return next_pos, next_in_blocks, images, transparent, partial, done | finished
 
-    _, _, images, transparent, done = tf.while_loop(
-        lambda pos, in_blocks, images, transparent, done: ~done,
+    _, _, images, transparent, partial, done = tf.while_loop(
+        lambda pos, in_blocks, images, transparent, partial, done: ~done,
         step,
         (13 + table, tf.constant(False), tf.constant(0, tf.int64), tf.constant(False),
-         tf.constant(False)),
+         tf.constant(False), tf.constant(False)),
         maximum_iterations=_MAX_GIF_STEPS,
     )  # fmt: skip
-    return tf.where(transparent | ~done, _TRANSPARENT_GIF, tf.where(images > 1, _ANIMATED, 0))
+    later = tf.where(partial, _PARTIAL_GIF, tf.where(images > 1, _ANIMATED, 0))
+    return tf.where(transparent | ~done, _TRANSPARENT_GIF, later)
 
 
 def _webp_refusal(data: _Bytes) -> tf.Tensor:
@@ -352,6 +362,23 @@ def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor) -> tf.Tens
     return tf.where(valid, value, 1)
 
 
+def _png_rgba(encoded: tf.Tensor) -> tf.Tensor:
+    """A PNG as RGBA, H x W x 4 uint8, from its own channels. (`decode_png(channels=4)` gives
+    a palette PNG of 1, 2 or 4 bits an alpha of 1, 3 or 15 where it should be opaque, so
+    such an image came out near white.)"""
+    image = tf.io.decode_png(encoded, channels=0)
+    grey, opaque = image[..., :1], tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8))
+    return tf.switch_case(
+        tf.shape(image)[-1] - 1,
+        [
+            lambda: tf.concat([grey, grey, grey, opaque], -1),
+            lambda: tf.concat([grey, grey, grey, image[..., 1:2]], -1),
+            lambda: tf.concat([image[..., :3], opaque], -1),
+            lambda: image[..., :4],
+        ],
+    )
+
+
 def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tensor:
     """The decoded image as the converter stores it, before any downscaling: the first frame,
     turned upright by EXIF orientation `turn`, transparency on white; H x W x 3 uint8."""
@@ -375,7 +402,7 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
             lambda: with_alpha(
                 tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_ACCURATE")
             ),
-            lambda: tf.io.decode_png(encoded, channels=4),
+            lambda: _png_rgba(encoded),
             lambda: with_alpha(tf.io.decode_image(encoded, channels=3, expand_animations=False)),
             lambda: with_alpha(tf.io.decode_webp(encoded, channels=0)[0]),
             lambda: with_alpha(
