@@ -172,6 +172,25 @@ def test_a_uint8_model_gets_uint8_pixels(tmp_path):
 def test_config_errors_are_listed():
     with pytest.raises(ValueError, match="labels is empty.*dtype"):
         serving.ServingConfig(labels=(), dtype="int8")
+    # A str of labels was taken letter by letter, and a float size failed in a trace.
+    with pytest.raises(ValueError, match="labels must be label names in index order"):
+        serving.ServingConfig(labels="abc")
+    with pytest.raises(ValueError, match="ServingConfig image_size must be an int, got 16.0"):
+        serving.ServingConfig(labels=LABELS, image_size=16.0)
+    assert serving.ServingConfig(labels=list(LABELS), image_size=np.int64(16)).labels == LABELS
+
+
+@pytest.mark.slow  # exports twice
+def test_a_model_without_one_score_per_label_is_not_exported(tmp_path):
+    # Fewer labels than scores: a request whose best class had no name failed, cryptically
+    # ("indices[0] = 2 is not in [0, 2)"), and only then; more: every answer was named by
+    # the wrong labels (a dataset converted again with one more label), without a word.
+    for labels in (LABELS[:2], (*LABELS, "white")):
+        with pytest.raises(ValueError, match=f"scores of shape \\(1, 3\\) for one image, and the "
+                                             f"config has {len(labels)} labels"):  # fmt: skip
+            serving.export(small_model(), str(tmp_path / "export"),
+                           serving.ServingConfig(labels=labels, image_size=SIZE))  # fmt: skip
+        assert not (tmp_path / "export").exists()
 
 
 @pytest.mark.slow  # traces the signature twice

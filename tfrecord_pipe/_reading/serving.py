@@ -21,7 +21,7 @@ import tempfile
 
 import tensorflow as tf
 
-from tfrecord_pipe._core import images, keywords
+from tfrecord_pipe._core import arguments, images, keywords
 from tfrecord_pipe._reading import dataset, graph_normalise, preprocess
 
 INPUT_NAME = "image_bytes"
@@ -66,6 +66,15 @@ class ServingConfig:
         return cls(labels=manifest.labels, **{**recorded, **options})
 
     def __post_init__(self):
+        if isinstance(self.labels, str) or not all(isinstance(x, str) for x in self.labels):
+            raise ValueError(f"Invalid ServingConfig: labels must be label names in index order "
+                             f"(a tuple of str, as dataset.label_names gives), got {self.labels!r}")  # fmt: skip
+        object.__setattr__(self, "labels", tuple(self.labels))
+        for name, check in (("image_size", arguments.count), ("max_pixels", arguments.count),
+                            ("jpeg_quality", arguments.count), ("from_logits", arguments.flag)):  # fmt: skip
+            object.__setattr__(self, name, check(f"ServingConfig {name}", getattr(self, name)))
+        max_side = arguments.count("ServingConfig max_side", self.max_side, optional=True)
+        object.__setattr__(self, "max_side", max_side)
         problems = []
         if not self.labels:
             problems.append("labels is empty")
@@ -244,7 +253,9 @@ def export(model: tf.keras.Model, export_dir: str, config: ServingConfig) -> str
     )
     with tempfile.TemporaryDirectory() as scratch:
         archive.write_out(scratch, verbose=False)
-        module = ServingModule(tf.saved_model.load(scratch), config)
+        loaded = tf.saved_model.load(scratch)
+        _check_outputs(loaded, config)
+        module = ServingModule(loaded, config)
         # jax2tf's functions carry custom gradients that cannot be saved again; serving needs
         # no gradients.
         options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
@@ -252,3 +263,20 @@ def export(model: tf.keras.Model, export_dir: str, config: ServingConfig) -> str
             module, export_dir, signatures={SIGNATURE: module.serve}, options=options
         )
     return export_dir
+
+
+def _check_outputs(loaded, config: ServingConfig) -> None:
+    """Refuses a model whose scores are not one per label: with fewer labels a request whose
+    best class has no name failed ("indices[0] = 2 is not in [0, 2)"), with more every
+    answer named classes by the wrong labels."""
+    size = config.image_size
+    scores = loaded.outputs(tf.zeros([1, size, size, 3], tf.as_dtype(config.dtype)))
+    shape = getattr(scores, "shape", None)
+    if shape is None or shape.rank != 2 or shape[-1] != len(config.labels):
+        gives = f"scores of shape {tuple(shape)}" if shape is not None else type(scores).__name__
+        raise ValueError(
+            f"The model gives {gives} for one image, and the config has "
+            f"{len(config.labels)} labels: serving needs one "
+            "score per label, [batch, labels]. Export the model trained on this dataset, with "
+            "its labels (ServingConfig.for_dataset)."
+        )
