@@ -79,6 +79,24 @@ def test_inspect_check_catches_a_manifest_that_disagrees_with_a_shard(converted_
     assert "PROBLEM" in done.stdout and "the shard holds" in done.stdout
 
 
+def test_inspect_check_says_mismatch_for_a_missing_or_cut_shard_and_names_it(converted_copy):
+    # Both printed "counts checked against the shards: OK" beside the PROBLEM lines, and a
+    # missing shard's split was shown with its count and shard count less that shard's; the
+    # sample's read error named no file.
+    _, out = converted_copy
+    info = dataset.read_manifest(str(out)).splits["train"]
+    gone, cut = (out / name for name in info.files[:2])
+    gone.unlink()
+    cut.write_bytes(cut.read_bytes()[:-30])
+    text = run_cli("inspect", out, "--check").stdout
+    assert (f"train: {info.num_examples} records in {len(info.files)} shards (1 missing)") in text
+    assert ("counts checked against the shards: MISMATCH: 1 missing, 1 unreadable "
+            f"({info.num_examples - info.shard_lengths[0] - info.shard_lengths[1]} records read "
+            f"of {info.num_examples} listed)") in text  # fmt: skip
+    sampled = run_cli("inspect", out).stdout
+    assert f"reading a sample stopped after 0 records, at {cut}: " in sampled, sampled
+
+
 @pytest.mark.slow  # a new process: a regression would block for ever
 def test_inspect_says_a_shard_replaced_by_a_fifo_is_no_file_and_never_blocks(converted_copy):
     _, out = converted_copy

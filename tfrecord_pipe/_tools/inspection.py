@@ -62,7 +62,8 @@ class Shard:
 class SplitSummary:
     """Attributes: name; shards; records read for the histograms (read_all: every record);
     label (as `label_text` shows it) to count among them; image heights and widths;
-    problems: missing shards, and shards that could not be read to their end."""
+    problems: missing shards, and shards that could not be read to their end; missing: how
+    many shards the manifest lists that are not there; checked: every shard was counted."""
 
     name: str
     shards: tuple[Shard, ...]
@@ -72,6 +73,8 @@ class SplitSummary:
     heights: tuple[int, ...]
     widths: tuple[int, ...]
     problems: tuple[str, ...] = ()
+    missing: int = 0
+    checked: bool = False
 
     @property
     def listed(self) -> int | None:
@@ -147,7 +150,8 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
     present = split.without_missing()
     files = list(present.files)
     if not files:  # every input of the split was rejected, or every shard is missing
-        return SplitSummary(split.name, (), 0, True, {}, (), (), tuple(problems))
+        return SplitSummary(split.name, (), 0, True, {}, (), (), tuple(problems),
+                            len(split.missing), check_counts)  # fmt: skip
     sizes = [tf.io.gfile.stat(path).length for path in files]
     counted = [None] * len(files)
     if check_counts:
@@ -166,8 +170,10 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
             heights.extend(int(h) for h in batch[schema.HEIGHT].numpy())
             widths.extend(int(w) for w in batch[schema.WIDTH].numpy())
     except tf.errors.OpError as err:
-        problems.append(f"split {split.name}: reading a sample stopped after {read} records: "
-                        f"{messages.one_line(err)}")  # fmt: skip
+        per_file = -(-(sample if sample is not None else read + 1) // len(files)) + 1
+        culprit = _first_unreadable(files, found, per_file)
+        problems.append(f"split {split.name}: reading a sample stopped after {read} records"
+                        f"{f', at {culprit}' if culprit else ''}: {messages.one_line(err)}")  # fmt: skip
     if not read and sum(sizes) and not problems:  # TensorFlow reads a few stray bytes as none
         problems.append(f"split {split.name}: its {len(files)} file(s) hold {sum(sizes)} bytes "
                         "but no record: are they TFRecord files? (--check reads them whole)")  # fmt: skip
@@ -184,7 +190,23 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
         heights=tuple(heights),
         widths=tuple(widths),
         problems=tuple(problems),
+        missing=len(split.missing),
+        checked=check_counts,
     )
+
+
+def _first_unreadable(files: list[str], found, records_each: int) -> str | None:
+    """The first of `files` whose first `records_each` records cannot be read: TensorFlow's
+    error ("truncated record at 0") names no file, and the sample takes a few from each."""
+    for path in files:
+        try:
+            for _ in records.shard_records(path, found.compression, found.file_format).take(
+                records_each
+            ):
+                pass
+        except tf.errors.OpError:
+            return path
+    return None
 
 
 def _count(path: str, compression: str, problems: list[str]) -> int | None:
@@ -229,6 +251,17 @@ def _rejected_lines(folder: str, limit: int):
                         return
 
 
+def _count_verdict(split: SplitSummary, listed: int | None) -> str:
+    """OK, or MISMATCH with what differs; then the records read (of those listed)."""
+    unreadable = sum(shard.counted is None for shard in split.shards)
+    other = sum(None not in (s.counted, s.listed) and s.counted != s.listed for s in split.shards)
+    faults = [f"{n} {what}" for n, what in ((split.missing, "missing"), (unreadable, "unreadable"),
+              (other, "holding another count than listed")) if n]  # fmt: skip
+    read = sum(shard.counted or 0 for shard in split.shards)
+    of = f" of {listed} listed" if listed is not None else ""
+    return f"{'MISMATCH: ' + ', '.join(faults) if faults else 'OK'} ({read} records read{of})"
+
+
 def render(summary: DatasetSummary) -> str:
     """The summary as text: splits and shards, label histogram, image sizes, rejections."""
     lines = [f"{summary.path}"]
@@ -256,20 +289,18 @@ def render(summary: DatasetSummary) -> str:
         total_bytes = sum(shard.num_bytes for shard in split.shards)
         sizes = [shard.num_bytes for shard in split.shards]
         listed = split.listed
+        if found and not summary.is_pattern:  # the manifest's, missing shards' records too
+            listed = found.splits[split.name].num_examples
         if listed is None and split.read_all:
             listed = split.read  # no manifest, but every record was read
+        missing = f" ({split.missing} missing)" if split.missing else ""
         lines.append(
             f"{split.name}: {listed if listed is not None else f'at least {split.read}'} records in "
-            f"{len(split.shards)} shards, {_mb(total_bytes)} "
+            f"{len(split.shards) + split.missing} shards{missing}, {_mb(total_bytes)} "
             f"(shards {_mb(min(sizes))}..{_mb(max(sizes))})"
         )
-        checked = [shard for shard in split.shards if shard.counted is not None]
-        if checked:
-            bad = [s for s in checked if s.listed is not None and s.counted != s.listed]
-            lines.append(
-                f"  counts checked against the shards: {'OK' if not bad else f'{len(bad)} differ'}"
-                f" ({sum(s.counted for s in checked)} records read)"
-            )
+        if split.checked:
+            lines.append(f"  counts checked against the shards: {_count_verdict(split, listed)}")
         counts = () if summary.is_pattern or not found else found.splits[split.name].label_counts
         if any(counts):  # every record's, without reading them
             lines.append("  labels (every record, as the manifest counts them):")
