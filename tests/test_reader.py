@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfrecord_pipe import dataset as dataset_lib
 from tfrecord_pipe import reader
 from tfrecord_pipe._reading import tpu_ready
 
@@ -163,6 +164,13 @@ def test_eval_remainder_drop_drops_the_partial_batch(dataset):
     )()
     elements = batches(ds)
     assert len(elements) == 2 and all(len(element) == 2 for element in elements)
+    # A batch larger than the split gave no batch, and evaluate returned [] without a word.
+    records = dataset_lib.resolve(dataset).splits["validation"].num_examples
+    with pytest.raises(ValueError, match=f"eval_remainder='drop' with batch {records + 1} over "
+                                         f"this pipeline's {records} records of split "
+                                         "'validation': no batch would come"):  # fmt: skip
+        reader.make_input_fn(dataset, is_training=False, image_size=SIZE,
+                             batch_size=records + 1, eval_remainder="drop")()  # fmt: skip
 
 
 def test_params_batch_size_is_this_pipelines_batch(dataset):

@@ -20,6 +20,13 @@ def test_the_readers_output_passes_in_both_layouts(tmp_path):
             str(tmp_path), is_training=True, batch_size=2, image_size=16, transpose_input=transpose
         )()
         tpu_ready.check(ds, 2, layout)
+    # The input_fn itself, or its numpy batches, were "not a dense tensor ... batch with
+    # drop_remainder=True": advice for another mistake.
+    train_fn = reader.make_input_fn(str(tmp_path), is_training=True, batch_size=2, image_size=16,
+                                    seed=1)  # fmt: skip
+    for given, kind in ((train_fn, "InputFn"), (train_fn.numpy_batches(), "")):
+        with pytest.raises(ValueError, match=f"takes a tf.data.Dataset .*got {kind}.*call the input_fn"):
+            tpu_ready.check(given, 2)
 
 
 def test_every_problem_is_listed_at_once():

@@ -42,6 +42,11 @@ def check(
     """
     if image_layout not in IMAGE_LAYOUTS:
         raise ValueError(f"image_layout must be one of {IMAGE_LAYOUTS}, got {image_layout!r}")
+    if callable(dataset) or hasattr(dataset, "__next__"):  # an input_fn, or batches in numpy
+        raise ValueError(
+            f"tpu_ready.check takes a tf.data.Dataset (or its element_spec), got "
+            f"{type(dataset).__name__}: call the input_fn, as in check(train_fn(), batch_size)."
+        )
     spec = dataset.element_spec if isinstance(dataset, tf.data.Dataset) else dataset
     paths_and_specs = _flatten_with_paths(spec)
     problems = []
