@@ -73,3 +73,15 @@ def test_a_split_too_small_to_time_gets_a_warning_not_a_ratio(tmp_path):
     enough = run_cli("bench", tmp_path, *flags, "--batch_size", "1")  # a pass: 24 batches
     (eval_row,) = [line for line in enough.stdout.splitlines() if line.startswith("| eval")]
     assert eval_row.endswith("x |") and "WARNING" not in enough.stdout
+
+
+@pytest.mark.slow
+def test_a_validation_split_without_records_is_benched_as_none_and_nan_seconds_refused(tmp_path):
+    # Its every input rejected, the split has no shard: bench stopped ("no shards to read")
+    # where a dataset without the split is benched, evaluation on train.
+    write_dataset(str(tmp_path), {"train": [[0, 1] * 4], "validation": []})
+    done = run_cli("bench", tmp_path, "--seconds", "0.2", "--image_size", "16", "--batch_size", "2")
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if line.startswith("| eval")]
+    nan = run_cli("bench", tmp_path, "--seconds", "nan")
+    assert nan.returncode == 2 and "must be positive (and finite)" in nan.stderr

@@ -276,6 +276,8 @@ def test_what_the_grain_path_cannot_read_is_refused_with_what_to_do(both, tmp_pa
         train("gs://bucket/dataset")
     with pytest.raises(ValueError, match="has no manifest.json"):
         train(tmp_path)
+    with pytest.raises(ValueError, match="nope does not exist: pass a dataset folder"):
+        train(tmp_path / "nope")  # was "has no manifest.json", as if it were a folder
     with pytest.raises(ValueError, match="has no split 'test'"):
         train(both, split="test")
     broken = tmp_path / "broken"

@@ -128,6 +128,23 @@ def test_inspect_bad_input_is_one_clear_line_and_exit_2(tmp_path, make_path, mes
     assert len(done.errors) == 1 and message in done.errors[0]
 
 
+def test_a_folder_of_images_and_a_pattern_of_a_datasets_every_file_say_what_to_pass(
+    converted, tmp_path
+):
+    # A folder of images was told to pass a pattern of its shards; `OUT/*` read the manifest,
+    # labels.txt and the rest as records of a split named "files", and called them corrupt.
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    (tmp_path / "photos" / "cat" / "a.jpg").write_bytes(b"not read")
+    done = run_cli("inspect", tmp_path / "photos")
+    assert done.returncode == 2
+    assert f"convert it first (tfrecord-pipe convert {tmp_path / 'photos'} OUT)" in done.errors[0]
+    _, out = converted
+    (error,) = run_cli("inspect", f"{out}/*").errors
+    assert "matched files of a dataset that are no shards (" in error
+    assert f"pass the dataset folder {out}, or a pattern of its shards such as {out}/train-*" in error
+    assert run_cli("inspect", f"{out}/train-*").returncode == 0
+
+
 @pytest.mark.parametrize("option, value, says", [
     ("--grid_count", "0", "--grid_count must be 1 or more, got 0"),
     ("--sample", "-1", "--sample must be 0 (every record) or more, got -1"),

@@ -62,6 +62,8 @@ def find_split(data: str, split: str) -> Split:
             "local disk, or mount the bucket (Cloud Storage FUSE) and pass the mounted path."
         )
     path = os.path.join(data, naming.MANIFEST_NAME)
+    if not os.path.exists(data):
+        raise ValueError(f"{data} does not exist: pass a dataset folder the converter wrote.")
     if not os.path.exists(path):
         raise ValueError(
             f"{data} has no {naming.MANIFEST_NAME}: pass a dataset folder the converter finished."

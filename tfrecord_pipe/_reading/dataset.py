@@ -189,6 +189,12 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
                 f"not finish left ({unfinished[0]}): run that conversion again (it clears what "
                 "was left and writes the dataset), then read it."
             )
+        if children and not any(kind == FILE and _record_file(name) for name, kind in children):
+            raise ValueError(
+                f"{path} is a folder without {naming.MANIFEST_NAME} or shards: not a dataset. "
+                f"If it holds images, convert it first (tfrecord-pipe convert {path} OUT), and "
+                "read OUT."
+            )
         raise ValueError(
             f"{path} is a folder without {naming.MANIFEST_NAME}: not a finished tfrecord-pipe "
             "dataset (the converter writes it last). To read its shards anyway, pass a file "
@@ -209,6 +215,14 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
     chosen = _chosen(path, tuple(f for f in naming.FILE_FORMATS if f in formats), file_format)
     files = tuple(file for file in matched if naming.file_format_of(file) == chosen)
     beside = _manifest_beside(files)
+    if beside is not None and (others := [f for f in files if naming.split_of(f) is None]):
+        folder = paths.parent(others[0])
+        raise ValueError(  # manifest.json, labels.txt, ...: read as records of a split "files"
+            f"{path} matched files of a dataset that are no shards "
+            f"({', '.join(map(paths.basename, others[:3]))}{', ...' if len(others) > 3 else ''}): "
+            f"pass the dataset folder {folder}, or a pattern of its shards such as "
+            f"{paths.join(folder, 'train-*')}."
+        )
     counts, digests = _listed_in(beside, files)
     grouped: dict[str, list[int]] = {}
     for index, file in enumerate(files):
@@ -275,6 +289,11 @@ def _matching_children(folder: str, part: str, last: bool) -> list[str]:
 # What a folder holds. On local disk a file is a regular file (or a link to one): a FIFO or a
 # socket named like a shard, OTHER, would block whoever opened it, for ever.
 FOLDER, FILE, OTHER = "folder", "file", "other"
+
+
+def _record_file(name: str) -> bool:
+    """Whether a file's name is that of records: a shard's, or any *.tfrecord* file."""
+    return naming.split_of(name) is not None or ".tfrecord" in name or name.endswith(".array_record")
 
 
 def _children(folder: str) -> list[tuple[str, str]]:

@@ -130,7 +130,7 @@ def bench(
     """Ceiling, training and evaluation pipelines on the dataset at `path`, one after another.
 
     A dataset folder's train split feeds the ceiling and training, its validation split (or
-    the train split when there is none) evaluation; a file pattern feeds all three.
+    the train split when there is none, or it holds no record) evaluation; a file pattern feeds all three.
 
     Args:
       path: a dataset folder or a file pattern.
@@ -144,7 +144,9 @@ def bench(
     train_split = eval_split = None
     if not found.is_pattern:
         train_split = naming.TRAIN if naming.TRAIN in found.splits else None
-        eval_split = naming.VALIDATION if naming.VALIDATION in found.splits else train_split
+        # A validation split with no record (its inputs all rejected) is as good as none.
+        validation = found.splits.get(naming.VALIDATION)
+        eval_split = naming.VALIDATION if validation and validation.files else train_split
     base = {"batch_size": 128, **options, "data": path}
     train = reader.ReaderConfig(split=train_split, is_training=True, **base)
     evaluation = reader.ReaderConfig(

@@ -15,6 +15,7 @@ interrupted (Ctrl-C).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -313,8 +314,8 @@ def _bench(args) -> int:
     from tfrecord_pipe._tools import bench
 
     _require_path(args.path)
-    if args.seconds <= 0 or args.batch_size < 1 or args.image_size < 1:
-        raise ValueError("--seconds, --batch_size and --image_size must be positive")
+    if not 0 < args.seconds < math.inf or args.batch_size < 1 or args.image_size < 1:  # NaN too
+        raise ValueError("--seconds, --batch_size and --image_size must be positive (and finite)")
     results = bench.bench(
         args.path,
         args.seconds,
