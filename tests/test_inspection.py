@@ -46,6 +46,9 @@ def test_a_long_file_name_keeps_the_split_in_its_caption():
     )
     assert where.startswith("validation ...") and where.endswith("ame.jpg")
     assert len(where) <= 128 // 6 and label == "daisy (3)"
+    # Pillow's default font draws printable ASCII: 'café' and '日本' were drawn as boxes.
+    assert inspection.drawn_caption(("caf\u00e9 (0)", "train \u65e5\u672c.jpg"), 256) == (
+        "caf\\xe9 (0)", "train \\u65e5\\u672c.jpg")
 
 
 def test_the_grid_says_each_records_label_split_and_file(converted, tmp_path):

@@ -450,9 +450,15 @@ def drawn_caption(caption: tuple[str, str], width: int) -> tuple[str, str]:
     """The two lines drawn under a thumbnail `width` px wide: the label, and the split then
     the file name, each cut to fit; the split is kept whole (what a reader checks first), the
     name keeps its end."""
-    label, where = caption
+    label, where = map(_drawable, caption)
     split = where.split(" ", 1)[0] + " "
     return _fit(label, width), split + _fit(where[len(split) :], width, split)
+
+
+def _drawable(text: str) -> str:
+    """`text` with what Pillow's default font cannot draw (it has printable ASCII) written as
+    escapes (`caf\\xe9`): drawn, such letters were all the same box."""
+    return "".join(char if " " <= char <= "~" else ascii(char)[1:-1] for char in text)
 
 
 def _fit(text: str, width: int, after: str = "") -> str:
