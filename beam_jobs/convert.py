@@ -255,15 +255,15 @@ def _read_labels(path: str) -> tuple[str, ...]:
             f"Labels file {path} is not UTF-8 text (byte {err.start + 1}: {err.reason}). Save "
             "it as UTF-8, one label per line."
         ) from None
-    if all(_NUMBERED_LABEL.fullmatch(label) for label in labels):  # every input unknown_label
-        raise ValueError(
-            f"Labels file {path}'s lines are numbered ({labels[0]!r}): it lists one label per "
-            "line, a label's index being its line's place. Write the names alone, in index order."
-        )
+    if all(_NUMBERED_LABEL.fullmatch(label) for label in labels):  # every input unknown_label?
+        LOG.warning(
+            "Labels file %s's lines look numbered (%r): it lists one label per line, a label's "
+            "index being its line's place. If the numbers are not part of the labels' names, "
+            "write the names alone, in index order.", path, labels[0])  # fmt: skip
     return labels
 
 
-_NUMBERED_LABEL = re.compile(r"[0-9]+ *[,;:\t] *\S.*")
+_NUMBERED_LABEL = re.compile(r"[0-9]+[ \t]*[,;:\t ][ \t]*\S.*")
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert") -> int:

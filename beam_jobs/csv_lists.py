@@ -123,13 +123,15 @@ def line_problem(number: int, line: str, header: str | None, csv_path: str) -> s
     first line's text, where it is a header."""
     where = f"CSV list {csv_path} line {number} ({messages.quoted(line)})"
     if line.startswith(codecs.BOM_UTF8.decode("utf-8")):
-        return (f"{where} starts with a byte-order mark (U+FEFF), as where CSV files were "
-                "joined (cat a.csv b.csv): remove it, and a header line repeated there.")  # fmt: skip
+        return (
+            f"{where} starts with a byte-order mark (U+FEFF), as where CSV files were joined "
+            "(cat a.csv b.csv): remove it, and a header line repeated there."
+        )
     if header is not None and line.strip() == header.strip():
         return f"{where} repeats the header of line 1 (CSV files joined?): remove it."
     if '"' not in line:
         return None
-    if _SPACE_BEFORE_QUOTE.search(line):
+    if any(_SPACE_BEFORE_QUOTE.match(cell) for cell in next(csv.reader([line]), [])):
         return (f"{where} has a space before a double-quoted cell: CSV readers keep the quotes "
                 "in the value then. Remove the space before the quote.")  # fmt: skip
     try:
@@ -142,7 +144,7 @@ def line_problem(number: int, line: str, header: str | None, csv_path: str) -> s
     return None
 
 
-_SPACE_BEFORE_QUOTE = re.compile(r'(?:^|,)[ \t]+"')
+_SPACE_BEFORE_QUOTE = re.compile(r'[ \t]+"')  # a cell as read: ' "cat"' kept its quotes
 
 # Column names a header may give, by the column they name (spelt in lower case, "_" for
 # spaces and dashes): a header naming them in another order than path,label,split is refused.
@@ -171,7 +173,7 @@ def header_problem(line: str, csv_path: str) -> str | None:
     return None
 
 
-def sources_of_csv_line(line: str, config: ConvertConfig, number: int = 0) -> list[SourceFile]:
+def sources_of_csv_line(line: str, config: ConvertConfig, number: int) -> list[SourceFile]:
     """The input of a data line `path,label[,split]` (line `number` of the list, for
     messages); none for a blank line.
 

@@ -181,7 +181,8 @@ class Checker:
 
     def check(self, batch: list[SourceFile]):
         """(source, Checked or None, bytes read, None or Rejection) per input, in input order,
-        each once it and all before it are done; never raises for an input."""
+        each once it and all before it are done; raises for an input only when the storage
+        failed (`outcome.decide`), never for what the file holds."""
         return self.decide(batch, self._entry)
 
     def decide(self, batch: list[SourceFile], then):

@@ -158,7 +158,8 @@ def _refuse_look_alike(splits, fix: str) -> None:
     shard files are one file on a case-insensitive disk (macOS, Windows)."""
     if alike := naming.look_alike(sorted(splits)):
         raise ValueError(
-            f"Split names that differ only in case or Unicode form ({alike}): each would be a "
+            f"Split names that print alike ({alike}: another case or Unicode form, invisible "
+            "characters or another kind of space): each would be a "
             "split of its own, and their shard files one file on a disk that ignores case "
             f"(macOS, Windows). Give each split one name: {fix}."
         )

@@ -50,6 +50,9 @@ def scheme_problem(path: str, what: str) -> str | None:
     try:
         beam_filesystems().get_filesystem(path)
     except Exception:  # noqa: BLE001 - Beam says ValueError or BeamIOError, by scheme
+        if scheme == "gs":  # Beam's GCS module did not import
+            return (f"{what} {path!r}: Beam's Cloud Storage filesystem is not installed "
+                    "here: pip install \"apache-beam[gcp]\" (make install does).")  # fmt: skip
         return (f"{what} {path!r}: nothing here reads {scheme}:// URLs. Local paths and gs:// "
                 "are read (other object stores with Beam's filesystem for them installed); "
                 "download or copy the files to one of those first.")  # fmt: skip

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import logging
 import os
 import pathlib
 
@@ -10,7 +11,7 @@ import pytest
 import tensorflow as tf
 from google.cloud import storage
 
-from beam_jobs import convert, pipeline, shard_plan, sources
+from beam_jobs import convert, finalise, pipeline, shard_plan, sources
 from tfrecord_pipe._core import manifest, schema
 from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import cli
@@ -240,7 +241,7 @@ def test_compressed_shards_read_back_with_gzip(tmp_path):
     assert sum(len(read_records(shard)) for shard in shards) == 6
 
 
-def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path):
+def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     with pytest.raises(FileNotFoundError, match="nothing-here does not exist"):
         run(tmp_path / "nothing-here", tmp_path / "out")
     src = make_folder(tmp_path / "src", per_label=1, odd=())
@@ -266,9 +267,10 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path):
     with pytest.raises(ValueError, match=r"more than once: \['red'\]"):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     # A class-index file (`0,red`) rejected every input `unknown_label`, saying nothing of why.
-    (tmp_path / "labels.txt").write_text("0,red\n1\tblue\n")
-    with pytest.raises(ValueError, match=r"lines are numbered \('0,red'\): it lists one label"):
-        run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
+    (tmp_path / "labels.txt").write_text("0,red\n1\tblue\n2 green\n")
+    with pytest.raises(finalise.NothingWrittenError), caplog.at_level(logging.WARNING):
+        run(src, tmp_path / "numbered", "--labels_file", tmp_path / "labels.txt")
+    assert "lines look numbered ('0,red'): it lists one label per line" in caplog.text
     # Split folders decide the splits: the fraction was ignored, and nothing said so.
     for split in ("train", "validation"):
         (tmp_path / "splits" / split / "red").mkdir(parents=True)
@@ -588,7 +590,8 @@ def test_labels_numbered_as_text_one_label_alone_and_no_train_split_are_warned(t
         "numbers' order, give --labels_file listing them in that order"
     ]
     (tmp_path / "numbered.txt").write_text("\n".join(map(str, range(12))) + "\n")
-    assert warned(tmp_path / "numbers" / "list.csv", "--labels_file", str(tmp_path / "numbered.txt")) == []
+    numbered = str(tmp_path / "numbered.txt")
+    assert warned(tmp_path / "numbers" / "list.csv", "--labels_file", numbered) == []
     (tmp_path / "images" / "holiday").mkdir(parents=True)
     for n in range(3):
         (tmp_path / "images" / "holiday" / f"{n}.jpg").write_bytes(jpeg_bytes(8, 8, (n * 60, 1, 1)))
@@ -630,7 +633,8 @@ def test_a_split_left_without_records_is_warned_of_and_look_alike_splits_refused
                                 (tmp_path / "list.csv", "csv", "fix the CSV lines")):  # fmt: skip
         result = run_cli("convert", source, tmp_path / "alike", "--layout", layout)
         assert result.returncode == 2 and result.stderr.splitlines()[-1] == (
-            "error: Split names that differ only in case or Unicode form ('Train' / 'train'): "
-            "each would be a split of its own, and their shard files one file on a disk that "
+            "error: Split names that print alike ('Train' / 'train': another case or Unicode "
+            "form, invisible characters or another kind of space): each would be a split of its "
+            "own, and their shard files one file on a disk that "
             f"ignores case (macOS, Windows). Give each split one name: {fix}."
         ), result.stderr

@@ -623,7 +623,9 @@ def test_verify_judges_a_file_listed_with_and_without_a_label_by_the_rule_of_its
         (["c.jpg,train,dog"], "names column 1 'label', which is read as the path"),
     ],
 )
-def test_a_csv_read_otherwise_than_its_writer_meant_is_refused_naming_the_line(tmp_path, lines, says):
+def test_a_csv_read_otherwise_than_its_writer_meant_is_refused_naming_the_line(
+    tmp_path, lines, says
+):
     (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
     headers = {"c.jpg,dog,train": "path,split,label", "c.jpg,train,dog": "label,Image Path,split"}
     header = headers.get(lines[0], "path,label")
@@ -635,6 +637,15 @@ def test_a_csv_read_otherwise_than_its_writer_meant_is_refused_naming_the_line(t
     assert says in str(refused.value), str(refused.value)
     # verify reads such a list as the job that wrote the dataset did.
     sources.resolve_layout(ConvertConfig(source=str(tmp_path / "list.csv"), output="o"), False)
+
+
+def test_quoted_cells_as_csv_writers_write_them_are_taken(tmp_path):
+    # What Python's csv.writer writes for a comma and quotes in a path or label: a space
+    # before the doubled quote inside a quoted cell is no space before a quote.
+    (tmp_path / "list.csv").write_text(
+        'path,label\n"photos/Smith, ""Bob"".jpg",cat\nb.jpg,"dog, ""big"""\nc.jpg,"a, b",train\n'
+    )
+    assert resolved(tmp_path / "list.csv").csv_header == "yes"
 
 
 def test_a_validation_fraction_no_input_would_take_is_refused(tmp_path):
@@ -653,8 +664,9 @@ def test_a_url_no_filesystem_here_reads_is_refused_saying_what_to_give(tmp_path)
 
     (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
     local = f"file://{tmp_path}/a.jpg"
-    for line, says in ((local, f"is a file:// URL: give it as a local path ({tmp_path}/a.jpg)"),
-                       ("http://example.com/b.jpg", "nothing here reads http:// URLs")):  # fmt: skip
+    cases = ((local, f"is a file:// URL: give it as a local path ({tmp_path}/a.jpg)"),
+             ("http://example.com/b.jpg", "nothing here reads http:// URLs"))  # fmt: skip
+    for line, says in cases:
         (tmp_path / "list.csv").write_text(f"a.jpg,cat\n{line},dog\n")
         with pytest.raises(ValueError, match=f"line 2: its path '{line}'"):
             resolved(tmp_path / "list.csv")
