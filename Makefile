@@ -1,14 +1,15 @@
 # Two commands do all the set-up on a fresh clone: `make demo` and `make test`.
 # Both create (or reuse) .venv in the checkout and install the project into it, with every
 # package at the version in constraints.txt: the versions the suite passed with.
-# The interpreter .venv is made with: python3 where it is new enough for pyproject.toml's
-# requires-python, else the first of python3.11, python3.12 and python3.13 found (Ubuntu
-# 22.04's python3 is 3.10, too old for the pinned versions). `make demo PYTHON=python3.12`
-# chooses one.
-PYTHON_MIN := $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)".*/\1/p' pyproject.toml)
-PYTHON_OK := import sys; sys.exit(sys.version_info < tuple(map(int, "$(PYTHON_MIN)".split("."))))
+# The Pythons the pins of constraints.txt are checked for (tests/test_environment.py reads
+# this line). .venv is made with python3 where it is one of them, else the first of
+# python3.11, python3.12, ... found (Ubuntu 22.04's python3 is 3.10; Fedora's may be newer
+# than the pins know). `make demo PYTHON=python3.12` chooses one.
+PYTHONS := 3.11 3.12 3.13
+PYTHON_OK := import sys; sys.exit("%d.%d" % sys.version_info[:2] not in "$(PYTHONS)".split())
+PYTHONS_SAID := $(firstword $(PYTHONS)) to $(lastword $(PYTHONS))
 ifndef PYTHON
-PYTHON := $(shell for p in python3 python3.11 python3.12 python3.13; do \
+PYTHON := $(shell for p in python3 $(addprefix python,$(PYTHONS)); do \
   $$p -c '$(PYTHON_OK)' 2>/dev/null && { echo $$p; break; }; done)
 endif
 VENV := .venv
@@ -30,7 +31,7 @@ EDITABLE_NOTE_HIDDEN := PYTHONWARNINGS="ignore:Editable installation"
 # $(call make_venv,DIR): a venv made with $(PYTHON) (emptied first, if half-made), or a
 # message saying what to install.
 make_venv = { $(PYTHON) -c '$(PYTHON_OK)' 2>/dev/null || { echo "make: tfrecord-pipe needs" \
-  "Python $(PYTHON_MIN) or newer; $(or $(PYTHON),python3) here is" \
+  "Python $(PYTHONS_SAID); $(or $(PYTHON),python3) here is" \
   "$$($(or $(PYTHON),python3) --version 2>&1 | tr -d '\n')." "Install one (on Ubuntu 22.04:" \
   "sudo apt install python3.11 python3.11-venv) or name it: make $(or $(MAKECMDGOALS),install)" \
   "PYTHON=/path/to/python3.11" >&2; exit 1; } && $(PYTHON) -m venv --clear $(1); }
@@ -42,7 +43,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@$(BIN)/python -c '$(PYTHON_OK)' 2>/dev/null || ! test -x $(BIN)/python || { \
 	  echo "make: $(VENV) was made with $$($(BIN)/python --version 2>&1); this project needs" \
-	    "Python $(PYTHON_MIN) or newer. Remove it (make clean) and run make again." >&2; exit 1; }
+	    "Python $(PYTHONS_SAID). Remove it (make clean) and run make again." >&2; exit 1; }
 	@# A venv made without pip (Debian's python3-venv missing) is made again, so that Python
 	@# says what to install rather than pip's "No module named pip" on every later run.
 	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(call make_venv,$(VENV))

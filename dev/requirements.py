@@ -58,8 +58,16 @@ def unbounded(requirement: str) -> str:
     return name + ",".join(kept) + (f";{marker}" if semicolon else "")
 
 
-def pins(frozen: list[str]) -> list[str]:
-    """pip freeze's lines, each package of BY_PYTHON pinned per Python with markers."""
+def pins(frozen: list[str], python: tuple[int, int] = sys.version_info[:2]) -> list[str]:
+    """pip freeze's lines, each package of BY_PYTHON pinned per Python with markers; frozen
+    on `python`, which must be below every Python BY_PYTHON names (its versions are those
+    below the first)."""
+    firsts = {first for versions in BY_PYTHON.values() for first in versions}
+    if any(python >= tuple(map(int, first.split("."))) for first in firsts):
+        raise SystemExit(
+            f"The lock must run on a Python below {min(firsts)} (BY_PYTHON's versions are for "
+            "those from it): make lock PYTHON=python3.11"
+        )
     lines = []
     for line in frozen:
         name, _, version = line.partition("==")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 from packaging.markers import Marker, default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -26,8 +27,8 @@ def dev_requirements():
 
 # pip freeze leaves these out (pip itself is pinned in the Makefile).
 FREEZE_LEAVES_OUT = {"pip", "setuptools", "wheel", "distribute"}
-# The Pythons `make` takes (python3, python3.11-3.13); the suite runs on the first.
-PYTHONS = ("3.11", "3.12", "3.13")
+# The Pythons `make` takes (the Makefile's PYTHONS); the suite runs on the first.
+PYTHONS = tuple(re.search(r"^PYTHONS := (.+)$", (ROOT / "Makefile").read_text(), re.M)[1].split())
 
 
 def pinned(python: str = PYTHONS[0]) -> dict[str, str]:
@@ -71,7 +72,8 @@ def test_the_pins_meet_every_requirement_of_every_package_on_each_python():
     # The installed packages' own requirements are read, each evaluated on each Python.
     for python in PYTHONS:
         pins = pinned(python)
-        pending = [(Requirement(text), "tfrecord-pipe") for text in dev_requirements().requirements()]
+        ours = dev_requirements().requirements()
+        pending = [(Requirement(text), "tfrecord-pipe") for text in ours]
         seen = set()
         while pending:
             requirement, wanted_by = pending.pop()
@@ -106,21 +108,23 @@ def test_the_pins_meet_every_requirement_of_every_package_on_each_python():
                 ):
                     child.marker = None
                     pending.append((child, f"{name}=={version}"))
-    assert pinned("3.13")["google-apitools"] != pinned("3.11")["google-apitools"]
 
 
 def test_the_lock_pins_other_pythons_versions_beside_pip_freezes():
     module = dev_requirements()
     frozen = ["absl-py==2.5.1", "google-apitools==0.5.31", "zipp==4.1.2"]
-    assert module.pins(frozen) == [
+    assert module.pins(frozen, python=(3, 11)) == [
         "absl-py==2.5.1",
         'google-apitools==0.5.31; python_version < "3.13"',
         'google-apitools==0.5.35; python_version >= "3.13"',
         "zipp==4.1.2",
     ]
+    # Frozen on Python 3.13, apitools would be 3.13's version, pinned below 3.13 too.
+    with pytest.raises(SystemExit, match="The lock must run on a Python below 3.13"):
+        module.pins(["google-apitools==0.5.35"], python=(3, 13))
     module.BY_PYTHON["zipp"] = {"3.14": "5.0", "3.12": "4.9"}
     try:
-        assert module.pins(["zipp==4.1.2"]) == [
+        assert module.pins(["zipp==4.1.2"], python=(3, 11)) == [
             'zipp==4.1.2; python_version < "3.12"',
             'zipp==4.9; python_version >= "3.12" and python_version < "3.14"',
             'zipp==5.0; python_version >= "3.14"',
@@ -163,7 +167,8 @@ def make(tmp_path, *goals, pythons=(), options=("-n",)):
     for tool in ("sh", "make", "sed", "cat", "cksum", "cut", "tr", "test", "rm", "touch"):
         (tools / tool).symlink_to(shutil.which(tool))
     old = tools / "python3"
-    old.write_text('#!/bin/sh\n[ "$1" = "--version" ] && { echo "Python 3.10.12"; exit 0; }\nexit 1\n')
+    old.write_text('#!/bin/sh\n[ "$1" = "--version" ] && { echo "Python 3.10.12"; exit 0; }\n'
+                   "exit 1\n")  # fmt: skip
     old.chmod(0o755)
     for name, path in dict(pythons).items():
         (tools / name).symlink_to(path)
@@ -174,17 +179,21 @@ def make(tmp_path, *goals, pythons=(), options=("-n",)):
 def test_make_finds_a_python_the_pinned_versions_support_or_says_what_to_install(tmp_path):
     # Ubuntu 22.04's python3 is 3.10, which constraints.txt has no versions for: pip's
     # resolver failed on jax, minutes into the install.
-    assert pyproject_requires_python() == ">=3.11"
+    assert pyproject_requires_python() == f">={PYTHONS[0]}"
     found = make(tmp_path / "found", "demo", pythons={"python3.11": sys.executable})
     assert found.returncode == 0, found.stderr
     assert "python3.11 -m venv --clear .venv" in found.stdout
     chosen = make(tmp_path / "chosen", "demo", "PYTHON=" + sys.executable)
     assert f"{sys.executable} -m venv --clear .venv" in chosen.stdout
+    # A real Python the pins do not know (as Python 3.14 would be) is passed over, and said.
+    unknown = make(tmp_path / "unknown", "demo", "PYTHONS=3.12 3.13", options=(),
+                   pythons={"python3.11": sys.executable})  # fmt: skip
+    assert unknown.returncode != 0 and "needs Python 3.12 to 3.13;" in unknown.stderr
     for goal, given in (("demo", ()), ("test", ("PYTHON=python3",))):
         refused = make(tmp_path / goal, goal, *given, options=())
         assert refused.returncode != 0
         assert (
-            "make: tfrecord-pipe needs Python 3.11 or newer; python3 here is Python 3.10.12."
+            "make: tfrecord-pipe needs Python 3.11 to 3.13; python3 here is Python 3.10.12."
             " Install one (on Ubuntu 22.04: sudo apt install python3.11 python3.11-venv) or name"
             f" it: make {goal} PYTHON=/path/to/python3.11"
         ) in refused.stderr
@@ -197,7 +206,7 @@ def test_make_refuses_a_venv_of_an_old_python_and_remakes_one_without_pip(tmp_pa
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(tmp_path / "old" / "bin" / "python3")  # the 3.10 made below
     refused = make(old, "demo", pythons={"python3.11": sys.executable}, options=())
-    assert "make: .venv was made with Python 3.10.12; this project needs Python 3.11 or newer." \
+    assert "make: .venv was made with Python 3.10.12; this project needs Python 3.11 to 3.13." \
         " Remove it (make clean) and run make again." in refused.stderr  # fmt: skip
     # A venv made without pip (Debian's python3-venv missing when it was made) is made again.
     remade = tmp_path / "remade"
