@@ -98,6 +98,15 @@ def test_inspect_check_says_mismatch_for_a_missing_or_cut_shard_and_names_it(con
             f"of {info.num_examples} listed)") in text  # fmt: skip
     sampled = run_cli("inspect", out).stdout
     assert f"reading a sample stopped after 0 records, at {cut}: " in sampled, sampled
+    # Every shard of a split gone: it was "0 records (every input of it was rejected)".
+    validation = dataset.read_manifest(str(out)).splits["validation"]
+    for name in validation.files:
+        (out / name).unlink()
+    text = run_cli("inspect", out, "--check").stdout
+    assert (f"validation: {validation.num_examples} records in {len(validation.files)} shards "
+            f"({len(validation.files)} missing)") in text  # fmt: skip
+    assert (f"MISMATCH: {len(validation.files)} missing (0 records read of "
+            f"{validation.num_examples} listed)") in text  # fmt: skip
 
 
 @pytest.mark.slow  # a new process: a regression would block for ever
@@ -144,7 +153,8 @@ def test_a_folder_of_images_and_a_pattern_of_a_datasets_every_file_say_what_to_p
     _, out = converted
     (error,) = run_cli("inspect", f"{out}/*").errors
     assert "matched files of a dataset that are no shards (" in error
-    assert f"pass the dataset folder {out}, or a pattern of its shards such as {out}/train-*" in error
+    assert f"pass the dataset folder {out}, or a pattern of its shards such as {out}/train-*" \
+        in error  # fmt: skip
     assert run_cli("inspect", f"{out}/train-*").returncode == 0
 
 

@@ -92,6 +92,10 @@ def made_files() -> dict[str, bytes]:
     descriptor = small.index(b"\x2c", 13 + 3 * (2 << (small[10] & 7)))  # after the colour table
     small[descriptor + 1 : descriptor + 5] = struct.pack("<HH", 10, 8)  # left, top
     files["offset_frame.gif"] = bytes(small)
+    # One larger than its canvas: both decode the image whole (Pillow widens the canvas).
+    large = bytearray(encode(palette.crop((0, 0, 20, 16)), "GIF"))
+    large[6:10] = struct.pack("<HH", 10, 8)
+    files["larger_than_canvas.gif"] = bytes(large)
     # Bytes that start no marker before the EXIF segment: Pillow skips them, and rotates.
     turned = files["turned6.jpg"]
     after_app0 = 4 + struct.unpack(">H", turned[4:6])[0]  # the JFIF segment comes first
@@ -147,6 +151,7 @@ def test_every_file_the_converter_stored_is_served_as_its_record(converted):
     kept = {name: pair for name, pair in converted.items()
             if pair[1] is not None and name not in REFUSED_BY_SERVING}  # fmt: skip
     assert len(kept) >= 27  # the odd-image set and the made files, less those rejected
+    assert {"larger_than_canvas.gif", "palette2bit.png", "onebit.png"} <= set(kept)
     pixels = served([data for data, _ in kept.values()])
     for (name, (_, record)), got in zip(kept.items(), pixels):
         want = evaluated(record)

@@ -215,7 +215,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
     chosen = _chosen(path, tuple(f for f in naming.FILE_FORMATS if f in formats), file_format)
     files = tuple(file for file in matched if naming.file_format_of(file) == chosen)
     beside = _manifest_beside(files)
-    if beside is not None and (others := [f for f in files if naming.split_of(f) is None]):
+    if beside is not None and (others := [f for f in files if not _record_file(paths.basename(f))]):
         folder = paths.parent(others[0])
         raise ValueError(  # manifest.json, labels.txt, ...: read as records of a split "files"
             f"{path} matched files of a dataset that are no shards "
@@ -292,8 +292,10 @@ FOLDER, FILE, OTHER = "folder", "file", "other"
 
 
 def _record_file(name: str) -> bool:
-    """Whether a file's name is that of records: a shard's, or any *.tfrecord* file."""
-    return naming.split_of(name) is not None or ".tfrecord" in name or name.endswith(".array_record")
+    """Whether a file's name is that of records: a shard's, or any *.tfrecord*, *.tfrec (as
+    Kaggle names them) or *.array_record file."""
+    suffixes = (".tfrecord", ".tfrec", ".array_record")
+    return naming.split_of(name) is not None or any(suffix in name for suffix in suffixes)
 
 
 def _children(folder: str) -> list[tuple[str, str]]:

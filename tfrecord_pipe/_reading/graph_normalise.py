@@ -182,11 +182,11 @@ def _gif_refusal(data: _Bytes) -> tf.Tensor:
         image = ~in_blocks & tf.equal(byte, 0x2C)
         control = extension & tf.equal(label, 0xF9) & tf.equal(images, 0)
         transparent |= control & tf.equal(data.uint(pos + 3, 1, False) % 2, 1)
-        # The image descriptor: left, top, width, height.
-        placed = tf.stack([data.uint(pos + 1 + 2 * i, 2, False) for i in range(4)])
-        partial |= image & tf.equal(images, 0) & tf.reduce_any(
-            tf.not_equal(placed, tf.stack([0, 0, canvas_width, canvas_height]))
-        )
+        # The image descriptor: left, top, width, height. (One larger than the canvas is
+        # decoded alike: Pillow widens the canvas to it.)
+        left, top, width, height = (data.uint(pos + 1 + 2 * i, 2, False) for i in range(4))
+        misses = (left > 0) | (top > 0) | (width < canvas_width) | (height < canvas_height)
+        partial |= image & tf.equal(images, 0) & misses
         local = data.uint(pos + 9, 1, False)
         local_table = tf.where(
             local >= 128, 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), local % 8), 0
@@ -362,12 +362,17 @@ def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor) -> tf.Tens
     return tf.where(valid, value, 1)
 
 
+def _opaque(image: tf.Tensor) -> tf.Tensor:
+    """An alpha channel of 255 for `image` (H x W x C uint8): H x W x 1."""
+    return tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8))
+
+
 def _png_rgba(encoded: tf.Tensor) -> tf.Tensor:
     """A PNG as RGBA, H x W x 4 uint8, from its own channels. (`decode_png(channels=4)` gives
     a palette PNG of 1, 2 or 4 bits an alpha of 1, 3 or 15 where it should be opaque, so
     such an image came out near white.)"""
     image = tf.io.decode_png(encoded, channels=0)
-    grey, opaque = image[..., :1], tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8))
+    grey, opaque = image[..., :1], _opaque(image)
     return tf.switch_case(
         tf.shape(image)[-1] - 1,
         [
@@ -387,13 +392,7 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
         return tf.cond(
             tf.equal(tf.shape(image)[-1], 4),
             lambda: image,
-            lambda: tf.concat(
-                [
-                    image,
-                    tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8)),
-                ],
-                -1,
-            ),
+            lambda: tf.concat([image, _opaque(image)], -1),
         )
 
     decoded = tf.switch_case(

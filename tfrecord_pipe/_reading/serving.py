@@ -67,11 +67,14 @@ class ServingConfig:
 
     def __post_init__(self):
         if isinstance(self.labels, str) or not all(isinstance(x, str) for x in self.labels):
-            raise ValueError(f"Invalid ServingConfig: labels must be label names in index order "
-                             f"(a tuple of str, as dataset.label_names gives), got {self.labels!r}")  # fmt: skip
+            raise ValueError(
+                "Invalid ServingConfig: labels must be label names in index order (a tuple of "
+                f"str, as dataset.label_names gives), got {self.labels!r}"
+            )
         object.__setattr__(self, "labels", tuple(self.labels))
-        for name, check in (("image_size", arguments.count), ("max_pixels", arguments.count),
-                            ("jpeg_quality", arguments.count), ("from_logits", arguments.flag)):  # fmt: skip
+        checks = (("image_size", arguments.count), ("max_pixels", arguments.count),
+                  ("jpeg_quality", arguments.count), ("from_logits", arguments.flag))  # fmt: skip
+        for name, check in checks:
             object.__setattr__(self, name, check(f"ServingConfig {name}", getattr(self, name)))
         max_side = arguments.count("ServingConfig max_side", self.max_side, optional=True)
         object.__setattr__(self, "max_side", max_side)

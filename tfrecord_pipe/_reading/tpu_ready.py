@@ -42,13 +42,14 @@ def check(
     """
     if image_layout not in IMAGE_LAYOUTS:
         raise ValueError(f"image_layout must be one of {IMAGE_LAYOUTS}, got {image_layout!r}")
-    if callable(dataset) or hasattr(dataset, "__next__"):  # an input_fn, or batches in numpy
+    if hasattr(dataset, "element_spec"):  # a Dataset, its iterator, a distributed one
+        dataset = dataset.element_spec
+    elif callable(dataset) or hasattr(dataset, "__next__"):  # an input_fn, numpy batches
         raise ValueError(
             f"tpu_ready.check takes a tf.data.Dataset (or its element_spec), got "
             f"{type(dataset).__name__}: call the input_fn, as in check(train_fn(), batch_size)."
         )
-    spec = dataset.element_spec if isinstance(dataset, tf.data.Dataset) else dataset
-    paths_and_specs = _flatten_with_paths(spec)
+    paths_and_specs = _flatten_with_paths(dataset)
     problems = []
     if not paths_and_specs:
         problems.append("the elements have no tensors")

@@ -130,7 +130,8 @@ def bench(
     """Ceiling, training and evaluation pipelines on the dataset at `path`, one after another.
 
     A dataset folder's train split feeds the ceiling and training, its validation split (or
-    the train split when there is none, or it holds no record) evaluation; a file pattern feeds all three.
+    the train split when there is none, or it holds no record) evaluation; a file pattern
+    feeds all three.
 
     Args:
       path: a dataset folder or a file pattern.

@@ -170,10 +170,13 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
             heights.extend(int(h) for h in batch[schema.HEIGHT].numpy())
             widths.extend(int(w) for w in batch[schema.WIDTH].numpy())
     except tf.errors.OpError as err:
-        per_file = -(-(sample if sample is not None else read + 1) // len(files)) + 1
-        culprit = _first_unreadable(files, found, per_file)
-        problems.append(f"split {split.name}: reading a sample stopped after {read} records"
-                        f"{f', at {culprit}' if culprit else ''}: {messages.one_line(err)}")  # fmt: skip
+        culprit = None
+        if isinstance(err, tf.errors.DataLossError) and found.file_format == naming.TFRECORD:
+            per_file = -(-(sample if sample is not None else read + 1) // len(files)) + 1
+            culprit = _first_unreadable(files, found, per_file)
+        at = f", at {culprit}" if culprit else ""
+        problems.append(f"split {split.name}: reading a sample stopped after {read} records{at}: "
+                        f"{messages.one_line(err)}")  # fmt: skip
     if not read and sum(sizes) and not problems:  # TensorFlow reads a few stray bytes as none
         problems.append(f"split {split.name}: its {len(files)} file(s) hold {sum(sizes)} bytes "
                         "but no record: are they TFRecord files? (--check reads them whole)")  # fmt: skip
@@ -283,11 +286,11 @@ def render(summary: DatasetSummary) -> str:
         lines.append("  no manifest.json: a bare file pattern (counts read from the shards)")
     for split in summary.splits:
         lines.append("")
-        if not split.shards:
+        if not split.shards and not split.missing:
             lines.append(f"{split.name}: 0 records (every input of it was rejected)")
             continue
         total_bytes = sum(shard.num_bytes for shard in split.shards)
-        sizes = [shard.num_bytes for shard in split.shards]
+        sizes = [shard.num_bytes for shard in split.shards] or [0]  # every shard missing
         listed = split.listed
         if found and not summary.is_pattern:  # the manifest's, missing shards' records too
             listed = found.splits[split.name].num_examples
