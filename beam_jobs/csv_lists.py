@@ -121,29 +121,32 @@ def line_problem(number: int, line: str, header: str | None, csv_path: str) -> s
     """What makes a line read otherwise than its writer meant, or None; a new conversion
     refuses it (verify reads such lines as the job that wrote them did). `header`: the
     first line's text, where it is a header."""
-    where = f"CSV list {csv_path} line {number} ({messages.quoted(line)})"
-    if line.startswith(codecs.BOM_UTF8.decode("utf-8")):
-        return (
-            f"{where} starts with a byte-order mark (U+FEFF), as where CSV files were joined "
-            "(cat a.csv b.csv): remove it, and a header line repeated there."
-        )
-    if header is not None and line.strip() == header.strip():
-        return f"{where} repeats the header of line 1 (CSV files joined?): remove it."
-    if '"' not in line:
-        return None
+    problem = None
+    if line.startswith(_BOM):
+        problem = ("starts with a byte-order mark (U+FEFF), as where CSV files were joined (cat "
+                   "a.csv b.csv): remove it, and a header line repeated there.")  # fmt: skip
+    elif header is not None and line.strip() == header.strip():
+        problem = "repeats the header of line 1 (CSV files joined?): remove it."
+    elif '"' in line:
+        problem = _quoting_problem(line)
+    return problem and f"CSV list {csv_path} line {number} ({messages.quoted(line)}) {problem}"
+
+
+def _quoting_problem(line: str) -> str | None:
     if any(_SPACE_BEFORE_QUOTE.match(cell) for cell in next(csv.reader([line]), [])):
-        return (f"{where} has a space before a double-quoted cell: CSV readers keep the quotes "
-                "in the value then. Remove the space before the quote.")  # fmt: skip
+        return ("has a space before a double-quoted cell: CSV readers keep the quotes in the "
+                "value then. Remove the space before the quote.")  # fmt: skip
     try:
         next(csv.reader([line], strict=True), [])
     except csv.Error as err:
         if "unexpected end of data" in str(err):
-            return (f"{where} opens a double quote that the line does not close: a path or "
-                    "label cannot hold a line break (a spreadsheet cell with Alt+Enter). Remove "
-                    "the line break from that cell.")  # fmt: skip
+            return ("opens a double quote that the line does not close: a path or label cannot "
+                    "hold a line break (a spreadsheet cell with Alt+Enter). Remove the line "
+                    "break from that cell.")  # fmt: skip
     return None
 
 
+_BOM = codecs.BOM_UTF8.decode("utf-8")
 _SPACE_BEFORE_QUOTE = re.compile(r'[ \t]+"')  # a cell as read: ' "cat"' kept its quotes
 
 # Column names a header may give, by the column they name (spelt in lower case, "_" for
