@@ -558,6 +558,26 @@ for _ in range(20):
         assert done.returncode != 0 and re.search(said, done.stderr), done.stderr[-2000:]
 
 
+def test_a_record_cut_inside_a_shard_is_said_with_what_to_do(tmp_path):
+    # TensorFlow's "truncated record at N" names no file, and the seeded stream cannot catch
+    # it to name one: numpy_batches and the resumable iterator say how to find it.
+    from tfrecord_pipe import distribute
+
+    write_dataset(str(tmp_path), {"train": [[0, 1, 2, 0], [1, 2, 0]]})
+    shard = tmp_path / "train-00001-of-00002.tfrecord"
+    shard.write_bytes(shard.read_bytes()[:-30])  # inside its last record
+    input_fn = reader.make_input_fn(str(tmp_path), is_training=True, image_size=SIZE,
+                                    batch_size=2, seed=3)  # fmt: skip
+    said = f"A shard of {tmp_path} is damaged; the seeded reader cannot name it: " \
+        f"`tfrecord-pipe inspect {tmp_path} --check` does."  # fmt: skip
+    iterator = distribute.resumable_iterator(tf.distribute.get_strategy(), input_fn)
+    for batches in (input_fn.numpy_batches(), iterator):
+        with pytest.raises(tf.errors.DataLossError, match="truncated record") as failed:
+            for _ in range(10):
+                next(batches)
+        assert said in str(failed.value.message)
+
+
 def test_a_negative_start_is_refused(folder):
     with pytest.raises(ValueError, match="start_batches must be >= 0"):
         seeded(folder, -1)

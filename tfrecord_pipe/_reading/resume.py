@@ -19,15 +19,33 @@ same kind of position.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Any
 
 import tensorflow as tf
 
+from tfrecord_pipe._core import messages
 from tfrecord_pipe._reading import epochs, seeded
 
 FORMAT = "tfrecord-pipe/position"
 VERSION = 1
+
+
+@contextlib.contextmanager
+def damage_said(data: str):
+    """TensorFlow's error for a record damaged inside a shard ("truncated record at 5085")
+    names no file, and the seeded stream cannot use the error catcher that would (it is not
+    checkpointable): the error is raised again saying what to do."""
+    try:
+        yield
+    except tf.errors.DataLossError as err:
+        raise tf.errors.DataLossError(
+            err.node_def, err.op,
+            f"{messages.one_line(err)}. A shard of {data} is damaged; the seeded reader cannot "
+            f"name it: `tfrecord-pipe inspect {data} --check` does. Restore the shard (or "
+            "convert again), then resume from the last checkpoint.",
+        ) from err  # fmt: skip
 
 
 class BatchIterator:
@@ -53,7 +71,8 @@ class BatchIterator:
         if self._iterator is None:
             dataset = self._input_fn(start_batches=self._given)
             self._iterator = dataset.as_numpy_iterator()
-        batch = next(self._iterator)
+        with damage_said(self._input_fn.config.data):
+            batch = next(self._iterator)
         self._given += 1
         return batch
 
@@ -164,7 +183,8 @@ class DistributedIterator(tf.Module):
     def __next__(self):
         stream = self.in_function()
         try:
-            return next(stream)
+            with damage_said(self._held.input_fn.config.data):
+                return next(stream)
         except BaseException:
             # TensorFlow's iterator may have gone past the step that failed, which was not
             # counted: the next step rebuilds the stream at the count.
