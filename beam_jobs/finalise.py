@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 from beam_jobs import claim, storage, summary
 from beam_jobs.config import ConvertConfig
@@ -222,18 +223,24 @@ def finalise(
         said = (
             f"No record was written: all {result.num_rejected} inputs were rejected "
             f"({reasons}). The reasons are in {paths.join(temp_dir, naming.REJECTED_DIR)} (the "
-            f"next conversion into {out} removes it)."
+            f"next conversion into {out} removes it){_first_rejection(temp_dir)}."
         )
+        if config.layout == "csv" and images.UNREADABLE in result.rejected_reasons:
+            folder = config.source_root
+            folder = folder if paths.is_remote(folder) else os.path.abspath(folder or ".")
+            said += (f" The paths of a CSV list are taken from its own folder ({folder}), or "
+                     "are absolute.")  # fmt: skip
         if set(result.rejected_reasons) == {images.NO_LABEL} and config.layout == "csv":
             said += (
                 f" No line of {config.source} gave a label: write each as path,label[,split], "
                 "comma-separated."
             )
         elif set(result.rejected_reasons) == {images.NO_LABEL}:  # a flat folder, most likely
+            under = config.source if config.layout != "splits" else paths.join(
+                config.source, "<split>")  # fmt: skip
             said += (
                 f" No input had a label: put the images in one sub-folder per label under "
-                f"{config.source} (cat/1.jpg, dog/2.jpg), or list them with their labels in a "
-                "CSV file."
+                f"{under} (cat/1.jpg, dog/2.jpg), or list them with their labels in a CSV file."
             )
         _nothing_written(out, temp_dir, run, said)
     old = _old_dataset(config, temp_dir)
@@ -269,6 +276,18 @@ def _clean_up(out: str, temp_dir: str, run: str | None) -> None:
         claim.give_up(out, run)
     _delete_existing([paths.join(temp_dir, SUMMARY_NAME)])
     storage.delete_folder(temp_dir)
+
+
+def _first_rejection(temp_dir: str) -> str:
+    """"; the first: PATH (REASON: DETAIL)" for the first line of the job's rejection lists,
+    or "" when there is none to read: what most often says what went wrong for all."""
+    folder = paths.join(temp_dir, naming.REJECTED_DIR)
+    try:
+        first = min(storage.children(folder)[1])
+        row = json.loads(next(storage.read_lines(paths.join(folder, first))))
+    except (ValueError, OSError, StopIteration):
+        return ""
+    return f"; the first: {row.get('path')} ({row.get('reason')}: {row.get('error')})"
 
 
 def _nothing_written(out: str, temp_dir: str, run: str | None, said: str):

@@ -30,6 +30,7 @@ from beam_jobs.csv_lists import (
     column_problem,
     csv_lines,
     header_problem,
+    index_column_problem,
     is_a_header,
     line_problem,
     sources_of_csv_line,
@@ -69,6 +70,8 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
         # Read whole here, once, streaming: a bad byte is found before the job starts.
         lines = csv_lines(config.source)
         number, first = next(lines, (1, ""))
+        if converting and (problem := index_column_problem(first, config.source)):
+            raise ValueError(problem)
         header = config.csv_header
         if header == "auto":
             header = "yes" if is_a_header(first, config.source) else "no"
@@ -190,7 +193,7 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
         if len(parts) < 2:
             raise ValueError(
                 f"{entry.path} is not inside a split folder, but {root} holds split folders "
-                f"({root}/train/<label>/...): move it into one, or out of {root}."
+                f"({root}/train/<label>/...): move it into one, or out of that folder."
             )
         split = parts[0]
         check_split_name(split, f"{root}: split folder", "rename the folder")

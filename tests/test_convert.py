@@ -595,10 +595,33 @@ def test_labels_numbered_as_text_one_label_alone_and_no_train_split_are_warned(t
     (tmp_path / "images" / "holiday").mkdir(parents=True)
     for n in range(3):
         (tmp_path / "images" / "holiday" / f"{n}.jpg").write_bytes(jpeg_bytes(8, 8, (n * 60, 1, 1)))
-    assert warned(tmp_path / "images") == [
-        "WARNING: one label ('holiday'): every record is of that one class. Label folders "
-        "(SRC/cat/1.jpg, SRC/dog/2.jpg) or a CSV list's label column give a class each"
+    one_label = [
+        "WARNING: one label ('holiday') holds every record: every record is of that one class. "
+        "Label folders (SRC/cat/1.jpg, SRC/dog/2.jpg) or a CSV list's label column give a "
+        "class each"
     ]
+    assert warned(tmp_path / "images") == one_label
+    # A macOS zip's __MACOSX beside it, a label of no record, hid that warning.
+    (tmp_path / "images" / "__MACOSX" / "holiday").mkdir(parents=True)
+    apple_double = tmp_path / "images" / "__MACOSX" / "holiday" / "._0.jpg"
+    apple_double.write_bytes(b"\x00\x05\x16\x07" * 9)
+    assert one_label[0] in warned(tmp_path / "images")
+    # A column of ids read as the labels; split folders read as labels.
+    for n in range(10):
+        (tmp_path / "ids" / f"{n}.jpg").parent.mkdir(exist_ok=True)
+        (tmp_path / "ids" / f"{n}.jpg").write_bytes(jpeg_bytes(8, 8, (n * 25, 50, 9)))
+    lines = "".join(f"{n}.jpg,n{n:08d} 1 3 31\n" for n in range(10))
+    (tmp_path / "ids" / "list.csv").write_text(lines)
+    assert ("WARNING: every label holds one record (10 labels: 'n00000000 1 3 31', "
+            "'n00000001 1 3 31', 'n00000002 1 3 31' and 7 more): a column of ids, file names or "
+            "boxes read as the labels?") in warned(tmp_path / "ids" / "list.csv")  # fmt: skip
+    for split in ("train", "test"):
+        (tmp_path / "kaggle" / split).mkdir(parents=True)
+        colour = (len(split) * 30, 1, 1)
+        (tmp_path / "kaggle" / split / "a.jpg").write_bytes(jpeg_bytes(8, 8, colour))
+    assert ("WARNING: labels named like splits ('test', 'train'): a folder of split folders read "
+            "with --layout labels? Each is a class now") in warned(
+        tmp_path / "kaggle", "--layout", "labels")  # fmt: skip
     (tmp_path / "folds" / "fold1" / "cat").mkdir(parents=True)
     (tmp_path / "folds" / "fold1" / "dog").mkdir(parents=True)
     (tmp_path / "folds" / "fold1" / "cat" / "a.jpg").write_bytes(jpeg_bytes(8, 8, (200, 1, 1)))

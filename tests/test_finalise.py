@@ -83,6 +83,8 @@ def test_a_run_that_writes_no_record_fails_and_leaves_no_manifest(tmp_path):
     done = run_cli("convert", tmp_path / "src", tmp_path / "out", *IN_PROCESS)
     assert done.returncode == 2
     assert "No record was written: all 1 inputs were rejected (not_an_image 1)" in done.errors[0]
+    # The first rejection is said: the rest were only in a hidden temporary folder.
+    assert f"; the first: {tmp_path / 'src' / 'red' / 'a.jpg'} (not_an_image: " in done.errors[0]
     assert "sub-folder per label" not in done.errors[0]
     assert not (tmp_path / "out" / naming.MANIFEST_NAME).exists()
     # A folder of images without label sub-folders: every input has no label; say how.
@@ -92,6 +94,13 @@ def test_a_run_that_writes_no_record_fails_and_leaves_no_manifest(tmp_path):
     done = run_cli("convert", flat, tmp_path / "flat-out", *IN_PROCESS)
     assert done.returncode == 2
     assert "(no_label 3)" in done.errors[0] and "one sub-folder per label" in done.errors[0]
+    # A CSV list of paths that are not where its folder says (Kaggle's ids without ".jpg").
+    (tmp_path / "ids.csv").write_text("path,label\n000bec18,cat\n001513df,dog\n")
+    done = run_cli("convert", tmp_path / "ids.csv", tmp_path / "ids-out", *IN_PROCESS)
+    assert done.returncode == 2
+    assert f"the first: {tmp_path / '000bec18'} (unreadable: " in done.errors[0]
+    assert done.errors[0].endswith(f"The paths of a CSV list are taken from its own folder "
+                                   f"({tmp_path}), or are absolute.")  # fmt: skip
 
 
 def test_nothing_written_leaves_an_old_dataset_as_it_was(tmp_path):

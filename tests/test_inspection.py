@@ -1,6 +1,7 @@
 """`tfrecord-pipe inspect` and inspection.py: what a dataset holds, for a person to look at."""
 
 import os
+import subprocess
 
 import pytest
 import tensorflow as tf
@@ -11,7 +12,7 @@ from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import cli, inspection
 
 from dataset_factory import write_dataset
-from helpers import jpeg_bytes, run_cli, run_command
+from helpers import COMMAND, jpeg_bytes, run_cli, run_command
 
 
 def test_inspect_shows_splits_labels_sizes_and_rejections(converted):
@@ -298,3 +299,22 @@ def _records(out, files):
     for name in files:
         for serialized in tf.data.TFRecordDataset(str(out / name)):
             yield schema.decode_example(serialized.numpy(), label_offset=1)
+
+
+@pytest.mark.slow  # a new process
+def test_inspect_into_a_reader_that_stops_early_ends_quietly(converted):
+    # `tfrecord-pipe inspect DS | head` ended with "error: [Errno 32] Broken pipe".
+    _, out = converted
+    done = subprocess.run(["bash", "-c", f'"{COMMAND}" inspect "{out}" | true; '
+                           'exit "${PIPESTATUS[0]}"'], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 141 and "Broken pipe" not in done.stderr, done.stderr[-2000:]
+
+
+def test_the_rejections_shown_say_how_many_more_there_are_and_where():
+    # Five of 13 were shown, and nothing said there were more.
+    rows = tuple({"path": f"a{i}.jpg", "reason": "unreadable", "error": "gone"} for i in range(5))
+    summary = inspection.DatasetSummary("ds", False, None, (), {"unreadable": 13}, rows)
+    lines = inspection.render(summary).splitlines()
+    after = lines.index("rejected: 13 (unreadable 13)") + 6
+    assert lines[after] == "  ... and 8 more, in ds/rejected"

@@ -621,13 +621,17 @@ def test_verify_judges_a_file_listed_with_and_without_a_label_by_the_rule_of_its
         # A header naming its columns in another order made labels of the splits.
         (["c.jpg,dog,train"], "names column 2 'split', which is read as the label"),
         (["c.jpg,train,dog"], "names column 1 'label', which is read as the path"),
+        (["c.jpg,dog,False"], "names column 3 'is_valid', a flag; that column is read as"),
+        # pandas' to_csv writes its index first: the index was read as the paths.
+        (["0,c.jpg,dog"], "line 1 (',path,label') starts with a column with no name, as pandas"),
     ],
 )
 def test_a_csv_read_otherwise_than_its_writer_meant_is_refused_naming_the_line(
     tmp_path, lines, says
 ):
     (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
-    headers = {"c.jpg,dog,train": "path,split,label", "c.jpg,train,dog": "label,Image Path,split"}
+    headers = {"c.jpg,dog,train": "path,split,label", "c.jpg,train,dog": "label,Image Path,split",
+               "0,c.jpg,dog": ",path,label", "c.jpg,dog,False": "name,label,is_valid"}  # fmt: skip
     header = headers.get(lines[0], "path,label")
     if lines[0].startswith("\ufeff"):
         lines = ["a.jpg,cat", *lines]

@@ -23,6 +23,7 @@ COUNTS_PER_LABEL_SINCE = (0, 5)  # and which input each record holds (shard_dige
 DIGEST_CHARS = 16  # hex digits kept of a digest: identity, not security
 _json_string = json.encoder.encode_basestring_ascii  # a str as `json.dumps` writes it
 _WHOLE_NUMBER = re.compile(r"[0-9]+")  # labels that are class numbers (ASCII digits only)
+_SPLIT_LIKE = {*naming.SPLIT_ORDER, "val", "valid", "test1", "dev", "eval"}
 
 
 class ShardPositions:
@@ -266,11 +267,20 @@ class Manifest:
                             f"{paths.join(folder, naming.rejected_name(name))}")  # fmt: skip
         return said + self._label_warnings()
 
+    def _records_per_label(self) -> list[int] | None:
+        """Records of each label in every split together; None where the manifest does not
+        count them (before 0.5)."""
+        counts = [info.label_counts for info in self.splits.values()]
+        if not counts or any(len(each) != len(self.labels) for each in counts):
+            return None
+        return [sum(each) for each in zip(*counts)]
+
     def _label_set_warnings(self) -> list[str]:
         """What to say of labels that are numbers put in the order of their text (`10`
-        before `2`: a CSV of class numbers), of one label alone (a folder of images given
-        where a folder of label folders was meant), and of no split named train (the split
-        the reader reads by default)."""
+        before `2`: a CSV of class numbers), of one label holding every record (a folder of
+        images given where a folder of label folders was meant), of every label holding one
+        (a column of ids taken for labels), of labels named like splits (split folders read
+        as labels), and of no split named train (the split the reader reads by default)."""
         said, labels = [], self.labels
         by_text = not self.conversion.get("labels_file")
         if by_text and len(labels) > 1 and all(_WHOLE_NUMBER.fullmatch(label) for label in labels):
@@ -283,10 +293,23 @@ class Manifest:
                     f"{labels.index(first)}, not its number's place. For indices in the "
                     "numbers' order, give --labels_file listing them in that order"
                 )
-        if len(labels) == 1:
+        counts = self._records_per_label()
+        holding = [label for label, n in zip(labels, counts) if n] if counts else list(labels)
+        held = [n for n in counts if n] if counts else []
+        if len(holding) == 1:  # (a `__MACOSX` beside it holds none)
             said.append(
-                f"one label ({labels[0]!r}): every record is of that one class. Label folders "
-                "(SRC/cat/1.jpg, SRC/dog/2.jpg) or a CSV list's label column give a class each"
+                f"one label ({holding[0]!r}) holds every record: every record is of that one "
+                "class. Label folders (SRC/cat/1.jpg, SRC/dog/2.jpg) or a CSV list's label "
+                "column give a class each"
+            )
+        if len(held) >= 10 and max(held) == 1:
+            some = messages.some(labels, 3, repr)
+            said.append(f"every label holds one record ({len(held)} labels: {some}): a column "
+                        "of ids, file names or boxes read as the labels?")  # fmt: skip
+        if alike_splits := sorted(set(labels) & _SPLIT_LIKE):
+            said.append(
+                f"labels named like splits ({', '.join(map(repr, alike_splits))}): a folder of "
+                "split folders read with --layout labels? Each is a class now"
             )
         if self.splits and naming.TRAIN not in self.splits:
             said.append(

@@ -23,6 +23,7 @@ from tfrecord_pipe._core import help_format, messages, naming, paths
 from tfrecord_pipe._reading import tensorflow_start
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_BROKEN_PIPE = 141  # as a shell says of a command killed by SIGPIPE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command != "verify":  # verify reads shards without it
             tensorflow_start.start(args.verbose)
         return COMMANDS[args.command](args)
+    except BrokenPipeError:  # `tfrecord-pipe inspect DS | head`: the reader has had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (and at exit)
+        return EXIT_BROKEN_PIPE
     except (ValueError, FileNotFoundError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -331,6 +331,9 @@ def render(summary: DatasetSummary) -> str:
             lines.append(f"rejected: {sum(summary.rejected.values())} ({reasons})")
             for row in summary.rejected_examples:
                 lines.append(f"  {row.get('path')}: {row.get('reason')}: {row.get('error')}")
+            if (more := sum(summary.rejected.values()) - len(summary.rejected_examples)) > 0:
+                where = paths.join(summary.path, naming.REJECTED_DIR)
+                lines.append(f"  ... and {more} more, in {where}")
         else:
             lines.append("rejected: none")
         if found is not None:
