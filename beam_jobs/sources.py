@@ -139,6 +139,16 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
             _refuse_fraction(config, "its split folders decide every input's split")
         return dataclasses.replace(config, layout="splits")
     others = sorted(folders - set(naming.SPLIT_ORDER))[:5] + (["files"] if has_files else [])
+    flat = [split for split in splits if any(not name.startswith(".") for name in
+            storage.children(paths.join(root, split))[1])]  # (.DS_Store beside label folders)
+    if flat:  # Kaggle's train/cat.0.jpg: neither layout gives its images labels
+        raise ValueError(
+            f"{root} holds folders named like splits ({', '.join(splits)}) beside other things "
+            f"({', '.join(others)}), and {paths.join(root, flat[0])} holds images itself, not "
+            "label folders: neither --layout labels (the split folders would be classes) nor "
+            "--layout splits gives them labels. List them with their labels in a CSV file "
+            "(path,label[,split])."
+        )
     raise ValueError(
         f"{root} holds folders named like splits ({', '.join(splits)}) beside other things "
         f"({', '.join(others)}): is {splits[0]!r} a label or a split? Pass --layout labels "

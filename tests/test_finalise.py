@@ -101,6 +101,15 @@ def test_a_run_that_writes_no_record_fails_and_leaves_no_manifest(tmp_path):
     assert f"the first: {tmp_path / '000bec18'} (unreadable: " in done.errors[0]
     assert done.errors[0].endswith(f"The paths of a CSV list are taken from its own folder "
                                    f"({tmp_path}), or are absolute.")  # fmt: skip
+    # ImageNet's LOC_synset_mapping.txt ("n01440764 tench, Tinca tinca") as the labels file.
+    (tmp_path / "synsets.txt").write_text("n01440764 tench, Tinca tinca\nred\n")
+    (tmp_path / "syn" / "n01440764").mkdir(parents=True)
+    (tmp_path / "syn" / "n01440764" / "a.jpg").write_bytes(jpeg_bytes(8, 8))
+    done = run_cli("convert", tmp_path / "syn", tmp_path / "syn-out", "--labels_file",
+                   tmp_path / "synsets.txt", *IN_PROCESS)  # fmt: skip
+    assert done.errors[0].endswith(f"Each line of {tmp_path / 'synsets.txt'} is one whole label, "
+                                   "as the inputs give it; its first line is 'n01440764 tench, "
+                                   "Tinca tinca'.")  # fmt: skip
 
 
 def test_nothing_written_leaves_an_old_dataset_as_it_was(tmp_path):

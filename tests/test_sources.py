@@ -683,3 +683,19 @@ def test_a_url_no_filesystem_here_reads_is_refused_saying_what_to_give(tmp_path)
         finalise.check_output(ConvertConfig(source=str(tmp_path), output="ftp://host/out"))
     ran = run_cli("verify", f"file://{tmp_path}", tmp_path / "out")
     assert ran.returncode == 2 and f"'file://{tmp_path}' is a file:// URL" in ran.stderr
+
+
+def test_split_named_folders_holding_images_themselves_are_told_to_be_listed(tmp_path):
+    # Kaggle's dogs-vs-cats: train/cat.0.jpg beside test1/. The error offered --layout
+    # labels, which made "train" and "test1" the classes, with verify passing.
+    for path in ("train/cat.0.jpg", "train/dog.0.jpg", "test1/1.jpg"):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_bytes(jpeg_bytes())
+    with pytest.raises(ValueError, match=f"{tmp_path / 'train'} holds images itself, not label "
+                                         "folders: neither --layout labels"):  # fmt: skip
+        resolved(tmp_path)
+    (tmp_path / "train" / "cat.0.jpg").unlink()
+    (tmp_path / "train" / "dog.0.jpg").rename(tmp_path / "train" / ".DS_Store")
+    (tmp_path / "train" / "dog").mkdir()
+    with pytest.raises(ValueError, match="is 'train' a label or a split"):  # as before
+        resolved(tmp_path)
