@@ -85,3 +85,19 @@ def test_a_validation_split_without_records_is_benched_as_none_and_nan_seconds_r
     assert [line for line in done.stdout.splitlines() if line.startswith("| eval")]
     nan = run_cli("bench", tmp_path, "--seconds", "nan")
     assert nan.returncode == 2 and "must be positive (and finite)" in nan.stderr
+
+
+def test_the_benchmark_suites_table_has_a_row_for_every_reader_pipeline():
+    # `python -m benchmarks` ran every benchmark, then failed (KeyError: 'grain, train') and
+    # wrote no table: the Grain rows had no target.
+    from benchmarks import __main__ as suite
+    from benchmarks import reader_bench
+
+    convert = {"job": 100.0, "ceiling": 200.0, "rss": 40.0, "verify": 110.0, "verify_rss": 50.0}
+    row = {"rate": 90.0, "ceiling": 0.9, "ceiling_range": (0.8, 1.0), "peak": 300.0,
+           "article": 1.4, "train": 1.0}  # fmt: skip
+    lines = suite.table([(1000, convert), (4000, convert)],
+                        {name: row for name in reader_bench.PIPELINES})  # fmt: skip
+    assert [line.split(" | ")[0] for line in lines if line.startswith("| reader ")] == [
+        f"| reader {name}" for name in reader_bench.PIPELINES
+    ]
