@@ -77,7 +77,7 @@ def table(convert_rows, reader_results) -> list[str]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--images", type=int, default=1000, help="N of the conversion benchmark")
     parser.add_argument("--seconds", type=float, default=8.0, help="per reader pipeline run")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the reader benchmark")

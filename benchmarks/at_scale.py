@@ -84,7 +84,7 @@ def cost(images: int, rate_per_core: float, vcpus: int, gb_per_vcpu: float, shuf
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--rate_per_core", type=float, default=646.0,
                         help="images/s per core (RESULTS.md: 1292 on 2 cores, real photos)")
     parser.add_argument("--record_kb", type=float, default=110.0,

@@ -74,7 +74,7 @@ def _per_file(step, files: list[bytes]) -> float:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--side", type=int, default=320, help="image side in pixels")
     parser.add_argument("--repeats", type=int, default=5, help="rounds over the steps")

@@ -165,7 +165,7 @@ def cached_images(folder: pathlib.Path, count: int, sides: tuple[int, int],
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--images", type=int, default=1000, help="N")
     parser.add_argument("--larger", type=int, default=4, help="K: the second run has KN images")
     parser.add_argument("--side", type=_sides, default=(320, 320),

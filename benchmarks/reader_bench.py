@@ -244,7 +244,7 @@ def summarise(rounds: list[dict]) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--images", type=int, default=3000, help="records in the shards")
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--image-size", type=int, default=224)

@@ -82,7 +82,7 @@ def steps(image_size: int):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--data", help="shards from the reader benchmark (default: write 1500)")
     parser.add_argument("--images", type=int, default=1500, help="records held in memory")
     parser.add_argument("--seconds", type=float, default=8.0, help="timed run per row")

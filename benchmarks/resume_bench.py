@@ -79,7 +79,7 @@ def shuffle_quality(keys: list[int], epoch: int) -> tuple[float, float, float, i
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--batch", type=int, default=128)

@@ -59,7 +59,7 @@ def host_cost(config, seconds: float) -> tuple[float, float]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--data", help="shards from the reader benchmark (default: write 3000)")
     parser.add_argument("--seconds", type=float, default=8.0, help="timed run per measurement")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over all measurements")

@@ -56,7 +56,7 @@ def per_image(fn, files, count: int) -> float:
 
 
 def main(argv=None) -> list[str]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--requests", type=int, default=40, help="requests timed per kind")
     parser.add_argument("--batch", type=int, default=16, help="images per request")
     parser.add_argument("--rounds", type=int, default=5)

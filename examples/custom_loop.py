@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import argparse
 
-import tensorflow as tf
+from tfrecord_pipe import tensorflow_start
 
-from examples import train as fit_example
-from tfrecord_pipe import dataset, distribute, reader
+tensorflow_start.start()  # before TensorFlow loads: its start-up lines held back (README)
+
+import tensorflow as tf  # noqa: E402
+
+from examples import train as fit_example  # noqa: E402
+from tfrecord_pipe import dataset, distribute, reader  # noqa: E402
 
 
 def make_train_steps(strategy, model, optimizer, global_batch_size: int):
@@ -140,7 +144,7 @@ def run(strategy, dataset_dir: str, config: fit_example.TrainConfig,
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("dataset_dir")
     parser.add_argument("--tpu", default=None)
     parser.add_argument("--epochs", type=int, default=fit_example.TrainConfig.epochs)

@@ -57,7 +57,7 @@ def generate(folder: pathlib.Path, per_label: int) -> int:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--per_label", type=int, default=200)
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--out", default=str(OUT))

@@ -49,7 +49,7 @@ def restore(work_dir: str):
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("dataset_dir")
     parser.add_argument("work_dir")
     parser.add_argument("--steps", type=int, default=200)

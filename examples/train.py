@@ -24,10 +24,14 @@ import dataclasses
 import math
 import pathlib
 
-import tensorflow as tf
+from tfrecord_pipe import tensorflow_start
 
-from beam_jobs import convert
-from tfrecord_pipe import dataset, distribute, manifest, reader, serving
+tensorflow_start.start()  # before TensorFlow loads: its start-up lines held back (README)
+
+import tensorflow as tf  # noqa: E402
+
+from beam_jobs import convert  # noqa: E402
+from tfrecord_pipe import dataset, distribute, manifest, reader, serving  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +173,7 @@ def predict_files(export_dir: str, files: list[str]) -> list[tuple[str, str, flo
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("images_dir")
     parser.add_argument("work_dir")
     parser.add_argument("--tpu", default=None, help="TPU name or grpc://host:port")
