@@ -139,9 +139,11 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
             _refuse_fraction(config, "its split folders decide every input's split")
         return dataclasses.replace(config, layout="splits")
     others = sorted(folders - set(naming.SPLIT_ORDER))[:5] + (["files"] if has_files else [])
+    # Kaggle's train/cat.0.jpg beside test1/: every folder a split by its name, and one holds
+    # images itself: neither layout gives them labels. (train/ beside cats/ may be a label.)
     flat = [split for split in splits if any(not name.startswith(".") for name in
             storage.children(paths.join(root, split))[1])]  # (.DS_Store beside label folders)
-    if flat:  # Kaggle's train/cat.0.jpg: neither layout gives its images labels
+    if flat and folders <= naming.SPLIT_LIKE:
         raise ValueError(
             f"{root} holds folders named like splits ({', '.join(splits)}) beside other things "
             f"({', '.join(others)}), and {paths.join(root, flat[0])} holds images itself, not "

@@ -23,7 +23,6 @@ COUNTS_PER_LABEL_SINCE = (0, 5)  # and which input each record holds (shard_dige
 DIGEST_CHARS = 16  # hex digits kept of a digest: identity, not security
 _json_string = json.encoder.encode_basestring_ascii  # a str as `json.dumps` writes it
 _WHOLE_NUMBER = re.compile(r"[0-9]+")  # labels that are class numbers (ASCII digits only)
-_SPLIT_LIKE = {*naming.SPLIT_ORDER, "val", "valid", "test1", "dev", "eval"}
 
 
 class ShardPositions:
@@ -306,7 +305,7 @@ class Manifest:
             some = messages.some(labels, 3, repr)
             said.append(f"every label holds one record ({len(held)} labels: {some}): a column "
                         "of ids, file names or boxes read as the labels?")  # fmt: skip
-        if alike_splits := sorted(set(labels) & _SPLIT_LIKE):
+        if alike_splits := sorted(set(labels) & naming.SPLIT_LIKE):
             said.append(
                 f"labels named like splits ({', '.join(map(repr, alike_splits))}): a folder of "
                 "split folders read with --layout labels? Each is a class now"
