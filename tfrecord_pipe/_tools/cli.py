@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command != "verify":  # verify reads shards without it
             tensorflow_start.start(args.verbose)
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, not at exit (where a closed pipe is an error we cannot catch)
+        return code
     except BrokenPipeError:  # `tfrecord-pipe inspect DS | head`: the reader has had enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (and at exit)
         return EXIT_BROKEN_PIPE
