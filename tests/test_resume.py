@@ -889,6 +889,14 @@ def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp
         _, history = resumed(small_model(), run=run, **{where: [StopAtEpochEnd()]})
         assert len(history.history["loss"]) == 1, where
 
+    # Killed as Keras wrote the backup's epoch file (after the weights): the file was empty,
+    # and every restart failed in Keras's restore ("JSONDecodeError: Expecting value").
+    with pytest.raises(Preempted):
+        resumed(small_model(), [PreemptAfter(4)], run="cut")
+    (tmp_path / "cut" / "training_metadata.json").write_text("")
+    resume, history = resumed(small_model(), run="cut")
+    assert resume.restored_steps == 4 and len(history.history["loss"]) == 2
+
     with pytest.raises(Preempted):  # killed after the epoch's last step, before its end
         resumed(small_model(), [PreemptAfter(3)], run="e")
     with pytest.raises(RuntimeError, match="after BackupAndRestore"):

@@ -21,12 +21,15 @@ the backup, and a restart with other settings is refused.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 
 import tensorflow as tf
 
 from tfrecord_pipe._reading import distribute, epochs, seeded
+
+log = logging.getLogger(__name__)
 
 FACTS_NAME = "tfrecord_pipe_position.json"  # in the backup's folder: what its steps mean
 
@@ -96,6 +99,7 @@ class FitResume(tf.keras.callbacks.Callback):
         # run's: only what the backup adds is.
         before = _steps(optimizer)
         self.backup.set_model(model)
+        _without_a_cut_epoch_file(self.backup)
         self.backup.on_train_begin()  # the backup's own restore; fit's repeats it harmlessly
         self._restored_into = model
         self.restored_steps = _steps(optimizer) - before
@@ -241,3 +245,22 @@ def _facts(config, context, steps_per_epoch: int) -> dict:
         "replicas": context.num_replicas_in_sync if context else 1,
         "steps_per_epoch": steps_per_epoch,
     }
+
+
+def _without_a_cut_epoch_file(backup) -> None:
+    """Keras writes the backup's epoch file in place, after the weights: a kill in between
+    (a preemption's SIGKILL) left it empty, and every restart failed in its restore
+    ("JSONDecodeError: Expecting value"). The epoch it holds is not what the restore goes by
+    (the optimizer's steps are), so a file that is no JSON is removed, saying so."""
+    path = getattr(backup, "_training_metadata_path", None)  # (Keras 3's name for it)
+    if not path or not tf.io.gfile.exists(path):
+        return
+    with tf.io.gfile.GFile(path) as file:
+        text = file.read()
+    try:
+        json.loads(text)
+    except ValueError:
+        log.warning("The backup's epoch file %s is %s (a run killed as it wrote it): removed; "
+                    "the restore goes by the optimizer's steps.", path,
+                    "empty" if not text else "cut short")  # fmt: skip
+        tf.io.gfile.remove(path)
