@@ -160,16 +160,21 @@ _COLUMN_NAMES = {
 }  # fmt: skip
 
 
+_COLUMN_OF = {name: column for column, names in _COLUMN_NAMES.items() for name in names}
 # A third column that flags a split rather than naming it (fastai's is_valid).
 _FLAG_COLUMNS = {"is_valid", "is_validation", "is_val", "valid", "is_test", "is_train"}
+
+
+def _column_name(cell: str) -> str:
+    """A header cell as the tables above spell it: `Image Path` is image_path."""
+    return re.sub(r"[ -]", "_", cell.lower())
 
 
 def index_column_problem(first: str, csv_path: str) -> str | None:
     """A first line `,path,label`: pandas' `to_csv` writes its index as a first column with
     no name, and every column was then read one place off (the index as the path)."""
     cells = cells_of(first)
-    named = {name for names in _COLUMN_NAMES.values() for name in names}
-    if len(cells) > 1 and not cells[0] and re.sub(r"[ -]", "_", cells[1].lower()) in named:
+    if len(cells) > 1 and not cells[0] and _column_name(cells[1]) in _COLUMN_OF:
         return (
             f"CSV list {csv_path} line 1 ({messages.quoted(first)}) starts with a column with no "
             "name, as pandas writes its index: write the CSV with to_csv(..., index=False), or "
@@ -181,16 +186,15 @@ def index_column_problem(first: str, csv_path: str) -> str | None:
 def header_problem(line: str, csv_path: str) -> str | None:
     """A header line that names its columns in another order than `path,label[,split]`
     (`path,split,label` made splits of the labels and labels of the splits), or None."""
-    named = {name: column for column, names in _COLUMN_NAMES.items() for name in names}
     cells = cells_of(line)
-    if len(cells) > 2 and re.sub(r"[ -]", "_", cells[2].lower()) in _FLAG_COLUMNS:
+    if len(cells) > 2 and _column_name(cells[2]) in _FLAG_COLUMNS:
         return (
             f"CSV list {csv_path}'s header (line 1: {messages.quoted(line)}) names column 3 "
             f"{cells[2]!r}, a flag; that column is read as the split, and its True/False would "
             "be split names. Write train or validation in it instead."
         )
     for place, (column, cell) in enumerate(zip(_COLUMN_NAMES, cells), start=1):
-        other = named.get(re.sub(r"[ -]", "_", cell.lower()))
+        other = _COLUMN_OF.get(_column_name(cell))
         if other and other != column:
             return (
                 f"CSV list {csv_path}'s header (line 1: {messages.quoted(line)}) names column "

@@ -230,10 +230,9 @@ def finalise(
             folder = folder if paths.is_remote(folder) else os.path.abspath(folder or ".")
             said += (f" The paths of a CSV list are taken from its own folder ({folder}), or "
                      "are absolute.")  # fmt: skip
-        if set(result.rejected_reasons) == {images.UNKNOWN_LABEL} and config.labels_file:
-            first = next(iter(storage.read_lines(config.labels_file)), "")
+        if set(result.rejected_reasons) == {images.UNKNOWN_LABEL} and result.labels:
             said += (f" Each line of {config.labels_file} is one whole label, as the inputs "
-                     f"give it; its first line is {first!r}.")  # fmt: skip
+                     f"give it; its first line is {result.labels[0]!r}.")  # fmt: skip
         if set(result.rejected_reasons) == {images.NO_LABEL} and config.layout == "csv":
             said += (
                 f" No line of {config.source} gave a label: write each as path,label[,split], "

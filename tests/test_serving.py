@@ -175,7 +175,8 @@ def test_config_errors_are_listed():
     # A str of labels was taken letter by letter, and a float size failed in a trace.
     with pytest.raises(ValueError, match="labels must be label names in index order"):
         serving.ServingConfig(labels="abc")
-    with pytest.raises(ValueError, match="ServingConfig image_size must be an int, got 16.0"):
+    with pytest.raises(ValueError,
+                       match="Invalid ServingConfig: image_size must be an int, got 16.0"):
         serving.ServingConfig(labels=LABELS, image_size=16.0)
     assert serving.ServingConfig(labels=list(LABELS), image_size=np.int64(16)).labels == LABELS
 

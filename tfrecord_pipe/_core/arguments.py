@@ -6,6 +6,8 @@ JSON) or raises ValueError naming the argument; None passes only where `optional
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import numbers
 import os
 
@@ -50,3 +52,35 @@ def _typed(name: str, value, optional: bool, right: bool, wanted: str, stored: t
         wanted += " or None" if optional else ""
         raise ValueError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")
     return stored(value)
+
+
+def field_checks(cls, paths: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> tuple:
+    """(name, check) for each field of the dataclass `cls`, from its annotation ("int",
+    "bool", "str", "float", each "| None" too; the fields in `paths` are paths). The fields
+    in `skip` the class checks itself; any other annotation is a KeyError, so that no field
+    goes unchecked."""
+    kinds = {"int": count, "bool": flag, "str": text, "float": number}
+    checks = []
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        if field.name in paths:
+            checks.append((field.name, path))
+            continue
+        optional = field.type.endswith(" | None")
+        check = kinds[field.type.removesuffix(" | None")]
+        checks.append((field.name, functools.partial(check, optional=optional)))
+    return tuple(checks)
+
+
+def check_fields(instance, checks: tuple, title: str) -> None:
+    """Each field of the frozen dataclass `instance` checked and stored as checked (a numpy
+    int as an int); every wrong one said at once, as "Invalid TITLE: ..."."""
+    wrong = []
+    for name, check in checks:
+        try:
+            object.__setattr__(instance, name, check(name, getattr(instance, name)))
+        except ValueError as err:
+            wrong.append(str(err))
+    if wrong:
+        raise ValueError(f"Invalid {title}: " + "; ".join(wrong))

@@ -323,11 +323,12 @@ class Manifest:
         CSV line's misspelt label is a class of its own, and shifts the indices of those after
         it. Nothing where a labels file gave the labels asked for, or no counts were kept
         (before 0.5)."""
-        counts = {split: info.label_counts for split, info in self.splits.items()}
-        if self.conversion.get("labels_file") or not counts or not all(counts.values()):
+        per_label = self._records_per_label()
+        if self.conversion.get("labels_file") or not per_label:
             return []
-        anywhere = {label for each in counts.values() for label, n in zip(self.labels, each) if n}
-        in_train = {label for label, n in zip(self.labels, counts.get(naming.TRAIN, ())) if n}
+        anywhere = {label for label, n in zip(self.labels, per_label) if n}
+        train = self.splits[naming.TRAIN].label_counts if naming.TRAIN in self.splits else ()
+        in_train = {label for label, n in zip(self.labels, train) if n}
         said = []
         if nowhere := [label for label in self.labels if label not in anywhere]:
             said.append(

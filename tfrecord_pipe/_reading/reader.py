@@ -94,14 +94,13 @@ def build_dataset(
     source = source or resolve_source(config)
     batch = _pipeline_batch_size(config, input_context, batch_size)
     share = file_share.pipeline_share(source.split, input_context, config.is_training)
-    if not config.is_training and not config.padded and (share.num_examples or 0) < batch:
-        if share.num_examples is not None:  # known: a pass would give no batch at all
-            raise ValueError(
-                f"eval_remainder='drop' with batch {batch} over this pipeline's "
-                f"{share.num_examples} records of split {source.split.name!r}: no batch would "
-                "come (evaluate would return nothing). Use eval_remainder='pad' (the default), "
-                "or a smaller batch."
-            )
+    records = share.num_examples  # None where the counts are unknown
+    if not config.is_training and not config.padded and records is not None and records < batch:
+        raise ValueError(
+            f"eval_remainder='drop' with batch {batch} over this pipeline's {records} records of "
+            f"split {source.split.name!r}: no batch would come (evaluate would return nothing). "
+            "Use eval_remainder='pad' (the default), or a smaller batch."
+        )
     if start_batches < 0:
         raise ValueError(f"start_batches must be >= 0, got {start_batches}")
     if config.seeded:

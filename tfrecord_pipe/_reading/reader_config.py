@@ -4,7 +4,6 @@ and the tf.data options every pipeline of a config runs with."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 
@@ -125,14 +124,7 @@ class ReaderConfig:
     def __post_init__(self):
         # Types first: `2.5` or `"32"` failed deep in TensorFlow or at a comparison below, and
         # `is_training="no"` was taken as True.
-        wrong_types = []
-        for name, check in _TYPE_CHECKS:
-            try:
-                object.__setattr__(self, name, check(name, getattr(self, name)))
-            except ValueError as err:
-                wrong_types.append(str(err))
-        if wrong_types:
-            raise ValueError("Invalid ReaderConfig: " + "; ".join(wrong_types))
+        arguments.check_fields(self, _TYPE_CHECKS, "ReaderConfig")
         problems = []
         if not self.data:
             problems.append("data is empty: give a dataset folder or a file pattern")
@@ -235,19 +227,8 @@ def per_replica(global_batch_size: int, replicas: int) -> int:
     return global_batch_size // replicas
 
 
-def _type_check(field: dataclasses.Field):
-    """The check of a field's type (`arguments`), from its annotation; the data is a path."""
-    if field.name == "data":
-        return arguments.path
-    kind = field.type.removesuffix(" | None")
-    checks = {"int": arguments.count, "bool": arguments.flag, "str": arguments.text,
-              "float": arguments.number}  # fmt: skip
-    return functools.partial(checks[kind], optional=field.type.endswith(" | None"))
-
-
 # dtype is checked by its value: one of preprocess.DTYPES.
-_TYPE_CHECKS = tuple((f.name, _type_check(f)) for f in dataclasses.fields(ReaderConfig)
-                     if f.name != "dtype")  # fmt: skip
+_TYPE_CHECKS = arguments.field_checks(ReaderConfig, paths=("data",), skip=("dtype",))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,12 +72,7 @@ class ServingConfig:
                 f"str, as dataset.label_names gives), got {self.labels!r}"
             )
         object.__setattr__(self, "labels", tuple(self.labels))
-        checks = (("image_size", arguments.count), ("max_pixels", arguments.count),
-                  ("jpeg_quality", arguments.count), ("from_logits", arguments.flag))  # fmt: skip
-        for name, check in checks:
-            object.__setattr__(self, name, check(f"ServingConfig {name}", getattr(self, name)))
-        max_side = arguments.count("ServingConfig max_side", self.max_side, optional=True)
-        object.__setattr__(self, "max_side", max_side)
+        arguments.check_fields(self, _TYPE_CHECKS, "ServingConfig")
         problems = []
         if not self.labels:
             problems.append("labels is empty")
@@ -93,6 +88,10 @@ class ServingConfig:
             problems.append(str(err).removeprefix("Invalid ImagePolicy: "))
         if problems:
             raise ValueError("Invalid ServingConfig: " + "; ".join(problems))
+
+
+# labels are checked by hand (a tuple of str), dtype by its value.
+_TYPE_CHECKS = arguments.field_checks(ServingConfig, skip=("labels", "dtype"))
 
 
 class ServingModule(tf.Module):

@@ -57,6 +57,11 @@ class Shard:
     listed: int | None
     counted: int | None = None
 
+    @property
+    def miscounted(self) -> bool:
+        """Read whole, it holds another count than the manifest lists."""
+        return None not in (self.counted, self.listed) and self.counted != self.listed
+
 
 @dataclasses.dataclass(frozen=True)
 class SplitSummary:
@@ -104,7 +109,7 @@ class DatasetSummary:
             f"{shard.path}: manifest lists {shard.listed} records, the shard holds {shard.counted}"
             for split in self.splits
             for shard in split.shards
-            if None not in (shard.counted, shard.listed) and shard.counted != shard.listed
+            if shard.miscounted
         ]
 
 
@@ -257,7 +262,7 @@ def _rejected_lines(folder: str, limit: int):
 def _count_verdict(split: SplitSummary, listed: int | None) -> str:
     """OK, or MISMATCH with what differs; then the records read (of those listed)."""
     unreadable = sum(shard.counted is None for shard in split.shards)
-    other = sum(None not in (s.counted, s.listed) and s.counted != s.listed for s in split.shards)
+    other = sum(shard.miscounted for shard in split.shards)
     faults = [f"{n} {what}" for n, what in ((split.missing, "missing"), (unreadable, "unreadable"),
               (other, "holding another count than listed")) if n]  # fmt: skip
     read = sum(shard.counted or 0 for shard in split.shards)
