@@ -101,3 +101,13 @@ def test_the_benchmark_suites_table_has_a_row_for_every_reader_pipeline():
     assert [line.split(" | ")[0] for line in lines if line.startswith("| reader ")] == [
         f"| reader {name}" for name in reader_bench.PIPELINES
     ]
+
+
+def test_the_csv_list_benchmark_prints_its_table(tmp_path, capsys):
+    from benchmarks import csv_list_bench
+
+    csv_list_bench.main(["--lines", "50", "--repeats", "1", "--cache", str(tmp_path)])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("$ python -m benchmarks.csv_list_bench --lines 50")
+    assert [line.split(" | ")[0] for line in printed[3:]] == ["| csv.reader (ceiling)",
+                                                              "| resolve_layout"]
