@@ -51,7 +51,9 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
     add("--output", dest="output_flag", metavar="OUTPUT", help="OUTPUT, given as a flag")
     add("--layout", default=ConvertConfig.layout, choices=LAYOUTS,
         help="how SRC is organised; auto: split folders if every folder in SRC is named "
-        "train, validation or test, label folders if none is, else an error saying which")
+        "like a split (train, validation, test; val, valid, dev, eval, test1 beside one of "
+        "those), label folders if none is named train, validation or test, else an error "
+        "saying which")
     add("--csv_header", default=ConvertConfig.csv_header, choices=CSV_HEADERS,
         help="whether the CSV's first line is a header; auto: when its path cell is a plain "
         "name, no '/' or '.', that names no existing file")

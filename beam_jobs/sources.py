@@ -134,28 +134,36 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
     splits = sorted(folders & set(naming.SPLIT_ORDER))
     if not splits:
         return dataclasses.replace(config, layout="labels")
-    if folders <= set(naming.SPLIT_ORDER) and not has_files:
-        if converting:
-            _refuse_fraction(config, "its split folders decide every input's split")
-        return dataclasses.replace(config, layout="splits")
     others = sorted(folders - set(naming.SPLIT_ORDER))[:5] + (["files"] if has_files else [])
-    # Kaggle's train/cat.0.jpg beside test1/: every folder a split by its name, and one holds
-    # images itself: neither layout gives them labels. (train/ beside cats/ may be a label.)
-    flat = [split for split in splits if any(not name.startswith(".") for name in
-            storage.children(paths.join(root, split))[1])]  # (.DS_Store beside label folders)
-    if flat and folders <= naming.SPLIT_LIKE:
-        raise ValueError(
-            f"{root} holds folders named like splits ({', '.join(splits)}) beside other things "
-            f"({', '.join(others)}), and {paths.join(root, flat[0])} holds images itself, not "
-            "label folders: neither --layout labels (the split folders would be classes) nor "
-            "--layout splits gives them labels. List them with their labels in a CSV file "
-            "(path,label[,split])."
-        )
+    if folders <= naming.SPLIT_LIKE:
+        # Every folder named like a split (ImageNet's and Imagenette's val/, Kaggle's test1/).
+        # One holding images itself and no folder (Kaggle's train/cat.0.jpg, ImageNet's val/)
+        # has no labels under either layout. (A `train/` beside `cats/` may be a label.)
+        named = sorted(folders, key=naming.split_order)
+        flat = [name for name in named if _holds_only_files(paths.join(root, name))]
+        if flat:
+            raise ValueError(
+                f"{root} holds folders named like splits ({', '.join(named)}), and "
+                f"{paths.join(root, flat[0])} holds images itself, not label folders: neither "
+                "--layout labels (the split folders would be classes) nor --layout splits "
+                "gives them labels. List them with their labels in a CSV file "
+                "(path,label[,split]), or move that folder out of SRC."
+            )
+        if not has_files:
+            if converting:
+                _refuse_fraction(config, "its split folders decide every input's split")
+            return dataclasses.replace(config, layout="splits")
     raise ValueError(
         f"{root} holds folders named like splits ({', '.join(splits)}) beside other things "
         f"({', '.join(others)}): is {splits[0]!r} a label or a split? Pass --layout labels "
         "(every folder is a label) or --layout splits (SRC/<split>/<label>/...)."
     )
+
+
+def _holds_only_files(folder: str) -> bool:
+    """Whether `folder` holds files (other than hidden ones: `.DS_Store`) and no folder."""
+    folders, files = storage.children(folder)
+    return not folders and any(not name.startswith(".") for name in files)
 
 
 def _refuse_fraction(config: ConvertConfig, because: str) -> None:

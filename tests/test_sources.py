@@ -145,11 +145,25 @@ def test_a_line_without_a_path_is_rejected_not_dropped(tmp_path):
     ]  # the blank line is no data
 
 
-@pytest.mark.parametrize("names", [("train", "validation"), ("train",), ("train", "test")])
+@pytest.mark.parametrize("names", [("train", "validation"), ("train",), ("train", "test"),
+                                   ("train", "val"), ("train", "valid", "test1")])
 def test_split_folders_are_taken_as_splits_only_when_every_folder_is_one(tmp_path, names):
+    # Imagenette's train/ and val/ were refused as "is 'train' a label or a split?".
     for name in names:
         write_image_folder(tmp_path / "src" / name, per_label=1)
     assert resolved(tmp_path / "src").layout == "splits"
+    assert {s.split for s in sources.list_sources(resolved(tmp_path / "src"))} == set(names)
+
+
+def test_imagenet_s_flat_val_folder_is_refused_not_rejected_image_by_image(tmp_path):
+    # ImageNet: train/<synset>/*.JPEG beside val/*.JPEG (labels in another file). As split
+    # folders every val image would be rejected `no_label`.
+    write_image_folder(tmp_path / "train", per_label=1, labels=("n01440764",))
+    (tmp_path / "val").mkdir()
+    (tmp_path / "val" / "ILSVRC2012_val_00000001.JPEG").write_bytes(jpeg_bytes())
+    with pytest.raises(ValueError, match=f"{tmp_path / 'val'} holds images itself, not label "
+                                         "folders.*CSV file"):  # fmt: skip
+        resolved(tmp_path)
 
 
 def test_a_label_named_like_a_split_among_others_is_refused_with_what_to_pass(tmp_path):
@@ -697,5 +711,11 @@ def test_split_named_folders_holding_images_themselves_are_told_to_be_listed(tmp
     (tmp_path / "train" / "cat.0.jpg").unlink()
     (tmp_path / "train" / "dog.0.jpg").rename(tmp_path / "train" / ".DS_Store")
     (tmp_path / "train" / "dog").mkdir()
+    # test1/ still holds images itself: Kaggle's unlabelled test set.
+    with pytest.raises(ValueError, match=f"{tmp_path / 'test1'} holds images itself.*or move "
+                                         "that folder out of SRC"):  # fmt: skip
+        resolved(tmp_path)
+    (tmp_path / "test1" / "1.jpg").rename(tmp_path / "train" / "dog" / "1.jpg")
+    (tmp_path / "cats").mkdir()
     with pytest.raises(ValueError, match="is 'train' a label or a split"):  # as before
         resolved(tmp_path)

@@ -59,6 +59,12 @@ def split_of(name: str) -> str | None:
     return found.group("split") if found else None
 
 
+def no_such_split(dataset: str, split: str, splits) -> str:
+    """What to say when a reader asks `dataset` for a split it does not have (Imagenette's
+    and ImageNet's validation split is `val`, the folder's name)."""
+    return f"{dataset} has no split {split!r}; it has {sorted(splits)}: pass split= one of those."
+
+
 def manifest_split_problem(split: str, files) -> str | None:
     """Why a manifest cannot list `files` for `split`, or None. Readers join the names to the
     dataset's folder, `--overwrite` deletes them and the split names its rejection file: only

@@ -71,7 +71,7 @@ def find_split(data: str, split: str) -> Split:
     with open(path, encoding="utf-8") as file:
         found = manifest_lib.Manifest.from_file_text(file.read(), path)
     if split not in found.splits:
-        raise ValueError(f"{data} has no split {split!r}; it has {sorted(found.splits)}.")
+        raise ValueError(naming.no_such_split(data, split, found.splits))
     info = found.splits[split]
     if naming.ARRAY_RECORD not in found.file_formats:
         raise ValueError(

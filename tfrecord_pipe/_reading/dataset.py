@@ -123,7 +123,7 @@ class Dataset:
                 "pattern; drop split or pass the dataset folder."
             )
         if name not in self.splits:
-            raise ValueError(f"{self.path} has no split {name!r}; it has {sorted(self.splits)}.")
+            raise ValueError(naming.no_such_split(self.path, name, self.splits))
         return self.splits[name]
 
     def everything(self) -> Split:
