@@ -411,7 +411,7 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
     """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`,
     then a `WARNING:` line for each of the dataset's warnings (`Manifest.warnings`)."""
     parts = [
-        f"{name}: {info.num_examples} in {len(info.shard_lengths)} shards"
+        f"{name}: {info.num_examples} in {messages.counted(len(info.shard_lengths), 'shard')}"
         for name, info in result.splits.items()
     ]
     rejected = f"{result.num_rejected} rejected"

@@ -161,7 +161,10 @@ def test_an_image_of_a_strange_shape_is_drawn_in_the_grid(tmp_path):
     convert_(tmp_path / "src", tmp_path / "out")
     done = run_cli("inspect", tmp_path / "out", "--grid", tmp_path / "grid.png")
     assert done.returncode == 0, done.stderr
-    assert "contact sheet of 1 records" in done.stdout
+    assert "contact sheet of 1 record:" in done.stdout
+    assert "train: 1 record in 1 shard," in done.stdout  # not "1 records in 1 shards"
+    line = finalise.summary_line(finalise.read_manifest(str(tmp_path / "out")), "out", 0.1)
+    assert "train: 1 in 1 shard; 0 rejected" in line
 
 
 def test_a_finalise_that_fails_midway_says_so_and_the_same_command_again_finishes(tmp_path):

@@ -41,6 +41,11 @@ def some(items, shown: int = 5, show=str) -> str:
     return ", ".join(map(show, items[:shown])) + more
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 shard`, `2 shards`: a count with its noun."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def quoted(text: str, most: int = 100) -> str:
     """`text` as `repr` writes it, cut after `most` characters (then "..."): a line of a
     user's file, in a message that must stay one readable line."""

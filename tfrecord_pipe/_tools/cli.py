@@ -198,7 +198,7 @@ def _inspect(args) -> int:
             args.path, args.grid, count=args.grid_count, label_offset=args.label_offset,
             file_format=args.format,
         ))
-        print(f"\ncontact sheet of {drawn} records: {args.grid}")
+        print(f"\ncontact sheet of {messages.counted(drawn, 'record')}: {args.grid}")
     return EXIT_PROBLEMS if summary.problems else EXIT_OK
 
 

@@ -302,9 +302,12 @@ def render(summary: DatasetSummary) -> str:
         if listed is None and split.read_all:
             listed = split.read  # no manifest, but every record was read
         missing = f" ({split.missing} missing)" if split.missing else ""
+        records = messages.counted(listed if listed is not None else split.read, "record")
+        records = records if listed is not None else f"at least {records}"
         lines.append(
-            f"{split.name}: {listed if listed is not None else f'at least {split.read}'} records in "
-            f"{len(split.shards) + split.missing} shards{missing}, {_mb(total_bytes)} "
+            f"{split.name}: {records} in "
+            f"{messages.counted(len(split.shards) + split.missing, 'shard')}{missing}, "
+            f"{_mb(total_bytes)} "
             f"(shards {_mb(min(sizes))}..{_mb(max(sizes))})"
         )
         if split.checked:

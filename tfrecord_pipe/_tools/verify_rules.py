@@ -61,13 +61,14 @@ class VerifyReport:
 
     def __str__(self):
         head = (
-            f"{self.sources} sources listed; {self.records} records in the shards; "
+            f"{messages.counted(self.sources, 'source')} listed; "
+            f"{messages.counted(self.records, 'record')} in the shards; "
             f"{self.rejected} rejected"
         )
         if self.ok:
             checked = "checked and decoded with TensorFlow" if self.decoded else "checked"
             return head + f": every source accounted for, every record {checked}. OK"
-        lines = [head + f": {self.num_problems} problem{'s' if self.num_problems != 1 else ''}"]
+        lines = [head + f": {messages.counted(self.num_problems, 'problem')}"]
         lines += [f"  {problem}" for problem in self.problems]
         if self.num_problems > len(self.problems):
             lines.append(f"  ... and {self.num_problems - len(self.problems)} more")
