@@ -165,6 +165,10 @@ def test_a_path_listed_twice_is_written_once_and_the_extra_line_rejected(tmp_pat
     (line,) = [json.loads(text) for f in out.glob("rejected/*.jsonl") for text in f.open()]
     assert line["reason"] == "duplicate" and line["split"] == "validation"
     assert "listed 2 times; kept the listing 'images/blue/000.jpg' with label 'blue' in" in line["error"]
+    # "green" vanished from the classes without a word (a multi-label list loses labels so).
+    (warning,) = [w for w in result.warnings(str(out)) if "CSV list name a file" in w]
+    assert warning.startswith("1 line(s) of the CSV list name a file another line names")
+    assert "multi-label" in warning and "a label only such lines give is no class" in warning
 
 
 def test_a_csv_split_that_cannot_be_a_file_name_stops_the_job_with_what_to_do(tmp_path):

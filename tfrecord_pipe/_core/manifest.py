@@ -14,7 +14,7 @@ import json
 import re
 import secrets
 
-from tfrecord_pipe._core import messages, naming, paths, schema, tfds_metadata
+from tfrecord_pipe._core import images, messages, naming, paths, schema, tfds_metadata
 
 DUPLICATES_AND_TFDS_SINCE = (0, 3)  # the version that began to write both
 COUNTS_PER_LABEL_SINCE = (0, 5)  # and which input each record holds (shard_digests)
@@ -258,6 +258,15 @@ class Manifest:
                 "class"
             )
         said += self._label_set_warnings()
+        listed_again = self.rejected_reasons.get(images.DUPLICATE, 0)
+        if self.conversion.get("layout") == "csv" and listed_again:
+            said.append(
+                f"{listed_again} line(s) of the CSV list name a file another line names "
+                f"(rejected as {images.DUPLICATE}, in {naming.REJECTED_DIR}/): each file is "
+                "stored once, with the label and split of one line. A list giving an image "
+                "several labels (multi-label) keeps one of them, and a label only such lines "
+                "give is no class. Keep one line per file"
+            )
         for name, info in self.splits.items():
             if info.listed and not info.num_examples:
                 inputs = f"all {info.listed} of its inputs were" if info.listed > 1 else (
