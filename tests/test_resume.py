@@ -286,6 +286,32 @@ def test_a_step_that_fails_is_taken_again_not_skipped(folder, tmp_path):
     assert int(iterator.steps.numpy()) == failed_at
 
 
+def test_numpy_batches_after_a_caught_error_tries_that_batch_again(folder, tmp_path):
+    # A loop that caught the error and went on got the batches after it while the state lagged
+    # one behind: a resume from it gave a batch twice (found by a reviewer).
+    reference = [keys.tolist() for _, (_, _, keys) in
+                 zip(range(12), seeded_fn(folder).numpy_batches())]  # fmt: skip
+    damaged = tmp_path / "ds"
+    shutil.copytree(folder, damaged)
+    shard = damaged / "train-00001-of-00003.tfrecord"
+    good = shard.read_bytes()
+    data = bytearray(good)
+    data[len(data) // 2] ^= 0xFF  # a record's CRC fails
+    shard.write_bytes(bytes(data))
+    batches = seeded_fn(str(damaged)).numpy_batches()
+    given = []
+    with pytest.raises(tf.errors.DataLossError):
+        for _ in range(12):
+            given.append(next(batches)[2].tolist())
+    assert given == reference[: len(given)]
+    with pytest.raises(tf.errors.DataLossError):  # the same batch again, not the next
+        next(batches)
+    assert batches.get_state()["batches"] == len(given)
+    shard.write_bytes(good)  # a passing fault: the retry gives the batch that failed
+    assert next(batches)[2].tolist() == reference[len(given)]
+    assert batches.get_state()["batches"] == len(given) + 1
+
+
 def test_a_checkpoint_of_one_kind_of_iterator_restored_into_the_other_is_refused(folder, tmp_path):
     # Switching from TensorFlow's own iterator to distribute.resumable_iterator (or back)
     # between two runs: each restore matched nothing of the other's, and the input started

@@ -71,8 +71,16 @@ class BatchIterator:
         if self._iterator is None:
             dataset = self._input_fn(start_batches=self._given)
             self._iterator = dataset.as_numpy_iterator()
-        with damage_said(self._input_fn.config.data):
-            batch = next(self._iterator)
+        try:
+            with damage_said(self._input_fn.config.data):
+                batch = next(self._iterator)
+        except BaseException:
+            # TensorFlow's iterator may have gone past the batch that failed, which was not
+            # counted: a caller that catches the error and goes on would get the batches
+            # after it while the state lagged one behind (a resume repeated a batch). The
+            # next call rebuilds the stream at the count, so it tries that batch again.
+            self._iterator = None
+            raise
         self._given += 1
         return batch
 
