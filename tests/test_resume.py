@@ -969,3 +969,32 @@ def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp
                    loss="sparse_categorical_crossentropy")  # fmt: skip
     with pytest.raises(ValueError, match="loss-scaling optimizer"):
         distribute.FitResume(backup, steps_per_epoch=3).restore(scaled, train_fn)
+
+
+@pytest.mark.slow  # Keras fit, a few times
+def test_hosts_sharing_one_backup_folder_each_resume(folder, tmp_path):
+    # Hosts of one run (Keras on JAX: a process each) given one backup folder, as the docs'
+    # gs://bucket/run/backup: each wrote its facts to the one file, the last writer won, and
+    # every other host's restart was refused (found by a reviewer).
+    from tfrecord_pipe import distribute
+
+    def restored(host, count):
+        train_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4,
+                                        seed=3, host_index=host, host_count=count)  # fmt: skip
+        backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "shared"), save_freq=2,
+                                                     delete_checkpoint=False)  # fmt: skip
+        resume = distribute.FitResume(backup, steps_per_epoch=2)
+        model = small_model()
+        return model, backup, resume, resume.restore(model, train_fn)
+
+    # Every host restores before any trains (their steps are collective), then all are killed.
+    for model, backup, resume, data in [restored(host, 2) for host in (0, 1)]:
+        with pytest.raises(Preempted):
+            model.fit(data, epochs=3, steps_per_epoch=2, verbose=0, shuffle=False,
+                      callbacks=[backup, resume, PreemptAfter(4)])  # fmt: skip
+    assert [restored(host, 2)[2].restored_steps for host in (0, 1)] == [4, 4]
+    # A restart on another number of hosts finds no facts of its own, and says why.
+    with pytest.raises(ValueError, match=r"tfrecord_pipe_position.json is missing \(the backup "
+                                         r"holds tfrecord_pipe_position.host-00000-of-00002"
+                                         r".json.*another number of hosts"):  # fmt: skip
+        restored(0, 1)

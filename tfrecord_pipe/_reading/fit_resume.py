@@ -34,6 +34,16 @@ log = logging.getLogger(__name__)
 FACTS_NAME = "tfrecord_pipe_position.json"  # in the backup's folder: what its steps mean
 
 
+def facts_name(context) -> str:
+    """The file of one host's facts in the backup's folder: FACTS_NAME on one host, a name of
+    each host's own where hosts share the folder (each reads its own share of the records)."""
+    index, count = (context.input_pipeline_id, context.num_input_pipelines) if context else (0, 1)
+    if count == 1:
+        return FACTS_NAME
+    stem, suffix = os.path.splitext(FACTS_NAME)
+    return f"{stem}.host-{index:05d}-of-{count:05d}{suffix}"
+
+
 class _EpochCut:
     """What FitResume sets `stop_training` to when it ends an interrupted epoch: true enough
     for Keras to end the epoch, and told apart from a stop another callback asks for."""
@@ -117,15 +127,15 @@ class FitResume(tf.keras.callbacks.Callback):
         else:
             data = distribute.distribute(strategy, pipeline, start_steps=self.restored_steps)
             context = contexts[0]
-        self._keep_facts(_facts(config, context, self.steps_per_epoch))
+        self._keep_facts(_facts(config, context, self.steps_per_epoch), facts_name(context))
         return data
 
-    def _keep_facts(self, facts: dict) -> None:
+    def _keep_facts(self, facts: dict, name: str) -> None:
         """Refuses a backup saved with other settings, or whose settings are lost (their file
         removed, damaged, or never written: a backup made before FitResume was used);
-        records these beside a new one, replaced whole."""
+        records these beside a new one, replaced whole, in this host's file `name`."""
         folder = self.backup.backup_dir
-        path = os.path.join(folder, FACTS_NAME)
+        path = os.path.join(folder, name)
         start_afresh = f"Delete {folder} to train from the start."
         saved = None
         if tf.io.gfile.exists(path):
@@ -140,10 +150,16 @@ class FitResume(tf.keras.callbacks.Callback):
                         f"the backup cannot be resumed safely. {start_afresh}"
                     ) from None
         if self.restored_steps and not isinstance(saved, dict):
+            stem, suffix = os.path.splitext(FACTS_NAME)
+            others = sorted(other for other in tf.io.gfile.listdir(folder)
+                            if other.startswith(stem) and other.endswith(suffix))  # fmt: skip
+            why = ("removed, or the backup was made before FitResume was used" if not others
+                   else f"the backup holds {', '.join(others[:2])}: saved by a run of another "
+                   "number of hosts?")  # fmt: skip
             raise ValueError(
                 f"The backup in {folder} holds {self.restored_steps} steps, but not what they "
-                f"mean: {FACTS_NAME} is missing (removed, or the backup was made before "
-                f"FitResume was used), so its position may mean other batches. {start_afresh}"
+                f"mean: {name} is missing ({why}), so its position may mean other batches. "
+                f"{start_afresh}"
             )
         differ = [name for name in facts if epochs.differs(saved or {}, facts, name)]
         if self.restored_steps and differ:
@@ -156,7 +172,7 @@ class FitResume(tf.keras.callbacks.Callback):
             )
         tf.io.gfile.makedirs(folder)
         # A kill while it is written leaves the file as it was; hosts sharing the folder
-        # each write a part of their own.
+        # each write a part of their own, into a file of their own.
         part = f"{path}.part-{uuid.uuid4().hex[:12]}"
         with tf.io.gfile.GFile(part, "w") as f:
             f.write(json.dumps(facts, sort_keys=True))
