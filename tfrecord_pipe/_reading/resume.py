@@ -189,15 +189,9 @@ class DistributedIterator(tf.Module):
         return self
 
     def __next__(self):
-        stream = self.in_function()
-        try:
-            with damage_said(self._held.input_fn.config.data):
-                return next(stream)
-        except BaseException:
-            # TensorFlow's iterator may have gone past the step that failed, which was not
-            # counted: the next step rebuilds the stream at the count.
-            self._held.given.assign(-1)
-            raise
+        stream = self.in_function()  # (after a step that failed, built again at the count)
+        with damage_said(self._held.input_fn.config.data):
+            return next(stream)
 
     def in_function(self) -> Steps:
         """This input's steps for a `tf.function` that takes several per call: pass it as an
@@ -210,32 +204,38 @@ class DistributedIterator(tf.Module):
                     "This input's checkpoint", "another dataset, seed, host count, batch or shuffle"
                 )
             )
-        steps = int(self.steps.numpy())
-        if steps != int(self._held.given.numpy()):  # restored: start again from the count
-            self._held.build(steps)
-        return self._held.stream
+        steps, held = int(self.steps.numpy()), self._held
+        # Restored, or a step failed inside a call (TensorFlow's iterator may have gone past
+        # it, uncounted): start again from the count.
+        if steps != int(held.given.numpy()) or int(held.asked.numpy()) != steps:
+            held.build(steps)
+        return held.stream
 
 
 class Steps:
     """A DistributedIterator's steps, as a `tf.function` takes them (`in_function`): TensorFlow's
     distributed iterator, each `next` counted beside it."""
 
-    def __init__(self, iterator, steps: tf.Variable, given: tf.Variable):
-        self._iterator, self._steps, self._given = iterator, steps, given
+    def __init__(self, iterator, steps: tf.Variable, given: tf.Variable, asked: tf.Variable):
+        self._iterator, self._steps, self._given, self._asked = iterator, steps, given, asked
 
     def __iter__(self) -> Steps:
         return self
 
     def __next__(self):
-        # A stream restored under a function that kept this object would read on from the
-        # old place: refused before the step is taken (in a tf.function an assertion is
-        # ordered by its dependants alone). A step that fails is not counted.
-        check = tf.debugging.assert_equal(
-            self._steps, self._given,
-            message="This input was restored from a checkpoint after this function took its "
-            "steps object: pass iterator.in_function() to the function on every call.",
-        )  # fmt: skip
-        with tf.control_dependencies([] if check is None else [check]):  # (None when eager)
+        # A stream restored, or past a step that failed, under a function that kept this
+        # object would read on from the wrong place: refused before the step is taken (in a
+        # tf.function an assertion is ordered by its dependants alone). A step that fails is
+        # not counted, but was asked for: `in_function` then builds the stream again.
+        checks = [tf.debugging.assert_equal(
+            counted, self._given,
+            message="This input was restored from a checkpoint, or a step of it failed, after "
+            "this function took its steps object: pass iterator.in_function() to the "
+            "function on every call.",
+        ) for counted in (self._steps, self._asked)]  # fmt: skip
+        with tf.control_dependencies([check for check in checks if check is not None]):
+            asked = self._asked.assign_add(1)  # (the checks are None when eager)
+        with tf.control_dependencies([asked]):
             batch = next(self._iterator)
         with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
             self._steps.assign_add(1)
@@ -251,6 +251,8 @@ class _Held:
         self.strategy, self.input_fn, self.saved = strategy, input_fn, saved
         self.contexts, self.stream = [], None
         self.given = tf.Variable(0, dtype=tf.int64, trainable=False, name="given")
+        # Steps asked of the stream, taken or failed: ahead of `given` after a failure.
+        self.asked = tf.Variable(0, dtype=tf.int64, trainable=False, name="asked")
 
     def build(self, steps: int) -> None:
         def pipeline(context):
@@ -259,4 +261,5 @@ class _Held:
 
         iterator = iter(self.strategy.distribute_datasets_from_function(pipeline))
         self.given.assign(steps)
-        self.stream = Steps(iterator, self.saved, self.given)
+        self.asked.assign(steps)
+        self.stream = Steps(iterator, self.saved, self.given, self.asked)
