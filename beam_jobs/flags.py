@@ -357,6 +357,16 @@ BEAM_FAILURE_LOGGERS = ("apache_beam.runners.common", "apache_beam.runners.worke
                         "beam_jobs.local_engine")  # fmt: skip
 
 
+# Where Beam relays its worker processes' log lines (`multi_processing`), as raw protobuf text.
+BEAM_WORKER_RELAY = "apache_beam.runners.portability.local_job_service"
+
+
+def _not_worker_start_chatter(record: logging.LogRecord) -> bool:
+    """False for the warning every Beam worker process logs as it starts, which says nothing a
+    user can act on ("No semi_persistent_directory found")."""
+    return "No semi_persistent_directory found" not in record.getMessage()
+
+
 @contextlib.contextmanager
 def beam_logging(verbose: bool):
     """Beam's INFO lines are worker chatter, not progress (the progress line is ours); a failed
@@ -368,8 +378,12 @@ def beam_logging(verbose: bool):
     before = {name: logging.getLogger(name).level for name in levels}
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
+    relay = logging.getLogger(BEAM_WORKER_RELAY)
+    if not verbose:
+        relay.addFilter(_not_worker_start_chatter)
     try:
         yield
     finally:
+        relay.removeFilter(_not_worker_start_chatter)
         for name, level in before.items():
             logging.getLogger(name).setLevel(level)

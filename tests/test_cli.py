@@ -21,6 +21,8 @@ def test_convert_writes_a_dataset_and_prints_the_summary(tmp_path):
     # One progress line for the whole job, summed over its worker processes.
     finals = [line for line in result.stderr.splitlines() if line.startswith("converting: ")]
     assert finals and finals[-1].startswith("converting: 6 inputs loaded (0 rejected)")
+    # Each worker process's start-up warning came through as raw protobuf text.
+    assert "semi_persistent_directory" not in result.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["labels"] == ["cat", "dog"]
 
