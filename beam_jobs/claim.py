@@ -6,7 +6,9 @@ the claim while the job runs, and gives it up at the end. Taking a claim is atom
 claim written whole and then linked to its name on local disk, an object created only if none exists
 (`if_generation_match=0`) on gs://. A claim not renewed for STALE_AFTER_S (or, on this
 machine, one whose process is gone) belongs to a run that died: the next run takes it over,
-and says so. Other filesystems have no atomic create here: there the claim is checked, then
+and says so. A run stopped that long (Ctrl-Z, a suspended VM) may so lose its claim while it
+lives: before it changes the output it checks that the claim is still its own
+(`check_held`), and stops if not. Other filesystems have no atomic create here: there the claim is checked, then
 written, and a warning says that two runs started at the same moment are not told apart.
 """
 
@@ -42,6 +44,21 @@ class OutputBusyError(FileExistsError):
     """Another conversion is writing into the output folder; the message says which."""
 
 
+class ClaimLostError(RuntimeError):
+    """This run's claim on the output was taken over (it stopped renewing it for the lease:
+    stopped or suspended), or removed; the message says what became of the output."""
+
+
+def this_host() -> str:
+    """The host a claim names: its name, and on Linux its PID namespace, in which alone a
+    claim's pid can be looked up (containers may share a host name, not their processes)."""
+    try:
+        space = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return socket.gethostname()
+    return f"{socket.gethostname()} {space}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Holder:
     """Who holds a claim. Attributes: run id, host (JOB_HOST for a job launched without
@@ -55,7 +72,7 @@ class Holder:
     lease_s: float = STALE_AFTER_S
 
     def is_stale(self, now: float) -> bool:
-        if self.host == socket.gethostname() and not _alive(self.pid):
+        if self.host == this_host() and not _alive(self.pid):
             return True
         return now - self.renewed > self.lease_s
 
@@ -89,7 +106,7 @@ class Claim:
         self._handed_over = False
         now = time.time()
         run = run or uuid.uuid4().hex[:12]
-        self._me = Holder(run, socket.gethostname(), os.getpid(), now, now)
+        self._me = Holder(run, this_host(), os.getpid(), now, now)
         self._store = _store_for(self.path)
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=self._renew_until_stopped, daemon=True)
@@ -108,6 +125,15 @@ class Claim:
     @property
     def run(self) -> str:
         return self._me.run
+
+    def lost(self) -> ClaimLostError | None:
+        """None while this run holds the claim (or the storage cannot say); else the error
+        saying what became of it."""
+        try:
+            said = _lost(self._store, self._me.run)
+        except Exception:  # the storage cannot say: not known to be lost
+            return None
+        return None if said is None else _lost_error(paths.parent(self.path), self.run, said)
 
     def hand_over(self) -> None:
         """Leaves the claim to the job about to be launched: no more renewals from here, a lease of
@@ -146,6 +172,33 @@ class Claim:
                 self._store.renew(self._me)
             except Exception:  # a missed renewal is not fatal: ten in a row are
                 LOG.warning("Could not renew the claim %s", self.path, exc_info=True)
+
+
+def _lost(store, run: str) -> str | None:
+    holder = store.read()
+    if holder is not None and holder.run == run:
+        return None
+    return (f"{holder} holds it now" if holder is not None
+            else "no run holds it now (it was removed, or taken over and given up)")  # fmt: skip
+
+
+def check_held(folder: str, run: str) -> None:
+    """Raises ClaimLostError unless run `run` still holds the claim on `folder`: a run that
+    lost it (stopped for longer than the lease: Ctrl-Z, a suspended VM) must change nothing
+    there, where another run may have written since."""
+    said = _lost(_store_for(paths.join(folder, CLAIM_NAME)), run)
+    if said is not None:
+        raise _lost_error(folder, run, said)
+
+
+def _lost_error(folder: str, run: str, said: str) -> ClaimLostError:
+    return ClaimLostError(
+        f"This conversion (run {run}) no longer holds the claim on {folder}: {said}. It "
+        f"stopped renewing it for {STALE_AFTER_S:.0f} s (the process was stopped or "
+        "suspended, or could not reach the storage), so another conversion could take the "
+        f"folder over. This run changes nothing more in {folder}; check what is there "
+        "(tfrecord-pipe inspect --check), and run the conversion again if needed."
+    )
 
 
 def give_up(folder: str, run: str) -> None:

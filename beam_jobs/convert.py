@@ -117,14 +117,20 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
             held.hand_over()
         try:
             if launch.local_engine:
-                result = _run_locally(config, temp_dir, fixed_labels)
+                result = _run_locally(config, temp_dir, fixed_labels, claimed_by=run_id)
             else:
                 options = flags.pipeline_options(beam_args, save_main_session)
                 result = _run_pipeline(config, options, temp_dir, fixed_labels, local, waits,
-                                       run=run_id if no_wait else None)  # fmt: skip
-        except (ValueError, FileNotFoundError, FileExistsError):
-            raise  # bad input found while listing: its message says what to do
+                                       run=run_id if no_wait else None,
+                                       claimed_by=None if template else run_id)  # fmt: skip
         except Exception as err:
+            # Lost while this run was stopped (Ctrl-Z, a suspended VM): what failed may be
+            # the other run's doing (it removed this one's temporary folder).
+            lost = held.lost() if held is not None else None
+            if lost is not None:
+                raise JobFailedError(str(lost)) from err
+            if isinstance(err, (ValueError, FileNotFoundError, FileExistsError)):
+                raise  # bad input found while listing: its message says what to do
             said = finalise.nothing_written(temp_dir)  # the job's last step found no dataset
             if said is not None:
                 raise finalise.NothingWrittenError(said) from None
@@ -164,16 +170,16 @@ def _failed(config: ConvertConfig, temp_dir: str, err: Exception, verbose: bool)
     )
 
 
-def _run_locally(config: ConvertConfig, temp_dir: str, fixed_labels) -> None:
+def _run_locally(config: ConvertConfig, temp_dir: str, fixed_labels, claimed_by: str) -> None:
     """Runs the job on the local engine, with a progress line."""
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
         with worker_progress.ProgressLine(progress_dir):
             local_engine.run(config, temp_dir, fixed_labels, progress_dir,
-                             version=tfrecord_pipe.__version__)  # fmt: skip
+                             version=tfrecord_pipe.__version__, claimed_by=claimed_by)  # fmt: skip
 
 
 def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: bool,
-                  run: str | None):  # fmt: skip
+                  run: str | None, claimed_by: str | None):  # fmt: skip
     """Builds and starts the pipeline, waiting for it if `waits`; locally with a progress line
     summed over workers. `run` is the claim's run, for the job to give it up (None: the
     launcher gives it up). Returns Beam's result. The wheel `options` ship is removed after."""
@@ -188,6 +194,7 @@ def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: b
                 job, config, temp_dir, fixed_labels, progress_dir if local else None,
                 flags.local_load_threads(options) if local else 1,
                 version=tfrecord_pipe.__version__, run=run, launcher_waits=waits,
+                claimed_by=claimed_by,
             )  # fmt: skip
             shown = worker_progress.ProgressLine(progress_dir) if local else None
             with shown or contextlib.nullcontext():

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import time
 
 from beam_jobs import claim, storage, summary
 from beam_jobs.config import ConvertConfig
@@ -174,7 +176,8 @@ def _files_of(found: manifest.Manifest) -> list[str]:
 
 
 def finalise(
-    config: ConvertConfig, temp_dir: str, version: str, run: str | None = None
+    config: ConvertConfig, temp_dir: str, version: str, run: str | None = None,
+    claimed_by: str | None = None,
 ) -> manifest.Manifest:
     """Moves the job's outputs from `temp_dir` into the output folder; manifest.json last.
 
@@ -189,11 +192,15 @@ def finalise(
       temp_dir: where the pipeline wrote (`pipeline.build_pipeline`).
       version: the tfrecord-pipe version, for the manifest.
       run: the run holding the output's claim, which is given up at the end; None to leave it.
+      claimed_by: the run whose claim on the output must still be held before anything there
+        changes (`claim.check_held`); None where none claims it (a template's job).
 
     Returns:
       The manifest written.
 
     Raises:
+      claim.ClaimLostError: the claim of `claimed_by` was taken over (that run was stopped
+        for longer than the claim's lease); nothing more is changed in the output.
       NothingWrittenError: no input was listed, or every input was rejected. Nothing is
         finalised: an old dataset stays as it was, and the rejections stay in `temp_dir` for
         the user to read. The reason is also left in `temp_dir` (`nothing_written`).
@@ -246,6 +253,8 @@ def finalise(
                 f"{under} (cat/1.jpg, dog/2.jpg), or list them with their labels in a CSV file."
             )
         _nothing_written(out, temp_dir, run, said)
+    still_held = _ClaimGuard(out, claimed_by)
+    still_held(now=True)
     old = _old_dataset(config, temp_dir)
     # First: no manifest ever describes a mix, nor does TFDS's metadata (which a killed run
     # may have left without a manifest, so it goes whenever it is there).
@@ -256,7 +265,7 @@ def finalise(
         for name in (*_rejected_files(result), *_duplicates_file(result))
     ]
     paths.make_local_folder(paths.join(out, naming.REJECTED_DIR))
-    _move(moves)
+    _move(moves, still_held)
     if old is not None:
         replaced = {target for _, target in moves}
         stale = [
@@ -265,6 +274,7 @@ def finalise(
             if paths.join(out, name) not in replaced
         ]
         _delete_existing(stale)
+    still_held(now=True)
     for name, text in manifest.files_of(result):  # manifest.json last
         storage.write_bytes(paths.join(out, name), text.encode("utf-8"), mime_type="text/plain")
     storage.write_bytes(paths.join(temp_dir, DONE_NAME), b"")
@@ -326,8 +336,30 @@ def _replaced(temp_dir: str) -> manifest.Manifest | None:
     return manifest.Manifest.from_json(kept) if kept is not None else None
 
 
-def _move(moves: list[tuple[str, str]]) -> None:
-    """Renames each file into place; one already there (moved by an earlier try) is left."""
+class _ClaimGuard:
+    """Checks that run `run` still holds the claim on `out` (`claim.check_held`), before the
+    finalise changes anything there: always when asked `now`, else when a check is older than
+    CHECK_EVERY_S (the process may have been stopped in between: another run can take a claim
+    over only after STALE_AFTER_S of silence). Without a run (a template's job), nothing."""
+
+    CHECK_EVERY_S = 10.0
+
+    def __init__(self, out: str, run: str | None):
+        self._out, self._run, self._checked = out, run, -math.inf
+
+    def __call__(self, now: bool = False) -> None:
+        if self._run is None or (not now and time.time() - self._checked < self.CHECK_EVERY_S):
+            return
+        claim.check_held(self._out, self._run)
+        self._checked = time.time()
+
+
+MOVES_A_CHECK = 100  # renames between two looks at the claim (gs://: one batch of Beam's)
+
+
+def _move(moves: list[tuple[str, str]], still_held=lambda now=False: None) -> None:
+    """Renames each file into place; one already there (moved by an earlier try) is left.
+    `still_held` is asked before each group of renames."""
     pending = [(source, target) for source, target in moves if storage.exists(source)]
     missing = [
         source for source, target in moves
@@ -338,8 +370,10 @@ def _move(moves: list[tuple[str, str]]) -> None:
             f"{len(missing)} file(s) the job wrote are gone, e.g. {missing[0]}: was the "
             "temporary folder changed? Run the conversion again."
         )
-    if pending:
-        storage.rename([source for source, _ in pending], [target for _, target in pending])
+    for start in range(0, len(pending), MOVES_A_CHECK):
+        group = pending[start : start + MOVES_A_CHECK]
+        still_held()
+        storage.rename([source for source, _ in group], [target for _, target in group])
 
 
 def _shard_files(found: manifest.Manifest) -> list[str]:

@@ -44,10 +44,12 @@ def run(
     progress_dir: str | None = None,
     version: str = tfrecord_pipe.__version__,
     processes: int | None = None,
+    claimed_by: str | None = None,
 ) -> None:
     """Converts as `pipeline.build_pipeline` does: outputs land in `temp_dir`, then are
     finalised into the output folder (`finalise.finalise`, which raises NothingWrittenError
-    when every input was rejected). `progress_dir`: where the progress line's counts go.
+    when every input was rejected, and ClaimLostError when run `claimed_by` lost the output's
+    claim). `progress_dir`: where the progress line's counts go.
 
     Raises:
       ValueError, FileNotFoundError: bad input found while listing (its message says what
@@ -78,7 +80,7 @@ def run(
             .to_json().encode("utf-8"),
             mime_type="application/json",
         )
-    finalise.finalise(config, temp_dir, version)
+    finalise.finalise(config, temp_dir, version, claimed_by=claimed_by)
 
 
 class _Job:

@@ -275,11 +275,13 @@ class FinaliseDataset(beam.PTransform):
     """
 
     def __init__(self, config: ConvertConfig, temp_dir: str, version: str, run: str | None,
-                 written=(), says_warnings: bool = False):  # fmt: skip
+                 written=(), says_warnings: bool = False,
+                 claimed_by: str | None = None):  # fmt: skip
         """`says_warnings`: log the dataset's warnings (`Manifest.warnings`), for a job that
-        nobody waits for; a waiting launcher prints them with its summary."""
+        nobody waits for; a waiting launcher prints them with its summary. `claimed_by`: the
+        run whose claim on the output must still be held (`finalise.finalise`)."""
         super().__init__()
-        self._finalise = _Finalise(config, temp_dir, version, run, says_warnings)
+        self._finalise = _Finalise(config, temp_dir, version, run, says_warnings, claimed_by)
         self._written = written
 
     def expand(self, summary_path):
@@ -288,8 +290,8 @@ class FinaliseDataset(beam.PTransform):
 
 
 class _Finalise(beam.DoFn):
-    def __init__(self, config, temp_dir, version, run, says_warnings: bool):
-        self._args = (config, temp_dir, version, run)
+    def __init__(self, config, temp_dir, version, run, says_warnings: bool, claimed_by):
+        self._args = (config, temp_dir, version, run, claimed_by)
         self._says_warnings = says_warnings
 
     def process(self, summary_path, *written):
@@ -310,12 +312,14 @@ def build_pipeline(
     version: str = tfrecord_pipe.__version__,
     run: str | None = None,
     launcher_waits: bool = False,
+    claimed_by: str | None = None,
 ) -> None:
     """Adds the conversion's steps to `pipeline`: outputs land in `temp_dir`, and the last
     step finalises them into the output folder (`version`, this one's unless a test says
     otherwise, goes into the manifest, which readers judge by it; the claim
     of run `run` is given up at the end). Unless the `launcher_waits` for the job (to print
-    its summary), that step logs the dataset's warnings.
+    its summary), that step logs the dataset's warnings. It changes nothing in the output if
+    run `claimed_by` (None: no run claimed it, a template's job) has lost its claim.
 
     `progress_dir` and `load_threads` are for local runs: where LoadImages reports its counts
     for the progress line, and how many threads each LoadImages instance checks inputs on.
@@ -379,5 +383,5 @@ def build_pipeline(
     rejected_written = rejected | "WriteRejected" >> WriteRejected(temp_dir)
     _ = summary_path | "FinaliseDataset" >> FinaliseDataset(
         config, temp_dir, version, run, written=(rejected_written, duplicates_written),
-        says_warnings=not launcher_waits,
+        says_warnings=not launcher_waits, claimed_by=claimed_by,
     )

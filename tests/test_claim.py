@@ -31,7 +31,7 @@ def test_a_claimed_folder_refuses_a_second_conversion_naming_the_first(tmp_path)
 def write_claim(folder, **holder):
     folder.mkdir(parents=True, exist_ok=True)
     now = time.time()
-    fields = dict(run="dead", host=socket.gethostname(), pid=os.getpid(), started=now, renewed=now)
+    fields = dict(run="dead", host=claim.this_host(), pid=os.getpid(), started=now, renewed=now)
     (folder / claim.CLAIM_NAME).write_text(json.dumps({**fields, **holder}))
 
 
@@ -60,6 +60,47 @@ def test_a_live_claim_on_another_machine_is_respected(tmp_path):
     write_claim(tmp_path / "out", host="another-machine", pid=1)
     with pytest.raises(claim.OutputBusyError, match="host another-machine"):
         claim.Claim(str(tmp_path / "out")).acquire()
+
+
+@pytest.mark.parametrize("host", [f"{socket.gethostname()} pid:[1]", socket.gethostname()],
+                         ids=["another PID namespace", "a claim of 0.4"])
+def test_a_live_claim_whose_pid_this_host_cannot_see_is_respected(tmp_path, host):
+    # A container sharing the host's name (another PID namespace) found the running
+    # conversion's pid gone, took its claim over and wrote into its output (a reviewer's
+    # `unshare --pid`): a pid is looked up only in the namespace that names it.
+    write_claim(tmp_path / "out", host=host, pid=dead_pid())
+    with pytest.raises(claim.OutputBusyError, match="being written by another conversion"):
+        claim.Claim(str(tmp_path / "out")).acquire()
+
+
+@pytest.mark.parametrize("replacing", [False, True])
+def test_a_run_that_lost_its_claim_changes_nothing_in_the_output(tmp_path, monkeypatch,
+                                                                 replacing):  # fmt: skip
+    # A run stopped past the claim's lease (Ctrl-Z, a suspended VM) was taken over; resumed,
+    # it finalised over the other run's dataset, and both exited 0 (a reviewer's SIGSTOP).
+    from beam_jobs import local_engine
+
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    out = tmp_path / "out"
+    if replacing:
+        convert.run([str(src), str(out), *IN_PROCESS])
+    before = sorted(p.name for p in out.iterdir()) if replacing else []
+    write_shards = local_engine._Job.write_shards
+
+    def taken_over_meanwhile(job, labels):
+        write_claim(out, run="other", host="another-machine", pid=1)
+        return write_shards(job, labels)
+
+    monkeypatch.setattr(local_engine._Job, "write_shards", taken_over_meanwhile)
+    flags = ["--overwrite"] if replacing else []
+    with pytest.raises(convert.JobFailedError, match=f"no longer holds the claim on {out}: run "
+                                                     "other .*changes nothing more"):  # fmt: skip
+        convert.run([str(src), str(out), *flags, *IN_PROCESS])
+    left = sorted(p.name for p in out.iterdir() if not p.name.startswith(".tmp-"))
+    assert left == sorted([*before, claim.CLAIM_NAME] if replacing else [claim.CLAIM_NAME])
+    assert json.loads((out / claim.CLAIM_NAME).read_text())["run"] == "other"  # not removed
+    if replacing:
+        assert run_cli("verify", src, out).returncode == 0  # the dataset there, as it was
 
 
 def test_two_runs_claiming_at_the_same_moment_never_both_hold_it(tmp_path):
@@ -134,3 +175,28 @@ def test_a_stale_claim_on_gcs_is_taken_over_by_one_run_only(gcs):
     assert first.taken_over is not None and first.taken_over.run == "dead"
     with pytest.raises(claim.OutputBusyError):
         second.acquire()
+
+
+def test_a_finalise_that_loses_its_claim_midway_stops_at_the_next_group_of_moves(
+        tmp_path, monkeypatch):  # fmt: skip
+    # Stopped between two groups of renames for longer than the lease, it went on renaming
+    # its shards over those of the run that took the folder over.
+    from beam_jobs import finalise, storage
+
+    (tmp_path / "tmp").mkdir()
+    moves = []
+    for i in range(250):
+        (tmp_path / "tmp" / f"{i}.tfrecord").write_bytes(b"x")
+        moves.append((str(tmp_path / "tmp" / f"{i}.tfrecord"), str(tmp_path / f"{i}.tfrecord")))
+    write_claim(tmp_path, run="me")
+    rename = storage.rename
+
+    def taken_over_after(sources, targets):
+        rename(sources, targets)
+        write_claim(tmp_path, run="other", host="another-machine", pid=1)
+
+    monkeypatch.setattr(storage, "rename", taken_over_after)
+    monkeypatch.setattr(finalise._ClaimGuard, "CHECK_EVERY_S", 0.0)  # as after a long stop
+    with pytest.raises(claim.ClaimLostError, match="run other .*holds it now"):
+        finalise._move(moves, finalise._ClaimGuard(str(tmp_path), "me"))
+    assert len(list(tmp_path.glob("*.tfrecord"))) == finalise.MOVES_A_CHECK

@@ -65,8 +65,8 @@ def killed_after_moving(monkeypatch, config: ConvertConfig) -> None:
     """Runs the job with a finalise that dies once it has moved the files into place."""
     real_move = finalise._move
 
-    def dies_after_moving(moves):
-        real_move(moves)
+    def dies_after_moving(moves, still_held):
+        real_move(moves, still_held)
         raise OSError("worker lost after the moves")
 
     monkeypatch.setattr(finalise, "_move", dies_after_moving)
