@@ -54,7 +54,7 @@ import tfrecord_pipe
 from beam_jobs import (claim, finalise, flags, local_engine, sources, storage, worker_pool,
                        worker_progress)
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import manifest, messages, paths
+from tfrecord_pipe._core import manifest, messages, paths, program_exit
 
 LOG = logging.getLogger("beam_jobs.convert")
 FLEX_LAUNCHER = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in a Flex Template's launcher container
@@ -329,4 +329,4 @@ def _overwrites(argv: list[str] | None) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    program_exit.leave(main())

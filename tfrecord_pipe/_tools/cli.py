@@ -19,7 +19,7 @@ import math
 import os
 import sys
 
-from tfrecord_pipe._core import help_format, messages, naming, paths
+from tfrecord_pipe._core import help_format, messages, naming, paths, program_exit
 from tfrecord_pipe._reading import tensorflow_start
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -351,5 +351,10 @@ def _bench(args) -> int:
 COMMANDS = {"inspect": _inspect, "verify": _verify, "bench": _bench}
 
 
+def run() -> None:
+    """The `tfrecord-pipe` command: `main`, ended so that no thread can hold it up."""
+    program_exit.leave(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
