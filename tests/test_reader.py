@@ -218,6 +218,30 @@ def test_fewer_files_than_pipelines_shares_records_with_a_warning(tmp_path, capl
     assert all(seen), "a pipeline got nothing"
 
 
+def test_empty_shards_deal_records_with_a_warning_that_says_so(tmp_path, caplog):
+    # The warning said "5 files for 3 input pipelines ... write at least 3 shards".
+    folder = str(tmp_path / "ds")
+    write_dataset(folder, {"validation": [[0] * 5, [], [], [1], [2, 2]]})
+    input_fn = reader.make_input_fn(folder, is_training=False, image_size=SIZE, batch_size=6)
+    with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.file_share"):
+        seen = [real_labels(batches(input_fn(tf.distribute.InputContext(3, i, 3))))
+                for i in range(3)]  # fmt: skip
+    assert "some pipeline's files would hold no record (empty shards)" in caplog.text
+    assert "at least 3 shards" not in caplog.text
+    assert sorted(sum(seen, [])) == [0] * 5 + [1, 2, 2]
+
+
+def test_padded_evaluation_of_a_pattern_on_several_hosts_gives_advice_that_works(tmp_path):
+    # It said "or use eval_remainder='drop'", which several hosts refuse, and "replicas".
+    folder = tmp_path / "ds"
+    write_dataset(str(folder), {"validation": [[0, 1], [2]]})
+    (folder / "manifest.json").unlink()
+    with pytest.raises(ValueError, match=r"over 2 hosts needs record counts.*Read a dataset "
+                                         r"folder\.$"):  # fmt: skip
+        reader.make_input_fn(str(folder / "validation-*"), is_training=False, image_size=SIZE,
+                             batch_size=2, label_offset=1, host_index=0, host_count=2)()
+
+
 @pytest.mark.slow  # a subprocess: a regression would hang, and a test must not
 def test_more_pipelines_than_shards_gives_every_host_records_or_one_error_never_a_hang(tmp_path):
     # 10 shards of 2 records for 11 hosts: dealing each file's own records left hosts with
@@ -517,6 +541,25 @@ def test_a_missing_shard_fails_at_once_naming_it_or_is_skipped_when_asked(tmp_pa
     os.mkfifo(folder / "validation-00001-of-00002.tfrecord")
     with pytest.raises(ValueError, match=missing):
         reader.make_input_fn(str(folder), **options)()
+
+
+def test_hosts_whose_copies_lack_other_shards_skip_them_in_the_same_steps(tmp_path):
+    # Each host with its own copy (local disks), one copy lacking a shard, skip_corrupt: each
+    # host dealt the files of its own copy, so they took 4 and 3 steps (a pod waits for ever
+    # in the next collective) and counted 5 records twice (found by a reviewer).
+    shards = {"validation": [[0, 0], [1, 1, 1], [2], [0, 1], [2, 2, 2]]}
+    copies = [tmp_path / "host0", tmp_path / "host1"]
+    for copy in copies:
+        write_dataset(str(copy), shards)
+    (copies[1] / "validation-00000-of-00005.tfrecord").unlink()  # host 0 reads it
+    (copies[0] / "validation-00002-of-00005.tfrecord").unlink()  # host 0's own: skipped
+    read = [
+        batches(reader.make_input_fn(str(copy), is_training=False, image_size=SIZE, batch_size=2,
+                                     host_index=host, host_count=2, skip_corrupt=True)())
+        for host, copy in enumerate(copies)
+    ]  # fmt: skip
+    assert len(read[0]) == len(read[1])
+    assert sorted(real_labels(read[0]) + real_labels(read[1])) == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
 
 
 @pytest.mark.slow

@@ -41,6 +41,17 @@ class PipelineShare:
     record_shard: tuple[int, int] | None = None
     firsts: tuple[int, ...] | None = None
 
+    def without(self, missing) -> PipelineShare:
+        """This share without the files in `missing` (skip_corrupt): dealt as if they were
+        there, so every pipeline's share is what it would be on a host that has them."""
+        kept = [i for i, file in enumerate(self.files) if file not in missing]
+        return PipelineShare(
+            tuple(self.files[i] for i in kept),
+            None if self.record_counts is None else tuple(self.record_counts[i] for i in kept),
+            self.record_shard,
+            None if self.firsts is None else tuple(self.firsts[i] for i in kept),
+        )
+
     @property
     def stride(self) -> int:
         """Every how many records of a file this pipeline keeps (1: whole files). Only dealt
@@ -126,12 +137,21 @@ def pipeline_share(
         problem = empty_pipelines_problem(split, num_pipelines)
         if problem:
             raise ValueError(problem)
-    kept = share(split, num_pipelines, index)
-    if kept.record_shard is not None:
+    kept = share(split, num_pipelines, index)  # of every file listed, missing ones too
+    if split.missing:  # (skip_corrupt): dealt from another host's list, hosts read twice
+        kept = kept.without(split.missing)
+    if kept.record_shard is not None and len(split.files) < num_pipelines:
         log.warning(
             "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d "
             "of the records. Write at least %d shards (--num_shards) to read each once.",
             len(split.files), num_pipelines, num_pipelines, num_pipelines,
+        )  # fmt: skip
+    elif kept.record_shard is not None:
+        log.warning(
+            "%d files for %d input pipelines, but dealt whole, some pipeline's files would "
+            "hold no record (empty shards): each pipeline reads every file and keeps 1/%d of "
+            "the records. Convert again to write shards of equal counts.",
+            len(split.files), num_pipelines, num_pipelines,
         )  # fmt: skip
     return kept
 

@@ -49,10 +49,13 @@ def padded_batches(config, source, serialized, parse, batch, context) -> tf.data
     if steps is not None:
         return batches.take(steps)
     if context is not None and context.num_replicas_in_sync > 1:
+        hosts = context.num_input_pipelines > 1  # (where a dropped remainder is refused too)
+        over = (f"{context.num_input_pipelines} hosts" if hosts
+                else f"{context.num_replicas_in_sync} replicas")  # fmt: skip
         raise ValueError(
-            f"Padded evaluation over {context.num_replicas_in_sync} replicas needs record "
-            f"counts to give every replica the same number of batches, and {config.data} has "
-            "no manifest listing them. Read a dataset folder, or use eval_remainder='drop'."
+            f"Padded evaluation over {over} needs record counts to give each the same number "
+            f"of batches, and {config.data} has no manifest listing them. Read a dataset folder"
+            + ("." if hosts else ", or use eval_remainder='drop'.")
         )
     # One pipeline, one replica, count unknown: stop at the first batch that starts with filler.
     return batches.take_while(lambda images, labels, weights: weights[0] > 0)
@@ -82,8 +85,10 @@ def padded_weight(source: Source, steps: int | None, batch: int, context=None) -
     the slots (a warning says so).
     """
     num_pipelines, _ = file_share.pipeline_position(context)
-    records = source.split.num_examples
-    if steps is None or not records:
+    records = source.split.without_missing().num_examples  # (skip_corrupt: those read)
+    if records == 0:  # nothing to weigh (every shard empty)
+        return 1.0
+    if steps is None or records is None:
         log.warning(
             "Padded evaluation of %s without record counts: its loss is averaged over the "
             "padded batch slots, not the records (accuracy is right). Read a dataset folder.",

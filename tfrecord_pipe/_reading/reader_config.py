@@ -277,12 +277,13 @@ def resolve_source(config: ReaderConfig, found: dataset_lib.Dataset | None = Non
                 "read without them."
             )
         if chosen.missing:
+            # Kept in the split: hosts deal the files the manifest lists, whichever each has
+            # (copies of a dataset on each host's disk), so that they take the same steps.
             log.warning(
                 "skip_corrupt: reading split %r without %d missing shard file(s): %s",
                 split, len(chosen.missing), ", ".join(chosen.missing),
             )  # fmt: skip
-            chosen = chosen.without_missing()
-        if not chosen.files:
+        if len(chosen.missing) == len(chosen.files):
             raise ValueError(
                 f"Split {split!r} of {config.data} has no shards to read (0 examples written, "
                 "or all missing)."
