@@ -231,6 +231,20 @@ def test_empty_shards_deal_records_with_a_warning_that_says_so(tmp_path, caplog)
     assert sorted(sum(seen, [])) == [0] * 5 + [1, 2, 2]
 
 
+@pytest.mark.parametrize("counts, warned", [((6, 5, 5, 5, 5), True), ((5, 5, 5, 5), False)])
+def test_training_shares_of_uneven_totals_are_warned_of(tmp_path, caplog, counts, warned):
+    # Two hosts on 5 shards: shares of 16 and 10 records, each host going round its own, so
+    # over 10 epochs' steps 10 records were trained on 13 times and 16 on 8 (a reviewer).
+    folder = str(tmp_path / "ds")
+    write_dataset(folder, {"train": [[0] * n for n in counts]})
+    input_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2,
+                                    host_index=0, host_count=2)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.file_share"):
+        input_fn()
+    said = "their shares hold 10 to 16 records" in caplog.text and "multiple of 2" in caplog.text
+    assert said is warned
+
+
 def test_padded_evaluation_of_a_pattern_on_several_hosts_gives_advice_that_works(tmp_path):
     # It said "or use eval_remainder='drop'", which several hosts refuse, and "replicas".
     folder = tmp_path / "ds"

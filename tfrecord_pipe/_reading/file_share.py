@@ -138,6 +138,8 @@ def pipeline_share(
         if problem:
             raise ValueError(problem)
     kept = share(split, num_pipelines, index)  # of every file listed, missing ones too
+    if training and kept.record_shard is None:
+        _warn_of_uneven_shares(split, num_pipelines)
     if split.missing:  # (skip_corrupt): dealt from another host's list, hosts read twice
         kept = kept.without(split.missing)
     if kept.record_shard is not None and len(split.files) < num_pipelines:
@@ -154,6 +156,25 @@ def pipeline_share(
             len(split.files), num_pipelines, num_pipelines,
         )  # fmt: skip
     return kept
+
+
+UNEVEN = 1.25  # a share this many times another's: its records trained on that much less
+
+
+def _warn_of_uneven_shares(split: dataset.Split, num_pipelines: int) -> None:
+    """Each pipeline goes round its own share: dealt whole files of unequal totals, the
+    records of a small share are trained on more often than those of a large one."""
+    if num_pipelines < 2 or split.record_counts is None:
+        return
+    sizes = [share(split, num_pipelines, i).num_examples for i in range(num_pipelines)]
+    if min(sizes) and max(sizes) > UNEVEN * min(sizes):
+        log.warning(
+            "Training on %d input pipelines, dealt whole files of split %r: their shares hold "
+            "%d to %d records, so the records of the smallest are trained on about %.1fx as "
+            "often as those of the largest. Convert with --num_shards a multiple of %d to "
+            "even them.", num_pipelines, split.name, min(sizes), max(sizes),
+            max(sizes) / min(sizes), num_pipelines,
+        )  # fmt: skip
 
 
 def nothing_read(share) -> str:
