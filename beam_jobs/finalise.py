@@ -428,6 +428,7 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
             else (),
             label_counts=tuple(records.get((split, label), 0) for label in written.labels)
             if records else (),
+            file_bytes=tuple(s.bytes for f in naming.FILE_FORMATS for s in by_format[f]),
         )
     return manifest.Manifest(
         labels=written.labels,

@@ -149,3 +149,34 @@ def test_a_command_ends_though_a_library_left_a_thread_running(tmp_path, entry):
                "runpy.run_module('beam_jobs.convert', run_name='__main__')"
     done = run_python(code, timeout=120)  # (a hang fails the test, naming the timeout)
     assert done.returncode == (0 if entry == "tfrecord-pipe" else 2), done.stderr
+
+
+def test_a_shard_cut_short_is_refused_before_training_named_by_every_tool(converted_copy, caplog):
+    # A copy that stopped (rsync, gsutil) left a shard short: the seeded reader failed hours
+    # into training with TensorFlow's "truncated record", naming no file.
+    from tfrecord_pipe import reader
+
+    src, out = converted_copy
+    found = json.loads((out / "manifest.json").read_text())
+    for info in found["splits"].values():  # the converter lists every file's size
+        assert info["file_bytes"] == [(out / name).stat().st_size for name in info["files"]]
+    shard = out / found["splits"]["train"]["files"][0]
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[:-10])
+    options = dict(is_training=True, image_size=8, batch_size=2)
+    with pytest.raises(ValueError, match=f"split 'train' of {out} are not the size the "
+                                         f"manifest lists: {shard} holds {len(whole) - 10:,} "
+                                         f"bytes, the manifest lists {len(whole):,}. Cut short"):  # fmt: skip
+        reader.make_input_fn(str(out), seed=1, **options)()
+    reader.make_input_fn(str(out), skip_corrupt=True, **options)()  # warned, read as it can
+    assert "not of the size the manifest lists" in caplog.text
+    inspected = run_cli("inspect", out, "--check")
+    assert "1 of another size than listed" in inspected.stdout, inspected.stdout
+    assert f"{shard} holds {len(whole) - 10:,} bytes" in inspected.stdout
+    verified = run_cli("verify", src, out)
+    assert verified.returncode == 1 and f"{shard} holds" in verified.stdout
+    # A manifest written before sizes were listed is read as before.
+    for info in found["splits"].values():
+        del info["file_bytes"]
+    (out / "manifest.json").write_text(json.dumps(found))
+    reader.make_input_fn(str(out), seed=1, **options)()

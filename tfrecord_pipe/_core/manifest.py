@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import secrets
 
@@ -83,6 +84,9 @@ class SplitInfo:
       label_counts: the split's records of each label, in the manifest's label order (a
         class's share, for class weights; a label with none, for a warning); empty in
         manifests of tfrecord-pipe 0.4 and before.
+      file_bytes: the size of each shard file, in `all_files` order: a local copy cut short
+        (a copy that stopped) is refused before training rather than hours into it; empty
+        in manifests written before this field.
     """
 
     num_examples: int
@@ -94,6 +98,7 @@ class SplitInfo:
     array_record_files: tuple[str, ...] = ()
     shard_digests: tuple[str, ...] = ()
     label_counts: tuple[int, ...] = ()
+    file_bytes: tuple[int, ...] = ()
 
     @property
     def positions(self) -> str:
@@ -108,6 +113,27 @@ class SplitInfo:
     def all_files(self) -> tuple[str, ...]:
         """Every shard file of this split, of every format."""
         return self.files + self.array_record_files
+
+    def size_problems(self, folder: str, file_format: str | None = None) -> list[str]:
+        """Each shard file (of `file_format`, or of every format) in the local `folder` whose
+        size is not the one listed, said; none for a remote folder (an object is whole or
+        absent), a file that is not there (said as missing elsewhere), or a manifest that
+        lists no sizes."""
+        if not self.file_bytes or paths.is_remote(folder):
+            return []
+        wanted = set(self.files_of(file_format) if file_format else self.all_files)
+        problems = []
+        for name, listed in zip(self.all_files, self.file_bytes):
+            if name not in wanted:
+                continue
+            try:
+                size = os.stat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+            if size != listed:
+                problems.append(f"{os.path.join(folder, name)} holds {size:,} bytes, the "
+                                f"manifest lists {listed:,}")  # fmt: skip
+        return problems
 
     def __post_init__(self):
         for file_format in naming.FILE_FORMATS:
@@ -128,6 +154,12 @@ class SplitInfo:
             raise ValueError("label_counts must be counts: ints, 0 or more")
         if self.label_counts and sum(self.label_counts) != self.num_examples:
             raise ValueError(f"label_counts do not sum to num_examples ({self.num_examples})")
+        if self.file_bytes and len(self.file_bytes) != len(self.all_files):
+            raise ValueError(f"{len(self.file_bytes)} file_bytes for {len(self.all_files)} files")
+        if not all(type(n) is int and n >= 0 for n in self.file_bytes):
+            raise ValueError("file_bytes must be sizes: ints, 0 or more")
+        if self.file_bytes and sum(self.file_bytes) != self.num_bytes:
+            raise ValueError(f"file_bytes do not sum to num_bytes ({self.num_bytes})")
         if self.listed != self.num_examples + self.rejected:
             raise ValueError(
                 f"listed ({self.listed}) != num_examples ({self.num_examples}) + "
@@ -191,6 +223,7 @@ class Manifest:
             "duplicates": (bool(self.duplicates), DUPLICATES_AND_TFDS_SINCE),
             "label_counts": (any(i.label_counts for i in splits), COUNTS_PER_LABEL_SINCE),
             "shard_digests": (any(i.shard_digests for i in splits), COUNTS_PER_LABEL_SINCE),
+            "file_bytes": (any(i.file_bytes for i in splits), COUNTS_PER_LABEL_SINCE),
         }
         newer = [name for name, (holds, since) in held.items()
                  if holds and not self.written_since(since)]  # fmt: skip
@@ -357,16 +390,17 @@ class Manifest:
         data = dataclasses.asdict(self)
         # Optional fields left out where empty, as 0.4.0 wrote its manifests (0.4.0 reads none
         # with shard_digests: CHANGELOG.md).
-        # A split's label_counts on one line, not one number a line: 20,000 lines at 20,000
-        # labels. Put in place of a token no name can hold by chance.
+        # A split's label_counts (and file sizes) on one line, not one number a line: 20,000
+        # lines at 20,000 labels. Put in place of a token no name can hold by chance.
         token, one_line = secrets.token_hex(16), {}
         for split, info in data["splits"].items():
-            for optional in ("array_record_files", "shard_digests", "label_counts"):
+            for optional in ("array_record_files", "shard_digests", "label_counts", "file_bytes"):
                 if not info[optional]:
                     del info[optional]
-            if info.get("label_counts"):
-                one_line[f"{token}-{split}"] = json.dumps(info["label_counts"])
-                info["label_counts"] = f"{token}-{split}"
+            for numbers in ("label_counts", "file_bytes"):
+                if info.get(numbers):
+                    one_line[f"{token}-{numbers}-{split}"] = json.dumps(info[numbers])
+                    info[numbers] = f"{token}-{numbers}-{split}"
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
         for placeholder, counts in one_line.items():
             text = text.replace(json.dumps(placeholder), counts, 1)
@@ -410,10 +444,18 @@ def _split_info(name: str, info: dict) -> SplitInfo:
                 "array_record_files": tuple(info.get("array_record_files", ())),
                 "shard_digests": tuple(info.get("shard_digests", ())),
                 "label_counts": tuple(info.get("label_counts", ())),
+                "file_bytes": tuple(info.get("file_bytes", ())),
             }
         )
     except ValueError as err:
         raise ValueError(f"split {name}: {err}") from None
+
+
+def sizes_said(cut: list[str], shards: str) -> str:
+    """What to say of `shards` whose sizes are not listed ones (`SplitInfo.size_problems`)."""
+    return (f"{len(cut)} {shards} are not the size the manifest lists: {cut[0]}. Cut short, or "
+            "changed since the conversion (a copy that stopped?): copy them again, or convert "
+            "again")  # fmt: skip
 
 
 def not_a_dataset(folder: str) -> FileNotFoundError:

@@ -88,6 +88,9 @@ def find_split(data: str, split: str) -> Split:
             f"{len(missing)} ArrayRecord shard(s) of split {split!r} that the manifest lists are "
             f"missing: {', '.join(missing[:3])}. Restore them (tfrecord-pipe verify finds them)."
         )
+    if cut := info.size_problems(data, naming.ARRAY_RECORD):
+        raise ValueError(manifest_lib.sizes_said(cut, f"ArrayRecord shard(s) of split {split!r}")
+                         + " (tfrecord-pipe verify finds them).")  # fmt: skip
     return Split(split, files, info.shard_lengths, found.label_offset, len(found.labels),
                  info.positions)  # fmt: skip
 

@@ -9,7 +9,8 @@ import os
 
 import tensorflow as tf
 
-from tfrecord_pipe._core import arguments, keywords, naming
+from tfrecord_pipe._core import arguments, keywords, naming, paths
+from tfrecord_pipe._core import manifest as manifest_lib
 from tfrecord_pipe._reading import dataset as dataset_lib
 from tfrecord_pipe._reading import preprocess
 
@@ -276,6 +277,17 @@ def resolve_source(config: ReaderConfig, found: dataset_lib.Dataset | None = Non
                 f"{', '.join(chosen.missing[:3])}. Restore them, or pass skip_corrupt=True to "
                 "read without them."
             )
+        cut = found.manifest.splits[split].size_problems(paths.folder(config.data),
+                                                         found.file_format)  # fmt: skip
+        if cut and not config.skip_corrupt:
+            raise ValueError(
+                manifest_lib.sizes_said(cut, f"shard file(s) of split {split!r} of {config.data}")
+                + f" (`tfrecord-pipe inspect {config.data} --check` checks every shard); or "
+                "pass skip_corrupt=True to read what they hold."
+            )
+        if cut:
+            log.warning("skip_corrupt: reading split %r with %d shard file(s) not of the size "
+                        "the manifest lists: %s", split, len(cut), "; ".join(cut))  # fmt: skip
         if chosen.missing:
             # Kept in the split: hosts deal the files the manifest lists, whichever each has
             # (copies of a dataset on each host's disk), so that they take the same steps.

@@ -80,6 +80,7 @@ class SplitSummary:
     problems: tuple[str, ...] = ()
     missing: int = 0
     checked: bool = False
+    resized: int = 0  # shards not of the size the manifest lists
 
     @property
     def listed(self) -> int | None:
@@ -157,6 +158,11 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
     if not files:  # every input of the split was rejected, or every shard is missing
         return SplitSummary(split.name, (), 0, True, {}, (), (), tuple(problems),
                             len(split.missing), check_counts)  # fmt: skip
+    resized = []
+    if found.manifest is not None and not found.is_pattern:
+        resized = found.manifest.splits[split.name].size_problems(
+            paths.folder(found.path), found.file_format)  # fmt: skip
+        problems += [f"{said}: cut short, or changed since the conversion" for said in resized]
     sizes = [tf.io.gfile.stat(path).length for path in files]
     counted = [None] * len(files)
     if check_counts:
@@ -200,6 +206,7 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
         problems=tuple(problems),
         missing=len(split.missing),
         checked=check_counts,
+        resized=len(resized),
     )
 
 
@@ -264,7 +271,8 @@ def _count_verdict(split: SplitSummary, listed: int | None) -> str:
     unreadable = sum(shard.counted is None for shard in split.shards)
     other = sum(shard.miscounted for shard in split.shards)
     faults = [f"{n} {what}" for n, what in ((split.missing, "missing"), (unreadable, "unreadable"),
-              (other, "holding another count than listed")) if n]  # fmt: skip
+              (other, "holding another count than listed"),
+              (split.resized, "of another size than listed")) if n]  # fmt: skip
     read = sum(shard.counted or 0 for shard in split.shards)
     of = f" of {listed} listed" if listed is not None else ""
     return f"{'MISMATCH: ' + ', '.join(faults) if faults else 'OK'} ({read} records read{of})"

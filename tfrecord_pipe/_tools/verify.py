@@ -77,6 +77,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     problems.extend(reading.check_descriptions(dataset, found), FILES)
     problems.extend(reading.check_rejection_files(dataset, found), FILES)
     problems.extend(reading.check_stray_shards(dataset, found), FILES)
+    problems.extend(reading.check_shard_sizes(dataset, found), FILES)
     problems.extend(reading.check_manifest(found), FILES)
     processes = processes or worker_pool.processes()
     listed_count = sum(info.listed for info in found.splits.values())  # as the manifest says

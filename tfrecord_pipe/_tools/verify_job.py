@@ -72,6 +72,7 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False,
     descriptions = reading.check_descriptions(dataset, found)
     descriptions += reading.check_rejection_files(dataset, found)
     descriptions += reading.check_stray_shards(dataset, found)
+    descriptions += reading.check_shard_sizes(dataset, found)
     descriptions += reading.check_manifest(found)
     extras = worker_wheel.WORKER_EXTRAS + (("reader",) if decode else ())
     options = flags.pipeline_options(beam_args, False, worker_extras=extras)

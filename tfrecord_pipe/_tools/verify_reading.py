@@ -196,6 +196,11 @@ def check_stray_shards(dataset: str, found: manifest.Manifest) -> list[str]:
     ]
 
 
+def check_shard_sizes(dataset: str, found: manifest.Manifest) -> list[str]:
+    """Each local shard file of another size than the manifest lists (readers refuse it)."""
+    return [problem for info in found.splits.values() for problem in info.size_problems(dataset)]
+
+
 def shards_of(found: manifest.Manifest) -> list[tuple[str, str, int, str | None]]:
     """(split, file name, records the manifest lists, the same shard in the other format or
     None) for every shard, of the format read first (TFRecord, if the dataset has it);
