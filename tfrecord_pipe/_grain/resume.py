@@ -9,6 +9,11 @@ import json
 from tfrecord_pipe._core import manifest
 from tfrecord_pipe._grain.source import Split
 
+try:  # A Grain iterator, so that Grain's and Orbax's checkpointing take it as one.
+    from grain import DatasetIterator as _GrainIterator
+except ImportError:  # (the Grain path says what to install when it is used)
+    _GrainIterator = object
+
 
 def fingerprint(split: Split) -> str:
     """What names the records and their order (`manifest.split_identity`): a dataset converted
@@ -31,12 +36,14 @@ class GrainInput:
         return ResumableBatches(iter(self.dataset), self.settings)
 
 
-class ResumableBatches:
+class ResumableBatches(_GrainIterator):
     """Grain's iterator, with a state that says what it is a position in: `set_state` refuses
     a state saved by a pipeline with other records, seed, batch, hosts or workers, whose
-    position would silently mean other batches."""
+    position would silently mean other batches. A `grain.DatasetIterator`: Grain's
+    `checkpoint.CheckpointHandler` (Orbax) saves and restores it."""
 
     def __init__(self, iterator, settings: dict):
+        super().__init__(iterator)  # Grain's own iterator is its parent (prefetch, close)
         self._iterator = iterator
         self._settings = settings
 
