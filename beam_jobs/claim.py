@@ -80,7 +80,9 @@ class Holder:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
         if self.host == JOB_HOST:
             return f"run {self.run} (a job launched without waiting, started {started})"
-        return f"run {self.run} (host {self.host}, pid {self.pid}, started {started})"
+        name, _, space = self.host.partition(" ")  # (`this_host`: the name, the namespace)
+        pid = f"pid {self.pid}" + (f" in {space}" if space else "")
+        return f"run {self.run} (host {name}, {pid}, started {started})"
 
 
 def _alive(pid: int) -> bool:
@@ -193,11 +195,11 @@ def check_held(folder: str, run: str) -> None:
 
 def _lost_error(folder: str, run: str, said: str) -> ClaimLostError:
     return ClaimLostError(
-        f"This conversion (run {run}) no longer holds the claim on {folder}: {said}. It "
-        f"stopped renewing it for {STALE_AFTER_S:.0f} s (the process was stopped or "
-        "suspended, or could not reach the storage), so another conversion could take the "
-        f"folder over. This run changes nothing more in {folder}; check what is there "
-        "(tfrecord-pipe inspect --check), and run the conversion again if needed."
+        f"This conversion (run {run}) no longer holds the claim on {folder}: {said}. A claim "
+        "is taken over once its lease ends unrenewed (this process stopped or suspended, its "
+        "storage out of reach, a job's 48-hour lease spent), or it was removed. This run "
+        f"changes nothing more in {folder}; check what is there (tfrecord-pipe inspect "
+        f"{folder} --check), and run the conversion again if needed."
     )
 
 

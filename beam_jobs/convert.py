@@ -138,6 +138,10 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
         if not waits:
             _say_launched(config, template, result)
             return None
+        # A finalise that found its temporary folder gone and a manifest in OUT took it for
+        # its own, finished before: where another run took the claim over, that one's.
+        if (lost := held.lost()) is not None:
+            raise JobFailedError(str(lost))
     found = finalise.read_manifest(config.output)
     print(finalise.summary_line(found, config.output, time.monotonic() - started), flush=True)
     return found
@@ -329,4 +333,4 @@ def _overwrites(argv: list[str] | None) -> bool:
 
 
 if __name__ == "__main__":
-    program_exit.leave(main())
+    program_exit.run(main)

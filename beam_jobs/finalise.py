@@ -273,6 +273,7 @@ def finalise(
             for name in (*_shard_files(old), *_rejected_files(old), *_duplicates_file(old))
             if paths.join(out, name) not in replaced
         ]
+        still_held()
         _delete_existing(stale)
     still_held(now=True)
     for name, text in manifest.files_of(result):  # manifest.json last

@@ -137,17 +137,21 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
     others = sorted(folders - set(naming.SPLIT_ORDER))[:5] + (["files"] if has_files else [])
     if folders <= naming.SPLIT_LIKE:
         # Every folder named like a split (ImageNet's and Imagenette's val/, Kaggle's test1/).
-        # One holding images itself and no folder (Kaggle's train/cat.0.jpg, ImageNet's val/)
-        # has no labels under either layout. (A `train/` beside `cats/` may be a label.)
+        # Where none holds label folders (Kaggle's train/cat.0.jpg beside test1/), neither
+        # layout gives any image a label. One flat split beside labelled ones (an unlabelled
+        # test/, ImageNet's val/) has its images rejected `no_label`, the others converted.
+        # (A `train/` beside `cats/` may be a label.)
         named = sorted(folders, key=naming.split_order)
-        flat = [name for name in named if _holds_only_files(paths.join(root, name))]
-        if flat:
+        held = {name: storage.children(paths.join(root, name)) for name in named}
+        flat = [name for name in named if not held[name][0]
+                and any(not file.startswith(".") for file in held[name][1])]  # (.DS_Store)
+        if flat and not any(sub_folders for sub_folders, _ in held.values()):
             raise ValueError(
                 f"{root} holds folders named like splits ({', '.join(named)}), and "
                 f"{paths.join(root, flat[0])} holds images itself, not label folders: neither "
                 "--layout labels (the split folders would be classes) nor --layout splits "
                 "gives them labels. List them with their labels in a CSV file "
-                "(path,label[,split]), or move that folder out of SRC."
+                "(path,label[,split])."
             )
         if not has_files:
             if converting:
@@ -158,12 +162,6 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
         f"({', '.join(others)}): is {splits[0]!r} a label or a split? Pass --layout labels "
         "(every folder is a label) or --layout splits (SRC/<split>/<label>/...)."
     )
-
-
-def _holds_only_files(folder: str) -> bool:
-    """Whether `folder` holds files (other than hidden ones: `.DS_Store`) and no folder."""
-    folders, files = storage.children(folder)
-    return not folders and any(not name.startswith(".") for name in files)
 
 
 def _refuse_fraction(config: ConvertConfig, because: str) -> None:

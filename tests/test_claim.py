@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -175,6 +176,28 @@ def test_a_stale_claim_on_gcs_is_taken_over_by_one_run_only(gcs):
     assert first.taken_over is not None and first.taken_over.run == "dead"
     with pytest.raises(claim.OutputBusyError):
         second.acquire()
+
+
+def test_a_run_taken_over_before_it_finalised_does_not_report_the_other_run_s_dataset(
+        tmp_path, monkeypatch):  # fmt: skip
+    # The run that took over removed this one's temporary folder; finalising, this one found
+    # a manifest and no summary, took the dataset for its own finished one, and exited 0
+    # printing it (a reviewer's case).
+    from beam_jobs import finalise, local_engine
+
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    out = tmp_path / "out"
+    convert.run([str(src), str(out), *IN_PROCESS])
+    real = finalise.finalise
+
+    def taken_over_first(config, temp_dir, *args, **kwargs):
+        shutil.rmtree(temp_dir)
+        write_claim(out, run="other", host="another-machine", pid=1)
+        return real(config, temp_dir, *args, **kwargs)
+
+    monkeypatch.setattr(local_engine.finalise, "finalise", taken_over_first)
+    with pytest.raises(convert.JobFailedError, match="no longer holds the claim"):
+        convert.run([str(src), str(out), "--overwrite", *IN_PROCESS])
 
 
 def test_a_finalise_that_loses_its_claim_midway_stops_at_the_next_group_of_moves(

@@ -574,6 +574,15 @@ def test_hosts_whose_copies_lack_other_shards_skip_them_in_the_same_steps(tmp_pa
     ]  # fmt: skip
     assert len(read[0]) == len(read[1])
     assert sorted(real_labels(read[0]) + real_labels(read[1])) == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+    # Training on a host whose copy lacks its whole share: said, not TensorFlow's "buffer_size
+    # must be greater than zero" (a reviewer).
+    (copies[0] / "validation-00004-of-00005.tfrecord").unlink()
+    (copies[0] / "validation-00000-of-00005.tfrecord").unlink()
+    with pytest.raises(ValueError, match="Every file of this input pipeline's share of split "
+                                         "'validation' is missing here.*Restore them"):  # fmt: skip
+        reader.make_input_fn(str(copies[0]), split="validation", is_training=True,
+                             image_size=SIZE, batch_size=2, host_index=0, host_count=2,
+                             skip_corrupt=True)()  # fmt: skip
 
 
 @pytest.mark.slow

@@ -141,7 +141,15 @@ def pipeline_share(
     if training and kept.record_shard is None:
         _warn_of_uneven_shares(split, num_pipelines)
     if split.missing:  # (skip_corrupt): dealt from another host's list, hosts read twice
+        gone = [file for file in kept.files if file in split.missing]
         kept = kept.without(split.missing)
+        if training and gone and not kept.files:
+            raise ValueError(
+                f"Every file of this input pipeline's share of split {split.name!r} is missing "
+                f"here ({', '.join(gone[:3])}{', ...' if len(gone) > 3 else ''}): pipeline "
+                f"{index} of {num_pipelines} reads those of the files the manifest lists, "
+                "and training needs records. Restore them on this host."
+            )
     if kept.record_shard is not None and len(split.files) < num_pipelines:
         log.warning(
             "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d "
@@ -168,12 +176,13 @@ def _warn_of_uneven_shares(split: dataset.Split, num_pipelines: int) -> None:
         return
     sizes = [share(split, num_pipelines, i).num_examples for i in range(num_pipelines)]
     if min(sizes) and max(sizes) > UNEVEN * min(sizes):
+        advice = (f" Convert with --num_shards a multiple of {num_pipelines} to even them."
+                  if len(split.files) % num_pipelines else "")  # fmt: skip
         log.warning(
             "Training on %d input pipelines, dealt whole files of split %r: their shares hold "
             "%d to %d records, so the records of the smallest are trained on about %.1fx as "
-            "often as those of the largest. Convert with --num_shards a multiple of %d to "
-            "even them.", num_pipelines, split.name, min(sizes), max(sizes),
-            max(sizes) / min(sizes), num_pipelines,
+            "often as those of the largest.%s", num_pipelines, split.name, min(sizes),
+            max(sizes), max(sizes) / min(sizes), advice,
         )  # fmt: skip
 
 

@@ -153,9 +153,15 @@ class FitResume(tf.keras.callbacks.Callback):
             stem, suffix = os.path.splitext(FACTS_NAME)
             others = sorted(other for other in tf.io.gfile.listdir(folder)
                             if other.startswith(stem) and other.endswith(suffix))  # fmt: skip
-            why = ("removed, or the backup was made before FitResume was used" if not others
-                   else f"the backup holds {', '.join(others[:2])}: saved by a run of another "
-                   "number of hosts?")  # fmt: skip
+            if not others:
+                why = "removed, or the backup was made before FitResume was used"
+            elif others == [FACTS_NAME]:
+                why = (f"the backup holds {FACTS_NAME}, one file for every host: written on "
+                       "one host, or on several by tfrecord-pipe before 0.5, where the last "
+                       "host to write it decided what it says")
+            else:
+                why = (f"the backup holds {', '.join(others[:2])}: saved by a run of another "
+                       "number of hosts?")
             raise ValueError(
                 f"The backup in {folder} holds {self.restored_steps} steps, but not what they "
                 f"mean: {name} is missing ({why}), so its position may mean other batches. "

@@ -49,7 +49,7 @@ def padded_batches(config, source, serialized, parse, batch, context) -> tf.data
     if steps is not None:
         return batches.take(steps)
     if context is not None and context.num_replicas_in_sync > 1:
-        hosts = context.num_input_pipelines > 1  # (where a dropped remainder is refused too)
+        hosts = context.num_input_pipelines > 1  # (host_count refuses a dropped remainder)
         over = (f"{context.num_input_pipelines} hosts" if hosts
                 else f"{context.num_replicas_in_sync} replicas")  # fmt: skip
         raise ValueError(

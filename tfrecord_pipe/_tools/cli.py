@@ -353,7 +353,7 @@ COMMANDS = {"inspect": _inspect, "verify": _verify, "bench": _bench}
 
 def run() -> None:
     """The `tfrecord-pipe` command: `main`, ended so that no thread can hold it up."""
-    program_exit.leave(main())
+    program_exit.run(main)
 
 
 if __name__ == "__main__":
