@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tfrecord_pipe import grain
 
@@ -14,8 +15,10 @@ IMAGE_SIZE = 32
 POOLED = 16
 HIDDEN = 64
 
-_SCALE = jnp.asarray([1 / s for s in grain.STDDEV_RGB])
-_SHIFT = jnp.asarray([-m / s for m, s in zip(grain.MEAN_RGB, grain.STDDEV_RGB)])
+# numpy, not JAX, arrays: made at import, JAX ones would start JAX's backend before a
+# program could join other hosts (jax.distributed.initialize must come first).
+_SCALE = np.asarray([1 / s for s in grain.STDDEV_RGB], np.float32)
+_SHIFT = np.asarray([-m / s for m, s in zip(grain.MEAN_RGB, grain.STDDEV_RGB)], np.float32)
 
 
 def normalize(images):

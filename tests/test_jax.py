@@ -194,3 +194,38 @@ def test_keras_on_jax_and_plain_jax_learn_from_the_reader_and_export(tmp_path):
     assert sum(jax_run["losses"][-10:]) < sum(jax_run["losses"][:10]) / 4
     assert jax_run["accuracy"] == 1.0 and jax_run["images"] == 7
     assert result["tensorflow_devices"] == ["CPU"]
+
+
+@pytest.mark.slow  # two JAX processes joined, twice
+def test_the_jax_examples_on_two_hosts_train_one_model(tmp_path):
+    # They ran on several hosts but averaged nothing across them: each host trained a model of
+    # its own (parameters a11abd... and 333266..., a reviewer), and the Grain example's hosts
+    # wrote one checkpoint over each other's.
+    colours = str(tmp_path / "colours")
+    write_dataset(colours, {"train": [[0, 1, 2] * 5] * 4, "validation": [[0, 1, 2, 0, 1], [2, 1]]})
+    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    examples = {"jax_loop": [colours, "--batch_size", "8"],
+                "grain_loop": [str(tmp_path / "grain"), str(tmp_path / "work"),
+                               "--batch_size", "4", "--save_every", "5"]}  # fmt: skip
+    from beam_jobs import convert  # the Grain example reads ArrayRecord shards
+    from helpers import IN_PROCESS, write_image_folder
+
+    src = write_image_folder(tmp_path / "src", per_label=6)
+    convert.run([str(src), str(tmp_path / "grain"), "--formats", "tfrecord,array_record",
+                 "--validation_fraction", "0.3", *IN_PROCESS])  # fmt: skip
+    for example, args in examples.items():
+        address = f"127.0.0.1:{free_port()}"
+        runs = [subprocess.Popen(
+            [sys.executable, "-m", f"examples.{example}", *args, "--steps", "10",
+             "--coordinator", address, "--num_processes", "2", "--process_id", str(host)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        ) for host in range(2)]  # fmt: skip
+        said = []
+        for run in runs:
+            stdout, stderr = run.communicate(timeout=300)
+            assert run.returncode == 0, (stdout + stderr)[-3000:]
+            said.append([line for line in stdout.splitlines() if "parameters" in line
+                         or "validation accuracy" in line])  # fmt: skip
+        assert said[0] == said[1] and len(said[0]) >= 1, (example, said)  # one model, one score
+    assert sorted(p.name for p in (tmp_path / "work").glob("checkpoint*.npz")) == [
+        "checkpoint.host-00000-of-00002.npz", "checkpoint.host-00001-of-00002.npz"]

@@ -131,7 +131,8 @@ def _cv2():
         import cv2
     except ImportError as err:
         raise ImportError(
-            "The Grain path decodes with OpenCV: pip install 'tfrecord-pipe[grain]'."
+            "The Grain path decodes with OpenCV: install the grain extra (pip install -c "
+            "constraints.txt '.[grain]' in the clone)."
         ) from err
     return cv2
 

@@ -18,7 +18,8 @@ def grain_module():
         import grain
     except ImportError as err:
         raise ImportError(
-            "The Grain path needs Grain and array-record: pip install 'tfrecord-pipe[grain]'."
+            "The Grain path needs Grain and array-record: install the grain extra (pip install "
+            "-c constraints.txt '.[grain]' in the clone)."
         ) from err
     return grain
 
