@@ -338,6 +338,8 @@ def _serve(connection, launcher: fork_server.Launcher, start_method: str, initia
             answer = (_FAILED, err)
         try:
             connection.send(answer)
+        except OSError:  # the launcher is gone (its end closed): nobody to answer, nor to tell
+            return
         except Exception as err:  # it does not pickle; nothing was sent
             connection.send((_FAILED, WorkerError(
                 f"{type(answer[1]).__name__}, which cannot be sent back: {err}", traceback.format_exc())))

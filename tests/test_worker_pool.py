@@ -106,6 +106,18 @@ def test_what_cannot_travel_fails_its_task_and_the_pool_goes_on():
         assert pool.submit(abs, -3).result(timeout=60) == 3
 
 
+def test_a_worker_whose_launcher_is_gone_ends_quietly(monkeypatch):
+    # With the fork server killed under `verify`, each worker's answer met a closed pipe, and
+    # its report of that failure too: a traceback printed twice before the one-line error.
+    import multiprocessing
+
+    monkeypatch.setattr(worker_pool, "_start", lambda *_: None)
+    worker, launcher = multiprocessing.Pipe()
+    launcher.send((len, ([1, 2],)))
+    launcher.close()  # gone before the answer
+    worker_pool._serve(worker, None, "fork", None, ())  # returns, raising nothing
+
+
 def test_a_callback_that_submits_as_the_pool_breaks_is_told_and_nothing_waits():
     # Futures resolved while the pool's lock was held: a done-callback that submitted
     # waited on that lock for ever, and so did the job.
