@@ -104,6 +104,14 @@ def test_an_array_record_only_dataset_is_verified_and_inspected_and_the_reader_s
         dataset.resolve(str(out), naming.TFRECORD)
 
 
+def test_a_pattern_of_a_datasets_array_record_files_is_told_the_tfrecord_ones(both):
+    # It said to convert again with both formats, which the dataset had.
+    with pytest.raises(ValueError, match="matches ArrayRecord shards, and the tf.data reader "
+                                         "reads TFRecord: pass the dataset folder"):  # fmt: skip
+        reader.make_input_fn(str(both[1] / "train-*.array_record"), is_training=True,
+                             image_size=32, batch_size=2)()  # fmt: skip
+
+
 @pytest.mark.slow
 def test_verify_finds_an_array_record_shard_damaged_cut_or_swapped(both, tmp_path):
     import shutil

@@ -89,6 +89,11 @@ class Dataset:
     def require_tfrecord(self, reader: str) -> None:
         """Raises ValueError unless `files` are TFRecord files, which `reader` reads."""
         if self.file_format != naming.TFRECORD:
+            if self.manifest is not None and naming.TFRECORD in self.manifest.file_formats:
+                raise ValueError(  # a pattern of a dataset's ArrayRecord files
+                    f"{self.path} matches ArrayRecord shards, and {reader} reads TFRecord: "
+                    "pass the dataset folder, or a pattern of its .tfrecord files."
+                )
             raise ValueError(
                 f"{self.path} holds ArrayRecord shards only, and {reader} reads TFRecord. Read "
                 "it with tfrecord_pipe.grain, or convert again with --formats "
