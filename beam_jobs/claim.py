@@ -8,8 +8,9 @@ claim written whole and then linked to its name on local disk, an object created
 machine, one whose process is gone) belongs to a run that died: the next run takes it over,
 and says so. A run stopped that long (Ctrl-Z, a suspended VM) may so lose its claim while it
 lives: before it changes the output it checks that the claim is still its own
-(`check_held`), and stops if not. Other filesystems have no atomic create here: there the claim is checked, then
-written, and a warning says that two runs started at the same moment are not told apart.
+(`check_held`), and stops if not. Other filesystems have no atomic create here: there the
+claim is checked, then written, and a warning says that two runs started at the same moment
+are not told apart.
 """
 
 from __future__ import annotations

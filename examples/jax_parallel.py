@@ -50,8 +50,10 @@ class DataParallel:
         """This host's batch is split over its devices: it must divide evenly."""
         devices = jax.local_device_count()
         if batch % devices:
-            raise SystemExit(f"error: {what} gives this host batches of {batch}, which do not "
-                             f"divide among its {devices} devices: use a multiple of {devices}.")  # fmt: skip
+            raise SystemExit(
+                f"error: {what} gives this host batches of {batch}, which do not divide among "
+                f"its {devices} devices: use a multiple of {devices}."
+            )
 
     def global_batch(self, *local_arrays) -> tuple[jax.Array, ...]:
         """This host's arrays as its part of arrays over every host's devices."""

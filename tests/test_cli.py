@@ -166,9 +166,9 @@ def test_a_shard_cut_short_is_refused_before_training_named_by_every_tool(conver
     whole = shard.read_bytes()
     shard.write_bytes(whole[:-10])
     options = dict(is_training=True, image_size=8, batch_size=2)
-    with pytest.raises(ValueError, match=f"split 'train' of {out} are not the size the "
-                                         f"manifest lists: {shard} holds {len(whole) - 10:,} "
-                                         f"bytes, the manifest lists {len(whole):,}. Cut short"):  # fmt: skip
+    said = (f"split 'train' of {out} are not the size the manifest lists: {shard} holds "
+            f"{len(whole) - 10:,} bytes, the manifest lists {len(whole):,}. Cut short")
+    with pytest.raises(ValueError, match=said):
         reader.make_input_fn(str(out), seed=1, **options)()
     reader.make_input_fn(str(out), skip_corrupt=True, **options)()  # warned, read as it can
     assert "not of the size the manifest lists" in caplog.text

@@ -94,8 +94,9 @@ def test_inspect_check_says_mismatch_for_a_missing_or_cut_shard_and_names_it(con
     cut.write_bytes(cut.read_bytes()[:-30])
     text = run_cli("inspect", out, "--check").stdout
     assert (f"train: {info.num_examples} records in {len(info.files)} shards (1 missing)") in text
+    left = info.num_examples - info.shard_lengths[0] - info.shard_lengths[1]
     assert ("counts checked against the shards: MISMATCH: 1 missing, 1 unreadable, 1 of "
-            f"another size than listed ({info.num_examples - info.shard_lengths[0] - info.shard_lengths[1]} records read "
+            f"another size than listed ({left} records read "
             f"of {info.num_examples} listed)") in text  # fmt: skip
     sampled = run_cli("inspect", out).stdout
     assert f"reading a sample stopped after 0 records, at {cut}: " in sampled, sampled

@@ -257,12 +257,26 @@ def test_a_function_of_several_steps_a_call_reads_on_exactly_after_a_restore(fol
     checkpoint = tf.train.Checkpoint(iterator=iterator)
     kept = iterator.in_function()
     checkpoint.read(path).assert_consumed()
-    with pytest.raises(tf.errors.InvalidArgumentError, match="restored from a checkpoint, or a step of it failed, after"):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="restored from a checkpoint, or a step of it failed, after"):
         steps(kept, tf.constant(1))  # the stream from before the restore: refused, not read
     restored = distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)
     tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
     assert got[:6] + run(restored, 4) == reference
     assert run(iterator, 4) == reference[6:]  # the one restored in place, too
+
+
+def damaged_copy(folder, tmp_path):
+    """(a copy of the dataset with a record of its second shard failing its CRC, that shard,
+    the shard's good bytes)."""
+    damaged = tmp_path / "ds"
+    shutil.copytree(folder, damaged)
+    shard = damaged / "train-00001-of-00003.tfrecord"
+    good = shard.read_bytes()
+    data = bytearray(good)
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return damaged, shard, good
 
 
 def test_a_step_that_fails_is_taken_again_not_skipped(folder, tmp_path):
@@ -272,13 +286,7 @@ def test_a_step_that_fails_is_taken_again_not_skipped(folder, tmp_path):
     from tfrecord_pipe import distribute
 
     reference = [keys.numpy().tolist() for _, (_, _, keys) in zip(range(12), seeded_fn(folder)())]
-    damaged = tmp_path / "ds"
-    shutil.copytree(folder, damaged)
-    shard = damaged / "train-00001-of-00003.tfrecord"
-    good = shard.read_bytes()
-    data = bytearray(good)
-    data[len(data) // 2] ^= 0xFF  # a record's CRC fails
-    shard.write_bytes(bytes(data))
+    damaged, shard, good = damaged_copy(folder, tmp_path)
     iterator = distribute.resumable_iterator(tf.distribute.get_strategy(), seeded_fn(str(damaged)))
     with pytest.raises(tf.errors.DataLossError):
         for _ in range(RECORDS):
@@ -313,13 +321,7 @@ def test_numpy_batches_after_a_caught_error_tries_that_batch_again(folder, tmp_p
     # one behind: a resume from it gave a batch twice (found by a reviewer).
     reference = [keys.tolist() for _, (_, _, keys) in
                  zip(range(12), seeded_fn(folder).numpy_batches())]  # fmt: skip
-    damaged = tmp_path / "ds"
-    shutil.copytree(folder, damaged)
-    shard = damaged / "train-00001-of-00003.tfrecord"
-    good = shard.read_bytes()
-    data = bytearray(good)
-    data[len(data) // 2] ^= 0xFF  # a record's CRC fails
-    shard.write_bytes(bytes(data))
+    damaged, shard, good = damaged_copy(folder, tmp_path)
     batches = seeded_fn(str(damaged)).numpy_batches()
     given = []
     with pytest.raises(tf.errors.DataLossError):

@@ -638,7 +638,8 @@ def test_sources_are_checked_beside_records_only_where_records_are_large(convert
     convert.run([str(tmp_path / "src"), str(tmp_path / "out"), *IN_PROCESS])
     assert chosen(tmp_path / "src", tmp_path / "out")
     done = run_cli("verify", tmp_path / "src", tmp_path / "out")
-    assert done.returncode == 0 and "1 source listed; 1 record in the shards" in done.stdout, done.stdout
+    assert done.returncode == 0, done.stdout
+    assert "1 source listed; 1 record in the shards" in done.stdout, done.stdout
     (tmp_path / "list.csv").write_text("src/red/1.jpg,red\n")
     convert.run([str(tmp_path / "list.csv"), str(tmp_path / "csv_out"), *IN_PROCESS])
     assert not chosen(tmp_path / "list.csv", tmp_path / "csv_out")  # names lead to no path
