@@ -320,7 +320,8 @@ def _serve(connection, launcher: fork_server.Launcher, start_method: str, initia
         _start(launcher, start_method, initializer, initargs)
     except BaseException as err:
         error = WorkerError(f"{type(err).__name__} while a worker started: {err}", traceback.format_exc())
-        connection.send((_NOT_STARTED, error))
+        with contextlib.suppress(OSError):  # the launcher gone: nobody to tell
+            connection.send((_NOT_STARTED, error))
         return
     while True:
         try:
@@ -341,8 +342,10 @@ def _serve(connection, launcher: fork_server.Launcher, start_method: str, initia
         except OSError:  # the launcher is gone (its end closed): nobody to answer, nor to tell
             return
         except Exception as err:  # it does not pickle; nothing was sent
-            connection.send((_FAILED, WorkerError(
-                f"{type(answer[1]).__name__}, which cannot be sent back: {err}", traceback.format_exc())))
+            with contextlib.suppress(OSError):  # the launcher gone meanwhile
+                connection.send((_FAILED, WorkerError(
+                    f"{type(answer[1]).__name__}, which cannot be sent back: {err}",
+                    traceback.format_exc())))  # fmt: skip
 
 
 def _unreadable(message: str):

@@ -17,39 +17,68 @@ examples/mlp.py's small MLP.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from examples import jax_parallel, mlp
 from tfrecord_pipe import grain
 
 
-def checkpoint_name() -> str:
-    """This host's checkpoint file: hosts sharing WORK_DIR each keep their input's position."""
+def checkpoint_names(step: int | None = None) -> tuple[str, str, str]:
+    """(this host's checkpoint file at `step`, a glob of this host's, a glob of every host's
+    of this run). One host keeps one file; hosts sharing WORK_DIR keep files of their own,
+    named with the step: a kill between two hosts' saves leaves them at different steps, and
+    they resume at one they all have."""
     if jax.process_count() == 1:
-        return "checkpoint.npz"
-    return f"checkpoint.host-{jax.process_index():05d}-of-{jax.process_count():05d}.npz"
+        return "checkpoint.npz", "checkpoint.npz", "checkpoint.npz"
+    count = f"of-{jax.process_count():05d}"
+    host = f"checkpoint.host-{jax.process_index():05d}-{count}"
+    return f"{host}.step-{step or 0:09d}.npz", f"{host}.step-*.npz", f"checkpoint.host-*-{count}.*"
 
 
 def save(work_dir: str, step: int, params: dict, state: dict) -> None:
-    """The step, parameters and input position in one file, replaced whole."""
-    path = os.path.join(work_dir, checkpoint_name())
+    """The step, parameters and input position in one file, put in place whole; on several
+    hosts, this host's one before it is kept (the one all hosts may have)."""
+    name, pattern, _ = checkpoint_names(step)
+    path = os.path.join(work_dir, name)
     with open(path + ".part", "wb") as file:
         np.savez(file, step=step, input=json.dumps(state), **jax_parallel.host_copy(params))
         file.flush()
         os.fsync(file.fileno())
     os.replace(path + ".part", path)
+    for old in sorted(glob.glob(os.path.join(work_dir, pattern)))[:-2]:
+        os.remove(old)
 
 
 def restore(work_dir: str):
-    """(step, params, input state) of the last checkpoint, or None."""
-    path = os.path.join(work_dir, checkpoint_name())
-    if not os.path.exists(path):
+    """(step, params, input state) of the last checkpoint every host has, or None."""
+    _, pattern, this_run = checkpoint_names()
+    mine = sorted(glob.glob(os.path.join(work_dir, pattern)))
+    run = set(glob.glob(os.path.join(work_dir, this_run)))
+    others = {path for path in glob.glob(os.path.join(work_dir, "checkpoint*.npz"))
+              if path not in run}  # fmt: skip
+    if others and not run:
+        raise SystemExit(f"error: {work_dir} holds checkpoints of a run on another number of "
+                         f"hosts ({os.path.basename(min(others))}): its input positions mean "
+                         "nothing here. Resume on as many hosts, or give another WORK_DIR.")  # fmt: skip
+    if jax.process_count() > 1:  # the newest step every host has (a save may have missed one)
+        steps = [int(path.rsplit("step-", 1)[1][:-4]) for path in mine][-2:]
+        every = multihost_utils.process_allgather(np.asarray(([-1] * 2 + steps)[-2:]))
+        common = set.intersection(*({int(s) for s in row if s >= 0} for row in every))
+        if not common:
+            if any(int(s) >= 0 for s in np.ravel(every)):
+                raise SystemExit(f"error: the hosts' checkpoints in {work_dir} have no step in "
+                                 "common: give another WORK_DIR to train from the start.")  # fmt: skip
+            return None
+        mine = [os.path.join(work_dir, checkpoint_names(max(common))[0])]
+    if not mine:
         return None
-    with np.load(path) as saved:
+    with np.load(mine[-1]) as saved:
         params = {name: saved[name] for name in saved.files if name not in ("step", "input")}
         return int(saved["step"]), params, json.loads(str(saved["input"]))
 

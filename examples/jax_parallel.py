@@ -65,6 +65,9 @@ class DataParallel:
 
 def host_copy(params: dict) -> dict:
     """This host's copy of replicated parameters, as numpy arrays (to save or digest)."""
+    for name, value in params.items():
+        if not value.is_fully_replicated:  # (jit chose another layout: a copy is a part)
+            raise ValueError(f"parameter {name} is not replicated: {value.sharding}")
     return {name: np.asarray(value.addressable_data(0)) for name, value in params.items()}
 
 

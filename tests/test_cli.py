@@ -141,7 +141,8 @@ def test_a_command_ends_though_a_library_left_a_thread_running(tmp_path, entry):
     # Ctrl-C under --runner DirectRunner printed "interrupted" and never exited: a thread
     # Beam left running held the interpreter at its end (a reviewer: 2 runs in 35). The same
     # for a command that ends in argparse's SystemExit.
-    stuck = "import runpy, sys, threading; threading.Thread(target=threading.Event().wait).start()"
+    stuck = ("import atexit, runpy, sys, threading; atexit.register(print, 'exit hook ran'); "
+             "threading.Thread(target=threading.Event().wait).start()")
     if entry.startswith("tfrecord-pipe"):
         argv = [COMMAND, *entry.split()[1:]]
         code = f"{stuck}; sys.argv = {argv!r}; runpy.run_path({COMMAND!r}, run_name='__main__')"
@@ -151,6 +152,7 @@ def test_a_command_ends_though_a_library_left_a_thread_running(tmp_path, entry):
                "runpy.run_module('beam_jobs.convert', run_name='__main__')"
     done = run_python(code, timeout=120)  # (a hang fails the test, naming the timeout)
     assert done.returncode == (2 if "convert" in entry else 0), done.stderr
+    assert "exit hook ran" in done.stdout  # (the fork server's end is one)
 
 
 def test_a_shard_cut_short_is_refused_before_training_named_by_every_tool(converted_copy, caplog):

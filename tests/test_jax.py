@@ -196,24 +196,25 @@ def test_keras_on_jax_and_plain_jax_learn_from_the_reader_and_export(tmp_path):
     assert result["tensorflow_devices"] == ["CPU"]
 
 
-@pytest.mark.slow  # two JAX processes joined, twice
-def test_the_jax_examples_on_two_hosts_train_one_model(tmp_path):
+@pytest.mark.slow  # two JAX processes joined, three times
+def test_the_jax_examples_on_two_hosts_train_one_model_and_resume_together(tmp_path):
     # They ran on several hosts but averaged nothing across them: each host trained a model of
     # its own (parameters a11abd... and 333266..., a reviewer), and the Grain example's hosts
-    # wrote one checkpoint over each other's.
+    # wrote one checkpoint over each other's; then hosts killed between their saves resumed
+    # at different steps (a second reviewer).
     colours = str(tmp_path / "colours")
     write_dataset(colours, {"train": [[0, 1, 2] * 5] * 4, "validation": [[0, 1, 2, 0, 1], [2, 1]]})
     env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    examples = {"jax_loop": [colours, "--batch_size", "8"],
-                "grain_loop": [str(tmp_path / "grain"), str(tmp_path / "work"),
-                               "--batch_size", "4", "--save_every", "5"]}  # fmt: skip
+    work = tmp_path / "work"
+    grain_args = [str(tmp_path / "grain"), str(work), "--batch_size", "4", "--save_every", "5"]
     from beam_jobs import convert  # the Grain example reads ArrayRecord shards
     from helpers import IN_PROCESS, write_image_folder
 
     src = write_image_folder(tmp_path / "src", per_label=6)
     convert.run([str(src), str(tmp_path / "grain"), "--formats", "tfrecord,array_record",
                  "--validation_fraction", "0.3", *IN_PROCESS])  # fmt: skip
-    for example, args in examples.items():
+
+    def on_two_hosts(example, args):
         address = f"127.0.0.1:{free_port()}"
         runs = [subprocess.Popen(
             [sys.executable, "-m", f"examples.{example}", *args, "--steps", "10",
@@ -224,8 +225,22 @@ def test_the_jax_examples_on_two_hosts_train_one_model(tmp_path):
         for run in runs:
             stdout, stderr = run.communicate(timeout=300)
             assert run.returncode == 0, (stdout + stderr)[-3000:]
-            said.append([line for line in stdout.splitlines() if "parameters" in line
-                         or "validation accuracy" in line])  # fmt: skip
-        assert said[0] == said[1] and len(said[0]) >= 1, (example, said)  # one model, one score
-    assert sorted(p.name for p in (tmp_path / "work").glob("checkpoint*.npz")) == [
-        "checkpoint.host-00000-of-00002.npz", "checkpoint.host-00001-of-00002.npz"]
+            said.append([line for line in stdout.splitlines()
+                         if "parameters" in line or "accuracy" in line or "resumed" in line])
+        assert said[0] == said[1] and said[0], (example, said)  # one model, one score
+        return said[0]
+
+    on_two_hosts("jax_loop", [colours, "--batch_size", "8"])
+    first = on_two_hosts("grain_loop", grain_args)
+    assert sorted(p.name for p in work.glob("checkpoint*.npz")) == [
+        f"checkpoint.host-0000{host}-of-00002.step-{step:09d}.npz"
+        for host in (0, 1) for step in (5, 10)]  # fmt: skip
+    # Killed after host 0 saved step 10 and before host 1 did: both go on from step 5, and
+    # end where the run never stopped did.
+    (work / "checkpoint.host-00001-of-00002.step-000000010.npz").unlink()
+    assert on_two_hosts("grain_loop", grain_args) == ["resumed at step 5", *first]
+    # Their positions mean nothing to a run on one host: said, not started again unseen.
+    done = subprocess.run([sys.executable, "-m", "examples.grain_loop", *grain_args], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 1 and "checkpoints of a run on another number of hosts" in (
+        done.stderr)  # fmt: skip

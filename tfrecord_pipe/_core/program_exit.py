@@ -8,13 +8,15 @@ printed that it was interrupted, then never ended. The entry points (`tfrecord-p
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
 import time
 from typing import Callable, NoReturn
 
-GRACE_S = 5.0  # how long the exit may take (other threads ending, exit hooks) before it is cut
+GRACE_S = 5.0  # what other threads get to end once the command is done
+HOOKS_S = 10.0  # and then the exit hooks (the workers' fork server's end waits up to 5 s)
 
 
 def run(main: Callable[[], int | None]) -> NoReturn:
@@ -28,24 +30,32 @@ def run(main: Callable[[], int | None]) -> NoReturn:
         print("\nerror: interrupted.", file=sys.stderr)
         code = 130
     except BaseException:
-        leave_within_grace(1)
+        _cut_short_if_stuck(1)
         raise
     leave(code)
 
 
 def leave(code: int | str | None) -> NoReturn:
-    """Exits with `code` as `sys.exit` does (exit hooks run, other threads are waited for),
-    but ends the process after GRACE_S if that exit is still waiting then."""
-    leave_within_grace(code)
+    """Exits with `code` as `sys.exit` does (other threads waited for, exit hooks run); but
+    where a thread is still running GRACE_S from now, the exit would wait for it for ever:
+    then the hooks are run and the process ends without it."""
+    _cut_short_if_stuck(code)
     sys.exit(code)
 
 
-def leave_within_grace(code: int | str | None) -> None:
-    """Ends this process GRACE_S from now, with `code`, if it has not ended by then."""
+def _cut_short_if_stuck(code: int | str | None) -> None:
     status = code if isinstance(code, int) else 0 if code is None else 1
+    main = threading.main_thread()
 
-    def cut_short():
+    def watch():
         time.sleep(GRACE_S)
+        me = threading.current_thread()
+        stuck = [thread for thread in threading.enumerate()
+                 if thread not in (main, me) and not thread.daemon]  # fmt: skip
+        if stuck:  # the exit waits on them, and would run its hooks only after
+            atexit._run_exitfuncs()
+        else:  # the exit is running its hooks: they get their time
+            time.sleep(HOOKS_S)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -53,4 +63,4 @@ def leave_within_grace(code: int | str | None) -> None:
                 pass
         os._exit(status)
 
-    threading.Thread(target=cut_short, name="exit-grace", daemon=True).start()
+    threading.Thread(target=watch, name="exit-watch", daemon=True).start()
