@@ -63,17 +63,21 @@ def restore(work_dir: str):
     others = {path for path in glob.glob(os.path.join(work_dir, "checkpoint*.npz"))
               if path not in run}  # fmt: skip
     if others and not run:
-        raise SystemExit(f"error: {work_dir} holds checkpoints of a run on another number of "
-                         f"hosts ({os.path.basename(min(others))}): its input positions mean "
-                         "nothing here. Resume on as many hosts, or give another WORK_DIR.")  # fmt: skip
+        raise SystemExit(
+            f"error: {work_dir} holds checkpoints of a run on another number of hosts "
+            f"({os.path.basename(min(others))}): its input positions mean nothing here. "
+            "Resume on as many hosts, or give another WORK_DIR."
+        )
     if jax.process_count() > 1:  # the newest step every host has (a save may have missed one)
         steps = [int(path.rsplit("step-", 1)[1][:-4]) for path in mine][-2:]
         every = multihost_utils.process_allgather(np.asarray(([-1] * 2 + steps)[-2:]))
         common = set.intersection(*({int(s) for s in row if s >= 0} for row in every))
         if not common:
             if any(int(s) >= 0 for s in np.ravel(every)):
-                raise SystemExit(f"error: the hosts' checkpoints in {work_dir} have no step in "
-                                 "common: give another WORK_DIR to train from the start.")  # fmt: skip
+                raise SystemExit(
+                    f"error: the hosts' checkpoints in {work_dir} have no step in common: "
+                    "give another WORK_DIR to train from the start."
+                )
             return None
         mine = [os.path.join(work_dir, checkpoint_names(max(common))[0])]
     if not mine:
