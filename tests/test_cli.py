@@ -142,7 +142,8 @@ def test_a_command_ends_though_a_library_left_a_thread_running(tmp_path, entry):
     # Beam left running held the interpreter at its end (a reviewer: 2 runs in 35). The same
     # for a command that ends in argparse's SystemExit.
     stuck = ("import atexit, runpy, sys, threading; atexit.register(print, 'exit hook ran'); "
-             "threading.Thread(target=threading.Event().wait).start()")
+             "threading.Thread(target=threading.Event().wait).start(); "
+             "from tfrecord_pipe._core import program_exit; program_exit.GRACE_S = 0.5")
     if entry.startswith("tfrecord-pipe"):
         argv = [COMMAND, *entry.split()[1:]]
         code = f"{stuck}; sys.argv = {argv!r}; runpy.run_path({COMMAND!r}, run_name='__main__')"
