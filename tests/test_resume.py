@@ -1005,7 +1005,7 @@ def test_hosts_sharing_one_backup_folder_each_resume(folder, tmp_path):
     def restored(host, count):
         train_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4,
                                         seed=3, host_index=host, host_count=count)  # fmt: skip
-        backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "shared"), save_freq=2,
+        backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=2,
                                                      delete_checkpoint=False)  # fmt: skip
         resume = distribute.FitResume(backup, steps_per_epoch=2)
         model = small_model()
