@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Callable, NoReturn
 
+INTERRUPTED = 130  # a command's exit on Ctrl-C, as a shell gives it
+
 GRACE_S = 5.0  # what other threads get to end once the command is done
 HOOKS_S = 10.0  # and then the exit hooks (the workers' fork server's end waits up to 5 s)
 
@@ -26,13 +28,18 @@ def run(main: Callable[[], int | None]) -> NoReturn:
         code = main()
     except SystemExit as done:  # argparse's --help and errors
         code = done.code
-    except KeyboardInterrupt:
-        print("\nerror: interrupted.", file=sys.stderr)
-        code = 130
+    except KeyboardInterrupt:  # before main's own handling (its imports)
+        code = interrupted()
     except BaseException:
         _cut_short_if_stuck(1)
         raise
     leave(code)
+
+
+def interrupted() -> int:
+    """Says a command was interrupted (Ctrl-C), in one line; its exit code."""
+    print("\nerror: interrupted.", file=sys.stderr)
+    return INTERRUPTED
 
 
 def leave(code: int | str | None) -> NoReturn:

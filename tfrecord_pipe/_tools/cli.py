@@ -22,7 +22,8 @@ import sys
 from tfrecord_pipe._core import help_format, messages, naming, paths, program_exit
 from tfrecord_pipe._reading import tensorflow_start
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = program_exit.INTERRUPTED
 EXIT_BROKEN_PIPE = 141  # as a shell says of a command killed by SIGPIPE
 
 
@@ -170,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # Ctrl-C while TensorFlow or a command loads: one line
-        print("\nerror: interrupted.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return program_exit.interrupted()
 
 
 # Each command imports what it runs when it runs: TensorFlow takes seconds to load, and
