@@ -325,12 +325,16 @@ def one_per_file(listings: list[SourceFile], labelled_first: bool = True,
 
     ordered = sorted(listings, key=order)
     kept = ordered[0]
-    detail = (
-        f"the same file as {kept.relpath} is listed {len(ordered)} times; kept the listing "
-        f"{kept.relpath!r} with label {kept.label!r} in split {kept.split!r}. Remove the extra "
-        "lines."
-    )
-    return kept, [dataclasses.replace(s, problem=(images.DUPLICATE, detail)) for s in ordered[1:]]
+    def detail(dropped: SourceFile) -> str:  # its own label too: a multi-label list loses it
+        return (
+            f"the same file as {kept.relpath} is listed {len(ordered)} times; this listing "
+            f"(label {dropped.label!r}, split {dropped.split!r}) is dropped; kept the listing "
+            f"{kept.relpath!r} with label {kept.label!r} in split {kept.split!r}. Remove the "
+            "extra lines."
+        )
+
+    return kept, [dataclasses.replace(s, problem=(images.DUPLICATE, detail(s)))
+                  for s in ordered[1:]]  # fmt: skip
 
 
 def kept_once(listed: Iterable[SourceFile], spill_dir: str, labelled_first: bool = True,

@@ -444,8 +444,8 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
 
 
 def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
-    """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`,
-    then a `WARNING:` line for each of the dataset's warnings (`Manifest.warnings`)."""
+    """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`
+    (with the formats after OUT where they are not TFRecord alone), then a `WARNING:` line for each of the dataset's warnings (`Manifest.warnings`)."""
     parts = [
         f"{name}: {info.num_examples} in {messages.counted(len(info.shard_lengths), 'shard')}"
         for name, info in result.splits.items()
@@ -454,5 +454,9 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
     if result.rejected_reasons:
         reasons = sorted(result.rejected_reasons.items())
         rejected += " (" + ", ".join(f"{k} {v}" for k, v in reasons) + ")"
-    line = f"Converted into {out} in {seconds:.1f} s: " + "; ".join(parts) + f"; {rejected}."
+    formats = result.file_formats
+    files = "" if formats == (naming.TFRECORD,) else (
+        " (" + " and ".join(f".{f}" for f in formats) + " files)")  # fmt: skip
+    line = (f"Converted into {out}{files} in {seconds:.1f} s: " + "; ".join(parts)
+            + f"; {rejected}.")  # fmt: skip
     return "\n".join([line, *(f"WARNING: {warning}" for warning in result.warnings(out))])

@@ -9,7 +9,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from google.cloud import storage
 
-from beam_jobs import convert
+from beam_jobs import convert, finalise
 from tfrecord_pipe import reader
 from tfrecord_pipe._core import array_records, naming, tfds_metadata
 from tfrecord_pipe._reading import dataset, records
@@ -88,6 +88,9 @@ def test_an_array_record_only_dataset_is_verified_and_inspected_and_the_reader_s
     written = run(src, out, "--formats", "array_record", "--num_shards", 2)
     assert written.splits["train"].files == () and len(written.splits["train"].array_record_files) == 2
     assert not list(out.glob("*.tfrecord"))
+    # The summary says the files are not the TFRecord ones a reader would look for.
+    assert finalise.summary_line(written, "out", 0.1).startswith(
+        "Converted into out (.array_record files) in 0.1 s: train: 9 in 2 shards;")
     info = json.loads((out / tfds_metadata.DATASET_INFO).read_text())
     assert info["fileFormat"] == "array_record" and "alternativeFileFormats" not in info
     assert run_cli("verify", src, out).returncode == 0
@@ -155,8 +158,11 @@ def test_overwriting_with_tfrecord_only_leaves_no_array_record_file_and_a_new_ou
     src, out, _ = both
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
+    assert "into out (.tfrecord and .array_record files) in" in finalise.summary_line(
+        finalise.read_manifest(str(out)), "out", 0.1)
     written = run(src, copy, "--overwrite", "--num_shards", 2)
     assert written.file_formats == (naming.TFRECORD,)
+    assert finalise.summary_line(written, "out", 0.1).startswith("Converted into out in 0.1 s")
     assert not list(copy.glob("*.array_record"))
     # A TFRecord dataset's manifest records no formats: tfrecord-pipe 0.4.0 still reads it.
     recorded = json.loads((copy / "manifest.json").read_text())

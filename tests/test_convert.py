@@ -164,7 +164,8 @@ def test_a_path_listed_twice_is_written_once_and_the_extra_line_rejected(tmp_pat
     assert result.labels == ("blue", "red")  # "green" came only from the dropped line
     (line,) = [json.loads(text) for f in out.glob("rejected/*.jsonl") for text in f.open()]
     assert line["reason"] == "duplicate" and line["split"] == "validation"
-    assert "listed 2 times; kept the listing 'images/blue/000.jpg' with label 'blue' in" in line["error"]
+    assert "listed 2 times; this listing (label 'green', split 'validation') is dropped; kept the "\
+        "listing 'images/blue/000.jpg' with label 'blue' in" in line["error"]
     # "green" vanished from the classes without a word (a multi-label list loses labels so).
     (warning,) = [w for w in result.warnings(str(out)) if "CSV list name a file" in w]
     assert warning.startswith("1 line(s) of the CSV list name a file another line names")

@@ -129,8 +129,9 @@ def test_of_a_file_listed_with_a_label_the_labels_file_has_not_that_listing_is_d
                           str(tmp_path / "labels.txt"), *beam_args])  # fmt: skip
     assert result.splits["train"].num_examples == 1
     assert [(line["reason"], line["error"]) for line in rejected_lines(tmp_path / "out")] == [
-        (images.DUPLICATE, "the same file as b.jpg is listed 2 times; kept the listing 'b.jpg' "
-         "with label 'x' in split 'train'. Remove the extra lines.")
+        (images.DUPLICATE, "the same file as b.jpg is listed 2 times; this listing (label 'a', "
+         "split 'train') is dropped; kept the listing 'b.jpg' with label 'x' in split 'train'. "
+         "Remove the extra lines.")
     ]  # fmt: skip
     if beam_args:  # one engine is enough for verify: it judges the dataset, not the engine
         report = verified_both_ways(tmp_path / "list.csv", tmp_path / "out")
