@@ -79,13 +79,14 @@ def _raw_lines(f, csv_path: str) -> Iterator[bytes]:
         data = rest + block
         held = b"\r" if data.endswith(b"\r") else b""  # maybe the first half of \r\n
         *lines, rest = _LINE_END.split(data[: len(data) - len(held)])
-        yield from lines
         rest += held
-        if len(rest) > MAX_CSV_LINE_BYTES:
+        # Every line, not only one cut by a block's end (lines within a block went through).
+        if max(len(rest), max(map(len, lines), default=0)) > MAX_CSV_LINE_BYTES:
             raise ValueError(
                 f"CSV list {csv_path} has a line over {MAX_CSV_LINE_BYTES} bytes: it is not a "
                 "list of `path,label[,split]` lines."
             )
+        yield from lines
     if rest.rstrip(b"\r"):
         yield rest.rstrip(b"\r")
 
