@@ -37,7 +37,9 @@ def numbered(tmp_path_factory):
 
 def result_of(done: subprocess.CompletedProcess) -> dict:
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return json.loads(next(li for li in done.stdout.splitlines() if li.startswith("RESULT "))[7:])
+    # Decoded where it starts, to its own end: Gloo may write into the same line (below).
+    start = done.stdout.index("RESULT ") + len("RESULT ")
+    return json.JSONDecoder().raw_decode(done.stdout, start)[0]
 
 
 def read_labels(input_fn) -> tuple[list[int], int]:
