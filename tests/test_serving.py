@@ -17,6 +17,7 @@ from PIL import Image
 from tfrecord_pipe._core import images as core_images
 from tfrecord_pipe._reading import graph_normalise, preprocess, serving
 
+from helpers import encode
 from helpers import jpeg_bytes as jpeg
 from helpers import png_bytes as png
 
@@ -110,6 +111,14 @@ def test_one_bad_file_in_a_batch_fails_the_request_naming_it(serve, bad, said):
         serve(image_bytes=tf.constant([good, good, bad, good]))
 
 
+def test_a_request_that_is_not_a_vector_of_files_is_refused_saying_the_shape():
+    # A single file's bytes, not in a list, failed inside with "Can't concatenate scalars".
+    config = serving.ServingConfig(labels=LABELS, image_size=SIZE)
+    for wrong in (tf.constant(jpeg(20, 20, (1, 2, 3))), tf.constant([[b"a"]]), tf.zeros([2])):
+        with pytest.raises(ValueError, match=r"image_bytes must be a vector of encoded files"):
+            serving.model_inputs(wrong, config)
+
+
 def test_an_empty_request_gets_an_empty_answer(serve):
     out = serve(image_bytes=tf.constant([], tf.string))
     assert out["probabilities"].shape == (0, len(LABELS)) and out["class"].shape == (0,)
@@ -140,6 +149,17 @@ def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(serve):
     bomb = with_declared_size(jpeg(16, 16, (1, 2, 3)), 60000, 60000)  # 3.6 gigapixels
     with pytest.raises(tf.errors.InvalidArgumentError, match="more than the cap of 40000000"):
         serve(image_bytes=tf.constant([bomb]))
+
+
+def test_a_gif_whose_image_is_larger_than_its_canvas_is_capped_by_the_image(serve):
+    # A 1 x 1 canvas over a 8000 x 8000 image (26 KB of LZW) took 3.4 GB to serve, past the
+    # cap, which read the canvas only (a reviewer); one of 16000 x 16000 took 7 GB.
+    gif = bytearray(encode(Image.new("P", (20, 20)), "GIF"))
+    gif[6:10] = struct.pack("<HH", 1, 1)  # the canvas
+    descriptor = gif.index(b"\x2c", 13 + 3 * (2 << (gif[10] & 7)))  # after the colour table
+    gif[descriptor + 5 : descriptor + 9] = struct.pack("<HH", 9000, 8000)  # width, height
+    with pytest.raises(tf.errors.InvalidArgumentError, match="declares 8000 x 9000 pixels"):
+        serve(image_bytes=tf.constant([bytes(gif)]))
 
 
 @pytest.mark.slow  # exports or traces the whole signature again
@@ -207,6 +227,11 @@ def test_files_crafted_to_make_the_header_walk_long_are_served_or_refused_prompt
     commented = io.BytesIO()
     Image.new("P", (20, 20)).save(commented, "GIF", comment=b"x" * 20_000)  # 80 sub-blocks
     inputs = tf.function(serving.model_inputs)
-    assert inputs(tf.constant([filled]), config).shape == (1, SIZE, SIZE, 3)
+    # Refused, not served from what the walk found so far: a cut walk had lost the frame's
+    # colour components (an upright colour JPEG was re-encoded) and any turn after the cut.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more segments or chunks before"):
+        inputs(tf.constant([filled]), config)
+    assert inputs(tf.constant([good[:2] + b"\xff" * 40 + good[2:]]), config).shape == (
+        1, SIZE, SIZE, 3)  # fmt: skip
     with pytest.raises(tf.errors.InvalidArgumentError, match="too many blocks to check"):
         inputs(tf.constant([commented.getvalue()]), config)

@@ -23,7 +23,7 @@ from tfrecord_pipe._reading import dataset, graph_normalise, preprocess, serving
 from helpers import IN_PROCESS, ODD_IMAGES, encode
 
 SIZE = 48
-CMYK = ("pil_sample_cmyk.jpg",)  # mean difference at most 1 level, none over 8 (of 255)
+CMYK = ("pil_sample_cmyk.jpg", "cmyk_adobe.jpg")  # mean difference at most 1, max 8 (of 255)
 REFUSED_BY_SERVING = {  # converted, but refused with the reason, as docs/serving.md says
     "hopper.tif": "TIFF file, which TensorFlow cannot decode",
     "transparent.gif": "GIF with a transparent colour",
@@ -31,6 +31,11 @@ REFUSED_BY_SERVING = {  # converted, but refused with the reason, as docs/servin
     "animated.webp": "animated GIF or WebP",
     "palette.bmp": "BMP that TensorFlow cannot decode as the converter did",
     "offset_frame.gif": "GIF whose image does not cover its canvas",
+    # Each was served with other pixels than its record's (a reviewer): inverted colours,
+    # swapped channels, no turn.
+    "cmyk_no_adobe.jpg": "CMYK JPEG without an Adobe APP14 segment",
+    "xbgr_fields.bmp": "BMP that TensorFlow cannot decode as the converter did",
+    "exif_split.jpg": "EXIF block is split over several APP1 segments",
 }
 
 
@@ -101,12 +106,44 @@ def made_files() -> dict[str, bytes]:
     after_app0 = 4 + struct.unpack(">H", turned[4:6])[0]  # the JFIF segment comes first
     assert turned[after_app0 : after_app0 + 2] == b"\xff\xe1"  # then the EXIF one
     files["junk_before_exif.jpg"] = turned[:after_app0] + b"\x00\x17junk" + turned[after_app0:]
+    # CMYK: TensorFlow inverts it only where Adobe's segment says so; Pillow always does.
+    cmyk = encode(hopper.convert("CMYK"), "JPEG")
+    adobe = cmyk.index(b"\xff\xee")
+    files["cmyk_adobe.jpg"] = cmyk
+    files["cmyk_no_adobe.jpg"] = cmyk[:adobe] + cmyk[adobe + 2 + struct.unpack(
+        ">H", cmyk[adobe + 2 : adobe + 4])[0]:]  # fmt: skip
+    # 32-bit bit fields: TensorFlow reads blue, green, red whatever the masks say.
+    files["bgrx_fields.bmp"] = bit_fields_bmp(hopper, (0xFF0000, 0xFF00, 0xFF))
+    files["xbgr_fields.bmp"] = bit_fields_bmp(hopper, (0xFF000000, 0xFF0000, 0xFF00))
+    # An EXIF block over two APP1 segments (Pillow joins them): its directory in the second.
+    plain = encode(hopper, "JPEG")
+    first = b"Exif\0\0II*\0" + struct.pack("<IH", 8, 1)
+    second = b"Exif\0\0" + struct.pack("<HHIHH", 0x0112, 3, 1, 6, 0) + bytes(4)
+    files["exif_split.jpg"] = plain[:2] + app1(first) + app1(second) + plain[2:]
+    # Two whole EXIF blocks: the first is read, whole, by both.
+    files["exif_twice.jpg"] = plain[:2] + app1(exif(6)) + app1(
+        exif(3)) + plain[2:]  # fmt: skip
     # An EXIF chunk in a simple (VP8) WebP: libwebp, and so Pillow, ignore it: upright.
     simple = encode(hopper, "WEBP", lossless=False)
     chunk = b"EXIF" + struct.pack("<I", len(exif(6))) + exif(6)
     body = simple[12:] + chunk
     files["ignored_exif.webp"] = b"RIFF" + struct.pack("<I", len(body) + 4) + b"WEBP" + body
     return files
+
+
+def app1(content: bytes) -> bytes:
+    return b"\xff\xe1" + struct.pack(">H", len(content) + 2) + content
+
+
+def bit_fields_bmp(image: Image.Image, masks) -> bytes:
+    """A 32-bit BI_BITFIELDS BMP of `image` (a 40-byte header, the masks after it)."""
+    width, height = image.size
+    rgb = np.asarray(image.convert("RGB")).astype(np.uint32)
+    shifts = [(mask & -mask).bit_length() - 1 for mask in masks]
+    pixels = sum(rgb[..., c] << shifts[c] for c in range(3))[::-1].astype("<u4").tobytes()
+    header = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 32, 3, len(pixels), 2835, 2835,
+                         0, 0) + struct.pack("<III", *masks)  # fmt: skip
+    return b"BM" + struct.pack("<IHHI", 14 + len(header) + len(pixels), 0, 0, 66) + header + pixels
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +188,8 @@ def test_every_file_the_converter_stored_is_served_as_its_record(converted):
     kept = {name: pair for name, pair in converted.items()
             if pair[1] is not None and name not in REFUSED_BY_SERVING}  # fmt: skip
     assert len(kept) >= 27  # the odd-image set and the made files, less those rejected
-    assert {"larger_than_canvas.gif", "palette2bit.png", "onebit.png"} <= set(kept)
+    assert {"larger_than_canvas.gif", "palette2bit.png", "onebit.png", "cmyk_adobe.jpg",
+            "bgrx_fields.bmp", "exif_twice.jpg"} <= set(kept)
     pixels = served([data for data, _ in kept.values()])
     for (name, (_, record)), got in zip(kept.items(), pixels):
         want = evaluated(record)

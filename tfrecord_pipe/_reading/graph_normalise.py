@@ -26,10 +26,12 @@ FORMAT_NAMES = ("JPEG", "PNG", "GIF", "WebP", "BMP", "TIFF", "unknown")
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _PAD = 16  # zero bytes after a file's last, so reads near its end need no bounds in the graph
 # Steps of a walk through a file's segments, chunks or blocks. Real files need tens; a file
-# crafted with millions (fill bytes, empty chunks) must not hold a server for minutes. A walk
-# cut short finds no EXIF block, and a GIF it cannot finish checking is refused.
+# crafted with millions (fill bytes, empty chunks) must not hold a server for minutes. A file
+# whose walk is cut short is refused: what lay beyond (an EXIF block, a frame's colour
+# components) decides its pixels.
 _MAX_STEPS = 1000
-_APP1, _SOS = 0xE1, 0xDA
+_APP1, _APP14, _SOS = 0xE1, 0xEE, 0xDA
+_ADOBE = int.from_bytes(b"Adobe", "big")
 _NOT_FRAMES = (0xC4, 0xC8, 0xCC)  # markers in C0..CF that start no frame (DHT, JPG, DAC)
 _PNG_EXIF, _PNG_IDAT = 0x65584966, 0x49444154  # chunk types "eXIf" and "IDAT" as big-endian ints
 _WEBP_EXIF = 0x46495845  # "EXIF" as a little-endian int
@@ -102,8 +104,12 @@ def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf
             return data.uint(20, 4, True), data.uint(16, 4, True)
 
     def gif():
+        # Its first image may be larger than its canvas (Pillow widens the canvas to it): the
+        # larger of the two is what is decoded, and what the pixel cap must see.
         with tf.control_dependencies([needs(10)]):
-            return data.uint(8, 2, False), data.uint(6, 2, False)
+            refusal, image_height, image_width = _gif_walk(data)
+            return (tf.maximum(data.uint(8, 2, False), image_height),
+                    tf.maximum(data.uint(6, 2, False), image_width), refusal)  # fmt: skip
 
     def webp():
         chunk = data.uint(12, 4, False)
@@ -135,14 +141,18 @@ def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf
         with tf.control_dependencies([tf.debugging.Assert(False, ["not a decodable format"])]):
             return tf.constant(0, tf.int64), tf.constant(0, tf.int64)
 
-    height, width = tf.switch_case(fmt, [jpeg, png, gif, webp, bmp], default=refused)
-    refusal = tf.switch_case(
+    def walked():  # JPEG, PNG, WebP: what their segments or chunks say
+        return _structure(data, fmt)[3]
+
+    def webp_refusal():
+        return tf.maximum(_webp_refusal(data), walked())
+
+    return tf.switch_case(
         fmt,
-        [_accepted, _accepted, lambda: _gif_refusal(data), lambda: _webp_refusal(data),
-         lambda: _bmp_refusal(data)],
-        default=_accepted,
+        [lambda: (*jpeg(), walked()), lambda: (*png(), walked()), gif,
+         lambda: (*webp(), webp_refusal()), lambda: (*bmp(), _bmp_refusal(data))],
+        default=lambda: (*refused(), _accepted()),
     )  # fmt: skip
-    return height, width, refusal
 
 
 # Files TensorFlow decodes to other pixels than the converter stores, refused with the reason.
@@ -153,11 +163,19 @@ REFUSALS = (
     "is an animated GIF or WebP: TensorFlow would decode every frame, the converter keeps "
     "the first; send that frame as PNG or JPEG",
     "is a BMP that TensorFlow cannot decode as the converter did (not 24 or 32 bits per "
-    "pixel, or with an alpha channel); send it as PNG",
+    "pixel, or with colour masks other than blue, green, red, or an alpha channel); send it "
+    "as PNG",
     "is a GIF whose image does not cover its canvas, which TensorFlow decodes at the image's "
     "size where the converter keeps the canvas; send it as PNG",
+    "has more segments or chunks before its image than serving reads (a file crafted so, "
+    "or padded); send it saved again as PNG or JPEG",
+    "is a CMYK JPEG without an Adobe APP14 segment: TensorFlow reads its colours inverted, "
+    "unlike the converter; send it as an RGB JPEG or PNG",
+    "is a JPEG whose EXIF block is split over several APP1 segments, which the converter "
+    "joins to read its orientation; send it saved again as PNG or JPEG",
 )
 _TRANSPARENT_GIF, _ANIMATED, _OTHER_BMP, _PARTIAL_GIF = 1, 2, 3, 4
+_LONG_HEADER, _CMYK_NOT_ADOBE, _SPLIT_EXIF = 5, 6, 7
 _MAX_GIF_STEPS = 10_000  # a step per data sub-block of the first frame: up to ~2.5 MB of it
 
 
@@ -165,10 +183,11 @@ def _accepted():
     return tf.constant(0, tf.int32)
 
 
-def _gif_refusal(data: _Bytes) -> tf.Tensor:
-    """A GIF's refusal: a transparent colour in the graphic control extension before its first
-    image, a first image that does not cover the canvas (placed at an offset, or smaller), or
-    a second image; the first of these when its blocks are too many to walk."""
+def _gif_walk(data: _Bytes) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(refusal, first image's height, its width) of a GIF. Refused: a transparent colour in
+    the graphic control extension before its first image, a first image that does not cover
+    the canvas (placed at an offset, or smaller), or a second image; the first of these when
+    its blocks are too many to walk."""
     canvas_width, canvas_height = data.uint(6, 2, False), data.uint(8, 2, False)
     packed = data.uint(10, 1, False)
     table = tf.where(
@@ -176,7 +195,7 @@ def _gif_refusal(data: _Bytes) -> tf.Tensor:
     )
 
     # A step per block introducer or data sub-block.
-    def step(pos, in_blocks, images, transparent, partial, done):
+    def step(pos, in_blocks, images, transparent, partial, size, done):
         byte, label = data.uint(pos, 1, False), data.uint(pos + 1, 1, False)
         extension = ~in_blocks & tf.equal(byte, 0x21)
         image = ~in_blocks & tf.equal(byte, 0x2C)
@@ -186,7 +205,9 @@ def _gif_refusal(data: _Bytes) -> tf.Tensor:
         # decoded alike: Pillow widens the canvas to it.)
         left, top, width, height = (data.uint(pos + 1 + 2 * i, 2, False) for i in range(4))
         misses = (left > 0) | (top > 0) | (width < canvas_width) | (height < canvas_height)
-        partial |= image & tf.equal(images, 0) & misses
+        first = image & tf.equal(images, 0)
+        partial |= first & misses
+        size = tf.where(first, tf.stack([height, width]), size)
         local = data.uint(pos + 9, 1, False)
         local_table = tf.where(
             local >= 128, 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), local % 8), 0
@@ -198,17 +219,17 @@ def _gif_refusal(data: _Bytes) -> tf.Tensor:
         images += tf.cast(image, tf.int64)
         next_in_blocks = extension | image | (in_blocks & tf.not_equal(byte, 0))
         finished = (~in_blocks & ~extension & ~image) | (images > 1) | (pos >= data.size)
-        return next_pos, next_in_blocks, images, transparent, partial, done | finished
+        return next_pos, next_in_blocks, images, transparent, partial, size, done | finished
 
-    _, _, images, transparent, partial, done = tf.while_loop(
-        lambda pos, in_blocks, images, transparent, partial, done: ~done,
+    _, _, images, transparent, partial, size, done = tf.while_loop(
+        lambda pos, in_blocks, images, transparent, partial, size, done: ~done,
         step,
         (13 + table, tf.constant(False), tf.constant(0, tf.int64), tf.constant(False),
-         tf.constant(False), tf.constant(False)),
+         tf.constant(False), tf.zeros([2], tf.int64), tf.constant(False)),
         maximum_iterations=_MAX_GIF_STEPS,
     )  # fmt: skip
     later = tf.where(partial, _PARTIAL_GIF, tf.where(images > 1, _ANIMATED, 0))
-    return tf.where(transparent | ~done, _TRANSPARENT_GIF, later)
+    return tf.where(transparent | ~done, _TRANSPARENT_GIF, later), size[0], size[1]
 
 
 def _webp_refusal(data: _Bytes) -> tf.Tensor:
@@ -220,14 +241,18 @@ def _webp_refusal(data: _Bytes) -> tf.Tensor:
 
 def _bmp_refusal(data: _Bytes) -> tf.Tensor:
     """A BMP TensorFlow decodes differently or not at all: other than 24 or 32 bits per pixel,
-    or 32 with an alpha mask (bit fields, in a header that has one), which Pillow honours."""
-    header_size, bits = data.uint(14, 4, False), data.uint(28, 2, False)
-    compression, alpha_mask = data.uint(30, 4, False), data.uint(54, 4, False)
-    alpha = (
-        tf.equal(bits, 32) & (header_size >= 56) & tf.not_equal(alpha_mask, 0)
-        & (tf.equal(compression, 3) | tf.equal(compression, 6))
-    )  # fmt: skip
-    other = tf.logical_not(tf.equal(bits, 24) | tf.equal(bits, 32)) | alpha
+    or 32 with bit fields other than blue, green, red and no alpha, the layout TensorFlow
+    assumes: Pillow follows the masks (an alpha one too); TensorFlow ignores them."""
+    bits, compression = data.uint(28, 2, False), data.uint(30, 4, False)
+    # The masks follow the 40-byte header (or are its later fields): red, green, blue, alpha.
+    masks = [data.uint(54 + 4 * i, 4, False) for i in range(4)]
+    alpha_mask = tf.where(
+        (data.uint(14, 4, False) >= 56) | tf.equal(compression, 6), masks[3], 0
+    )  # (in a header that has it, or after the colour masks with BI_ALPHABITFIELDS)
+    standard = (tf.equal(masks[0], 0xFF0000) & tf.equal(masks[1], 0xFF00)
+                & tf.equal(masks[2], 0xFF) & tf.equal(alpha_mask, 0))  # fmt: skip
+    fields = tf.equal(bits, 32) & (tf.equal(compression, 3) | tf.equal(compression, 6))
+    other = tf.logical_not(tf.equal(bits, 24) | tf.equal(bits, 32)) | (fields & ~standard)
     return tf.where(other, _OTHER_BMP, 0)
 
 
@@ -240,56 +265,84 @@ def orientation(encoded: tf.Tensor, fmt: tf.Tensor) -> tf.Tensor:
 
 def _orientation_and_components(data: _Bytes, fmt: tf.Tensor):
     """(orientation, a JPEG's component count or 0), reading the file's structure once."""
-    none = (tf.constant(-1, tf.int64), tf.constant(-1, tf.int64))
-    start, end, components = tf.switch_case(
+    start, end, components, _ = _structure(data, fmt)
+    return _tiff_orientation(data, start, end)[0], components
+
+
+def _structure(data: _Bytes, fmt: tf.Tensor):
+    """(start, end) of the EXIF block the converter reads (-1, -1 if none), a JPEG's component
+    count (0 for other formats), and a refusal (REFUSALS) of what the walk found: the walk cut
+    short, a CMYK JPEG without Adobe's segment, or an EXIF block split in a way read here
+    otherwise than the converter reads it."""
+    none, zero, fine = tf.constant(-1, tf.int64), tf.constant(0, tf.int64), _accepted()
+
+    def jpeg():
+        start, end, components, adobe, more_exif, cut = _jpeg_segments(data)
+        # A later "Exif" segment is joined to the first (Pillow, core.jpeg_headers): the same
+        # orientation only where the first holds its whole directory.
+        split = more_exif & _tiff_orientation(data, start, tf.minimum(end, data.size))[1]
+        refusal = tf.where(
+            cut, _LONG_HEADER,
+            tf.where(tf.equal(components, 4) & ~adobe, _CMYK_NOT_ADOBE,
+                     tf.where(split, _SPLIT_EXIF, 0)),
+        )  # fmt: skip
+        return start, end, components, refusal
+
+    def walked(walk):
+        start, end, cut = walk(data)
+        return start, end, zero, tf.where(cut, _LONG_HEADER, 0)
+
+    start, end, components, refusal = tf.switch_case(
         fmt,
-        [
-            lambda: _jpeg_segments(data),
-            lambda: (*_png_exif(data), tf.constant(0, tf.int64)),
-            lambda: (*none, tf.constant(0, tf.int64)),
-            lambda: (*_webp_exif(data), tf.constant(0, tf.int64)),
-        ],
-        default=lambda: (*none, tf.constant(0, tf.int64)),
-    )
-    return _tiff_orientation(data, start, tf.minimum(end, data.size)), components
+        [jpeg, lambda: walked(_png_exif), lambda: (none, none, zero, fine),
+         lambda: walked(_webp_exif)],
+        default=lambda: (none, none, zero, fine),
+    )  # fmt: skip
+    return start, tf.minimum(end, data.size), components, refusal
 
 
 def _jpeg_segments(data: _Bytes):
-    """(start, end) of a JPEG's first APP1 "Exif" block (-1, -1 if none) and the component
-    count of its frame (1 grey, 3 colour, 4 CMYK; 0 if none), from its segments before the scan."""
+    """Of a JPEG's segments before the scan: (start, end) of its first APP1 "Exif" block (-1,
+    -1 if none), the component count of its frame (1 grey, 3 colour, 4 CMYK; 0 if none),
+    whether an Adobe APP14 segment is there, whether another "Exif" APP1 segment follows the
+    first, and whether the walk was cut short (_MAX_STEPS)."""
 
-    def step(pos, start, end, components):
+    def step(pos, start, end, components, adobe, more_exif):
         marker, length = data.uint(pos + 1, 1, False), data.uint(pos + 2, 2, True)
-        is_exif = tf.equal(marker, _APP1) & tf.equal(data.uint(pos + 4, 6, True), _EXIF_PREFIX_INT)
-        is_exif &= start < 0
+        # As Pillow reads them: a byte that starts no marker is skipped, and so is a fill byte.
+        at_marker = tf.equal(data.uint(pos, 1, False), 0xFF)
+        exif = (at_marker & tf.equal(marker, _APP1)
+                & tf.equal(data.uint(pos + 4, 6, True), _EXIF_PREFIX_INT))  # fmt: skip
         is_frame = (
             (marker >= 0xC0) & (marker <= 0xCF) & tf.reduce_all(tf.not_equal(marker, _NOT_FRAMES))
         )
-        is_frame &= tf.equal(components, 0)
-        # As Pillow reads them: a byte that starts no marker is skipped, and so is a fill byte.
-        at_marker = tf.equal(data.uint(pos, 1, False), 0xFF)
-        is_exif &= at_marker
-        is_frame &= at_marker
+        is_frame &= tf.equal(components, 0) & at_marker
+        adobe |= at_marker & tf.equal(marker, _APP14) & tf.equal(data.uint(pos + 4, 5, True), _ADOBE)
+        more_exif |= exif & (start >= 0)
+        first_exif = exif & (start < 0)
         skip = ~at_marker | tf.equal(marker, 0xFF)
         return (
             tf.where(skip, pos + 1, pos + 2 + length),
-            tf.where(is_exif, pos + 10, start),
-            tf.where(is_exif, pos + 2 + length, end),
+            tf.where(first_exif, pos + 10, start),
+            tf.where(first_exif, pos + 2 + length, end),
             tf.where(is_frame, data.uint(pos + 9, 1, False), components),
+            adobe,
+            more_exif,
         )
 
-    def more(pos, start, end, components):
+    def more(pos, *_):
         at_scan = tf.equal(data.uint(pos, 1, False), 0xFF) & tf.equal(
             data.uint(pos + 1, 1, False), _SOS
         )
         return (pos + 4 <= data.size) & ~at_scan
 
-    minus_one = tf.constant(-1, tf.int64)
-    _, start, end, components = tf.while_loop(
-        more, step, (tf.constant(2, tf.int64), minus_one, minus_one, tf.constant(0, tf.int64)),
+    minus_one, no = tf.constant(-1, tf.int64), tf.constant(False)
+    pos, start, end, components, adobe, more_exif = tf.while_loop(
+        more, step,
+        (tf.constant(2, tf.int64), minus_one, minus_one, tf.constant(0, tf.int64), no, no),
         maximum_iterations=_MAX_STEPS,
     )  # fmt: skip
-    return start, end, components
+    return start, end, components, adobe, more_exif, more(pos)
 
 
 def _png_exif(data: _Bytes):
@@ -305,11 +358,11 @@ def _png_exif(data: _Bytes):
     def more(pos, start, end):
         return (pos + 8 <= data.size) & tf.not_equal(data.uint(pos + 4, 4, True), _PNG_IDAT)
 
-    _, start, end = tf.while_loop(
+    pos, start, end = tf.while_loop(
         more, step, (tf.constant(8, tf.int64), tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)),
         maximum_iterations=_MAX_STEPS,
     )  # fmt: skip
-    return start, end
+    return start, end, more(pos, start, end)
 
 
 def _webp_exif(data: _Bytes):
@@ -330,18 +383,19 @@ def _webp_exif(data: _Bytes):
     def more(pos, start, end):
         return (start < 0) & (pos + 8 <= data.size) & has_exif
 
-    _, start, end = tf.while_loop(
+    pos, start, end = tf.while_loop(
         more, step, (tf.constant(12, tf.int64), tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)),
         maximum_iterations=_MAX_STEPS,
     )  # fmt: skip
-    return start, end
+    return start, end, more(pos, start, end)
 
 
 _ORIENTATION_TAG, _SHORT, _LONG = 0x0112, 3, 4
 
 
-def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor) -> tf.Tensor:
-    """`core.images.exif_orientation` of the TIFF structure at data[start:end]."""
+def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor):
+    """`core.images.exif_orientation` of the TIFF structure at data[start:end], and whether it
+    is cut short: a TIFF header whose first directory does not lie whole within the block."""
     little = tf.equal(data.uint(start, 2, True), 0x4949)  # "II"
     big = tf.equal(data.uint(start, 2, True), 0x4D4D)  # "MM"
     ifd = start + data.either(start + 4, 4, big)
@@ -359,7 +413,7 @@ def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor) -> tf.Tens
     )
     valid = ok & tf.reduce_any(is_tag) & tf.equal(values, 1)
     valid &= (tf.equal(kind, _SHORT) | tf.equal(kind, _LONG)) & (value >= 1) & (value <= 8)
-    return tf.where(valid, value, 1)
+    return tf.where(valid, value, 1), (start >= 0) & (little | big) & ~ok
 
 
 def _opaque(image: tf.Tensor) -> tf.Tensor:

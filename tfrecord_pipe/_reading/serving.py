@@ -132,6 +132,12 @@ def model_inputs(image_bytes: tf.Tensor, config: ServingConfig) -> tf.Tensor:
 
     Raises (when run) InvalidArgumentError naming the first item that cannot be served and why.
     """
+    image_bytes = tf.convert_to_tensor(image_bytes)
+    if image_bytes.dtype != tf.string or image_bytes.shape.rank not in (None, 1):
+        raise ValueError(
+            f"{INPUT_NAME} must be a vector of encoded files ([N] strings, one file each: "
+            f"tf.constant([data])), got {image_bytes.dtype.name} of shape {image_bytes.shape}"
+        )
     fmt = graph_normalise.format_of(image_bytes)
     names = tf.gather(graph_normalise.FORMAT_NAMES, fmt)
     checks = [
