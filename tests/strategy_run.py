@@ -54,6 +54,15 @@ def main(dataset_dir):
         losses[batch] = model.evaluate(
             distribute.distribute(strategy, validation), return_dict=True, verbose=0
         )["loss"]
+    # A dropped remainder: the loss of the whole global batches kept, as on one replica (each
+    # replica dropped its own remainder, and Keras counted a step of empty batches).
+    dropped = reader.make_input_fn(dataset_dir, is_training=False, image_size=16, batch_size=6,
+                                   eval_remainder="drop")  # fmt: skip
+    kept = [(images, labels) for images, labels in dropped()]  # one pipeline, one replica
+    drop_loss_of_kept = float(tf.reduce_mean([tf.keras.losses.sparse_categorical_crossentropy(
+        labels, model.predict(images, verbose=0), from_logits=True) for images, labels in kept]))
+    drop_loss = model.evaluate(distribute.distribute(strategy, dropped), return_dict=True,
+                               verbose=0)["loss"]  # fmt: skip
     history = model.fit(
         distribute.distribute(strategy, input_fn), steps_per_epoch=2, epochs=1, verbose=0,
         validation_data=distribute.distribute(strategy, validation),
@@ -77,6 +86,9 @@ def main(dataset_dir):
                 "val_loss": history.history["val_loss"][-1],
                 "loss_on_every_record": loss_on(model, dataset_dir, config.image_size),
                 "custom_loop_loss": looped["loss"],
+                "drop_records_kept": sum(int(labels.shape[0]) for _, labels in kept),
+                "drop_loss": drop_loss,
+                "drop_loss_of_kept": drop_loss_of_kept,
             }
         )
     )

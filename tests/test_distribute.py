@@ -134,3 +134,7 @@ def test_fit_and_custom_loop_with_two_replicas(dataset):
     assert result["losses_by_batch"]["2"] == pytest.approx(before_fit, rel=1e-4)
     assert result["losses_by_batch"]["32"] == pytest.approx(before_fit, rel=1e-4)
     assert result["val_loss"] == pytest.approx(result["loss_on_every_record"], rel=1e-4)
+    # eval_remainder="drop": the loss of the whole global batches kept (11 records, batch 6:
+    # one), as on one replica; it was off, with no word, where a replica's remainder was.
+    assert result["drop_records_kept"] == 6
+    assert result["drop_loss"] == pytest.approx(result["drop_loss_of_kept"], rel=1e-4)
