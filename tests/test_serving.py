@@ -214,6 +214,21 @@ def test_a_model_without_one_score_per_label_is_not_exported(tmp_path):
         assert not (tmp_path / "export").exists()
 
 
+def test_a_config_giving_other_pixels_than_the_model_takes_is_not_exported(tmp_path):
+    # A uint8 model (Normalize inside) exported with the default float32 config answered up
+    # to 0.52 off in probability; one trained at 32 px and exported at 224 answered too.
+    for model, options, said in (
+        (small_model("uint8"), {}, r"uint8 pixels, and the config gives float32: "
+                                   r"ServingConfig\(dtype='uint8'\)"),
+        (small_model(), {"dtype": "uint8"}, "float32 pixels, and the config gives uint8"),
+        (small_model(), {"image_size": 224}, r"32 x 32 images, and the config gives 224 x 224"),
+    ):  # fmt: skip
+        config = serving.ServingConfig(labels=LABELS, **{"image_size": SIZE, **options})
+        with pytest.raises(ValueError, match=said):
+            serving.export(model, str(tmp_path / "export"), config)
+        assert not (tmp_path / "export").exists()
+
+
 @pytest.mark.slow  # traces the signature twice
 def test_files_crafted_to_make_the_header_walk_long_are_served_or_refused_promptly(monkeypatch):
     # The EXIF and transparency checks walk a file's segments, chunks or blocks; a walk is

@@ -251,6 +251,7 @@ def export(model: tf.keras.Model, export_dir: str, config: ServingConfig) -> str
     Returns:
       export_dir, for chaining.
     """
+    _check_inputs(model, config)
     size = config.image_size
     archive = tf.keras.export.ExportArchive()
     archive.track(model)
@@ -271,6 +272,28 @@ def export(model: tf.keras.Model, export_dir: str, config: ServingConfig) -> str
             module, export_dir, signatures={SIGNATURE: module.serve}, options=options
         )
     return export_dir
+
+
+def _check_inputs(model, config: ServingConfig) -> None:
+    """Refuses a config whose pixels the model does not take, where the model says what it
+    takes: another size, or integer pixels for a model of float inputs and the reverse
+    (Keras casts them, so a uint8 model given [0, 1] floats saw black, and answered). The
+    other float types are taken as they come (a bfloat16 input, cast by the model)."""
+    inputs = getattr(model, "inputs", None) or []
+    if len(inputs) != 1 or len(inputs[0].shape) != 4:
+        return  # a subclassed model, or one of several inputs: nothing said to compare
+    _, height, width, _ = inputs[0].shape
+    takes = tf.as_dtype(inputs[0].dtype)
+    problems = []
+    if None not in (height, width) and (height, width) != (config.image_size,) * 2:
+        problems.append(f"{height} x {width} images, and the config gives {config.image_size} "
+                        f"x {config.image_size}: ServingConfig(image_size={height})")  # fmt: skip
+    if takes.is_integer != tf.as_dtype(config.dtype).is_integer:
+        problems.append(f"{takes.name} pixels, and the config gives {config.dtype}: "
+                        f"ServingConfig(dtype={takes.name!r}), as it was trained")  # fmt: skip
+    if problems:
+        raise ValueError("The model takes " + "; it takes ".join(problems) + ". Export with the "
+                         "settings the model was trained with.")  # fmt: skip
 
 
 def _check_outputs(loaded, config: ServingConfig) -> None:
