@@ -635,6 +635,16 @@ def test_labels_numbered_as_text_one_label_alone_and_no_train_split_are_warned(t
         "WARNING: no split named train (the splits: fold1): the reader reads train when "
         "training unless given split="
     ]
+    # A CSV list naming a split two ways: evaluation read one, and left the other's records
+    # out, with no word (a reviewer).
+    (tmp_path / "two_names" / "list.csv").parent.mkdir()
+    for n, split in enumerate(("train", "train", "val", "validation")):
+        (tmp_path / "two_names" / f"{n}.jpg").write_bytes(jpeg_bytes(8, 8, (n * 60, 9, 9)))
+        with open(tmp_path / "two_names" / "list.csv", "a") as f:
+            f.write(f"{n}.jpg,{'ab'[n % 2]},{split}\n")
+    assert ("WARNING: splits 'val' and 'validation' are separate splits: evaluation reads "
+            "'validation' unless given split=. If they are one split, name it one way (a CSV "
+            "list's split column, or one folder)") in warned(tmp_path / "two_names" / "list.csv")
 
 
 def test_a_split_left_without_records_is_warned_of_and_look_alike_splits_refused(tmp_path):

@@ -58,7 +58,10 @@ def test_an_unbatched_dataset_is_not_ready():
 def test_hwcn_images_have_the_batch_last():
     transposed = spec(((8, 8, 3, 4), tf.bfloat16), ((4,), tf.int32))
     tpu_ready.check(transposed, 4, "HWCN")
+    # Checked as NHWC, the error says where the batch is and what to pass (it named only the
+    # drop_remainder advice, which is not the fix).
     with pytest.raises(
-        tpu_ready.NotTpuReadyError, match=r"element\[0\]: first \(batch\) dimension is 8"
+        tpu_ready.NotTpuReadyError, match=r"element\[0\]: first \(batch\) dimension is 8, "
+        r"expected 4 \(its last is: HWCN batches.*image_layout='HWCN'\)"
     ):
         tpu_ready.check(transposed, 4, "NHWC")

@@ -321,7 +321,8 @@ class Manifest:
         before `2`: a CSV of class numbers), of one label holding every record (a folder of
         images given where a folder of label folders was meant), of every label holding one
         (a column of ids taken for labels), of labels named like splits (split folders read
-        as labels), and of no split named train (the split the reader reads by default)."""
+        as labels), of splits named like validation beside it (a CSV list's `val` and
+        `validation`), and of no split named train (the split the reader reads by default)."""
         said, labels = [], self.labels
         by_text = not self.conversion.get("labels_file")
         if by_text and len(labels) > 1 and all(_WHOLE_NUMBER.fullmatch(label) for label in labels):
@@ -351,6 +352,13 @@ class Manifest:
             said.append(
                 f"labels named like splits ({', '.join(map(repr, alike_splits))}): a folder of "
                 "split folders read with --layout labels? Each is a class now"
+            )
+        others = sorted(set(self.splits) & naming.VALIDATION_LIKE)
+        if naming.VALIDATION in self.splits and others:
+            said.append(
+                f"splits {', '.join(map(repr, others))} and {naming.VALIDATION!r} are separate "
+                f"splits: evaluation reads {naming.VALIDATION!r} unless given split=. If they "
+                "are one split, name it one way (a CSV list's split column, or one folder)"
             )
         if self.splits and naming.TRAIN not in self.splits:
             said.append(
@@ -460,6 +468,11 @@ def sizes_said(cut: list[str], shards: str) -> str:
 
 def not_a_dataset(folder: str) -> FileNotFoundError:
     """The error for a folder without a manifest (every reader of datasets says the same)."""
+    if "*" in folder:  # a pattern of shards, where a dataset folder is needed
+        return FileNotFoundError(
+            f"{folder} is a pattern of files: give the dataset folder, the one holding "
+            f"{naming.MANIFEST_NAME} (the manifest says what every shard should hold)."
+        )
     return FileNotFoundError(
         f"{paths.join(folder, naming.MANIFEST_NAME)} not found: {folder} is not a "
         f"finished tfrecord-pipe dataset (the converter writes {naming.MANIFEST_NAME} last)."

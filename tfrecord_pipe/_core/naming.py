@@ -28,6 +28,7 @@ TRAIN, VALIDATION, TEST = "train", "validation", "test"
 SPLIT_ORDER = (TRAIN, VALIDATION, TEST)  # others after these, by name
 # Folder names that say split rather than label (Kaggle's test1, ImageNet's val, ...).
 SPLIT_LIKE = frozenset({*SPLIT_ORDER, "val", "valid", "test1", "dev", "eval"})
+VALIDATION_LIKE = frozenset({"val", "valid", "dev", "eval"})  # other names for validation
 
 # The shard file formats the job writes, by the suffix their files take (TFDS's names for them).
 TFRECORD, ARRAY_RECORD = "tfrecord", "array_record"

@@ -69,9 +69,12 @@ def check(
             axis = -1 if (image_layout == "HWCN" and shape.rank == 4) else 0
             if shape[axis] is not None and shape[axis] != batch_size:
                 where = "last" if axis == -1 else "first"
+                transposed = axis == 0 and shape.rank == 4 and shape[-1] == batch_size
                 problems.append(
                     f"{path}: {where} (batch) dimension is {shape[axis]}, expected {batch_size}"
-                )
+                    + (" (its last is: HWCN batches, from transpose_input=True? Check them "
+                       "with image_layout='HWCN')" if transposed else "")
+                )  # fmt: skip
         if component.dtype not in TPU_DTYPES:
             advice = _DTYPE_ADVICE.get(component.dtype, "cast to a TPU type")
             problems.append(f"{path}: dtype {component.dtype.name} is not TPU-ready ({advice})")
