@@ -445,7 +445,8 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
 
 def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
     """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`
-    (with the formats after OUT where they are not TFRecord alone), then a `WARNING:` line for each of the dataset's warnings (`Manifest.warnings`)."""
+    (the formats after OUT where they are not TFRecord alone), then a `WARNING:` line for
+    each of the dataset's warnings (`Manifest.warnings`)."""
     parts = [
         f"{name}: {info.num_examples} in {messages.counted(len(info.shard_lengths), 'shard')}"
         for name, info in result.splits.items()

@@ -173,6 +173,39 @@ def test_eval_remainder_drop_drops_the_partial_batch(dataset):
                              batch_size=records + 1, eval_remainder="drop")()  # fmt: skip
 
 
+def test_eval_remainder_drop_gives_every_pipeline_the_same_whole_steps(tmp_path):
+    # Validation shards of 8 and 5 records read by 2 pipelines: each dropped its own remainder
+    # (2 batches of 4 and 1), so pipelines ran other step counts, which synchronous replicas
+    # cannot (a reviewer). Each now takes the smallest share's whole steps, its length known.
+    folder = str(tmp_path / "ds")
+    write_dataset(folder, {"train": [[0]], "validation": [[0, 1] * 4, [2] * 5]})
+    input_fn = reader.make_input_fn(folder, is_training=False, image_size=SIZE, batch_size=8,
+                                    eval_remainder="drop")  # fmt: skip
+    # (replicas, what each pipeline gives: its length, its batches' sizes): a step takes 4
+    # records of a pipeline, and the smaller share, 5, makes one.
+    for replicas, each in ((2, (1, [4])), (4, (2, [2, 2]))):
+        got = []
+        for pipeline in range(2):
+            ds = input_fn(tf.distribute.InputContext(2, pipeline, replicas))
+            got.append((int(ds.cardinality()), [len(element[1]) for element in ds]))
+        assert got == [each, each], replicas
+    # A step of 8 records a pipeline, over 5: no whole step (evaluate returned nothing).
+    with pytest.raises(ValueError, match="eval_remainder='drop' with a batch of 8 a step over 5 "
+                                         "records"):  # fmt: skip
+        reader.make_input_fn(folder, is_training=False, image_size=SIZE, batch_size=16,
+                             eval_remainder="drop")(tf.distribute.InputContext(2, 1, 4))
+    # A shard holding another count than listed is still said, though its last records are
+    # past the batches kept.
+    shard = next(pathlib.Path(folder).glob("validation-00001-*"))
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for record in records[:-1]:
+            writer.write(record)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="read 4 records, the manifest "
+                                                            "lists 5"):  # fmt: skip
+        batches(input_fn(tf.distribute.InputContext(2, 1, 2)))
+
+
 def test_params_batch_size_is_this_pipelines_batch(dataset):
     input_fn = reader.make_input_fn(dataset, mode="eval", image_size=SIZE)
     ds = input_fn({"batch_size": 3})

@@ -36,6 +36,8 @@ REFUSED_BY_SERVING = {  # converted, but refused with the reason, as docs/servin
     "cmyk_no_adobe.jpg": "CMYK JPEG without an Adobe APP14 segment",
     "xbgr_fields.bmp": "BMP that TensorFlow cannot decode as the converter did",
     "exif_split.jpg": "EXIF block is split over several APP1 segments",
+    "exif_empty_first.jpg": "EXIF block is split over several APP1 segments",
+    "cmyk_short_adobe.jpg": "CMYK JPEG without an Adobe APP14 segment",
 }
 
 
@@ -110,8 +112,11 @@ def made_files() -> dict[str, bytes]:
     cmyk = encode(hopper.convert("CMYK"), "JPEG")
     adobe = cmyk.index(b"\xff\xee")
     files["cmyk_adobe.jpg"] = cmyk
-    files["cmyk_no_adobe.jpg"] = cmyk[:adobe] + cmyk[adobe + 2 + struct.unpack(
-        ">H", cmyk[adobe + 2 : adobe + 4])[0]:]  # fmt: skip
+    after_adobe = adobe + 2 + struct.unpack(">H", cmyk[adobe + 2 : adobe + 4])[0]
+    files["cmyk_no_adobe.jpg"] = cmyk[:adobe] + cmyk[after_adobe:]
+    # One of 7 bytes: Pillow takes it (and inverts CMYK always), libjpeg needs 12.
+    files["cmyk_short_adobe.jpg"] = (cmyk[:adobe] + b"\xff\xee\x00\x09Adobe\x00d"
+                                     + cmyk[after_adobe:])  # fmt: skip
     # 32-bit bit fields: TensorFlow reads blue, green, red whatever the masks say.
     files["bgrx_fields.bmp"] = bit_fields_bmp(hopper, (0xFF0000, 0xFF00, 0xFF))
     files["xbgr_fields.bmp"] = bit_fields_bmp(hopper, (0xFF000000, 0xFF0000, 0xFF00))
@@ -120,6 +125,7 @@ def made_files() -> dict[str, bytes]:
     first = b"Exif\0\0II*\0" + struct.pack("<IH", 8, 1)
     second = b"Exif\0\0" + struct.pack("<HHIHH", 0x0112, 3, 1, 6, 0) + bytes(4)
     files["exif_split.jpg"] = plain[:2] + app1(first) + app1(second) + plain[2:]
+    files["exif_empty_first.jpg"] = plain[:2] + app1(b"Exif\0\0") + app1(exif(6)) + plain[2:]
     # Two whole EXIF blocks: the first is read, whole, by both.
     files["exif_twice.jpg"] = plain[:2] + app1(exif(6)) + app1(
         exif(3)) + plain[2:]  # fmt: skip

@@ -144,8 +144,9 @@ def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf
     def walked():  # JPEG, PNG, WebP: what their segments or chunks say
         return _structure(data, fmt)[3]
 
-    def webp_refusal():
-        return tf.maximum(_webp_refusal(data), walked())
+    def webp_refusal():  # an animation first: its reason is the one that holds
+        animated = _webp_refusal(data)
+        return tf.where(tf.not_equal(animated, 0), animated, walked())
 
     return tf.switch_case(
         fmt,
@@ -167,8 +168,8 @@ REFUSALS = (
     "as PNG",
     "is a GIF whose image does not cover its canvas, which TensorFlow decodes at the image's "
     "size where the converter keeps the canvas; send it as PNG",
-    "has more segments or chunks before its image than serving reads (a file crafted so, "
-    "or padded); send it saved again as PNG or JPEG",
+    "has more segments or chunks than serving walks (a file crafted so, or padded); send it "
+    "saved again as PNG or JPEG",
     "is a CMYK JPEG without an Adobe APP14 segment: TensorFlow reads its colours inverted, "
     "unlike the converter; send it as an RGB JPEG or PNG",
     "is a JPEG whose EXIF block is split over several APP1 segments, which the converter "
@@ -248,7 +249,8 @@ def _bmp_refusal(data: _Bytes) -> tf.Tensor:
     masks = [data.uint(54 + 4 * i, 4, False) for i in range(4)]
     alpha_mask = tf.where(
         (data.uint(14, 4, False) >= 56) | tf.equal(compression, 6), masks[3], 0
-    )  # (in a header that has it, or after the colour masks with BI_ALPHABITFIELDS)
+    )  # (in a header that has it; after the colour masks with BI_ALPHABITFIELDS, which
+    # Pillow refuses, so no record holds one)
     standard = (tf.equal(masks[0], 0xFF0000) & tf.equal(masks[1], 0xFF00)
                 & tf.equal(masks[2], 0xFF) & tf.equal(alpha_mask, 0))  # fmt: skip
     fields = tf.equal(bits, 32) & (tf.equal(compression, 3) | tf.equal(compression, 6))
@@ -279,8 +281,9 @@ def _structure(data: _Bytes, fmt: tf.Tensor):
     def jpeg():
         start, end, components, adobe, more_exif, cut = _jpeg_segments(data)
         # A later "Exif" segment is joined to the first (Pillow, core.jpeg_headers): the same
-        # orientation only where the first holds its whole directory.
-        split = more_exif & _tiff_orientation(data, start, tf.minimum(end, data.size))[1]
+        # orientation only where the first holds its whole directory (an empty first one too
+        # was joined to the next).
+        split = more_exif & ~_tiff_orientation(data, start, tf.minimum(end, data.size))[1]
         refusal = tf.where(
             cut, _LONG_HEADER,
             tf.where(tf.equal(components, 4) & ~adobe, _CMYK_NOT_ADOBE,
@@ -317,7 +320,9 @@ def _jpeg_segments(data: _Bytes):
             (marker >= 0xC0) & (marker <= 0xCF) & tf.reduce_all(tf.not_equal(marker, _NOT_FRAMES))
         )
         is_frame &= tf.equal(components, 0) & at_marker
-        adobe |= at_marker & tf.equal(marker, _APP14) & tf.equal(data.uint(pos + 4, 5, True), _ADOBE)
+        # libjpeg, and so TensorFlow, takes one of 12 bytes or more (Pillow: 7 or more).
+        adobe |= (at_marker & tf.equal(marker, _APP14) & (length >= 14)
+                  & tf.equal(data.uint(pos + 4, 5, True), _ADOBE))  # fmt: skip
         more_exif |= exif & (start >= 0)
         first_exif = exif & (start < 0)
         skip = ~at_marker | tf.equal(marker, 0xFF)
@@ -394,8 +399,8 @@ _ORIENTATION_TAG, _SHORT, _LONG = 0x0112, 3, 4
 
 
 def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor):
-    """`core.images.exif_orientation` of the TIFF structure at data[start:end], and whether it
-    is cut short: a TIFF header whose first directory does not lie whole within the block."""
+    """`core.images.exif_orientation` of the TIFF structure at data[start:end], and whether
+    its header and first directory lie whole within the block."""
     little = tf.equal(data.uint(start, 2, True), 0x4949)  # "II"
     big = tf.equal(data.uint(start, 2, True), 0x4D4D)  # "MM"
     ifd = start + data.either(start + 4, 4, big)
@@ -413,7 +418,7 @@ def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor):
     )
     valid = ok & tf.reduce_any(is_tag) & tf.equal(values, 1)
     valid &= (tf.equal(kind, _SHORT) | tf.equal(kind, _LONG)) & (value >= 1) & (value <= 8)
-    return tf.where(valid, value, 1), (start >= 0) & (little | big) & ~ok
+    return tf.where(valid, value, 1), ok
 
 
 def _opaque(image: tf.Tensor) -> tf.Tensor:

@@ -132,26 +132,43 @@ def build_dataset(
         else:
             examples = examples.batch(batch, drop_remainder=True)
             if not config.is_training and records is not None and not config.skip_corrupt:
-                examples = _whole_steps(examples, records, batch, input_context)
+                examples = _whole_steps(examples, source, batch, input_context)
     if config.transpose_input and not config.data_service:  # the service's path transposes
         examples = examples.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
     examples = examples.prefetch(prefetch_size(config))
     return examples.with_options(data_options(config))
 
 
-def _whole_steps(batches, records: int, batch: int, input_context) -> tf.data.Dataset:
-    """An evaluation's batches with a dropped remainder, as many as make whole global steps,
-    with that length known. Where one pipeline feeds several replicas, dropping each
-    replica's remainder left an odd batch: a step where one replica had data and another
-    none, which Keras counted as a step of empty batches, and its metrics were wrong with no
-    word (a reviewer: accuracy 0.17 for 0.25 on two replicas). TensorFlow knew no length, so
-    `distribute` could not set Keras's steps either."""
+def _whole_steps(batches, source, batch: int, input_context) -> tf.data.Dataset:
+    """An evaluation's batches with a dropped remainder, as many as make whole global steps on
+    every pipeline, with that length known. Where one pipeline feeds several replicas,
+    dropping each replica's remainder left an odd batch: a step where one replica had data
+    and another none, which Keras counted as a step of empty batches, and its metrics were
+    wrong with no word (a reviewer: accuracy 0.17 for 0.25 on two replicas). Every pipeline
+    takes the steps of the smallest share, as synchronous replicas need; the batches past
+    them are read and not given, so a shard's count is still checked at its end."""
+    num_pipelines, _ = file_share.pipeline_position(input_context)
+    counts = [file_share.share(source.split, num_pipelines, i).num_examples
+              for i in range(num_pipelines)]  # fmt: skip
+    if any(count is None for count in counts):
+        return batches
     replicas = 1
     if input_context is not None:
-        replicas = max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
-    steps = records // (batch * replicas)
-    return batches.take(steps * replicas).apply(
-        tf.data.experimental.assert_cardinality(steps * replicas)
+        replicas = max(1, input_context.num_replicas_in_sync // num_pipelines)
+    steps = min(counts) // (batch * replicas)
+    if not steps:
+        raise ValueError(
+            f"eval_remainder='drop' with a batch of {batch * replicas} a step over "
+            f"{min(counts)} records (the smallest pipeline's share of split "
+            f"{source.split.name!r}): no step would come (evaluate would return nothing). Use "
+            "eval_remainder='pad' (the default), or a smaller batch."
+        )
+    kept = steps * replicas
+    return (
+        batches.enumerate()
+        .filter(lambda index, _: index < kept)
+        .map(lambda _, batch_: batch_)
+        .apply(tf.data.experimental.assert_cardinality(kept))
     )
 
 

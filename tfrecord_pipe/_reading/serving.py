@@ -275,10 +275,11 @@ def export(model: tf.keras.Model, export_dir: str, config: ServingConfig) -> str
 
 
 def _check_inputs(model, config: ServingConfig) -> None:
-    """Refuses a config whose pixels the model does not take, where the model says what it
-    takes: another size, or integer pixels for a model of float inputs and the reverse
-    (Keras casts them, so a uint8 model given [0, 1] floats saw black, and answered). The
-    other float types are taken as they come (a bfloat16 input, cast by the model)."""
+    """Refuses a config whose pixels the model cannot take, where the model says what it
+    takes: another size, or float pixels for a model of integer inputs (Keras casts them, so
+    a uint8 model given normalised floats saw black, and answered). A float input may take
+    uint8 pixels (cast, then `preprocess.Normalize` in the model), and any float type the
+    model casts (bfloat16)."""
     inputs = getattr(model, "inputs", None) or []
     if len(inputs) != 1 or len(inputs[0].shape) != 4:
         return  # a subclassed model, or one of several inputs: nothing said to compare
@@ -288,7 +289,7 @@ def _check_inputs(model, config: ServingConfig) -> None:
     if None not in (height, width) and (height, width) != (config.image_size,) * 2:
         problems.append(f"{height} x {width} images, and the config gives {config.image_size} "
                         f"x {config.image_size}: ServingConfig(image_size={height})")  # fmt: skip
-    if takes.is_integer != tf.as_dtype(config.dtype).is_integer:
+    if takes.is_integer and not tf.as_dtype(config.dtype).is_integer:
         problems.append(f"{takes.name} pixels, and the config gives {config.dtype}: "
                         f"ServingConfig(dtype={takes.name!r}), as it was trained")  # fmt: skip
     if problems:
