@@ -83,6 +83,24 @@ def test_inspect_check_catches_a_manifest_that_disagrees_with_a_shard(converted_
     assert "PROBLEM" in done.stdout and "the shard holds" in done.stdout
 
 
+def test_inspect_check_finds_a_shard_of_its_size_and_count_holding_other_inputs(converted_copy):
+    # Two records swapped in a shard (or a shard replaced by another's copy of its size and
+    # count): --check said "OK", and only verify found it (two reviewers).
+    _, out = converted_copy
+    info = dataset.read_manifest(str(out)).splits["train"]
+    shard = out / next(name for name, n in zip(info.files, info.shard_lengths) if n >= 2)
+    found = [r.numpy() for r in tf.data.TFRecordDataset(str(shard))]
+    size = shard.stat().st_size
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for record in [found[1], found[0], *found[2:]]:
+            writer.write(record)
+    assert shard.stat().st_size == size
+    done = run_cli("inspect", out, "--check")
+    assert done.returncode == 1, done.stdout
+    assert f"{shard}: holds other inputs than the manifest lists, or in another" in done.stdout
+    assert "MISMATCH: 1 holding other inputs than listed" in done.stdout
+
+
 def test_inspect_check_says_mismatch_for_a_missing_or_cut_shard_and_names_it(converted_copy):
     # Both printed "counts checked against the shards: OK" beside the PROBLEM lines, and a
     # missing shard's split was shown with its count and shard count less that shard's; the

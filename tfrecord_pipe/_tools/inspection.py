@@ -81,6 +81,7 @@ class SplitSummary:
     missing: int = 0
     checked: bool = False
     resized: int = 0  # shards not of the size the manifest lists
+    replaced: int = 0  # shards holding other inputs than the manifest lists (read whole)
 
     @property
     def listed(self) -> int | None:
@@ -164,9 +165,23 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
             paths.folder(found.path), found.file_format)  # fmt: skip
         problems += [f"{said}: cut short, or changed since the conversion" for said in resized]
     sizes = [tf.io.gfile.stat(path).length for path in files]
-    counted = [None] * len(files)
+    counted, replaced = [None] * len(files), 0
     if check_counts:
         counted = [_count(path, found.compression, problems) for path in files]
+        for index, path in enumerate(files):
+            if counted[index] is None:
+                continue
+            try:
+                other = _holds_other_inputs(path, split.name, found)
+            except tf.errors.OpError as err:  # read whole (an ArrayRecord count reads less)
+                problems.append(f"{path}: cannot be read to its end: {messages.one_line(err)}")
+                counted[index] = None
+                continue
+            if other:
+                replaced += 1
+                problems.append(f"{path}: holds other inputs than the manifest lists, or in "
+                                "another order (another shard's copy, or swapped with one?); "
+                                "verify names them")  # fmt: skip
     spec = records.parse_spec(schema.LABEL, schema.SYNSET, schema.HEIGHT, schema.WIDTH)
     serialized = _spread(files, found)
     if sample is not None:
@@ -207,6 +222,7 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
         missing=len(split.missing),
         checked=check_counts,
         resized=len(resized),
+        replaced=replaced,
     )
 
 
@@ -231,6 +247,29 @@ def _count(path: str, compression: str, problems: list[str]) -> int | None:
     except tf.errors.OpError as err:
         problems.append(f"{path}: cannot be read to its end: {messages.one_line(err)}")
         return None
+
+
+def _holds_other_inputs(path: str, split: str, found) -> bool:
+    """Whether a shard read whole holds other inputs, in another order, than the manifest's
+    digest of them says (`manifest.ShardPositions`): a shard replaced by another's copy of
+    its size and count read as OK. False where the manifest keeps no digest, or a record
+    does not parse (the reader then says so)."""
+    info = found.manifest.splits.get(split) if found.manifest is not None else None
+    name = paths.basename(path)
+    if info is None or not info.shard_digests or name not in info.files_of(found.file_format):
+        return False
+    positions = manifest_lib.ShardPositions()
+    offset = found.manifest.label_offset
+    for serialized in records.shard_records(path, found.compression, found.file_format):
+        serialized = serialized.numpy()
+        try:
+            record = (schema.decode_written(serialized, label_offset=offset)
+                      or schema.decode_parsed(serialized, label_offset=offset))  # fmt: skip
+        except ValueError:
+            return False
+        positions.add(record.filename, record.label_index, record.label_text)
+    recorded = info.shard_digests[info.files_of(found.file_format).index(name)]
+    return positions.hexdigest() != recorded
 
 
 def _present(found: dataset_lib.Dataset) -> list[str]:
@@ -272,7 +311,8 @@ def _count_verdict(split: SplitSummary, listed: int | None) -> str:
     other = sum(shard.miscounted for shard in split.shards)
     faults = [f"{n} {what}" for n, what in ((split.missing, "missing"), (unreadable, "unreadable"),
               (other, "holding another count than listed"),
-              (split.resized, "of another size than listed")) if n]  # fmt: skip
+              (split.resized, "of another size than listed"),
+              (split.replaced, "holding other inputs than listed")) if n]  # fmt: skip
     read = sum(shard.counted or 0 for shard in split.shards)
     of = f" of {listed} listed" if listed is not None else ""
     return f"{'MISMATCH: ' + ', '.join(faults) if faults else 'OK'} ({read} records read{of})"
