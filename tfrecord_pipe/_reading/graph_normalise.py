@@ -421,73 +421,72 @@ def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor):
     return tf.where(valid, value, 1), ok
 
 
-def _opaque(image: tf.Tensor) -> tf.Tensor:
-    """An alpha channel of 255 for `image` (H x W x C uint8): H x W x 1."""
-    return tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8))
-
-
-def _png_rgba(encoded: tf.Tensor) -> tf.Tensor:
-    """A PNG as RGBA, H x W x 4 uint8, from its own channels. (`decode_png(channels=4)` gives
-    a palette PNG of 1, 2 or 4 bits an alpha of 1, 3 or 15 where it should be opaque, so
-    such an image came out near white.)"""
-    image = tf.io.decode_png(encoded, channels=0)
-    grey, opaque = image[..., :1], _opaque(image)
-    return tf.switch_case(
-        tf.shape(image)[-1] - 1,
-        [
-            lambda: tf.concat([grey, grey, grey, opaque], -1),
-            lambda: tf.concat([grey, grey, grey, image[..., 1:2]], -1),
-            lambda: tf.concat([image[..., :3], opaque], -1),
-            lambda: image[..., :4],
-        ],
-    )
-
-
 def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tensor:
     """The decoded image as the converter stores it, before any downscaling: the first frame,
-    turned upright by EXIF orientation `turn`, transparency on white; H x W x 3 uint8."""
+    turned upright by EXIF orientation `turn`, transparency on white; H x W x 3 uint8.
 
-    def with_alpha(image):
-        return tf.cond(
-            tf.equal(tf.shape(image)[-1], 4),
-            lambda: image,
-            lambda: tf.concat([image, _opaque(image)], -1),
+    Turned as floats (exact for these values): TensorFlow's oneDNN build logs an error line
+    for every uint8 Transpose on CPUs it lacks uint8 kernels for, in every serving process.
+    An image without an alpha channel (JPEG, BMP, a GIF, an RGB or grey PNG, an opaque WebP)
+    is only turned, not made RGBA floats and blended onto white (benchmarks/RESULTS.md,
+    "Memory per request image")."""
+
+    def turned(image):
+        image = tf.cast(image, tf.float32)
+        return tf.switch_case(
+            tf.cast(turn - 1, tf.int32),
+            [
+                lambda: image,
+                lambda: tf.image.flip_left_right(image),
+                lambda: tf.image.rot90(image, 2),
+                lambda: tf.image.flip_up_down(image),
+                lambda: tf.image.transpose(image),
+                lambda: tf.image.rot90(image, 3),
+                lambda: tf.image.rot90(tf.image.transpose(image), 2),
+                lambda: tf.image.rot90(image, 1),
+            ],
         )
 
-    decoded = tf.switch_case(
+    def opaque(image):  # upright: as it is
+        return tf.cond(tf.equal(turn, 1), lambda: image, lambda: tf.cast(turned(image), tf.uint8))
+
+    def on_white(rgba):
+        pixels = turned(rgba)
+        alpha = pixels[..., 3:] / 255.0
+        return tf.cast(tf.round(pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)), tf.uint8)
+
+    def either(image):  # 3 or 4 channels
+        has_alpha = tf.equal(tf.shape(image)[-1], 4)
+        return tf.cond(has_alpha, lambda: on_white(image), lambda: opaque(image[..., :3]))
+
+    def png():
+        # In its own channels: `decode_png(channels=4)` gives a palette PNG of 1, 2 or 4 bits
+        # an alpha of 1, 3 or 15 where it should be opaque, so such an image came out near white.
+        image = tf.io.decode_png(encoded, channels=0)
+        grey = image[..., :1]
+        return tf.switch_case(
+            tf.shape(image)[-1] - 1,
+            [
+                lambda: opaque(tf.concat([grey, grey, grey], -1)),
+                lambda: on_white(tf.concat([grey, grey, grey, image[..., 1:2]], -1)),
+                lambda: opaque(image[..., :3]),
+                lambda: on_white(image[..., :4]),
+            ],
+        )
+
+    image = tf.switch_case(
         fmt,
         [
-            lambda: with_alpha(
-                tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_ACCURATE")
-            ),
-            lambda: _png_rgba(encoded),
-            lambda: with_alpha(tf.io.decode_image(encoded, channels=3, expand_animations=False)),
-            lambda: with_alpha(tf.io.decode_webp(encoded, channels=0)[0]),
-            lambda: with_alpha(
-                tf.io.decode_bmp(encoded, channels=0)[..., :3]
-            ),  # BMP alpha: ignored, as Pillow does
+            lambda: opaque(tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_ACCURATE")),
+            png,
+            lambda: opaque(tf.io.decode_image(encoded, channels=3, expand_animations=False)),
+            lambda: either(tf.io.decode_webp(encoded, channels=0)[0]),
+            # BMP alpha: ignored, as Pillow does
+            lambda: opaque(tf.io.decode_bmp(encoded, channels=0)[..., :3]),
         ],
     )
-    decoded.set_shape([None, None, 4])
-    # Turned as floats (exact for these values): TensorFlow's oneDNN build logs an error line
-    # for every uint8 Transpose on CPUs it lacks uint8 kernels for, in every serving process.
-    decoded = tf.cast(decoded, tf.float32)
-    pixels = tf.switch_case(
-        tf.cast(turn - 1, tf.int32),
-        [
-            lambda: decoded,
-            lambda: tf.image.flip_left_right(decoded),
-            lambda: tf.image.rot90(decoded, 2),
-            lambda: tf.image.flip_up_down(decoded),
-            lambda: tf.image.transpose(decoded),
-            lambda: tf.image.rot90(decoded, 3),
-            lambda: tf.image.rot90(tf.image.transpose(decoded), 2),
-            lambda: tf.image.rot90(decoded, 1),
-        ],
-    )
-    alpha = pixels[..., 3:] / 255.0
-    on_white = pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)
-    return tf.cast(tf.round(on_white), tf.uint8)
+    image.set_shape([None, None, 3])
+    return image
 
 
 def downscaled(image: tf.Tensor, max_side: int) -> tf.Tensor:
