@@ -141,16 +141,14 @@ def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf
         with tf.control_dependencies([tf.debugging.Assert(False, ["not a decodable format"])]):
             return tf.constant(0, tf.int64), tf.constant(0, tf.int64)
 
-    def walked():  # JPEG, PNG, WebP: what their segments or chunks say
-        return _structure(data, fmt)[3]
-
     def webp_refusal():  # an animation first: its reason is the one that holds
         animated = _webp_refusal(data)
-        return tf.where(tf.not_equal(animated, 0), animated, walked())
+        return tf.where(tf.not_equal(animated, 0), animated, _walked(data, _webp_exif)[3])
 
     return tf.switch_case(
         fmt,
-        [lambda: (*jpeg(), walked()), lambda: (*png(), walked()), gif,
+        [lambda: (*jpeg(), _jpeg_structure(data)[3]),
+         lambda: (*png(), _walked(data, _png_exif)[3]), gif,
          lambda: (*webp(), webp_refusal()), lambda: (*bmp(), _bmp_refusal(data))],
         default=lambda: (*refused(), _accepted()),
     )  # fmt: skip
@@ -276,32 +274,35 @@ def _structure(data: _Bytes, fmt: tf.Tensor):
     count (0 for other formats), and a refusal (REFUSALS) of what the walk found: the walk cut
     short, a CMYK JPEG without Adobe's segment, or an EXIF block split in a way read here
     otherwise than the converter reads it."""
-    none, zero, fine = tf.constant(-1, tf.int64), tf.constant(0, tf.int64), _accepted()
-
-    def jpeg():
-        start, end, components, adobe, more_exif, cut = _jpeg_segments(data)
-        # A later "Exif" segment is joined to the first (Pillow, core.jpeg_headers): the same
-        # orientation only where the first holds its whole directory (an empty first one too
-        # was joined to the next).
-        split = more_exif & ~_tiff_orientation(data, start, tf.minimum(end, data.size))[1]
-        refusal = tf.where(
-            cut, _LONG_HEADER,
-            tf.where(tf.equal(components, 4) & ~adobe, _CMYK_NOT_ADOBE,
-                     tf.where(split, _SPLIT_EXIF, 0)),
-        )  # fmt: skip
-        return start, end, components, refusal
-
-    def walked(walk):
-        start, end, cut = walk(data)
-        return start, end, zero, tf.where(cut, _LONG_HEADER, 0)
-
+    none, zero = tf.constant(-1, tf.int64), tf.constant(0, tf.int64)
     start, end, components, refusal = tf.switch_case(
         fmt,
-        [jpeg, lambda: walked(_png_exif), lambda: (none, none, zero, fine),
-         lambda: walked(_webp_exif)],
-        default=lambda: (none, none, zero, fine),
+        [lambda: _jpeg_structure(data), lambda: _walked(data, _png_exif),
+         lambda: (none, none, zero, _accepted()), lambda: _walked(data, _webp_exif)],
+        default=lambda: (none, none, zero, _accepted()),
     )  # fmt: skip
     return start, tf.minimum(end, data.size), components, refusal
+
+
+def _jpeg_structure(data: _Bytes):
+    """`_structure` of a JPEG."""
+    start, end, components, adobe, more_exif, cut = _jpeg_segments(data)
+    # A later "Exif" segment is joined to the first (Pillow, core.jpeg_headers): the same
+    # orientation only where the first holds its whole directory (an empty first one too
+    # was joined to the next).
+    split = more_exif & ~_tiff_orientation(data, start, tf.minimum(end, data.size))[1]
+    refusal = tf.where(
+        cut, _LONG_HEADER,
+        tf.where(tf.equal(components, 4) & ~adobe, _CMYK_NOT_ADOBE,
+                 tf.where(split, _SPLIT_EXIF, 0)),
+    )  # fmt: skip
+    return start, end, components, refusal
+
+
+def _walked(data: _Bytes, walk):
+    """`_structure` of a PNG or WebP, from `walk` (its EXIF chunk's)."""
+    start, end, cut = walk(data)
+    return start, end, tf.constant(0, tf.int64), tf.where(cut, _LONG_HEADER, 0)
 
 
 def _jpeg_segments(data: _Bytes):
@@ -447,46 +448,42 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
             ],
         )
 
-    def opaque(image):  # upright: as it is
-        return tf.cond(tf.equal(turn, 1), lambda: image, lambda: tf.cast(turned(image), tf.uint8))
-
-    def on_white(rgba):
-        pixels = turned(rgba)
-        alpha = pixels[..., 3:] / 255.0
-        return tf.cast(tf.round(pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)), tf.uint8)
-
-    def either(image):  # 3 or 4 channels
-        has_alpha = tf.equal(tf.shape(image)[-1], 4)
-        return tf.cond(has_alpha, lambda: on_white(image), lambda: opaque(image[..., :3]))
-
-    def png():
-        # In its own channels: `decode_png(channels=4)` gives a palette PNG of 1, 2 or 4 bits
-        # an alpha of 1, 3 or 15 where it should be opaque, so such an image came out near white.
-        image = tf.io.decode_png(encoded, channels=0)
-        grey = image[..., :1]
+    def decoded():
+        # A PNG in its own channels: `decode_png(channels=4)` gives a palette PNG of 1, 2 or 4
+        # bits an alpha of 1, 3 or 15 where it should be opaque (it came out near white).
         return tf.switch_case(
-            tf.shape(image)[-1] - 1,
+            fmt,
             [
-                lambda: opaque(tf.concat([grey, grey, grey], -1)),
-                lambda: on_white(tf.concat([grey, grey, grey, image[..., 1:2]], -1)),
-                lambda: opaque(image[..., :3]),
-                lambda: on_white(image[..., :4]),
+                lambda: tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_ACCURATE"),
+                lambda: tf.io.decode_png(encoded, channels=0),
+                lambda: tf.io.decode_image(encoded, channels=3, expand_animations=False),
+                lambda: tf.io.decode_webp(encoded, channels=0)[0],
+                # BMP alpha: ignored, as Pillow does
+                lambda: tf.io.decode_bmp(encoded, channels=0)[..., :3],
             ],
         )
 
-    image = tf.switch_case(
-        fmt,
-        [
-            lambda: opaque(tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_ACCURATE")),
-            png,
-            lambda: opaque(tf.io.decode_image(encoded, channels=3, expand_animations=False)),
-            lambda: either(tf.io.decode_webp(encoded, channels=0)[0]),
-            # BMP alpha: ignored, as Pillow does
-            lambda: opaque(tf.io.decode_bmp(encoded, channels=0)[..., :3]),
-        ],
-    )
-    image.set_shape([None, None, 3])
-    return image
+    image = decoded()
+    image.set_shape([None, None, None])
+    channels = tf.shape(image)[-1]
+    has_alpha = tf.equal(channels % 2, 0)  # grey and alpha (2), RGBA (4)
+    grey = image[..., :1]
+
+    def opaque():
+        rgb = tf.cond(channels >= 3, lambda: image[..., :3],
+                      lambda: tf.concat([grey, grey, grey], -1))  # fmt: skip
+        return tf.cond(tf.equal(turn, 1), lambda: rgb, lambda: tf.cast(turned(rgb), tf.uint8))
+
+    def on_white():
+        colour = tf.cond(tf.equal(channels, 4), lambda: image[..., :4],
+                         lambda: tf.concat([grey, grey, grey, image[..., 1:2]], -1))  # fmt: skip
+        pixels = turned(colour)
+        alpha = pixels[..., 3:] / 255.0
+        return tf.cast(tf.round(pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)), tf.uint8)
+
+    upright = tf.cond(has_alpha, on_white, opaque)
+    upright.set_shape([None, None, 3])
+    return upright
 
 
 def downscaled(image: tf.Tensor, max_side: int) -> tf.Tensor:
