@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfrecord_pipe._core import network
-from tfrecord_pipe._reading import reader_config, resume
+from tfrecord_pipe._reading import file_share, reader_config, resume
 
 TPU, GPUS, CPU = "tpu", "gpus", "cpu"
 # Device files of a Cloud TPU VM's local chips (/dev/accel* up to v4, /dev/vfio/* from v5).
@@ -175,8 +175,7 @@ def distribute(
     distributed = strategy.distribute_datasets_from_function(recorded)
     batches = getattr(distributed, "_cardinality", None)  # a pipeline's batches (TF 2.21)
     if contexts and isinstance(batches, (int, np.integer)) and batches > 0:
-        context = contexts[0]
-        per_pipeline = max(1, context.num_replicas_in_sync // context.num_input_pipelines)
+        per_pipeline = file_share.replicas_per_pipeline(contexts[0])
         distributed._cardinality = batches // per_pipeline  # one global step takes one each
     return distributed
 

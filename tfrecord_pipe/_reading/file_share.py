@@ -127,6 +127,20 @@ def pipeline_position(input_context) -> tuple[int, int]:
     return input_context.num_input_pipelines, input_context.input_pipeline_id
 
 
+def replicas_per_pipeline(input_context) -> int:
+    """The replicas one input pipeline feeds (a batch each a global step)."""
+    if input_context is None:
+        return 1
+    return max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
+
+
+def pipeline_counts(split: dataset.Split, input_context) -> list[int | None]:
+    """The records of every pipeline's share of the split (None where unknown): what an
+    evaluation's steps, the same on every pipeline, are made from."""
+    num_pipelines, _ = pipeline_position(input_context)
+    return [share(split, num_pipelines, i).num_examples for i in range(num_pipelines)]
+
+
 def pipeline_share(
     split: dataset.Split, input_context: tf.distribute.InputContext | None, training: bool
 ) -> PipelineShare:

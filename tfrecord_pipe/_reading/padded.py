@@ -113,14 +113,10 @@ def eval_steps(
       source: resolve_source(config), if already at hand.
     """
     source = source or resolve_source(config)
-    num_pipelines, _ = file_share.pipeline_position(input_context)
-    counts = [
-        file_share.share(source.split, num_pipelines, i).num_examples for i in range(num_pipelines)
-    ]
+    counts = file_share.pipeline_counts(source.split, input_context)
     if any(count is None for count in counts):
         return None
     steps = max(math.ceil(count / batch) for count in counts)
     # Each pipeline feeds its replicas in turn: give every replica the same number of batches.
-    replicas = input_context.num_replicas_in_sync // num_pipelines if input_context else 1
-    replicas = max(replicas, 1)
+    replicas = file_share.replicas_per_pipeline(input_context)
     return math.ceil(steps / replicas) * replicas

@@ -147,14 +147,10 @@ def _whole_steps(batches, source, batch: int, input_context) -> tf.data.Dataset:
     wrong with no word (a reviewer: accuracy 0.17 for 0.25 on two replicas). Every pipeline
     takes the steps of the smallest share, as synchronous replicas need; the batches past
     them are read and not given, so a shard's count is still checked at its end."""
-    num_pipelines, _ = file_share.pipeline_position(input_context)
-    counts = [file_share.share(source.split, num_pipelines, i).num_examples
-              for i in range(num_pipelines)]  # fmt: skip
+    counts = file_share.pipeline_counts(source.split, input_context)
     if any(count is None for count in counts):
         return batches
-    replicas = 1
-    if input_context is not None:
-        replicas = max(1, input_context.num_replicas_in_sync // num_pipelines)
+    replicas = file_share.replicas_per_pipeline(input_context)
     steps = min(counts) // (batch * replicas)
     if not steps:
         raise ValueError(

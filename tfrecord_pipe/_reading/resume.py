@@ -26,7 +26,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfrecord_pipe._core import messages
-from tfrecord_pipe._reading import epochs, seeded
+from tfrecord_pipe._reading import epochs, file_share, seeded
 
 FORMAT = "tfrecord-pipe/position"
 VERSION = 1
@@ -131,7 +131,7 @@ class BatchIterator:
 def pipeline_batches(context: tf.distribute.InputContext, steps: int) -> int:
     """The batches one input pipeline gives in `steps` global steps: one per replica it
     feeds."""
-    return steps * max(1, context.num_replicas_in_sync // context.num_input_pipelines)
+    return steps * file_share.replicas_per_pipeline(context)
 
 
 class DistributedIterator(tf.Module):
