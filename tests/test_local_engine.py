@@ -112,6 +112,19 @@ def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(
     assert "labels with" not in capsys.readouterr().out
 
 
+def test_labels_validation_lacks_are_said(tmp_path, capsys):
+    # Evaluation reads validation: a class with no record there has no accuracy measured,
+    # and nothing said so.
+    for split, labels in (("train", RGB), ("validation", RGB[:2])):
+        for label in labels:
+            (tmp_path / "src" / split / label).mkdir(parents=True)
+            (tmp_path / "src" / split / label / "0.jpg").write_bytes(jpeg_bytes(9, 9, COLOURS[label]))
+    convert.run([str(tmp_path / "src"), str(tmp_path / "out")])
+    said = [line for line in capsys.readouterr().out.splitlines() if "labels with" in line]
+    assert said == [f"WARNING: labels with no record in split validation: {RGB[2]!r}. "
+                    "Evaluation, which reads it, never measures them."]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_a_csv_list_gives_the_beam_pipelines_dataset_byte_for_byte(tmp_path, monkeypatch):
     src = hostile_folder(tmp_path / "src")

@@ -368,7 +368,8 @@ class Manifest:
         return said
 
     def _label_warnings(self) -> list[str]:
-        """What to say of labels that no record holds, or none of train: labels come from the
+        """What to say of labels that no record holds, or none of train or of validation (a
+        model never taught them, or never measured on them): labels come from the
         inputs listed, so a folder whose every input was rejected (`__MACOSX`, `.git`) or a
         CSV line's misspelt label is a class of its own, and shifts the indices of those after
         it. Nothing where a labels file gave the labels asked for, or no counts were kept
@@ -392,6 +393,13 @@ class Manifest:
             said.append(f"labels with no record in split {naming.TRAIN}, only in others: "
                         f"{messages.some(untrained, 10, ascii)}. A model trained on it never "
                         "sees them.")  # fmt: skip
+        validation = self.splits.get(naming.VALIDATION)
+        held = validation.label_counts if validation else ()
+        unmeasured = [label for label, n in zip(self.labels, held) if not n and label in in_train]
+        if any(held) and unmeasured:
+            said.append(f"labels with no record in split {naming.VALIDATION}: "
+                        f"{messages.some(unmeasured, 10, ascii)}. Evaluation, which reads it, "
+                        "never measures them.")  # fmt: skip
         return said
 
     def to_json(self) -> str:
