@@ -74,7 +74,7 @@ _BLOCK_BYTES = 1 << 20
 
 def _raw_lines(f, csv_path: str) -> Iterator[bytes]:
     """The lines of a binary file, read a block at a time, without their ends."""
-    rest = b""
+    rest, given = b"", 0
     while block := f.read(_BLOCK_BYTES):
         data = rest + block
         held = b"\r" if data.endswith(b"\r") else b""  # maybe the first half of \r\n
@@ -82,10 +82,12 @@ def _raw_lines(f, csv_path: str) -> Iterator[bytes]:
         rest += held
         # Every line, not only one cut by a block's end (lines within a block went through).
         if max(len(rest), max(map(len, lines), default=0)) > MAX_CSV_LINE_BYTES:
+            long = next(i for i, line in enumerate([*lines, rest]) if len(line) > MAX_CSV_LINE_BYTES)
             raise ValueError(
-                f"CSV list {csv_path} has a line over {MAX_CSV_LINE_BYTES} bytes: it is not a "
-                "list of `path,label[,split]` lines."
+                f"CSV list {csv_path} line {given + long + 1} is over {MAX_CSV_LINE_BYTES} "
+                "bytes: it is not a list of `path,label[,split]` lines."
             )
+        given += len(lines)
         yield from lines
     if rest.rstrip(b"\r"):
         yield rest.rstrip(b"\r")

@@ -399,14 +399,18 @@ def test_a_csv_that_never_ends_is_refused_not_read_forever(tmp_path):
         with pytest.raises(ValueError, match="not a regular file"):
             resolved(tmp_path / name)
     (tmp_path / "one.csv").write_bytes(b"a" * (csv_lists.MAX_CSV_LINE_BYTES + 1))
-    with pytest.raises(ValueError, match="has a line over"):
+    with pytest.raises(ValueError, match="one.csv line 1 is over 65536 bytes"):
         resolved(tmp_path / "one.csv")
     # The same limit for a line that ends inside a read block (only one cut by a block's end
     # was measured).
     long_line = b"b" * (csv_lists.MAX_CSV_LINE_BYTES + 1) + b",red"
     (tmp_path / "inside.csv").write_bytes(b"a.jpg,red\n" + long_line + b"\nc.jpg,blue\n")
-    with pytest.raises(ValueError, match="has a line over"):
+    with pytest.raises(ValueError, match="inside.csv line 2 is over"):
         list(csv_lists.csv_lines(str(tmp_path / "inside.csv")))
+    # Counted on over read blocks: the line a person looks for.
+    (tmp_path / "later.csv").write_bytes(b"a.jpg,red\n" * 150_000 + long_line)
+    with pytest.raises(ValueError, match="later.csv line 150001 is over"):
+        list(csv_lists.csv_lines(str(tmp_path / "later.csv")))
 
 
 def test_line_ends_split_across_read_blocks_are_one_line_end(tmp_path, monkeypatch):
