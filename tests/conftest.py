@@ -10,6 +10,9 @@ import tempfile
 os.environ.setdefault("GCS_RETRY_CONFIG_MAX_RETRIES", "2")
 os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# JAX on the CPU, which the suite's checks are written for: otherwise each process that starts
+# JAX (a dozen or more a run) first looks for GPU and TPU plugins, 0.5 CPU-s on this machine.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # JAX programs compiled once for the whole run, not again in each process that runs them (the
 # killed and resumed runs, the hosts of a two-host run): a third of such a process's CPU.
 # Made by the first process (pytest's, or xdist's controller); its workers inherit it.

@@ -62,6 +62,13 @@ def digests(dataset, count):
     return [digest(batch) for batch in dataset.take(count)]
 
 
+@functools.lru_cache
+def default_stream(folder) -> list:
+    """The first 34 batches (4 epochs) of `seeded(folder)`: the reference several tests
+    compare with, made once."""
+    return digests(seeded(folder), 34)
+
+
 @pytest.mark.slow  # 36 batches made four times
 def test_one_seed_gives_bit_identical_batches_and_another_seed_others(folder):
     first = digests(seeded(folder), 12)
@@ -75,7 +82,7 @@ def test_one_seed_gives_bit_identical_batches_and_another_seed_others(folder):
 
 
 def test_each_epoch_is_a_permutation_of_the_split_in_a_new_order(folder):
-    keys = [key for keys, _, _ in digests(seeded(folder), 34) for key in keys]  # 4 epochs
+    keys = [key for keys, _, _ in default_stream(folder) for key in keys]  # 4 epochs
     epochs_seen = [keys[i * RECORDS : (i + 1) * RECORDS] for i in range(4)]
     for epoch in epochs_seen:
         assert sorted(epoch) == list(range(RECORDS)), "a record missing or twice in an epoch"
@@ -106,13 +113,13 @@ def test_hosts_sharing_files_each_read_their_records_once_an_epoch_and_resume_ex
 
 def test_keys_name_the_records_the_labels_came_from(folder):
     labels_by_key = [label for shard in SHARDS["train"] for label in shard]
-    for keys, _, labels in digests(seeded(folder), 10):
+    for keys, _, labels in default_stream(folder)[:10]:
         assert labels == [labels_by_key[key] for key in keys]
 
 
 @pytest.mark.parametrize("start", [1, 8, 9, 25])  # mid-window, epoch ends, a later epoch
 def test_a_stream_started_at_a_position_goes_on_exactly(folder, start):
-    reference = digests(seeded(folder), 30)
+    reference = default_stream(folder)[:30]
     assert digests(seeded(folder, start), 30 - start) == reference[start:]
 
 
@@ -155,15 +162,15 @@ def test_the_iterator_checkpoints_as_a_small_position_and_restores_exactly(tmp_p
     write_dataset(folder, {"train": [[0, 1, 2] * 8] * 4}, size=(256, 256), noisy=True)
     data_bytes = sum(os.path.getsize(p) for p in glob.glob(f"{folder}/train-*"))
     assert data_bytes > 4 << 20
-    dataset = lambda: seeded(folder, image_size=64, shuffle_buffer=10_000)  # noqa: E731
-    reference = digests(dataset(), 40)
-    iterator = iter(dataset())
+    dataset = seeded(folder, image_size=64, shuffle_buffer=10_000)  # each run a fresh iterator
+    reference = digests(dataset, 40)
+    iterator = iter(dataset)
     for _ in range(13):
         next(iterator)
     path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "ckpt" / "it"))
     size = sum(os.path.getsize(p) for p in glob.glob(path + "*"))
     assert size < 64 << 10, f"a {size}-byte checkpoint: it holds images, not a position"
-    restored = iter(dataset())
+    restored = iter(dataset)
     tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
     assert [digest(next(restored)) for _ in range(27)] == reference[13:]
 
@@ -180,13 +187,20 @@ CHAINS = [  # (shuffle_buffer, cycle_length, cuts): restored after each cut, the
 
 
 @functools.lru_cache
+def _chain_dataset(folder, shuffle_buffer: int, cycle_length: int) -> tf.data.Dataset:
+    """The seeded dataset of these windows, built once: each restart of a chain is a fresh
+    iterator of it restored from the last save (a restarted process builds the same graph;
+    the killed-run tests below build it anew in a new process)."""
+    return seeded(folder, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
+
+
+@functools.lru_cache
 def _chain_reference(folder, shuffle_buffer: int, cycle_length: int) -> list:
     """The uninterrupted stream of these windows, as long as the longest chain of them reads:
     made once for the chains that share it."""
     longest = max(sum(cuts) + 12 for buffer, cycle, cuts in CHAINS
                   if (buffer, cycle) == (shuffle_buffer, cycle_length))  # fmt: skip
-    windows = seeded(folder, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
-    return digests(windows, longest)
+    return digests(_chain_dataset(folder, shuffle_buffer, cycle_length), longest)
 
 
 @pytest.mark.slow  # ten chains of restores, 2-6 s each
@@ -199,14 +213,13 @@ def test_restored_and_saved_again_and_again_the_stream_reads_on_exactly(
     # a concatenate over its reading lost the place of what it read, once restored and saved
     # again: with small windows after the first epoch (8.5 batches), the stream went back or
     # on, silently until the epoch's check of its keys, or read one file at another's offset.
-    windows = lambda: seeded(folder, shuffle_buffer=shuffle_buffer,  # noqa: E731
-                             cycle_length=cycle_length)  # fmt: skip
+    windows = _chain_dataset(folder, shuffle_buffer, cycle_length)
     reference = _chain_reference(folder, shuffle_buffer, cycle_length)[: sum(cuts) + 12]
-    iterator, got = iter(windows()), []
+    iterator, got = iter(windows), []
     for number, cut in enumerate(cuts):
         got += [digest(next(iterator)) for _ in range(cut)]
         path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / str(number)))
-        iterator = iter(windows())
+        iterator = iter(windows)
         tf.train.Checkpoint(iterator=iterator).read(path).assert_consumed()
     got += [digest(next(iterator)) for _ in range(12)]
     assert got == reference
@@ -405,14 +418,14 @@ def test_a_restored_run_saved_and_restored_again_with_windows_of_one_record_is_e
             tmp_path / "src" / "abc"[i % 3] / f"{i:04d}.jpg", quality=95)  # fmt: skip
     folder = str(tmp_path / "ds")
     convert.run([str(tmp_path / "src"), folder, "--num_shards", "4", *IN_PROCESS])
-    windows = lambda: seeded(folder, batch_size=8, shuffle_buffer=1, cycle_length=1, seed=7,  # noqa: E731
-                             dtype="uint8")  # fmt: skip
-    reference = digests(windows(), 30)
-    iterator = iter(windows())
+    windows = seeded(folder, batch_size=8, shuffle_buffer=1, cycle_length=1, seed=7,
+                     dtype="uint8")  # fmt: skip
+    reference = digests(windows, 30)
+    iterator = iter(windows)
     got = [digest(next(iterator)) for _ in range(24)]
     path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "first"))
     for saved, count in (("second", 1), ("third", 5)):
-        iterator = iter(windows())
+        iterator = iter(windows)
         tf.train.Checkpoint(iterator=iterator).read(path).assert_consumed()
         got += [digest(next(iterator)) for _ in range(count)]
         path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / saved))
@@ -574,7 +587,7 @@ def test_a_seeded_dataset_on_gcs_reads_and_resumes_as_on_disk(gcs, folder):
     # Seeks inside files and skipped files go through TensorFlow's GCS filesystem there.
     remote = gcs.url("resume", "ds")
     write_dataset(remote, SHARDS)
-    reference = digests(seeded(folder), 14)
+    reference = default_stream(folder)[:14]
     assert digests(seeded(remote), 14) == reference
     assert digests(seeded(remote, 9), 5) == reference[9:]
 
