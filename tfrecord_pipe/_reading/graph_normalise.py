@@ -86,10 +86,12 @@ class _Bytes:
         return tf.where(big_endian, self.uint(at, size, True), self.uint(at, size, False))
 
 
-def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """(height, width, refusal) from a decodable file's header: int64, int64, and an int32
-    index into REFUSALS (0: none). Fails (an InvalidArgumentError) when the header is cut
-    short or not readable."""
+def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """What a decodable file's header says: (height, width, refusal, turn, components), the
+    refusal an int32 index into REFUSALS (0: none), the others int64: its EXIF orientation
+    (`orientation`) and a JPEG's colour components (0 for other formats), which `eval_input`
+    takes, so that the file's structure is walked once. Fails (an InvalidArgumentError) when
+    the header is cut short or not readable."""
     data = _Bytes(encoded)
 
     def needs(length):
@@ -109,7 +111,7 @@ def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf
         with tf.control_dependencies([needs(10)]):
             refusal, image_height, image_width = _gif_walk(data)
             return (tf.maximum(data.uint(8, 2, False), image_height),
-                    tf.maximum(data.uint(6, 2, False), image_width), refusal)  # fmt: skip
+                    tf.maximum(data.uint(6, 2, False), image_width), refusal, *upright)  # fmt: skip
 
     def webp():
         chunk = data.uint(12, 4, False)
@@ -141,16 +143,23 @@ def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf
         with tf.control_dependencies([tf.debugging.Assert(False, ["not a decodable format"])]):
             return tf.constant(0, tf.int64), tf.constant(0, tf.int64)
 
-    def webp_refusal():  # an animation first: its reason is the one that holds
+    def webp_structure():  # an animation first: its reason is the one that holds
         animated = _webp_refusal(data)
-        return tf.where(tf.not_equal(animated, 0), animated, _walked(data, _webp_exif)[3])
+        turn, components, refusal = _walked(data, _webp_exif)
+        return tf.where(tf.not_equal(animated, 0), animated, refusal), turn, components
 
+    def with_structure(size, structure):  # (turn, components, refusal) to header's order
+        turn, components, refusal = structure
+        return (*size, refusal, turn, components)
+
+    upright = (tf.constant(1, tf.int64), tf.constant(0, tf.int64))  # no EXIF, not a JPEG
     return tf.switch_case(
         fmt,
-        [lambda: (*jpeg(), _jpeg_structure(data)[3]),
-         lambda: (*png(), _walked(data, _png_exif)[3]), gif,
-         lambda: (*webp(), webp_refusal()), lambda: (*bmp(), _bmp_refusal(data))],
-        default=lambda: (*refused(), _accepted()),
+        [lambda: with_structure(jpeg(), _jpeg_structure(data)),
+         lambda: with_structure(png(), _walked(data, _png_exif)), gif,
+         lambda: (*webp(), *webp_structure()),
+         lambda: (*bmp(), _bmp_refusal(data), *upright)],
+        default=lambda: (*refused(), _accepted(), *upright),
     )  # fmt: skip
 
 
@@ -260,49 +269,44 @@ def orientation(encoded: tf.Tensor, fmt: tf.Tensor) -> tf.Tensor:
     """The EXIF orientation (1..8, int64) by `core.images.exif_orientation`'s rule, from the
     block the converter reads: a JPEG's first APP1 "Exif" segment, a PNG's eXIf chunk before
     its image data, a WebP's first EXIF chunk. 1 for other formats and malformed blocks."""
-    return _orientation_and_components(_Bytes(encoded), fmt)[0]
-
-
-def _orientation_and_components(data: _Bytes, fmt: tf.Tensor):
-    """(orientation, a JPEG's component count or 0), reading the file's structure once."""
-    start, end, components, _ = _structure(data, fmt)
-    return _tiff_orientation(data, start, end)[0], components
+    return _structure(_Bytes(encoded), fmt)[0]
 
 
 def _structure(data: _Bytes, fmt: tf.Tensor):
-    """(start, end) of the EXIF block the converter reads (-1, -1 if none), a JPEG's component
-    count (0 for other formats), and a refusal (REFUSALS) of what the walk found: the walk cut
-    short, a CMYK JPEG without Adobe's segment, or an EXIF block split in a way read here
-    otherwise than the converter reads it."""
-    none, zero = tf.constant(-1, tf.int64), tf.constant(0, tf.int64)
-    start, end, components, refusal = tf.switch_case(
+    """(turn, components, refusal): the EXIF orientation of the block the converter reads (1
+    if none), a JPEG's component count (0 for other formats), and a refusal (REFUSALS) of what
+    the walk found: the walk cut short, a CMYK JPEG without Adobe's segment, or an EXIF block
+    split in a way read here otherwise than the converter reads it."""
+    upright = (tf.constant(1, tf.int64), tf.constant(0, tf.int64), _accepted())
+    return tf.switch_case(
         fmt,
-        [lambda: _jpeg_structure(data), lambda: _walked(data, _png_exif),
-         lambda: (none, none, zero, _accepted()), lambda: _walked(data, _webp_exif)],
-        default=lambda: (none, none, zero, _accepted()),
+        [lambda: _jpeg_structure(data), lambda: _walked(data, _png_exif), lambda: upright,
+         lambda: _walked(data, _webp_exif)],
+        default=lambda: upright,
     )  # fmt: skip
-    return start, tf.minimum(end, data.size), components, refusal
 
 
 def _jpeg_structure(data: _Bytes):
     """`_structure` of a JPEG."""
     start, end, components, adobe, more_exif, cut = _jpeg_segments(data)
+    turn, whole = _tiff_orientation(data, start, tf.minimum(end, data.size))
     # A later "Exif" segment is joined to the first (Pillow, core.jpeg_headers): the same
     # orientation only where the first holds its whole directory (an empty first one too
     # was joined to the next).
-    split = more_exif & ~_tiff_orientation(data, start, tf.minimum(end, data.size))[1]
+    split = more_exif & ~whole
     refusal = tf.where(
         cut, _LONG_HEADER,
         tf.where(tf.equal(components, 4) & ~adobe, _CMYK_NOT_ADOBE,
                  tf.where(split, _SPLIT_EXIF, 0)),
     )  # fmt: skip
-    return start, end, components, refusal
+    return turn, components, refusal
 
 
 def _walked(data: _Bytes, walk):
     """`_structure` of a PNG or WebP, from `walk` (its EXIF chunk's)."""
     start, end, cut = walk(data)
-    return start, end, tf.constant(0, tf.int64), tf.where(cut, _LONG_HEADER, 0)
+    turn = _tiff_orientation(data, start, tf.minimum(end, data.size))[0]
+    return turn, tf.constant(0, tf.int64), tf.where(cut, _LONG_HEADER, 0)
 
 
 def _jpeg_segments(data: _Bytes):
@@ -516,12 +520,15 @@ def downscaled(image: tf.Tensor, max_side: int) -> tf.Tensor:
 def eval_input(
     encoded: tf.Tensor,
     fmt: tf.Tensor,
+    turn: tf.Tensor,
+    components: tf.Tensor,
     image_size: int,
     dtype: str,
     max_side: int | None = None,
     jpeg_quality: int = images.ImagePolicy.jpeg_quality,
 ) -> tf.Tensor:
-    """`preprocess.eval_image` of the record the converter would make of this file.
+    """`preprocess.eval_image` of the record the converter would make of this file, whose
+    orientation and JPEG components `header` read.
 
     A JPEG the converter stores as it is goes straight to `eval_image`. Any other file is made
     upright RGB here and JPEG-encoded at `jpeg_quality`, as the converter does. Decoded with
@@ -529,8 +536,6 @@ def eval_input(
     for CMYK JPEGs (the two round the conversion to RGB differently) and downscaled images
     (TensorFlow's Lanczos filter is not Pillow's); tests/test_serving_parity.py measures both.
     """
-    turn, components = _orientation_and_components(_Bytes(encoded), fmt)
-
     def plain_jpeg():  # what the converter stores byte for byte: upright, colour, small enough
         plain = tf.equal(turn, 1) & tf.equal(components, 3)
         if max_side is None:

@@ -147,9 +147,10 @@ def model_inputs(image_bytes: tf.Tensor, config: ServingConfig) -> tf.Tensor:
                     "is not an image serving can decode: send JPEG, PNG, GIF, WebP or BMP bytes"),
     ]  # fmt: skip
     with tf.control_dependencies(checks):
-        height, width, refusal = _each_item(
-            image_bytes, fmt, graph_normalise.header,
-            (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int32)),
+        height, width, refusal, turn, components = _each_item(
+            image_bytes, (fmt,), graph_normalise.header,
+            (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int32),
+             tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)),
             [names, "header cannot be read: the file is cut short or damaged"],
         )  # fmt: skip
     pixels = height * width
@@ -164,14 +165,14 @@ def model_inputs(image_bytes: tf.Tensor, config: ServingConfig) -> tf.Tensor:
     ]  # fmt: skip
     size = config.image_size
 
-    def model_input(encoded, item_format):
+    def model_input(encoded, *read):  # (format, turn, components): header's, not read again
         return graph_normalise.eval_input(
-            encoded, item_format, size, config.dtype, config.max_side, config.jpeg_quality
+            encoded, *read, size, config.dtype, config.max_side, config.jpeg_quality
         )
 
     with tf.control_dependencies(checks):
         return _each_item(
-            image_bytes, fmt, model_input,
+            image_bytes, (fmt, turn, components), model_input,
             tf.TensorSpec([size, size, 3], tf.as_dtype(config.dtype)),
             [names, "image data cannot be decoded: the file is damaged or cut short"],
         )  # fmt: skip
@@ -206,8 +207,9 @@ def _at(values: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
     return tf.gather(tf.concat([values, tf.zeros([1], values.dtype)], 0), index)
 
 
-def _each_item(image_bytes, fmt, fn, signature, problem):
-    """fn(encoded, format) of every item, stacked; fails naming the first item it fails on.
+def _each_item(image_bytes, facts, fn, signature, problem):
+    """fn(encoded, *facts) of every item (each of `facts` a vector of one per item), stacked;
+    fails naming the first item it fails on.
 
     Errors inside `fn` (a decoder's, an assertion's) cannot be caught in a graph, so the items
     run as a tf.data pipeline that drops failed items, and the gap names the item.
@@ -216,7 +218,7 @@ def _each_item(image_bytes, fmt, fn, signature, problem):
     done = (
         tf.data.Dataset.range(count)
         .map(
-            lambda i: (i, fn(image_bytes[i], fmt[i])),
+            lambda i: (i, fn(image_bytes[i], *(fact[i] for fact in facts))),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
         )
