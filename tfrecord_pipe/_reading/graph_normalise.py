@@ -110,8 +110,8 @@ def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, ...]:
         # larger of the two is what is decoded, and what the pixel cap must see.
         with tf.control_dependencies([needs(10)]):
             refusal, image_height, image_width = _gif_walk(data)
-            return (tf.maximum(data.uint(8, 2, False), image_height),
-                    tf.maximum(data.uint(6, 2, False), image_width), refusal, *upright)  # fmt: skip
+            height = tf.maximum(data.uint(8, 2, False), image_height)
+            return height, tf.maximum(data.uint(6, 2, False), image_width), refusal, *_upright()
 
     def webp():
         chunk = data.uint(12, 4, False)
@@ -145,21 +145,16 @@ def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, ...]:
 
     def webp_structure():  # an animation first: its reason is the one that holds
         animated = _webp_refusal(data)
-        turn, components, refusal = _walked(data, _webp_exif)
+        refusal, turn, components = _walked(data, _webp_exif)
         return tf.where(tf.not_equal(animated, 0), animated, refusal), turn, components
 
-    def with_structure(size, structure):  # (turn, components, refusal) to header's order
-        turn, components, refusal = structure
-        return (*size, refusal, turn, components)
-
-    upright = (tf.constant(1, tf.int64), tf.constant(0, tf.int64))  # no EXIF, not a JPEG
     return tf.switch_case(
         fmt,
-        [lambda: with_structure(jpeg(), _jpeg_structure(data)),
-         lambda: with_structure(png(), _walked(data, _png_exif)), gif,
+        [lambda: (*jpeg(), *_jpeg_structure(data)),
+         lambda: (*png(), *_walked(data, _png_exif)), gif,
          lambda: (*webp(), *webp_structure()),
-         lambda: (*bmp(), _bmp_refusal(data), *upright)],
-        default=lambda: (*refused(), _accepted(), *upright),
+         lambda: (*bmp(), _bmp_refusal(data), *_upright())],
+        default=lambda: (*refused(), _accepted(), *_upright()),
     )  # fmt: skip
 
 
@@ -266,28 +261,24 @@ def _bmp_refusal(data: _Bytes) -> tf.Tensor:
 
 
 def orientation(encoded: tf.Tensor, fmt: tf.Tensor) -> tf.Tensor:
-    """The EXIF orientation (1..8, int64) by `core.images.exif_orientation`'s rule, from the
-    block the converter reads: a JPEG's first APP1 "Exif" segment, a PNG's eXIf chunk before
-    its image data, a WebP's first EXIF chunk. 1 for other formats and malformed blocks."""
-    return _structure(_Bytes(encoded), fmt)[0]
+    """The EXIF orientation (1..8, int64) of a decodable file by `core.images.exif_orientation`'s
+    rule, from the block the converter reads: a JPEG's first APP1 "Exif" segment, a PNG's eXIf
+    chunk before its image data, a WebP's first EXIF chunk. 1 for other formats and malformed
+    blocks."""
+    return header(encoded, fmt)[3]
 
 
-def _structure(data: _Bytes, fmt: tf.Tensor):
-    """(turn, components, refusal): the EXIF orientation of the block the converter reads (1
-    if none), a JPEG's component count (0 for other formats), and a refusal (REFUSALS) of what
-    the walk found: the walk cut short, a CMYK JPEG without Adobe's segment, or an EXIF block
-    split in a way read here otherwise than the converter reads it."""
-    upright = (tf.constant(1, tf.int64), tf.constant(0, tf.int64), _accepted())
-    return tf.switch_case(
-        fmt,
-        [lambda: _jpeg_structure(data), lambda: _walked(data, _png_exif), lambda: upright,
-         lambda: _walked(data, _webp_exif)],
-        default=lambda: upright,
-    )  # fmt: skip
+def _upright():
+    """The structure of a file without EXIF that is not a JPEG: (turn, components)."""
+    return tf.constant(1, tf.int64), tf.constant(0, tf.int64)
 
 
 def _jpeg_structure(data: _Bytes):
-    """`_structure` of a JPEG."""
+    """What a JPEG's walk finds, in `header`'s order: (refusal, turn, components). The refusal
+    (REFUSALS) is of the walk cut short, a CMYK JPEG without Adobe's segment, or an EXIF block
+    split in a way read here otherwise than the converter reads it; the turn is the EXIF
+    orientation of the block the converter reads (1 if none); the components are the frame's
+    colour components."""
     start, end, components, adobe, more_exif, cut = _jpeg_segments(data)
     turn, whole = _tiff_orientation(data, start, tf.minimum(end, data.size))
     # A later "Exif" segment is joined to the first (Pillow, core.jpeg_headers): the same
@@ -299,14 +290,15 @@ def _jpeg_structure(data: _Bytes):
         tf.where(tf.equal(components, 4) & ~adobe, _CMYK_NOT_ADOBE,
                  tf.where(split, _SPLIT_EXIF, 0)),
     )  # fmt: skip
-    return turn, components, refusal
+    return refusal, turn, components
 
 
 def _walked(data: _Bytes, walk):
-    """`_structure` of a PNG or WebP, from `walk` (its EXIF chunk's)."""
+    """What a PNG's or WebP's walk (`walk`, of its chunks to the EXIF one) finds, as
+    `_jpeg_structure` says: the only refusal a walk cut short, no components."""
     start, end, cut = walk(data)
     turn = _tiff_orientation(data, start, tf.minimum(end, data.size))[0]
-    return turn, tf.constant(0, tf.int64), tf.where(cut, _LONG_HEADER, 0)
+    return tf.where(cut, _LONG_HEADER, 0), turn, tf.constant(0, tf.int64)
 
 
 def _jpeg_segments(data: _Bytes):
