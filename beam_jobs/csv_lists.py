@@ -79,14 +79,15 @@ def _raw_lines(f, csv_path: str) -> Iterator[bytes]:
         data = rest + block
         held = b"\r" if data.endswith(b"\r") else b""  # maybe the first half of \r\n
         *lines, rest = _LINE_END.split(data[: len(data) - len(held)])
-        rest += held
-        # Every line, not only one cut by a block's end (lines within a block went through).
+        # Every line, not only one cut by a block's end (lines within a block went through);
+        # a line's end held back is not of the line.
         if max(len(rest), max(map(len, lines), default=0)) > MAX_CSV_LINE_BYTES:
             long = next(i for i, line in enumerate([*lines, rest]) if len(line) > MAX_CSV_LINE_BYTES)
             raise ValueError(
                 f"CSV list {csv_path} line {given + long + 1} is over {MAX_CSV_LINE_BYTES} "
                 "bytes: it is not a list of `path,label[,split]` lines."
             )
+        rest += held
         given += len(lines)
         yield from lines
     if rest.rstrip(b"\r"):

@@ -418,6 +418,10 @@ def test_line_ends_split_across_read_blocks_are_one_line_end(tmp_path, monkeypat
     (tmp_path / "list.csv").write_bytes(b"a.jpg,red\r\nb.jpg,green\r\n\rc.jpg,blue")
     lines = list(csv_lists.csv_lines(str(tmp_path / "list.csv")))
     assert lines == [(1, "a.jpg,red"), (2, "b.jpg,green"), (3, ""), (4, "c.jpg,blue")]
+    # A line of the longest length whose "\r" ends a block: its line end, not a byte over.
+    monkeypatch.setattr(csv_lists, "MAX_CSV_LINE_BYTES", 5)
+    (tmp_path / "edge.csv").write_bytes(b"a.jpg\r\nb.jpg\r\n")
+    assert list(csv_lists.csv_lines(str(tmp_path / "edge.csv"))) == [(1, "a.jpg"), (2, "b.jpg")]
 
 
 def _outcome(read, path):
