@@ -114,15 +114,19 @@ def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(
 
 def test_labels_validation_lacks_are_said(tmp_path, capsys):
     # Evaluation reads validation: a class with no record there has no accuracy measured,
-    # and nothing said so.
+    # and nothing said so. A labels file names the classes, and does not change that.
     for split, labels in (("train", RGB), ("validation", RGB[:2])):
         for label in labels:
             (tmp_path / "src" / split / label).mkdir(parents=True)
             (tmp_path / "src" / split / label / "0.jpg").write_bytes(jpeg_bytes(9, 9, COLOURS[label]))
-    convert.run([str(tmp_path / "src"), str(tmp_path / "out")])
-    said = [line for line in capsys.readouterr().out.splitlines() if "labels with" in line]
-    assert said == [f"WARNING: labels with no record in split validation: {RGB[2]!r}. "
-                    "Evaluation, which reads it, never measures them."]  # fmt: skip
+    (tmp_path / "labels.txt").write_text("".join(f"{label}\n" for label in RGB))
+    for out, options in (("out", []), ("named", ["--labels_file", str(tmp_path / "labels.txt")])):
+        convert.run([str(tmp_path / "src"), str(tmp_path / out), *options])
+        said = [line for line in capsys.readouterr().out.splitlines() if "labels with" in line]
+        assert said == [f"WARNING: labels with no record in split validation: {RGB[2]!r}. "
+                        "Evaluation, which reads it, never measures them: give it images of "
+                        "them (a larger --validation_fraction, or files in their validation "
+                        "folders or lines)."]  # fmt: skip
 
 
 @pytest.mark.slow

@@ -306,7 +306,7 @@ class Manifest:
                     "its one input was")  # fmt: skip
                 said.append(f"split {name} has no record: {inputs} rejected; why is in "
                             f"{paths.join(folder, naming.rejected_name(name))}")  # fmt: skip
-        return said + self._label_warnings()
+        return said + self._label_warnings() + self._unmeasured_labels()
 
     def _records_per_label(self) -> list[int] | None:
         """Records of each label in every split together; None where the manifest does not
@@ -368,8 +368,7 @@ class Manifest:
         return said
 
     def _label_warnings(self) -> list[str]:
-        """What to say of labels that no record holds, or none of train or of validation (a
-        model never taught them, or never measured on them): labels come from the
+        """What to say of labels that no record holds, or none of train: labels come from the
         inputs listed, so a folder whose every input was rejected (`__MACOSX`, `.git`) or a
         CSV line's misspelt label is a class of its own, and shifts the indices of those after
         it. Nothing where a labels file gave the labels asked for, or no counts were kept
@@ -393,14 +392,23 @@ class Manifest:
             said.append(f"labels with no record in split {naming.TRAIN}, only in others: "
                         f"{messages.some(untrained, 10, ascii)}. A model trained on it never "
                         "sees them.")  # fmt: skip
-        validation = self.splits.get(naming.VALIDATION)
-        held = validation.label_counts if validation else ()
-        unmeasured = [label for label, n in zip(self.labels, held) if not n and label in in_train]
-        if any(held) and unmeasured:
-            said.append(f"labels with no record in split {naming.VALIDATION}: "
-                        f"{messages.some(unmeasured, 10, ascii)}. Evaluation, which reads it, "
-                        "never measures them.")  # fmt: skip
         return said
+
+    def _unmeasured_labels(self) -> list[str]:
+        """What to say of labels train holds and validation, which evaluation reads, does
+        not: whoever named the labels, a model is never measured on them."""
+        train, validation = (self.splits.get(name) for name in (naming.TRAIN, naming.VALIDATION))
+        if not (train and validation and any(validation.label_counts)):
+            return []
+        unmeasured = [label for label, taught, held
+                      in zip(self.labels, train.label_counts, validation.label_counts)
+                      if taught and not held]  # fmt: skip
+        if not unmeasured:
+            return []
+        return [f"labels with no record in split {naming.VALIDATION}: "
+                f"{messages.some(unmeasured, 10, ascii)}. Evaluation, which reads it, never "
+                "measures them: give it images of them (a larger --validation_fraction, or "
+                "files in their validation folders or lines)."]  # fmt: skip
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
