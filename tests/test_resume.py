@@ -189,8 +189,10 @@ CHAINS = [  # (shuffle_buffer, cycle_length, cuts): restored after each cut, the
 @functools.lru_cache
 def _chain_dataset(folder, shuffle_buffer: int, cycle_length: int) -> tf.data.Dataset:
     """The seeded dataset of these windows, built once: each restart of a chain is a fresh
-    iterator of it restored from the last save (a restarted process builds the same graph;
-    the killed-run tests below build it anew in a new process)."""
+    iterator of it restored from the last save. That stands for a restarted process while
+    the pipeline keeps all its state in the iterator (stateless draws; no shuffle reshuffled
+    each iteration, cache or captured variable, which a rebuild would reset); the killed
+    runs below build it anew in new processes."""
     return seeded(folder, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
 
 
