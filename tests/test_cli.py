@@ -156,6 +156,7 @@ def test_a_command_ends_though_a_library_left_a_thread_running(tmp_path, entry):
     assert "exit hook ran" in done.stdout  # (the fork server's end is one)
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_shard_cut_short_is_refused_before_training_named_by_every_tool(converted_copy, caplog):
     # A copy that stopped (rsync, gsutil) left a shard short: the seeded reader failed hours
     # into training with TensorFlow's "truncated record", naming no file.

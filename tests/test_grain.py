@@ -54,6 +54,7 @@ def records_of(out, split) -> list[schema.ImageRecord]:
             for file in found.files for r in array_records.records(file)]  # fmt: skip
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_evaluation_pixels_are_the_tf_readers_and_servings_within_decoder_tolerance(both):
     config = serving.ServingConfig.for_dataset(str(both), image_size=224, dtype="uint8")
     encoded = [record.encoded for split in ("train", "validation")

@@ -50,6 +50,7 @@ def read_labels(input_fn) -> tuple[list[int], int]:
     return labels, steps
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_host_position_deals_files_as_an_input_context_does(numbered):
     options = {"is_training": False, "image_size": 16, "batch_size": 4}
     shares, steps = [], set()

@@ -173,6 +173,7 @@ def test_eval_remainder_drop_drops_the_partial_batch(dataset):
                              batch_size=records + 1, eval_remainder="drop")()  # fmt: skip
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_eval_remainder_drop_gives_every_pipeline_the_same_whole_steps(tmp_path):
     # Validation shards of 8 and 5 records read by 2 pipelines: each dropped its own remainder
     # (2 batches of 4 and 1), so pipelines ran other step counts, which synchronous replicas
@@ -215,6 +216,7 @@ def test_params_batch_size_is_this_pipelines_batch(dataset):
 
 
 @pytest.mark.parametrize("num_pipelines", [2, 3])
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_input_pipelines_share_out_whole_files_and_read_all(one_class_per_shard, num_pipelines):
     input_fn = reader.make_input_fn(
         one_class_per_shard, is_training=False, image_size=SIZE, batch_size=2 * num_pipelines
@@ -333,6 +335,7 @@ for how in ("context", "hosts", "params"):
     assert all("at most 40 pipelines" in line for line in refused)
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_every_record_goes_to_exactly_one_of_more_hosts_than_shards(tmp_path):
     folder = str(tmp_path / "ds")
     write_dataset(folder, {"train": [[0, 1], [2], [0, 1, 2], [1]], "validation": [[0], [1, 2]]})
@@ -346,6 +349,7 @@ def test_every_record_goes_to_exactly_one_of_more_hosts_than_shards(tmp_path):
         assert sorted(seen) == sorted(everything.as_numpy_iterator()), (split, hosts)
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_evaluation_on_more_hosts_than_files_pads_the_hosts_with_none(tmp_path):
     # 4 one-record validation files for 8 hosts (36 for 64 on a pod): hosts 4-7 get no file,
     # and their pipeline failed with a TypeError (an empty list of names made a float tensor).
@@ -393,6 +397,7 @@ def test_a_truncated_shard_stops_with_an_error_naming_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("batch_size", [2, 4])  # the records fill the batches, or padding does
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_shard_holding_records_past_its_count_stops_evaluation_naming_it(tmp_path, batch_size,
                                                                           capfd):  # fmt: skip
     # Evaluation took the manifest's count of records and stopped there: the record past a

@@ -81,6 +81,7 @@ def test_one_seed_gives_bit_identical_batches_and_another_seed_others(folder):
     assert [d[1] for d in same_order] != [d[1] for d in first]
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_each_epoch_is_a_permutation_of_the_split_in_a_new_order(folder):
     keys = [key for keys, _, _ in default_stream(folder) for key in keys]  # 4 epochs
     epochs_seen = [keys[i * RECORDS : (i + 1) * RECORDS] for i in range(4)]
@@ -118,6 +119,7 @@ def test_keys_name_the_records_the_labels_came_from(folder):
 
 
 @pytest.mark.parametrize("start", [1, 8, 9, 25])  # mid-window, epoch ends, a later epoch
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_stream_started_at_a_position_goes_on_exactly(folder, start):
     reference = default_stream(folder)[:30]
     assert digests(seeded(folder, start), 30 - start) == reference[start:]
@@ -155,6 +157,7 @@ def test_round_robin_resume_gives_what_follows(sizes):
         assert reading([(j, skip, sizes[j]) for j, skip in zip(left, skips)]) == whole[given:]
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_the_iterator_checkpoints_as_a_small_position_and_restores_exactly(tmp_path):
     # Images of random pixels and a window holding the whole split (several MB): a checkpoint
     # that held the window or the prefetched batches would be that large.
@@ -246,6 +249,7 @@ def test_the_resumable_iterator_restored_again_and_again_reads_on_exactly(folder
     assert got == reference
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_function_of_several_steps_a_call_reads_on_exactly_after_a_restore(folder, tmp_path):
     # TPU loops run many steps per tf.function call; `next` outside the function gave one.
     from tfrecord_pipe import distribute
@@ -294,6 +298,7 @@ def damaged_copy(folder, tmp_path):
     return damaged, shard, good
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_step_that_fails_is_taken_again_not_skipped(folder, tmp_path):
     # TensorFlow's iterator goes past an element that fails; the step, not counted, was
     # skipped by the next `next`, and a later checkpoint's position was off by one. Inside a
@@ -331,6 +336,7 @@ def test_a_step_that_fails_is_taken_again_not_skipped(folder, tmp_path):
     assert int(iterator.steps.numpy()) == failed_at + 3
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_numpy_batches_after_a_caught_error_tries_that_batch_again(folder, tmp_path):
     # A loop that caught the error and went on got the batches after it while the state lagged
     # one behind: a resume from it gave a batch twice (found by a reviewer).
@@ -351,6 +357,7 @@ def test_numpy_batches_after_a_caught_error_tries_that_batch_again(folder, tmp_p
     assert batches.get_state()["batches"] == len(given) + 1
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_checkpoint_of_one_kind_of_iterator_restored_into_the_other_is_refused(folder, tmp_path):
     # Switching from TensorFlow's own iterator to distribute.resumable_iterator (or back)
     # between two runs: each restore matched nothing of the other's, and the input started
@@ -368,6 +375,7 @@ def test_a_checkpoint_of_one_kind_of_iterator_restored_into_the_other_is_refused
             tf.train.Checkpoint(iterator=kinds[restored]()).restore(path)
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_module_holding_a_resumable_iterator_still_saves_as_a_saved_model(folder, tmp_path):
     # Users keep the iterator on the object they export; its kind's tensor must not stop it.
     from tfrecord_pipe import distribute
@@ -383,6 +391,7 @@ def test_a_module_holding_a_resumable_iterator_still_saves_as_a_saved_model(fold
     assert float(loaded.double(3.0)) == 6.0 and int(loaded.iterator.steps.numpy()) == 1
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_resumable_iterator_checkpoint_of_0_4_still_restores(folder, tmp_path):
     # 0.4 saved the two variables alone; the kind's tensor added since must not refuse them.
     from tfrecord_pipe import distribute
@@ -454,6 +463,7 @@ def test_an_epoch_that_reads_a_record_twice_stops_at_its_end(folder):
         next(iterator)
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_an_unseeded_training_iterator_fails_to_save_as_docs_preemption_says(folder, tmp_path):
     # docs/preemption.md quotes TensorFlow's error, and says to give a seed.
     unseeded = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4)()
@@ -465,6 +475,7 @@ def test_an_unseeded_training_iterator_fails_to_save_as_docs_preemption_says(fol
         tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "checkpoint"))
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_checkpoint_restored_into_other_settings_is_refused(folder, tmp_path):
     iterator = iter(seeded(folder))
     next(iterator)
@@ -476,6 +487,7 @@ def test_a_checkpoint_restored_into_other_settings_is_refused(folder, tmp_path):
 
 
 @pytest.mark.parametrize("other", [dict(seed=8), dict(cycle_length=1), dict(host=1)])
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_checkpoint_restored_into_another_order_of_files_is_refused_in_words(
     folder, tmp_path, other
 ):
@@ -521,6 +533,7 @@ except tf.errors.InvalidArgumentError as err:
     assert ran.returncode == 0 and "refused: True" in ran.stdout, ran.stderr[-2000:]
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_position_on_a_dataset_converted_again_from_other_images_is_refused(tmp_path):
     # Shards are balanced: converted again with one image under another label, a dataset has
     # the same files and counts, and a position saved on the first would read other records
@@ -564,6 +577,7 @@ def test_a_position_on_a_dataset_converted_again_from_other_images_is_refused(tm
 
 
 @pytest.mark.parametrize("saved_from, restored_into", [(0, 3), (3, 6), (3, 0), (2, 0), (4, 0)])
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_checkpoint_restored_into_a_stream_built_from_another_start_is_refused(
     folder, tmp_path, saved_from, restored_into
 ):
@@ -623,6 +637,7 @@ for _ in range(20):
         assert done.returncode != 0 and re.search(said, done.stderr), done.stderr[-2000:]
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_record_cut_inside_a_shard_is_said_with_what_to_do(tmp_path):
     # TensorFlow's "truncated record at N" names no file, and the seeded stream cannot catch
     # it to name one: numpy_batches and the resumable iterator say how to find it.
@@ -648,6 +663,7 @@ def test_a_negative_start_is_refused(folder):
         seeded(folder, -1)
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_the_numpy_batches_state_is_small_json_and_restores_exactly(folder):
     input_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4,
                                     seed=5, with_keys=True, host_index=1, host_count=2)  # fmt: skip
@@ -680,6 +696,7 @@ def test_a_state_from_another_cycle_length_is_refused_naming_it(folder):
      (dict(shuffle_buffer=8), "shuffle_window: saved 12, here 8; fingerprint: saved"),
      (dict(batch_size=2), "batch_size: saved 2, here 1")],
 )  # fmt: skip
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_state_from_other_hosts_shuffle_seed_or_batch_is_refused_naming_it(folder, other, said):
     settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=5, host_index=1,
                     host_count=2)  # fmt: skip

@@ -129,6 +129,7 @@ def test_settings_the_service_cannot_honour_are_refused(options, message):
         reader.ReaderConfig(**{**settings, **options})
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_each_input_pipeline_is_served_from_its_own_files(tmp_path, service):
     """Two hosts (input pipelines): the workers read each host's share of the files only."""
     address, _ = service

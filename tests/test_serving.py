@@ -96,6 +96,7 @@ def serve(exported):
     return tf.saved_model.load(exported[1]).signatures["serving_default"]
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_bytes_that_are_not_an_image_are_refused_clearly(serve):
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"image_bytes\[1\]: is not an image"):
         serve(image_bytes=tf.constant([jpeg(20, 20, (1, 2, 3)), b"hello, this is text"]))
@@ -109,6 +110,7 @@ def test_bytes_that_are_not_an_image_are_refused_clearly(serve):
      (jpeg(300, 300, (1, 2, 3))[:900], "the JPEG image data cannot be decoded"),  # crop cut off
      (b"", "is not an image")],
 )  # fmt: skip
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_one_bad_file_in_a_batch_fails_the_request_naming_it(serve, bad, said):
     good = jpeg(20, 20, (1, 2, 3))
     with pytest.raises(tf.errors.InvalidArgumentError, match=rf"image_bytes\[2\]: {said}"):
@@ -123,6 +125,7 @@ def test_a_request_that_is_not_a_vector_of_files_is_refused_saying_the_shape():
             serving.model_inputs(wrong, config)
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_an_empty_request_gets_an_empty_answer(serve):
     out = serve(image_bytes=tf.constant([], tf.string))
     assert out["probabilities"].shape == (0, len(LABELS)) and out["class"].shape == (0,)
@@ -134,12 +137,14 @@ def with_declared_size(data: bytes, height: int, width: int) -> bytes:
     return data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9 :]
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(serve):
     bomb = with_declared_size(jpeg(16, 16, (1, 2, 3)), 60000, 60000)  # 3.6 gigapixels
     with pytest.raises(tf.errors.InvalidArgumentError, match="more than the cap of 40000000"):
         serve(image_bytes=tf.constant([bomb]))
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_gif_whose_image_is_larger_than_its_canvas_is_capped_by_the_image(serve):
     # A 1 x 1 canvas over a 8000 x 8000 image (26 KB of LZW) took 3.4 GB to serve, past the
     # cap, which read the canvas only (a reviewer); one of 16000 x 16000 took 7 GB.
@@ -203,6 +208,7 @@ def test_a_model_without_one_score_per_label_is_not_exported(tmp_path):
         assert not (tmp_path / "export").exists()
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_config_giving_other_pixels_than_the_model_takes_is_not_exported(tmp_path):
     # A uint8 model (Normalize inside) exported with the default float32 config answered up
     # to 0.52 off in probability; one trained at 32 px and exported at 224 answered too.

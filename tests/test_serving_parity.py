@@ -301,6 +301,7 @@ def jpeg_with_exif(block: bytes) -> bytes:
     return plain[:2] + b"\xff\xe1" + struct.pack(">H", len(segment) + 2) + segment + plain[2:]
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_the_graph_reads_the_exif_orientation_by_the_converters_rule():
     blocks = random_blocks()
     files = [jpeg_with_exif(block) for block in blocks]

@@ -572,6 +572,7 @@ def outside_and_its_look_alike_inside(tmp_path) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("beam_args", [[], IN_PROCESS], ids=["local_engine", "beam"])
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_file_outside_the_csvs_folder_is_named_by_its_whole_path(tmp_path, beam_args):
     # It was named without its leading "/", which is also the name of a file inside the
     # folder: two records of one name, and verify failed the untouched dataset.

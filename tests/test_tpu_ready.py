@@ -13,6 +13,7 @@ def spec(*shapes_and_dtypes):
     return tuple(tf.TensorSpec(shape, dtype) for shape, dtype in shapes_and_dtypes)
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_the_readers_output_passes_in_both_layouts(tmp_path):
     write_dataset(str(tmp_path), {"train": [[0, 1, 2]]})
     for transpose, layout in ((False, "NHWC"), (True, "HWCN")):

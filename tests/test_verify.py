@@ -234,6 +234,7 @@ def test_verify_a_csv_conversion_with_a_duplicate_line_and_a_missing_file(tmp_pa
 
 @pytest.mark.parametrize("twice", ["a", "b"], ids=["the-copy-kept", "the-copy-deduped"])
 @pytest.mark.parametrize("dedupe", [[], ["--dedupe"]], ids=["all-kept", "deduped"])
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_verify_a_csv_naming_a_file_twice_that_has_a_copy_under_another_name(
     tmp_path, dedupe, twice
 ):
@@ -299,6 +300,7 @@ def test_verify_catches_a_good_source_moved_into_rejected(converted_copy):
     )
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_verify_checks_the_manifest_s_labels_and_offset_against_the_sources(converted_copy):
     # A manifest edited with the files made from it (labels.txt, TFDS's) and its records
     # left alone, or with records rewritten to match, passed: verify took its labels and
@@ -526,6 +528,7 @@ def test_records_out_of_the_converters_order_or_stray_shards_are_problems(conver
     assert "2 problems" in done.stdout  # nothing said twice (the shard's digest)
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_shards_swapped_whole_are_found_by_both_drivers(converted_copy):
     # Each shard keeps the manifest's count and the order inside it; only the order across
     # the shards says the records were moved.

@@ -237,6 +237,7 @@ def test_a_pool_left_open_at_exit_does_not_hold_the_exit():
 
 
 @pytest.mark.parametrize("args", [["SRC", "OUT"], ["gs://bucket/src", "OUT"]])
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_workers_start_with_the_job_s_modules_loaded_and_beam_only_for_remote_paths(args):
     # Beam's import cost most of a CPU-second in the workers' server, on every conversion;
     # a job on gs:// needs Beam's filesystems in every worker, imported once in the server.
