@@ -23,6 +23,7 @@ KINDS = {  # name: (format, EXIF orientation, with alpha)
     "PNG, upright": ("PNG", 1, False),
     "PNG, EXIF-turned": ("PNG", 6, False),
     "PNG with alpha, upright": ("PNG", 1, True),
+    "PNG with alpha, EXIF-turned": ("PNG", 6, True),
 }
 
 

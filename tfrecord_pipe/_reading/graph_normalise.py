@@ -422,27 +422,31 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
     """The decoded image as the converter stores it, before any downscaling: the first frame,
     turned upright by EXIF orientation `turn`, transparency on white; H x W x 3 uint8.
 
-    Turned as floats (exact for these values): TensorFlow's oneDNN build logs an error line
-    for every uint8 Transpose on CPUs it lacks uint8 kernels for, in every serving process.
-    An image without an alpha channel (JPEG, BMP, a GIF, an RGB or grey PNG, an opaque WebP)
-    is only turned, not made RGBA floats and blended onto white (benchmarks/RESULTS.md,
+    Turned as whole pixels: each pixel's four bytes (RGB and a zero, or RGBA) read as one
+    int32, so that a turn moves 4 bytes a pixel, not a float per channel (12 or 16), and no
+    uint8 Transpose runs (TensorFlow's oneDNN build logs an error line for each on CPUs it
+    lacks uint8 kernels for). An image without an alpha channel (JPEG, BMP, a GIF, an RGB or
+    grey PNG, an opaque WebP) is only turned, not blended onto white (benchmarks/RESULTS.md,
     "Memory per request image")."""
 
-    def turned(image):
-        image = tf.cast(image, tf.float32)
-        return tf.switch_case(
+    def turned(rgba):
+        """An H x W x 4 uint8 image, turned by `turn`."""
+        rgba = tf.ensure_shape(rgba, [None, None, 4])
+        pixels = tf.bitcast(rgba, tf.int32)[..., None]  # H x W x 1, a pixel an int32
+        pixels = tf.switch_case(
             tf.cast(turn - 1, tf.int32),
             [
-                lambda: image,
-                lambda: tf.image.flip_left_right(image),
-                lambda: tf.image.rot90(image, 2),
-                lambda: tf.image.flip_up_down(image),
-                lambda: tf.image.transpose(image),
-                lambda: tf.image.rot90(image, 3),
-                lambda: tf.image.rot90(tf.image.transpose(image), 2),
-                lambda: tf.image.rot90(image, 1),
+                lambda: pixels,
+                lambda: tf.image.flip_left_right(pixels),
+                lambda: tf.image.rot90(pixels, 2),
+                lambda: tf.image.flip_up_down(pixels),
+                lambda: tf.image.transpose(pixels),
+                lambda: tf.image.rot90(pixels, 3),
+                lambda: tf.image.rot90(tf.image.transpose(pixels), 2),
+                lambda: tf.image.rot90(pixels, 1),
             ],
         )
+        return tf.bitcast(pixels[..., 0], tf.uint8)
 
     def decoded():
         # A PNG in its own channels: `decode_png(channels=4)` gives a palette PNG of 1, 2 or 4
@@ -468,12 +472,16 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
     def opaque():
         rgb = tf.cond(channels >= 3, lambda: image[..., :3],
                       lambda: tf.concat([grey, grey, grey], -1))  # fmt: skip
-        return tf.cond(tf.equal(turn, 1), lambda: rgb, lambda: tf.cast(turned(rgb), tf.uint8))
+
+        def turned_rgb():
+            return turned(tf.concat([rgb, tf.zeros_like(grey)], -1))[..., :3]
+
+        return tf.cond(tf.equal(turn, 1), lambda: rgb, turned_rgb)
 
     def on_white():
         colour = tf.cond(tf.equal(channels, 4), lambda: image[..., :4],
                          lambda: tf.concat([grey, grey, grey, image[..., 1:2]], -1))  # fmt: skip
-        pixels = turned(colour)
+        pixels = tf.cast(turned(colour), tf.float32)
         alpha = pixels[..., 3:] / 255.0
         return tf.cast(tf.round(pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)), tf.uint8)
 
