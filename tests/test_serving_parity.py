@@ -314,3 +314,19 @@ def test_the_graph_reads_the_exif_orientation_by_the_converters_rule():
     python = [images.exif_orientation(Image.open(io.BytesIO(f)).info.get("exif")) for f in files]
     assert graph.tolist() == python
     assert len(set(python)) >= 6  # the random blocks reach most orientations, and upright
+
+
+def test_every_colour_and_alpha_is_put_on_white_as_the_converter_does():
+    # Each of the 65,536 pairs of a colour value and an alpha, upright and turned (the turn
+    # moves whole pixels), flattened in the graph and by the converter, byte for byte.
+    colour, alpha = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8),
+                                indexing="ij")  # fmt: skip
+    rgba = Image.fromarray(np.stack([colour, 255 - colour, colour // 2, alpha], -1), "RGBA")
+    on_white, _ = images._to_rgb(rgba)
+    expected = {1: np.asarray(on_white),
+                6: np.asarray(on_white.transpose(Image.Transpose.ROTATE_270))}  # fmt: skip
+    data = encode(rgba, "PNG")
+    for turn, pixels in expected.items():
+        got = graph_normalise.upright_rgb(tf.constant(data), tf.constant(graph_normalise.PNG),
+                                          tf.constant(turn, tf.int64))  # fmt: skip
+        np.testing.assert_array_equal(got.numpy(), pixels)

@@ -426,8 +426,8 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
     int32, so that a turn moves 4 bytes a pixel, not a float per channel (12 or 16), and no
     uint8 Transpose runs (TensorFlow's oneDNN build logs an error line for each on CPUs it
     lacks uint8 kernels for). An image without an alpha channel (JPEG, BMP, a GIF, an RGB or
-    grey PNG, an opaque WebP) is only turned, not blended onto white (benchmarks/RESULTS.md,
-    "Memory per request image")."""
+    grey PNG, an opaque WebP) is only turned, not blended onto white; one with alpha is blended
+    in 16-bit integers (benchmarks/RESULTS.md, "Memory per request image")."""
 
     def turned(rgba):
         """An H x W x 4 uint8 image, turned by `turn`."""
@@ -481,9 +481,13 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
     def on_white():
         colour = tf.cond(tf.equal(channels, 4), lambda: image[..., :4],
                          lambda: tf.concat([grey, grey, grey, image[..., 1:2]], -1))  # fmt: skip
-        pixels = tf.cast(turned(colour), tf.float32)
-        alpha = pixels[..., 3:] / 255.0
-        return tf.cast(tf.round(pixels[..., :3] * alpha + 255.0 * (1.0 - alpha)), tf.uint8)
+        pixels = tf.cast(tf.cond(tf.equal(turn, 1), lambda: colour, lambda: turned(colour)),
+                         tf.uint16)  # fmt: skip
+        alpha = pixels[..., 3:]
+        # Onto white, rounded to the nearest, in integers of 2 bytes: for every colour and
+        # alpha what floats gave (round(c * a / 255 + 255 * (1 - a / 255)): never a half, 255
+        # being odd), at a quarter of their memory. At most 255 * 255 + 127: no overflow.
+        return tf.cast((pixels[..., :3] * alpha + 255 * (255 - alpha) + 127) // 255, tf.uint8)
 
     upright = tf.cond(has_alpha, on_white, opaque)
     upright.set_shape([None, None, 3])
