@@ -82,9 +82,9 @@ def _raw_lines(f, csv_path: str) -> Iterator[bytes]:
         # Every line, not only one cut by a block's end (lines within a block went through);
         # a line's end held back is not of the line.
         if max(len(rest), max(map(len, lines), default=0)) > MAX_CSV_LINE_BYTES:
-            long = next(i for i, line in enumerate([*lines, rest]) if len(line) > MAX_CSV_LINE_BYTES)
+            at = next(i for i, line in enumerate([*lines, rest]) if len(line) > MAX_CSV_LINE_BYTES)
             raise ValueError(
-                f"CSV list {csv_path} line {given + long + 1} is over {MAX_CSV_LINE_BYTES} "
+                f"CSV list {csv_path} line {given + at + 1} is over {MAX_CSV_LINE_BYTES} "
                 "bytes: it is not a list of `path,label[,split]` lines."
             )
         rest += held

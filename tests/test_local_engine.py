@@ -118,7 +118,8 @@ def test_labels_validation_lacks_are_said(tmp_path, capsys):
     for split, labels in (("train", RGB), ("validation", RGB[:2])):
         for label in labels:
             (tmp_path / "src" / split / label).mkdir(parents=True)
-            (tmp_path / "src" / split / label / "0.jpg").write_bytes(jpeg_bytes(9, 9, COLOURS[label]))
+            image = jpeg_bytes(9, 9, COLOURS[label])
+            (tmp_path / "src" / split / label / "0.jpg").write_bytes(image)
     (tmp_path / "labels.txt").write_text("".join(f"{label}\n" for label in RGB))
     for out, options in (("out", []), ("named", ["--labels_file", str(tmp_path / "labels.txt")])):
         convert.run([str(tmp_path / "src"), str(tmp_path / out), *options])
