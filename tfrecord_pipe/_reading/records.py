@@ -231,6 +231,16 @@ def _local_copy(path: str):
         os.remove(local)
 
 
+@tf.function(input_signature=[tf.TensorSpec([], tf.string)] * 2)
+def _records_and_bytes(path, compression):
+    """The records of a TFRecord file, and the bytes they take framed: traced once for every
+    file (a reduce built for each took 30 ms a file)."""
+    dataset = tf.data.TFRecordDataset(path, compression_type=compression)
+    start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    framed = lambda r: tf.cast(tf.strings.length(r), tf.int64) + _FRAME_BYTES  # noqa: E731
+    return dataset.reduce(start, lambda acc, r: (acc[0] + 1, acc[1] + framed(r)))
+
+
 def count(path: str, compression: str) -> int:
     """The records in one file, read to its end.
 
@@ -247,11 +257,7 @@ def count(path: str, compression: str) -> int:
                 return array_records.count(local)
         except OSError as err:
             raise tf.errors.DataLossError(None, None, str(err)) from err
-    dataset = tf.data.TFRecordDataset(path, compression_type=compression)
-    start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
-    n, used = dataset.reduce(
-        start, lambda acc, r: (acc[0] + 1, acc[1] + tf.cast(tf.strings.length(r), tf.int64) + _FRAME_BYTES)
-    )
+    n, used = _records_and_bytes(path, compression)
     if not compression:
         size = tf.io.gfile.stat(path).length
         if int(used) != size:

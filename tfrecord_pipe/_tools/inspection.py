@@ -249,6 +249,9 @@ def _count(path: str, compression: str, problems: list[str]) -> int | None:
         return None
 
 
+_DIGEST_BATCH = 16  # records read at a time for a shard's digest: bounded memory, few steps
+
+
 def _holds_other_inputs(path: str, split: str, found) -> bool:
     """Whether a shard read whole holds other inputs, in another order, than the manifest's
     digest of them says (`manifest.ShardPositions`): a shard replaced by another's copy of
@@ -260,14 +263,15 @@ def _holds_other_inputs(path: str, split: str, found) -> bool:
         return False
     positions = manifest_lib.ShardPositions()
     offset = found.manifest.label_offset
-    for serialized in records.shard_records(path, found.compression, found.file_format):
-        serialized = serialized.numpy()
-        try:
-            record = (schema.decode_written(serialized, label_offset=offset)
-                      or schema.decode_parsed(serialized, label_offset=offset))  # fmt: skip
-        except ValueError:
-            return False
-        positions.add(record.filename, record.label_index, record.label_text)
+    shard = records.shard_records(path, found.compression, found.file_format)
+    for batch in shard.batch(_DIGEST_BATCH):  # not a record at a time: eager steps cost more
+        for serialized in batch.numpy():
+            try:
+                record = (schema.decode_written(serialized, label_offset=offset)
+                          or schema.decode_parsed(serialized, label_offset=offset))  # fmt: skip
+            except ValueError:
+                return False
+            positions.add(record.filename, record.label_index, record.label_text)
     recorded = info.shard_digests[info.files_of(found.file_format).index(name)]
     return positions.hexdigest() != recorded
 
