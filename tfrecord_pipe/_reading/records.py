@@ -234,7 +234,7 @@ def _local_copy(path: str):
 @tf.function(input_signature=[tf.TensorSpec([], tf.string)] * 2)
 def _records_and_bytes(path, compression):
     """The records of a TFRecord file, and the bytes they take framed: traced once for every
-    file (a reduce built for each took 30 ms a file)."""
+    file, not a reduce built for each (benchmarks/RESULTS.md, "inspect --check")."""
     dataset = tf.data.TFRecordDataset(path, compression_type=compression)
     start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
     framed = lambda r: tf.cast(tf.strings.length(r), tf.int64) + _FRAME_BYTES  # noqa: E731
