@@ -276,8 +276,14 @@ def test_training_shares_of_uneven_totals_are_warned_of(tmp_path, caplog, counts
                                     host_index=0, host_count=2)  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.file_share"):
         input_fn()
+        # Once a process: the pipeline built again (an epoch's loop), and the other host's
+        # (hosts simulated in one process said it once each, 16 times for 16).
+        input_fn()
+        reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2,
+                             host_index=1, host_count=2)()  # fmt: skip
     said = "their shares hold 10 to 16 records" in caplog.text and "multiple of 2" in caplog.text
     assert said is warned
+    assert caplog.text.count("their shares hold") == int(warned)
 
 
 def test_padded_evaluation_of_a_pattern_on_several_hosts_gives_advice_that_works(tmp_path):

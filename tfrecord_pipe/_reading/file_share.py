@@ -165,13 +165,15 @@ def pipeline_share(
                 "and training needs records. Restore them on this host."
             )
     if kept.record_shard is not None and len(split.files) < num_pipelines:
-        log.warning(
+        _warn_once(
+            ("fewer files", split.files, num_pipelines),
             "%d files for %d input pipelines: each pipeline reads every file and keeps 1/%d "
             "of the records. Write at least %d shards (--num_shards) to read each once.",
             len(split.files), num_pipelines, num_pipelines, num_pipelines,
         )  # fmt: skip
     elif kept.record_shard is not None:
-        log.warning(
+        _warn_once(
+            ("empty files", split.files, num_pipelines),
             "%d files for %d input pipelines, but dealt whole, some pipeline's files would "
             "hold no record (empty shards): each pipeline reads every file and keeps 1/%d of "
             "the records. Convert again to write shards of equal counts.",
@@ -181,6 +183,16 @@ def pipeline_share(
 
 
 UNEVEN = 1.25  # a share this many times another's: its records trained on that much less
+
+_SAID: set = set()  # (what, files, pipelines) warned of in this process
+
+
+def _warn_once(key: tuple, message: str, *args) -> None:
+    """A warning of how a split's files are shared out, once a process: a pipeline built again
+    (an epoch's loop, each host simulated in one process) said it again each time."""
+    if key not in _SAID:
+        _SAID.add(key)
+        log.warning(message, *args)
 
 
 def _warn_of_uneven_shares(split: dataset.Split, num_pipelines: int) -> None:
@@ -192,7 +204,8 @@ def _warn_of_uneven_shares(split: dataset.Split, num_pipelines: int) -> None:
     if min(sizes) and max(sizes) > UNEVEN * min(sizes):
         advice = (f" Convert with --num_shards a multiple of {num_pipelines} to even them."
                   if len(split.files) % num_pipelines else "")  # fmt: skip
-        log.warning(
+        _warn_once(
+            ("uneven", split.files, num_pipelines),
             "Training on %d input pipelines, dealt whole files of split %r: their shares hold "
             "%d to %d records, so the records of the smallest are trained on about %.1fx as "
             "often as those of the largest.%s", num_pipelines, split.name, min(sizes),
