@@ -337,3 +337,26 @@ def test_the_rejections_shown_say_how_many_more_there_are_and_where():
     lines = inspection.render(summary).splitlines()
     after = lines.index("rejected: 13 (unreadable 13)") + 6
     assert lines[after] == "  ... and 8 more, in ds/rejected"
+
+
+@pytest.mark.slow  # the GCS emulator
+def test_inspect_check_reads_a_dataset_on_gcs_as_on_disk(gcs, converted):
+    # The count (one traced function for every shard) and the digest of inputs both read
+    # through TensorFlow's GCS filesystem: OK as uploaded, and two records swapped are found.
+    _, out = converted
+    remote = gcs.url("inspect-check")
+    for name in os.listdir(out):
+        if os.path.isfile(out / name):
+            tf.io.gfile.copy(str(out / name), f"{remote}/{name}")
+    done = run_cli("inspect", remote, "--check")
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.count("counts checked against the shards: OK") == 2, done.stdout
+    info = dataset.read_manifest(str(out)).splits["train"]
+    name = next(name for name, n in zip(info.files, info.shard_lengths) if n >= 2)
+    found = [r.numpy() for r in tf.data.TFRecordDataset(str(out / name))]
+    with tf.io.TFRecordWriter(f"{remote}/{name}") as writer:
+        for record in [found[1], found[0], *found[2:]]:
+            writer.write(record)
+    done = run_cli("inspect", remote, "--check")
+    assert done.returncode == 1, done.stdout
+    assert f"{remote}/{name}: holds other inputs than the manifest lists" in done.stdout
