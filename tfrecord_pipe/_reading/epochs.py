@@ -87,6 +87,7 @@ def draw_seed(layout: Layout, epoch, stream: int, number=None) -> tf.Tensor:
     return seed
 
 
+@tf.autograph.experimental.do_not_convert
 def example_seed(layout: Layout, epoch, index) -> tf.Tensor:
     """The seed of one example's augmentation: its epoch and place in it."""
     return draw_seed(layout, epoch, _EXAMPLE, index)
@@ -181,12 +182,14 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
     mark = (int(fingerprint(layout), 16) % (1 << _FINGERPRINT_BITS)) << _COUNT_BITS
     first_count = mark + start.epoch * per_epoch + start.index
 
+    @tf.autograph.experimental.do_not_convert
     def epoch_windows(epoch):
         at_start = tf.equal(epoch, start.epoch)
         table = tuple(map(tf.where, (at_start,) * 2, resumed, _whole_groups(layout, epoch)))
         first = tf.where(at_start, tf.constant(first_window, tf.int64), 0)
         return _windows(layout, read_piece, epoch, table, first)
 
+    @tf.autograph.experimental.do_not_convert
     def same_start(saved, epoch):
         """A restore rebuilds the current epoch from this stage before it reopens any file:
         a state saved by a stream of another layout or start is refused here, in words, and
@@ -212,6 +215,7 @@ def stream(layout: Layout, read_piece: PieceReader, start: Position = Position(0
     records = windows.prefetch(1).flat_map(slices).skip(start.index - first_window * window)
     keys_sum = _keys_sum(layout)
 
+    @tf.autograph.experimental.do_not_convert
     def checked(state, element):
         count, summed, whole = state
         epoch, index, key = element[0], element[1], element[2]
@@ -250,6 +254,7 @@ def _windows(layout: Layout, read_piece: PieceReader, epoch, groups, first) -> t
     read = _group_reader(layout, read_piece)
     records = tf.data.Dataset.from_tensor_slices(groups).flat_map(read)
 
+    @tf.autograph.experimental.do_not_convert
     def permute(number, batch):
         keys, serialized = batch
         size = tf.shape(keys)[0]
@@ -304,6 +309,7 @@ def _group_reader(layout: Layout, read_piece: PieceReader):
         tf.constant(layout.starts, tf.int64),
     )
 
+    @tf.autograph.experimental.do_not_convert
     def read(members, skips):
         present = members >= 0
         members, skips = tf.boolean_mask(members, present), tf.boolean_mask(skips, present)

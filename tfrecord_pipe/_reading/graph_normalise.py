@@ -39,6 +39,7 @@ _EXIF_PREFIX_INT = int.from_bytes(images.EXIF_PREFIX, "big")
 _WEBP_VP8, _WEBP_VP8L, _WEBP_VP8X = 0x20385056, 0x4C385056, 0x58385056  # "VP8 ", "VP8L", "VP8X"
 
 
+@tf.autograph.experimental.do_not_convert
 def format_of(encoded: tf.Tensor) -> tf.Tensor:
     """The format code (JPEG .. UNKNOWN) of each string in `encoded`, from its first bytes."""
     head = tf.strings.substr(tf.strings.join([tf.strings.substr(encoded, 0, 12), "\0" * 12]), 0, 12)
@@ -86,6 +87,7 @@ class _Bytes:
         return tf.where(big_endian, self.uint(at, size, True), self.uint(at, size, False))
 
 
+@tf.autograph.experimental.do_not_convert
 def header(encoded: tf.Tensor, fmt: tf.Tensor) -> tuple[tf.Tensor, ...]:
     """What a decodable file's header says: (height, width, refusal, turn, components), the
     refusal an int32 index into REFUSALS (0: none), the others int64: its EXIF orientation
@@ -260,6 +262,7 @@ def _bmp_refusal(data: _Bytes) -> tf.Tensor:
     return tf.where(other, _OTHER_BMP, 0)
 
 
+@tf.autograph.experimental.do_not_convert
 def orientation(encoded: tf.Tensor, fmt: tf.Tensor) -> tf.Tensor:
     """The EXIF orientation (1..8, int64) of a decodable file by `core.images.exif_orientation`'s
     rule, from the block the converter reads: a JPEG's first APP1 "Exif" segment, a PNG's eXIf
@@ -418,6 +421,7 @@ def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor):
     return tf.where(valid, value, 1), ok
 
 
+@tf.autograph.experimental.do_not_convert
 def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tensor:
     """The decoded image as the converter stores it, before any downscaling: the first frame,
     turned upright by EXIF orientation `turn`, transparency on white; H x W x 3 uint8.
@@ -494,6 +498,7 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
     return upright
 
 
+@tf.autograph.experimental.do_not_convert
 def downscaled(image: tf.Tensor, max_side: int) -> tf.Tensor:
     """`image` fitted within max_side x max_side (aspect kept, Pillow's thumbnail sizes), or
     unchanged when it fits."""
@@ -521,6 +526,7 @@ def downscaled(image: tf.Tensor, max_side: int) -> tf.Tensor:
     return tf.cond(tf.maximum(height, width) > max_side, shrink, lambda: image)
 
 
+@tf.autograph.experimental.do_not_convert
 def eval_input(
     encoded: tf.Tensor,
     fmt: tf.Tensor,

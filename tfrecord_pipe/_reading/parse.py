@@ -46,9 +46,17 @@ def parse_fn(config, source, image_fn=None):
             return image, label, tf.constant(1.0)
         return image, label
 
-    return parse
+    return converted_for(image_fn, parse)
 
 
+def converted_for(image_fn, fn):
+    """`fn`, which calls `image_fn`: left to autograph where there is one (a user's Python
+    control flow on tensors becomes graph ops), else not converted, as the rest of our graph
+    code (docs/development.md)."""
+    return fn if image_fn is not None else tf.autograph.experimental.do_not_convert(fn)
+
+
+@tf.autograph.experimental.do_not_convert
 def checked_image(image, config):
     """image_fn's result, if it has the config's static shape and dtype (checked when traced)."""
     expected = (config.image_size, config.image_size, 3)

@@ -35,6 +35,7 @@ _SCALE = np.asarray([1 / s for s in STDDEV_RGB], np.float32)
 _SHIFT = np.asarray([-m / s for m, s in zip(MEAN_RGB, STDDEV_RGB)], np.float32)
 
 
+@tf.autograph.experimental.do_not_convert
 def train_image(
     encoded: tf.Tensor,
     image_size: int,
@@ -95,6 +96,7 @@ def _seeds(seed: tf.Tensor | None, count: int) -> list[tf.Tensor | None]:
     return list(tf.unstack(tf.random.experimental.stateless_split(seed, count)))
 
 
+@tf.autograph.experimental.do_not_convert
 def eval_image(encoded: tf.Tensor, image_size: int, dtype: str = "float32") -> tf.Tensor:
     """The centre crop of a JPEG, resized to image_size x image_size x 3.
 
@@ -115,6 +117,7 @@ def eval_image(encoded: tf.Tensor, image_size: int, dtype: str = "float32") -> t
     return _finish(_resize(image, image_size), image_size, dtype)
 
 
+@tf.autograph.experimental.do_not_convert
 def centre_window(height: tf.Tensor, width: tf.Tensor, image_size: int) -> tf.Tensor:
     """[top, left, side, side] of the evaluation crop: a centred square of the shorter side
     (`crops.centre_window`, in tensors)."""
@@ -126,6 +129,7 @@ def centre_window(height: tf.Tensor, width: tf.Tensor, image_size: int) -> tf.Te
     return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
 
 
+@tf.autograph.experimental.do_not_convert
 def normalize(images: tf.Tensor, dtype: tf.DType = tf.float32) -> tf.Tensor:
     """Subtracts the ImageNet mean and divides by its standard deviation, channels last.
 

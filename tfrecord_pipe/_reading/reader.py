@@ -236,6 +236,7 @@ def _file_reader(config, source, share):
         counted=source.split.record_counts is not None,
     )
 
+    @tf.autograph.experimental.do_not_convert
     def read(filename, expected, first):
         shard = read_shard(filename, expected)  # counts checked over the whole file
         return shard if share.stride == 1 else shard.skip(first).shard(share.stride, 0)
@@ -243,5 +244,6 @@ def _file_reader(config, source, share):
     return read
 
 
+@tf.autograph.experimental.do_not_convert
 def _to_hwcn(images, labels, *weights):
     return (tf.transpose(images, [1, 2, 3, 0]), labels, *weights)

@@ -41,6 +41,7 @@ def present(skip_corrupt: bool):
     ignored (the count check below ignores them, to count a truncated file's records).
     """
 
+    @tf.autograph.experimental.do_not_convert
     def exists(filename, expected):
         # matching_files takes a pattern: "[", "*" and "?" in a name are written as classes.
         literal = tf.strings.regex_replace(filename, r"([\[\*\?])", r"[\1]")
@@ -76,6 +77,7 @@ def shard_reader(
     if not catch and skip_corrupt:
         raise ValueError("skip_corrupt needs read errors caught")
 
+    @tf.autograph.experimental.do_not_convert
     def read(filename: tf.Tensor, expected: tf.Tensor, skip=None, numbered_from=None):
         """`skip`: records at the file's start to pass over unread (TensorFlow seeks past
         them); counted in the check. `numbered_from` (counted files only): the number of the
@@ -104,11 +106,13 @@ def _checked(records, filename, expected, skip_corrupt, skipped=None, catch=True
     records = records.ignore_errors() if catch else records
     tagged = records.map(lambda r: (r, tf.constant(False))).concatenate(end)
 
+    @tf.autograph.experimental.do_not_convert
     def count(seen, element):
         record, is_end = element
         seen = seen + tf.cast(tf.logical_not(is_end), tf.int64)
         return seen, (record, is_end, seen)
 
+    @tf.autograph.experimental.do_not_convert
     def keep(record, is_end, seen):
         # A record past the count is stopped as it comes: evaluation reads as many records
         # as the manifest lists, and may never reach the file's end.
@@ -163,10 +167,12 @@ def repeat_while_nonempty(one_pass: tf.data.Dataset, problem: str) -> tf.data.Da
     end = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True)))
     marked = one_pass.map(lambda record: (record, tf.constant(False))).concatenate(end)
 
+    @tf.autograph.experimental.do_not_convert
     def count(seen, element):
         record, is_end = element
         return tf.where(is_end, tf.constant(0, tf.int64), seen + 1), (record, is_end, seen)
 
+    @tf.autograph.experimental.do_not_convert
     def fail(record, is_end, seen):
         check = tf.debugging.Assert(False, [problem])
         with tf.control_dependencies([check]):
@@ -231,7 +237,7 @@ def _local_copy(path: str):
         os.remove(local)
 
 
-@tf.function(input_signature=[tf.TensorSpec([], tf.string)] * 2)
+@tf.function(input_signature=[tf.TensorSpec([], tf.string)] * 2, autograph=False)
 def _records_and_bytes(path, compression):
     """The records of a TFRecord file, and the bytes they take framed: traced once for every
     file, not a reduce built for each (benchmarks/RESULTS.md, "inspect --check")."""

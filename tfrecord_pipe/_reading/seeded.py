@@ -100,6 +100,7 @@ def _piece_reader(config, source, layout):
     )
     stride = layout.stride
 
+    @tf.autograph.experimental.do_not_convert
     def read(file, count, first, start, skip):
         passed = skip * stride  # the file's records before this piece's next one
         keyed = read_file(file, count, passed, numbered_from=start)  # (not a zip: epochs.stream)
@@ -119,4 +120,4 @@ def _seeded_parse_fn(config, source, layout, image_fn=None):
         image, label = parse_one(record, epochs.example_seed(layout, epoch, index))
         return (image, label, key) if config.with_keys else (image, label)
 
-    return parse_placed
+    return parse.converted_for(image_fn, parse_placed)

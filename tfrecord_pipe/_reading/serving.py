@@ -17,6 +17,7 @@ fails with that error, instead of exhausting the server's memory or answering fo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tempfile
 
 import tensorflow as tf
@@ -110,6 +111,7 @@ class ServingModule(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_NAME)])
     def serve(self, image_bytes):
         """{"probabilities": [N, C] float32, "classid": [N] int64, "class": [N] string}."""
+        # Converted by autograph (docs/development.md): it calls the model's function.
         images = model_inputs(image_bytes, self._config)
         # An empty request skips the model: oneDNN's kernels (TensorFlow's CPU default on
         # AVX-512 machines) fail on an empty batch ("Matrix size-incompatible: In[0]: [0,3]").
@@ -127,6 +129,7 @@ class ServingModule(tf.Module):
         }
 
 
+@tf.autograph.experimental.do_not_convert
 def model_inputs(image_bytes: tf.Tensor, config: ServingConfig) -> tf.Tensor:
     """The model's input for each file in `image_bytes` ([N] strings): [N, size, size, 3].
 
@@ -138,6 +141,24 @@ def model_inputs(image_bytes: tf.Tensor, config: ServingConfig) -> tf.Tensor:
             f"{INPUT_NAME} must be a vector of encoded files ([N] strings, one file each: "
             f"tf.constant([data])), got {image_bytes.dtype.name} of shape {image_bytes.shape}"
         )
+    if tf.executing_eagerly():
+        return _traced_model_inputs(config)(image_bytes)
+    return _model_inputs(image_bytes, config)
+
+
+@functools.lru_cache(maxsize=8)
+def _traced_model_inputs(config: ServingConfig):
+    """`model_inputs` for eager calls with `config`, traced once: its graph is large, and an
+    eager call built and ran it op by op each time (benchmarks/RESULTS.md)."""
+    return tf.function(
+        functools.partial(_model_inputs, config=config),
+        input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_NAME)],
+        autograph=False,
+    )
+
+
+@tf.autograph.experimental.do_not_convert
+def _model_inputs(image_bytes: tf.Tensor, config: ServingConfig) -> tf.Tensor:
     fmt = graph_normalise.format_of(image_bytes)
     names = tf.gather(graph_normalise.FORMAT_NAMES, fmt)
     checks = [
@@ -215,10 +236,15 @@ def _each_item(image_bytes, facts, fn, signature, problem):
     run as a tf.data pipeline that drops failed items, and the gap names the item.
     """
     count = tf.size(image_bytes, out_type=tf.int64)
+
+    @tf.autograph.experimental.do_not_convert
+    def item(i):
+        return i, fn(image_bytes[i], *(fact[i] for fact in facts))
+
     done = (
         tf.data.Dataset.range(count)
         .map(
-            lambda i: (i, fn(image_bytes[i], *(fact[i] for fact in facts))),
+            item,
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
         )

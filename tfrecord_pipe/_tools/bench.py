@@ -54,6 +54,7 @@ def ceiling_dataset(
     """Parse + full decode of the records `config` reads, batched as scalars (nothing to copy)."""
     spec = records.parse_spec(schema.ENCODED)
 
+    @tf.autograph.experimental.do_not_convert
     def decode(record):
         encoded = tf.io.parse_single_example(record, spec)[schema.ENCODED]
         return tf.shape(tf.io.decode_jpeg(encoded, channels=3))[0]

@@ -285,6 +285,7 @@ def _spread(files, found, with_path: bool = False) -> tf.data.Dataset:
     """The records of `files` (shards of `found`), one from each shard in turn: a sample
     spread over all of them (with `with_path`, (shard path, record) pairs)."""
 
+    @tf.autograph.experimental.do_not_convert
     def records_of(path):
         dataset = records.shard_records(path, found.compression, found.file_format)
         return dataset.map(lambda record: (path, record)) if with_path else dataset
