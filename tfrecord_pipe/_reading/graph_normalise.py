@@ -68,19 +68,18 @@ class _Bytes:
         raw = tf.io.decode_raw(encoded, tf.uint8)
         self.size = tf.size(raw, out_type=tf.int64)
         self._bytes = tf.concat([raw, tf.zeros([_PAD], tf.uint8)], 0)  # uint8: 1 byte per byte
+        self._last = self.size + (_PAD - 1)
 
     def uint(self, at, size: int, big_endian: bool) -> tf.Tensor:
         """The `size`-byte unsigned integer at each offset of `at` (past the end: garbage, so
         callers compare offsets with `self.size`)."""
-        at = tf.cast(at, tf.int64)
-        index = tf.clip_by_value(
-            at[..., None] + tf.range(size, dtype=tf.int64), 0, self.size + _PAD - 1
-        )
-        shifts = tf.range(size, dtype=tf.int64) * 8
-        if big_endian:
-            shifts = tf.reverse(shifts, [0])
+        # Offsets and shifts are constants, not ops: a request's graph reads some hundred
+        # integers, and each op more in each read was time to trace it (an export's).
+        index = tf.expand_dims(tf.cast(at, tf.int64), -1) + tf.constant(list(range(size)), tf.int64)
+        index = tf.clip_by_value(index, 0, self._last)
+        shifts = [8 * (size - 1 - n if big_endian else n) for n in range(size)]
         values = tf.cast(tf.gather(self._bytes, index), tf.int64)
-        return tf.reduce_sum(tf.bitwise.left_shift(values, shifts), -1)
+        return tf.reduce_sum(tf.bitwise.left_shift(values, tf.constant(shifts, tf.int64)), -1)
 
     def either(self, at, size: int, big_endian: tf.Tensor) -> tf.Tensor:
         """`uint` in a byte order known only in the graph."""
