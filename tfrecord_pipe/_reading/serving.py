@@ -142,14 +142,19 @@ def model_inputs(image_bytes: tf.Tensor, config: ServingConfig) -> tf.Tensor:
             f"tf.constant([data])), got {image_bytes.dtype.name} of shape {image_bytes.shape}"
         )
     if tf.executing_eagerly():
-        return _traced_model_inputs(config)(image_bytes)
+        # (The answers do not depend on labels or from_logits: one trace for all of them.)
+        pixels_only = dataclasses.replace(config, labels=("",), from_logits=True)
+        return _traced_model_inputs(pixels_only)(image_bytes)
     return _model_inputs(image_bytes, config)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)  # a traced graph holds about 75 MiB
 def _traced_model_inputs(config: ServingConfig):
     """`model_inputs` for eager calls with `config`, traced once: its graph is large, and an
-    eager call built and ran it op by op each time (benchmarks/RESULTS.md)."""
+    eager call built and ran it op by op each time (benchmarks/RESULTS.md). Traced with the
+    module's constants of the first call: a test that patches them must not call it eagerly.
+    (Under tf.data's debug mode a map inside a tf.function fails, so this does too; so did the
+    reader, and `model_inputs` inside a user's tf.function, before it.)"""
     return tf.function(
         functools.partial(_model_inputs, config=config),
         input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_NAME)],
