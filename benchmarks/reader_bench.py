@@ -33,6 +33,7 @@ Run: .venv/bin/python -m benchmarks.reader_bench [--images N] [--seconds S] [--r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -49,6 +50,21 @@ from benchmarks import command_line
 PIPELINES = ("ceiling", "train", "train, seeded", "article", "eval", "eval, one iterator",
              "grain, train", "grain, eval")  # fmt: skip
 LABELS = tuple(f"class{i}" for i in range(10))
+
+
+@contextlib.contextmanager
+def shards_for(data: str | None, count: int, num_shards: int, **options):
+    """`data` (shards from an earlier run), or `count` images written into `num_shards` shards
+    in a temporary folder for this run, removed after it (`write_shards`' `options`)."""
+    if data is not None:
+        yield data
+        return
+    folder = tempfile.mkdtemp(prefix="bench-shards-")
+    try:
+        write_shards(pathlib.Path(folder), count, num_shards, **options)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_shards(
@@ -261,12 +277,8 @@ def main(argv=None):
     if args.measure:
         return measure(args.measure, args.data, args.image_size, args.batch, args.seconds)
 
-    data, created = args.data, None
-    if data is None:
-        data = created = tempfile.mkdtemp(prefix="reader-bench-")
-        write_shards(pathlib.Path(data), args.images, args.shards, sides=args.sides)
     rounds = []
-    try:
+    with shards_for(args.data, args.images, args.shards, sides=args.sides) as data:
         for round_index in range(args.repeats):
             measured = {}
             for name in PIPELINES:
@@ -276,9 +288,6 @@ def main(argv=None):
                 print(f"  round {round_index + 1}/{args.repeats}: {name:18s} "
                       f"{measured[name][0]:6.0f} img/s", flush=True)  # fmt: skip
             rounds.append(measured)
-    finally:
-        if created:
-            shutil.rmtree(created, ignore_errors=True)
     summary = summarise(rounds)
     print(
         "\n" + command_line("benchmarks.reader_bench", argv)

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 from benchmarks import command_line, reader_bench
@@ -93,13 +91,7 @@ def main(argv=None):
         print("RESULT", first_batch_seconds(args.data, args.first_batch, args.batch))
         return
 
-    import pathlib
-
-    data, created = args.data, None
-    if data is None:
-        data = created = tempfile.mkdtemp(prefix="resume-bench-")
-        reader_bench.write_shards(pathlib.Path(data), args.images, args.shards)
-    try:
+    with reader_bench.shards_for(args.data, args.images, args.shards) as data:
         half = args.images // args.batch // 2
         times = {"fresh start": [], f"restore at batch {half} (half an epoch)": []}
         for _ in range(args.repeats):  # alternating, each in a fresh process
@@ -130,9 +122,6 @@ def main(argv=None):
                 )
                 print(f"| {name} | {mean:.3f} | {largest:.3f} | {close:.3f} | "
                       f"{distinct} of {args.images} |")  # fmt: skip
-    finally:
-        if created:
-            shutil.rmtree(created)
 
 
 if __name__ == "__main__":

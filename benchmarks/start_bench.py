@@ -89,13 +89,7 @@ def main(argv=None):
             print(f"RESULT {seconds} {name}")
         return
 
-    import pathlib
-
-    data, created = args.data, None
-    if data is None:
-        data = created = tempfile.mkdtemp(prefix="start-bench-")
-        reader_bench.write_shards(pathlib.Path(data), args.images, args.shards)
-    try:
+    with reader_bench.shards_for(args.data, args.images, args.shards) as data:
         figures: dict[str, list[float]] = {}
         for _ in range(args.repeats):  # alternating, each in a fresh process
             for case in CASES:
@@ -116,9 +110,6 @@ def main(argv=None):
             median = statistics.median(seconds)
             print(f"| {name} | {median:.2f} | {min(seconds):.2f}-{max(seconds):.2f} | "
                   f"{median / ceiling:.2f}x |")  # fmt: skip
-    finally:
-        if created:
-            shutil.rmtree(created)
 
 
 if __name__ == "__main__":
