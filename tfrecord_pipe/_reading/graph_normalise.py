@@ -24,6 +24,8 @@ JPEG, PNG, GIF, WEBP, BMP, TIFF, UNKNOWN = range(7)
 FORMAT_NAMES = ("JPEG", "PNG", "GIF", "WebP", "BMP", "TIFF", "unknown")
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# A turned pixel's fourth byte, the top of its float32: exponent 126 or 127, a normal number.
+_TURNED_TOP_BYTE = 0x3F
 _PAD = 16  # zero bytes after a file's last, so reads near its end need no bounds in the graph
 # Steps of a walk through a file's segments, chunks or blocks. Real files need tens; a file
 # crafted with millions (fill bytes, empty chunks) must not hold a server for minutes. A file
@@ -423,19 +425,23 @@ def _tiff_orientation(data: _Bytes, start: tf.Tensor, end: tf.Tensor):
 @tf.autograph.experimental.do_not_convert
 def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tensor:
     """The decoded image as the converter stores it, before any downscaling: the first frame,
-    turned upright by EXIF orientation `turn`, transparency on white; H x W x 3 uint8.
+    transparency on white, turned upright by EXIF orientation `turn`; H x W x 3 uint8.
 
-    Turned as whole pixels: each pixel's four bytes (RGB and a zero, or RGBA) read as one
-    int32, so that a turn moves 4 bytes a pixel, not a float per channel (12 or 16), and no
-    uint8 Transpose runs (TensorFlow's oneDNN build logs an error line for each on CPUs it
-    lacks uint8 kernels for). An image without an alpha channel (JPEG, BMP, a GIF, an RGB or
-    grey PNG, an opaque WebP) is only turned, not blended onto white; one with alpha is blended
-    in 16-bit integers (benchmarks/RESULTS.md, "Memory per request image")."""
+    Turned as whole pixels: each pixel's three bytes and a fourth, 0x3F, read as one float32,
+    so that a turn moves 4 bytes a pixel, not a float per channel (12 or 16). A float, not an
+    integer: TensorFlow's oneDNN build logs an error line in each process that transposes
+    integers (uint8, int32, ...) on the CPUs it has no such kernels for, AVX-512 ones too. The
+    fourth byte makes every such float a normal number in [0.5, 2), which any copy keeps bit
+    for bit (no NaN, no denormal to flush). An image without an alpha channel (JPEG, BMP, a
+    GIF, an RGB or grey PNG, an opaque WebP) is only turned, not blended onto white; one with
+    alpha is blended in 16-bit integers first (benchmarks/RESULTS.md, "Memory per request
+    image")."""
 
-    def turned(rgba):
-        """An H x W x 4 uint8 image, turned by `turn`."""
-        rgba = tf.ensure_shape(rgba, [None, None, 4])
-        pixels = tf.bitcast(rgba, tf.int32)[..., None]  # H x W x 1, a pixel an int32
+    def turned(rgb):
+        """An H x W x 3 uint8 image, turned by `turn`."""
+        rgb = tf.ensure_shape(rgb, [None, None, 3])
+        top = tf.fill(tf.shape(rgb[..., :1]), tf.constant(_TURNED_TOP_BYTE, tf.uint8))
+        pixels = tf.bitcast(tf.concat([rgb, top], -1), tf.float32)[..., None]  # H x W x 1
         pixels = tf.switch_case(
             tf.cast(turn - 1, tf.int32),
             [
@@ -449,7 +455,7 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
                 lambda: tf.image.rot90(pixels, 1),
             ],
         )
-        return tf.bitcast(pixels[..., 0], tf.uint8)
+        return tf.bitcast(pixels[..., 0], tf.uint8)[..., :3]
 
     def decoded():
         # A PNG in its own channels: `decode_png(channels=4)` gives a palette PNG of 1, 2 or 4
@@ -473,26 +479,21 @@ def upright_rgb(encoded: tf.Tensor, fmt: tf.Tensor, turn: tf.Tensor) -> tf.Tenso
     grey = image[..., :1]
 
     def opaque():
-        rgb = tf.cond(channels >= 3, lambda: image[..., :3],
-                      lambda: tf.concat([grey, grey, grey], -1))  # fmt: skip
-
-        def turned_rgb():
-            return turned(tf.concat([rgb, tf.zeros_like(grey)], -1))[..., :3]
-
-        return tf.cond(tf.equal(turn, 1), lambda: rgb, turned_rgb)
+        return tf.cond(channels >= 3, lambda: image[..., :3],
+                       lambda: tf.concat([grey, grey, grey], -1))  # fmt: skip
 
     def on_white():
         colour = tf.cond(tf.equal(channels, 4), lambda: image[..., :4],
                          lambda: tf.concat([grey, grey, grey, image[..., 1:2]], -1))  # fmt: skip
-        pixels = tf.cast(tf.cond(tf.equal(turn, 1), lambda: colour, lambda: turned(colour)),
-                         tf.uint16)  # fmt: skip
+        pixels = tf.cast(colour, tf.uint16)
         alpha = pixels[..., 3:]
         # Onto white, rounded to the nearest, in integers of 2 bytes: for every colour and
         # alpha what floats gave (round(c * a / 255 + 255 * (1 - a / 255)): never a half, 255
         # being odd), at a quarter of their memory. At most 255 * 255 + 127: no overflow.
         return tf.cast((pixels[..., :3] * alpha + 255 * (255 - alpha) + 127) // 255, tf.uint8)
 
-    upright = tf.cond(has_alpha, on_white, opaque)
+    rgb = tf.cond(has_alpha, on_white, opaque)
+    upright = tf.cond(tf.equal(turn, 1), lambda: rgb, lambda: turned(rgb))
     upright.set_shape([None, None, 3])
     return upright
 
