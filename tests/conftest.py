@@ -25,6 +25,7 @@ if _JAX_CACHE_MADE:
 import pytest  # noqa: E402
 
 import local_gcs  # noqa: E402
+import preloaded  # noqa: E402
 from helpers import IN_PROCESS, write_image_folder  # noqa: E402
 
 
@@ -81,5 +82,6 @@ def converted_copy(converted, tmp_path):
 
 
 def pytest_unconfigure(config):
+    preloaded.stop()
     if _JAX_CACHE_MADE:
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

@@ -113,12 +113,16 @@ def run_command(*args, env=None, timeout: float = 300) -> Ran:
     return Ran(done.returncode, done.stdout, done.stderr)
 
 
-def run_python(code: str, timeout: float = 120, env=None) -> Ran:
+def run_python(code: str, timeout: float = 120, env=None, preloaded: bool = False) -> Ran:
     """`code` in a new Python process: for what could hang, which a test must not do itself,
-    or what needs an environment of its own (`env` is added to this one's)."""
+    or what needs an environment of its own (`env` is added to this one's). `preloaded`: in
+    one forked with TensorFlow imported (tests/preloaded.py), for code that imports it."""
+    import preloaded as preloaded_python
+
+    command = preloaded_python.python("-c", code) if preloaded else [sys.executable, "-c", code]
     try:
         done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+            command, capture_output=True, text=True, timeout=timeout,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {})),
         )  # fmt: skip
     except subprocess.TimeoutExpired as err:

@@ -8,7 +8,6 @@ import os
 import pathlib
 import socket
 import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
@@ -17,6 +16,7 @@ from examples import custom_loop, train
 from tfrecord_pipe._reading import distribute
 
 from dataset_factory import accuracy_on, loss_on, write_dataset
+from preloaded import python as preloaded_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -114,7 +114,7 @@ def test_fit_evaluate_and_custom_loop_under_the_default_strategy(dataset, tmp_pa
 def test_fit_and_custom_loop_with_two_replicas(dataset):
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "strategy_run.py"), dataset],
+        preloaded_python(ROOT / "tests" / "strategy_run.py", dataset),
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

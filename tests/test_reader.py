@@ -328,7 +328,7 @@ for how in ("context", "hosts", "params"):
         except ValueError as err:
             print("REFUSED", how, index, err)
 """
-    done = run_python(code, timeout=180)
+    done = run_python(code, timeout=180, preloaded=True)
     assert done.returncode == 0, done.stderr[-3000:]
     hosts = [line for line in done.stdout.splitlines() if line.startswith("HOST")]
     assert hosts == [f"HOST {i} 1" for i in range(11)]
@@ -384,7 +384,7 @@ ds = reader.make_input_fn({str(folder)!r}, is_training=True, image_size=8, batch
                           skip_corrupt=True)()
 next(iter(ds))
 """
-    done = run_python(code, timeout=120)
+    done = run_python(code, timeout=120, preloaded=True)
     assert done.returncode != 0
     assert "gave no record" in done.stderr and "train-00000-of-00001.tfrecord" in done.stderr
     assert done.stderr.count("WARNING tfrecord-pipe") == 1, "one warning, not one per spin"
@@ -666,7 +666,7 @@ os.remove({str(folder / "train-00001-of-00002.tfrecord")!r})
 labels = [int(label) for _, labels in ds.take(4) for label in labels]
 print("LABELS", labels)
 """
-    done = run_python(code, timeout=120)
+    done = run_python(code, timeout=120, preloaded=True)
     if skip_corrupt:
         assert done.returncode == 0, done.stderr[-2000:]
         assert "LABELS [0, 0, 0, 0, 0, 0, 0, 0]" in done.stdout

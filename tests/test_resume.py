@@ -23,6 +23,7 @@ from tfrecord_pipe._reading.seeded import pipeline_layout
 
 from dataset_factory import write_dataset
 from helpers import run_python, write_image_folder
+from preloaded import python as preloaded_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIZE = 16
@@ -529,7 +530,7 @@ try:
 except tf.errors.InvalidArgumentError as err:
     print("refused:", "reads other records" in str(err))
 """
-    ran = run_python(code)
+    ran = run_python(code, preloaded=True)
     assert ran.returncode == 0 and "refused: True" in ran.stdout, ran.stderr[-2000:]
 
 
@@ -633,7 +634,7 @@ next(iterator)
 for _ in range(20):
     next(iterator)
 """
-        done = run_python(code, timeout=120)
+        done = run_python(code, timeout=120, preloaded=True)
         assert done.returncode != 0 and re.search(said, done.stderr), done.stderr[-2000:]
 
 
@@ -775,8 +776,8 @@ def killed_and_resumed(folder, workdirs, modes, steps, kill_at):
 
     def run_all(*extra):
         runs = [
-            subprocess.Popen([sys.executable, str(ROOT / "tests" / "resume_run.py"), mode, folder,
-                              str(workdir), str(steps), *extra],
+            subprocess.Popen(preloaded_python(ROOT / "tests" / "resume_run.py", mode, folder,
+                                              workdir, steps, *extra),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for mode, workdir in zip(modes, workdirs)
         ]  # fmt: skip

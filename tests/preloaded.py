@@ -1,0 +1,305 @@
+"""`python ARGS...` in a process forked from one that has already imported TensorFlow.
+
+A new Python process pays about 6 CPU-seconds here to import TensorFlow, and the suite starts
+dozens that train, resume or hang on purpose. `python(*args)` is a command line that does what
+`python ARGS...` does, in a child forked from a server (one per test process, started at the
+first call) that imported TensorFlow and nothing else: the child takes the command's
+arguments, environment, working directory and standard streams; the command ends as the child
+ends (its exit code, or the signal that killed it: a run that kills itself with SIGKILL is
+seen so); signals sent to the command reach the child, and the child dies with the command,
+SIGKILL included. What is not a fresh process's: the hash seed (the server's) and OpenBLAS's
+threads (one; numpy's import starts another, and a process with threads cannot safely fork).
+
+A command runs in a new interpreter instead, as `python ARGS...`, when its environment differs
+from the server's in a variable read as Python or TensorFlow starts (_READ_AT_START), when it
+has interpreter options, or when there is no server. So a test of what a process prints or
+does while it starts (the quiet start, the oneDNN choice) runs a new interpreter, as the
+commands in the README do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+
+# Prefixes of the variables read as Python, TensorFlow (its GCS filesystem's settings too),
+# Keras, JAX, OpenBLAS or glibc start. Not the GCS endpoint's and credentials' (the `gcs`
+# fixture's, for the whole session), which are read at a first request.
+_READ_AT_START = ("PYTHON", "TF_", "TF2_", "KERAS", "JAX_", "XLA_", "CUDA", "OMP_", "OPENBLAS",
+                  "MKL", "LD_", "MALLOC", "GLIBC", "ONEDNN", "DNNL", "GRPC", "TPU", "ABSL",
+                  "LANG", "LC_", "HOME", "GCS_")  # fmt: skip
+# Set for the server alone: its import starts no OpenBLAS thread.
+_SERVER_ONLY = {"OPENBLAS_NUM_THREADS": "1"}
+# Signals a command passes on to its child. SIGKILL cannot be caught: the child sees its
+# command's connection close and kills itself.
+_PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+              signal.SIGUSR2)  # fmt: skip
+# The environment the server starts with: this process's when the tests were collected, not
+# one a test has patched since.
+_ENVIRONMENT_AT_IMPORT = dict(os.environ)
+_server = None
+# The name the server listens at, in Linux's abstract socket namespace (no file to remove);
+# None where it could not start.
+_server_name = None
+
+
+def python(*args) -> list[str]:
+    """The command line of `python ARGS...`, run by a child of the server (started here at the
+    first call)."""
+    global _server_name
+    if _server is None:
+        _start_server()
+    elif _server_name is not None and _server.poll() is not None:
+        _server_name = None
+        _warn(f"the server ended ({_server.returncode})")
+    if _server_name is None:
+        return [sys.executable, *map(str, args)]
+    return [sys.executable, __file__, "--to", _server_name, *map(str, args)]
+
+
+def stop() -> None:
+    """Ends the server, if one started, and waits for it (so that its children's CPU time is
+    counted in this process's)."""
+    if _server is not None and _server.poll() is None:
+        _server.stdin.close()
+        _server.wait(timeout=30)
+
+
+def _warn(why) -> None:
+    import warnings
+
+    warnings.warn(f"no preloaded TensorFlow: each command starts a new Python ({why})")
+
+
+def _start_server() -> None:
+    import subprocess
+    import tempfile
+
+    global _server, _server_name
+    name = f"tfrecord-pipe-tests-{os.getpid()}-{os.urandom(4).hex()}"
+    log = tempfile.TemporaryFile()
+    _server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", name], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=log, env={**_ENVIRONMENT_AT_IMPORT, **_SERVER_ONLY},
+    )  # fmt: skip
+    if _server.stdout.readline() == b"ready\n":
+        _server_name = name
+    else:
+        _server.wait()
+        log.seek(0)
+        _warn(log.read().decode(errors="replace")[-2000:])
+
+
+def _fresh(args) -> None:
+    os.execv(sys.executable, [sys.executable, *args])
+
+
+def _command(name, args) -> None:
+    """This process is `python ARGS...`: it has a child of the server `name` run ARGS, and ends
+    as the child ends."""
+    if not args or args[0].startswith("-") and args[0] not in ("-c", "-m"):
+        _fresh(args)
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect("\0" + name)
+    except OSError:  # the tests' process has ended, and its server with it
+        _fresh(args)
+    request = {"args": args, "environment": dict(os.environ), "cwd": os.getcwd()}
+    socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+    replies = connection.makefile("rb")
+    first = replies.readline().split()
+    if first[:1] != [b"pid"]:  # the server says: a new interpreter
+        connection.close()
+        _fresh(args)
+    child = int(first[1])
+    for number in _PASSED_ON:
+        signal.signal(number, lambda number, _: os.kill(child, number))
+    last = replies.readline().split()
+    if last[:1] != [b"status"]:  # the server died: its child cannot be waited for
+        os.kill(child, signal.SIGKILL)
+        sys.exit("preloaded: the server ended before the command did")
+    status = int(last[1])
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        if number not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _read_at_start(environment) -> dict:
+    return {
+        name: value for name, value in environment.items()
+        if name.startswith(_READ_AT_START) and name != "PYTHONPATH" and name not in _SERVER_ONLY
+    }  # fmt: skip
+
+
+def _serve(name) -> dict:
+    """Imports TensorFlow, then forks a child for each command. Returns only in a child: the
+    command's request, to run."""
+    import selectors
+
+    before = dict(os.environ)
+    import numpy  # noqa: F401
+    import tensorflow  # noqa: F401
+
+    after = {name: value for name, value in os.environ.items() if name not in _SERVER_ONLY}
+    python_path = before.get("PYTHONPATH", "").split(os.pathsep)
+    base_path = [entry for entry in sys.path[1:] if entry not in python_path]
+    if len(os.listdir("/proc/self/task")) != 1:
+        sys.exit("preloaded: a thread started with the imports; forking would not be safe")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(64)
+    woken, wake = socket.socketpair()
+    woken.setblocking(False)
+    wake.setblocking(False)
+    signal.set_wakeup_fd(wake.fileno())
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # so that it writes to the wakeup socket
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(woken, selectors.EVENT_READ)
+    selector.register(sys.stdin.fileno(), selectors.EVENT_READ)
+    waiting = {}  # child pid: its command's connection
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is listener:
+                connection, _ = listener.accept()
+                request = _received(connection, before, after)
+                if request is None:
+                    continue
+                child = os.fork()
+                if child == 0:
+                    for open_ in (selector, listener, woken, wake, *waiting.values()):
+                        open_.close()
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    return _become(request, connection, base_path)
+                for fd in request["fds"]:
+                    os.close(fd)
+                waiting[child] = connection
+                connection.sendall(b"pid %d\n" % child)
+            elif key.fileobj is woken:
+                try:
+                    while woken.recv(256):
+                        pass
+                except BlockingIOError:
+                    pass
+            elif not os.read(sys.stdin.fileno(), 1):  # the tests' process is done
+                for child in waiting:
+                    os.kill(child, signal.SIGKILL)
+                sys.exit(0)
+        while waiting:
+            child, status = os.waitpid(-1, os.WNOHANG)
+            if not child:
+                break
+            connection = waiting.pop(child)
+            try:
+                connection.sendall(b"status %d\n" % status)
+            except OSError:  # the command was killed
+                pass
+            connection.close()
+
+
+def _received(connection, before, after) -> dict | None:
+    """A command's request, with its standard streams and its environment as the imports
+    would have left it; None where the command is to start a new interpreter (told so) or is
+    gone. `before` and `after`: the server's environment before and after its imports."""
+    fds = []
+    try:
+        connection.settimeout(30)
+        data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+        more = data
+        while more and not data.endswith(b"\n"):
+            more = connection.recv(1 << 16)
+            data += more
+        request = json.loads(data)  # (a ValueError where the command died as it wrote)
+        # What the imports set (TensorFlow sets TF2_BEHAVIOR), where the command had what the
+        # server had.
+        environment = request["environment"]
+        for name, value in after.items():
+            if environment.get(name) == before.get(name):
+                environment[name] = value
+        differ = sorted(_read_at_start(environment).items() ^ _read_at_start(after).items())
+        if len(fds) == 3 and not differ:
+            connection.settimeout(None)
+            return {**request, "fds": fds}
+        print("preloaded: a new Python for", request["args"][:2], "which sets", differ,
+              file=sys.stderr)  # fmt: skip
+        connection.sendall(b"fresh\n")
+    except (OSError, ValueError):  # killed as it asked
+        pass
+    for fd in fds:
+        os.close(fd)
+    connection.close()
+    return None
+
+
+def _become(request, connection, base_path) -> dict:
+    """This child takes the command's streams, environment, directory, arguments and path,
+    and dies with the command."""
+    import tempfile
+    import threading
+
+    import numpy
+
+    for number, fd in enumerate(request["fds"]):
+        os.dup2(fd, number)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["environment"])
+    os.chdir(request["cwd"])
+    tempfile.tempdir = None  # found again from TMPDIR
+    numpy.random.seed()  # its own, as a new process's (random's is renewed at a fork)
+    args = request["args"]
+    python_path = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    first = {"-c": "", "-m": os.getcwd()}.get(args[0], os.path.dirname(os.path.realpath(args[0])))
+    sys.path[:] = [first, *python_path, *base_path]
+    sys.orig_argv = [sys.executable, *args]
+    sys.excepthook = _from_the_commands_frames
+
+    def die_with_the_command():
+        while connection.recv(1):
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=die_with_the_command, daemon=True).start()
+    return request
+
+
+def _from_the_commands_frames(kind, error, traceback) -> None:
+    """Python's report of an uncaught error, without this module's and runpy's frames."""
+    while traceback is not None and traceback.tb_frame.f_code.co_filename in (
+        __file__, "<frozen runpy>"
+    ):
+        traceback = traceback.tb_next
+    sys.__excepthook__(kind, error.with_traceback(traceback), traceback)
+
+
+def _run(args) -> None:
+    """ARGS as `python ARGS...` runs them: `-c code`, `-m module` or a script."""
+    import runpy
+
+    if args[0] == "-c":
+        sys.argv = ["-c", *args[2:]]
+        main = type(sys)("__main__")
+        sys.modules["__main__"] = main
+        exec(compile(args[1], "<string>", "exec"), main.__dict__)
+    elif args[0] == "-m":
+        sys.argv = ["-m", *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        runpy.run_path(args[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        _run(_serve(sys.argv[2])["args"])
+    else:  # --to NAME ARGS...
+        _command(sys.argv[2], sys.argv[3:])
