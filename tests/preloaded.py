@@ -3,12 +3,15 @@
 A new Python process pays about 6 CPU-seconds here to import TensorFlow, and the suite starts
 dozens that train, resume or hang on purpose. `python(*args)` is a command line that does what
 `python ARGS...` does, in a child forked from a server (one per test process, started at the
-first call) that imported TensorFlow and nothing else: the child takes the command's
-arguments, environment, working directory and standard streams; the command ends as the child
-ends (its exit code, or the signal that killed it: a run that kills itself with SIGKILL is
-seen so); signals sent to the command reach the child, and the child dies with the command,
-SIGKILL included. What is not a fresh process's: the hash seed (the server's) and OpenBLAS's
-threads (one; numpy's import starts another, and a process with threads cannot safely fork).
+first call) that imported TensorFlow (and with it Keras, JAX and some 3,000 modules): the
+child takes the command's arguments, environment, working directory and standard streams;
+the command ends as the child ends (its exit code, or the signal that killed it: a run that
+kills itself with SIGKILL is seen so); signals sent to the command reach the child, and the
+server kills the child when the command ends, SIGKILL included. What is not a fresh
+process's: what a script sets before its imports (`os.environ["KERAS_BACKEND"] = "jax"`
+comes too late: Keras is loaded), the hash seed, the parent, process group, umask, limits and
+CPU affinity (the server's), and OpenBLAS's threads (one: numpy's import starts another, and
+a process with threads cannot safely fork).
 
 A command runs in a new interpreter instead, as `python ARGS...`, when its environment differs
 from the server's in a variable read as Python or TensorFlow starts (_READ_AT_START), when it
@@ -33,8 +36,8 @@ _READ_AT_START = ("PYTHON", "TF_", "TF2_", "KERAS", "JAX_", "XLA_", "CUDA", "OMP
                   "LANG", "LC_", "HOME", "GCS_")  # fmt: skip
 # Set for the server alone: its import starts no OpenBLAS thread.
 _SERVER_ONLY = {"OPENBLAS_NUM_THREADS": "1"}
-# Signals a command passes on to its child. SIGKILL cannot be caught: the child sees its
-# command's connection close and kills itself.
+# Signals a command passes on to its child. SIGKILL cannot be caught: the server sees the
+# command's connection close and kills the child.
 _PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2)  # fmt: skip
 # The environment the server starts with: this process's when the tests were collected, not
@@ -118,8 +121,7 @@ def _command(name, args) -> None:
     for number in _PASSED_ON:
         signal.signal(number, lambda number, _: os.kill(child, number))
     last = replies.readline().split()
-    if last[:1] != [b"status"]:  # the server died: its child cannot be waited for
-        os.kill(child, signal.SIGKILL)
+    if last[:1] != [b"status"]:  # the server died (and killed its children)
         sys.exit("preloaded: the server ended before the command did")
     status = int(last[1])
     if os.WIFSIGNALED(status):
@@ -175,15 +177,28 @@ def _serve(name) -> dict:
                     continue
                 child = os.fork()
                 if child == 0:
-                    for open_ in (selector, listener, woken, wake, *waiting.values()):
+                    for open_ in (selector, listener, woken, wake, connection,
+                                  *waiting.values()):  # fmt: skip
                         open_.close()
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    return _become(request, connection, base_path)
+                    return _become(request, base_path)
                 for fd in request["fds"]:
                     os.close(fd)
                 waiting[child] = connection
-                connection.sendall(b"pid %d\n" % child)
+                selector.register(connection, selectors.EVENT_READ, child)
+                try:
+                    connection.sendall(b"pid %d\n" % child)
+                except OSError:  # the command is gone already: seen as closed, below
+                    pass
+            elif key.data is not None:  # a command's connection: it sends nothing, so it
+                try:  # has ended (killed, perhaps busy in C code): its child ends too. Not
+                    ended = not key.fileobj.recv(1)  # reaped yet, the pid is still its.
+                except OSError:
+                    ended = True
+                if ended:
+                    selector.unregister(key.fileobj)
+                    os.kill(key.data, signal.SIGKILL)
             elif key.fileobj is woken:
                 try:
                     while woken.recv(256):
@@ -199,6 +214,8 @@ def _serve(name) -> dict:
             if not child:
                 break
             connection = waiting.pop(child)
+            if selector.get_map().get(connection.fileno()) is not None:
+                selector.unregister(connection)
             try:
                 connection.sendall(b"status %d\n" % status)
             except OSError:  # the command was killed
@@ -240,11 +257,9 @@ def _received(connection, before, after) -> dict | None:
     return None
 
 
-def _become(request, connection, base_path) -> dict:
-    """This child takes the command's streams, environment, directory, arguments and path,
-    and dies with the command."""
+def _become(request, base_path) -> dict:
+    """This child takes the command's streams, environment, directory and path."""
     import tempfile
-    import threading
 
     import numpy
 
@@ -263,12 +278,8 @@ def _become(request, connection, base_path) -> dict:
     sys.orig_argv = [sys.executable, *args]
     sys.excepthook = _from_the_commands_frames
 
-    def die_with_the_command():
-        while connection.recv(1):
-            pass
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=die_with_the_command, daemon=True).start()
+    if "multiprocessing.process" in sys.modules:  # where spawned processes find a script
+        sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()
     return request
 
 
@@ -293,7 +304,16 @@ def _run(args) -> None:
     elif args[0] == "-m":
         sys.argv = ["-m", *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-    else:
+    elif os.path.isfile(args[0]):  # as Python runs a script: __file__ absolute
+        sys.argv = list(args)
+        path = os.path.abspath(args[0])
+        with open(path, "rb") as source:
+            code = compile(source.read(), path, "exec")
+        main = type(sys)("__main__")
+        main.__file__, main.__cached__ = path, None
+        sys.modules["__main__"] = main
+        exec(code, main.__dict__)
+    else:  # a folder or zip with __main__.py, or a missing script (runpy says so)
         sys.argv = list(args)
         runpy.run_path(args[0], run_name="__main__")
 

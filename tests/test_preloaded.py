@@ -2,8 +2,10 @@
 tests that run their training, resuming and hanging processes through it test what a new
 Python process would do."""
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -67,23 +69,71 @@ def test_a_command_needing_another_start_runs_a_new_python():
     assert ran(preloaded_python("-X", "utf8", "-c", code))[:2] == (0, "False\n")
 
 
+def gone(pid) -> bool:
+    """Whether process `pid` has ended (waiting a minute at most)."""
+    deadline = time.monotonic() + 60
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not os.path.exists(f"/proc/{pid}")
+
+
 @pytest.mark.slow  # the server imports TensorFlow
 def test_a_preloaded_command_ends_by_its_signal_and_takes_its_child_with_it():
     # A run that kills itself (as resume_run.py does to be preempted) is seen killed.
     suicide = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     assert ran(preloaded_python("-c", suicide))[0] == -signal.SIGKILL
-    waits = "import os, time; print(os.getpid(), flush=True); time.sleep(300)"
+    # A signal reaches the child: one it handles ends it as it chooses.
+    handles = ("import os, signal, sys, time\n"
+               "signal.signal(signal.SIGTERM, lambda *_: sys.exit(print('TERM handled')))\n"
+               "print(os.getpid(), flush=True)\n"
+               "time.sleep(300)\n")  # fmt: skip
+    command = subprocess.Popen(preloaded_python("-c", handles), stdout=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    child = int(command.stdout.readline())
+    command.terminate()
+    assert command.wait(timeout=60) == 0 and command.stdout.read() == "TERM handled\n"
     # (Not SIGINT: a Python started by a process that ignores it, as pytest-xdist's workers
-    # do, ignores it too.)
-    for sent in (signal.SIGTERM, signal.SIGKILL):
-        command = subprocess.Popen(preloaded_python("-c", waits), stdout=subprocess.PIPE,
+    # do, ignores it too.) The last: a child busy in C code, holding Python's lock.
+    waits = "import os, time; print(os.getpid(), flush=True); time.sleep(300)"
+    busy = "import os, re; print(os.getpid(), flush=True); re.match(r'(a+)+$', 'a' * 64 + 'b')"
+    for code, sent in ((waits, signal.SIGTERM), (waits, signal.SIGKILL), (busy, signal.SIGKILL)):
+        command = subprocess.Popen(preloaded_python("-c", code), stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
         child = int(command.stdout.readline())
         command.send_signal(sent)
         assert command.wait(timeout=60) == -sent
-        # The child, not the command's own child, is gone too (SIGKILL: once it sees its
-        # command's end).
-        deadline = time.monotonic() + 60
-        while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not os.path.exists(f"/proc/{child}")
+        assert gone(child)  # the child, though not the command's own
+
+
+@pytest.mark.slow  # the server imports TensorFlow
+def test_a_command_killed_as_it_starts_leaves_the_others_running(tmp_path):
+    # Killed before the server had told it its child: the server died, and took the commands
+    # running then with it (found by a reviewer). Here the command's side of the exchange,
+    # ended as soon as it has asked.
+    long = subprocess.Popen(preloaded_python("-c", "import time; time.sleep(3); print('done')"),
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    name = long.args[long.args.index("--to") + 1]
+    request = {"args": ["-c", "import time; time.sleep(300)"], "environment": dict(os.environ),
+               "cwd": str(tmp_path)}  # fmt: skip
+    with open(os.devnull, "r+") as nothing:
+        for _ in range(3):
+            asked = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            asked.connect("\0" + name)
+            socket.send_fds(asked, [json.dumps(request).encode() + b"\n"], [nothing.fileno()] * 3)
+            asked.close()
+    assert long.communicate(timeout=60) == ("done\n", None) and long.returncode == 0
+    assert ran(preloaded_python("-c", "import sys; print('tensorflow' in sys.modules)"))[:2] == (
+        0, "True\n")
+
+
+@pytest.mark.slow  # the server imports TensorFlow
+def test_a_script_by_a_relative_path_can_spawn_processes(tmp_path):
+    # Spawned processes run the main script again, from the directory Python started in: the
+    # server's was taken, and the pool restarted its failing workers for ever.
+    (tmp_path / "pool.py").write_text(
+        "import multiprocessing\n"
+        "if __name__ == '__main__':\n"
+        "    with multiprocessing.get_context('spawn').Pool(2) as pool:\n"
+        "        print(pool.map(abs, [-1, -2]))\n"
+    )  # fmt: skip
+    assert ran(preloaded_python("pool.py"), cwd=tmp_path)[:2] == (0, "[1, 2]\n")
