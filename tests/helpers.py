@@ -14,6 +14,8 @@ import sys
 import numpy as np
 from PIL import Image
 
+from preloaded import python as preloaded_python
+
 # Real odd image files from Pillow's and libjpeg-turbo's test suites (licences beside them).
 ODD_IMAGES = pathlib.Path(__file__).resolve().parent / "data" / "odd-images"
 
@@ -117,9 +119,7 @@ def run_python(code: str, timeout: float = 120, env=None, preloaded: bool = Fals
     """`code` in a new Python process: for what could hang, which a test must not do itself,
     or what needs an environment of its own (`env` is added to this one's). `preloaded`: in
     one forked with TensorFlow imported (tests/preloaded.py), for code that imports it."""
-    import preloaded as preloaded_python
-
-    command = preloaded_python.python("-c", code) if preloaded else [sys.executable, "-c", code]
+    command = preloaded_python("-c", code) if preloaded else [sys.executable, "-c", code]
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout,

@@ -242,12 +242,9 @@ def _received(connection, before, after) -> dict | None:
         for name, value in after.items():
             if environment.get(name) == before.get(name):
                 environment[name] = value
-        differ = sorted(_read_at_start(environment).items() ^ _read_at_start(after).items())
-        if len(fds) == 3 and not differ:
+        if len(fds) == 3 and _read_at_start(environment) == _read_at_start(after):
             connection.settimeout(None)
             return {**request, "fds": fds}
-        print("preloaded: a new Python for", request["args"][:2], "which sets", differ,
-              file=sys.stderr)  # fmt: skip
         connection.sendall(b"fresh\n")
     except (OSError, ValueError):  # killed as it asked
         pass
@@ -298,24 +295,26 @@ def _run(args) -> None:
 
     if args[0] == "-c":
         sys.argv = ["-c", *args[2:]]
-        main = type(sys)("__main__")
-        sys.modules["__main__"] = main
-        exec(compile(args[1], "<string>", "exec"), main.__dict__)
+        _as_main(args[1], "<string>")
     elif args[0] == "-m":
         sys.argv = ["-m", *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     elif os.path.isfile(args[0]):  # as Python runs a script: __file__ absolute
         sys.argv = list(args)
-        path = os.path.abspath(args[0])
-        with open(path, "rb") as source:
-            code = compile(source.read(), path, "exec")
-        main = type(sys)("__main__")
-        main.__file__, main.__cached__ = path, None
-        sys.modules["__main__"] = main
-        exec(code, main.__dict__)
+        with open(args[0], "rb") as source:
+            _as_main(source.read(), os.path.abspath(args[0]))
     else:  # a folder or zip with __main__.py, or a missing script (runpy says so)
         sys.argv = list(args)
         runpy.run_path(args[0], run_name="__main__")
+
+
+def _as_main(source, filename: str) -> None:
+    """`source` run as the module `__main__` (of file `filename`, unless "<string>")."""
+    main = type(sys)("__main__")
+    if filename != "<string>":
+        main.__file__, main.__cached__ = filename, None
+    sys.modules["__main__"] = main
+    exec(compile(source, filename, "exec"), main.__dict__)
 
 
 if __name__ == "__main__":
