@@ -47,7 +47,8 @@ class Checked:
       label_text: the label's name.
       sha256: hex digest of the source bytes, stored in the record.
       crc32c: CRC-32C of the source bytes, compared when they are read again (a change is
-        caught at a tenth of the cost of hashing them again).
+        caught at a tenth of the cost of hashing them again); None where they are not read
+        again (the local engine's shards written as their inputs are checked, `pieces.py`).
       height, width: of the stored image.
       size: bytes of the serialized record (for shard sizing).
       reencoded: the stored image is a re-encoding (else the source bytes themselves).
@@ -59,7 +60,7 @@ class Checked:
     label_index: int
     label_text: str
     sha256: str
-    crc32c: int
+    crc32c: int | None
     height: int
     width: int
     size: int
@@ -89,7 +90,7 @@ _LABEL_INDEX = _CHECKED_NAMES.index("label_index")
 _RECORD_OVERHEAD = 260
 
 
-def _record_size(image_bytes: int, filename: str, label: str) -> int:
+def record_size(image_bytes: int, filename: str, label: str) -> int:
     """About the serialized size of a record, without serializing the image bytes to measure."""
     return image_bytes + len(filename.encode()) + len(label.encode()) + 64 + _RECORD_OVERHEAD
 
@@ -142,6 +143,11 @@ def read_record(
     if google_crc32c.value(data) != checked.crc32c:
         raise _changed(checked)
     encoded = images.normalise(data, policy).encoded if checked.reencoded else data
+    return serialized_record(checked, encoded, label_offset)
+
+
+def serialized_record(checked: Checked, encoded: bytes, label_offset: int) -> bytes:
+    """The serialized Example of a checked source whose stored image is `encoded`."""
     record = schema.ImageRecord(
         encoded=encoded,
         height=checked.height,
@@ -160,10 +166,13 @@ class Checker:
     Remote sources (gs://...) are read REMOTE_READERS ahead of their checks; local ones in
     the checking thread. With `threads` > 1 the inputs of a batch are checked on that many
     threads: at most that many images are decoded at once, whatever the number of readers.
+    With `read_again` False the entries have no checksum: the caller writes their records
+    from the bytes read here.
     """
 
-    def __init__(self, policy: images.ImagePolicy, threads: int = 1):
+    def __init__(self, policy: images.ImagePolicy, threads: int = 1, read_again: bool = True):
         self._policy = policy
+        self._read_again = read_again  # False: no checksum for a second read (`Checked.crc32c`)
         self._pool = futures.ThreadPoolExecutor(threads) if threads > 1 else None
         self._readers = futures.ThreadPoolExecutor(REMOTE_READERS)  # threads start when used
         self._labels: Container[str] = {}
@@ -183,7 +192,7 @@ class Checker:
         """(source, Checked or None, bytes read, None or Rejection) per input, in input order,
         each once it and all before it are done; raises for an input only when the storage
         failed (`outcome.decide`), never for what the file holds."""
-        return self.decide(batch, self._entry)
+        return self.decide(batch, self.entry)
 
     def decide(self, batch: list[SourceFile], then):
         """then(source, `outcome.decide`'s Outcome) per input, in input order, run on the
@@ -211,7 +220,8 @@ class Checker:
             reads = (functools.partial(self._read, source, ahead.read) for source in batch)
             yield from check(decided, batch, reads)
 
-    def _entry(self, source: SourceFile, result: outcome.Outcome):
+    def entry(self, source: SourceFile, result: outcome.Outcome):
+        """(source, Checked or None, bytes read, None or Rejection) of a decided input."""
         if result.reason is not None:
             return source, None, len(result.data), rejection(source, result.reason, result.detail)
         return source, self._checked(source, result.data, result.stored), len(result.data), None
@@ -229,9 +239,9 @@ class Checker:
             label_index=self._label_index.get(source.label, -1),
             label_text=source.label,
             sha256=hashlib.sha256(data).hexdigest(),
-            crc32c=google_crc32c.value(data),
+            crc32c=google_crc32c.value(data) if self._read_again else None,
             height=stored.height,
             width=stored.width,
-            size=_record_size(len(stored.encoded), source.relpath, source.label),
+            size=record_size(len(stored.encoded), source.relpath, source.label),
             reencoded=stored.reencoded,
         )

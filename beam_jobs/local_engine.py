@@ -6,15 +6,18 @@ per input, so ten million inputs needed some 30 GB. Here the listing streams to 
 processes (`local_workers`) that check the inputs; the small entries they give back go
 through sorts on disk (`spill.py`): by content for the duplicate report, by record key for
 the shards, by split and path for the rejection lists; then the workers write the shards,
-reading the sources again (`shard_writer.write_shard`), as on Beam. The same functions decide
-every input's fate and every record's place, so the dataset is the Beam pipeline's, byte for
-byte (tests/test_engines.py). What is held at once: RUN_ITEMS entries per sort, a window of
-batches and shards in flight, and one group of inputs with the same bytes.
+reading the sources again (`shard_writer.write_shard`), as on Beam. Where the shards are
+plain TFRecord on local disk, each input is read once instead: the listing comes first, and
+the workers write the records as they check the inputs (`pieces.py`). The same functions
+decide every input's fate and every record's place, so the dataset is the Beam pipeline's,
+byte for byte (tests/test_engines.py). What is held at once: RUN_ITEMS entries per sort, a
+window of batches, pieces and shards in flight, and one group of inputs with the same bytes.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 import logging
@@ -25,16 +28,17 @@ import time
 from collections.abc import Iterable, Iterator
 
 import tfrecord_pipe
-from beam_jobs import csv_lists, duplicates, finalise, load, local_workers, shard_plan, sources
-from beam_jobs import spill, storage, summary, worker_pool, worker_progress
+from beam_jobs import csv_lists, duplicates, finalise, load, local_workers, outcome, pieces
+from beam_jobs import shard_plan, sources, spill, storage, summary, worker_pool, worker_progress
 from beam_jobs.config import ConvertConfig
-from beam_jobs.source_file import SourceFile
+from beam_jobs.source_file import SourceFile, rejection
 from tfrecord_pipe._core import naming, paths
 from tfrecord_pipe._core.rejection import Rejection
 
 LOG = logging.getLogger(__name__)
 SPILL_NAME = "_spill"  # in the job's temporary folder (a local output), or in /tmp
 LINES_PER_WRITE = 1024  # lines of a rejection or duplicate list written at once
+SIZE_SAMPLE = 16  # one input in this many has its size read, to plan shards by size
 
 
 def run(
@@ -61,10 +65,15 @@ def run(
     spill_parent = None if paths.is_remote(temp_dir) else temp_dir
     with tempfile.TemporaryDirectory(prefix=SPILL_NAME, dir=spill_parent) as spill_dir:
         processes = processes or worker_pool.processes()
+        reads_once = pieces.reads_once(config, temp_dir)
         try:
-            with worker_pool.pool(processes, local_workers.start, (config, temp_dir, fixed_labels)) as pool:
+            with worker_pool.pool(processes, local_workers.start,
+                                  (config, temp_dir, fixed_labels, reads_once)) as pool:  # fmt: skip
                 job = _Job(config, temp_dir, spill_dir, pool, processes, progress_dir)
-                labels = job.check(fixed_labels)
+                if reads_once:
+                    labels = job.check_and_write(fixed_labels)
+                else:
+                    labels = job.check(fixed_labels)
                 shards = job.write_shards(labels)
         except (ValueError, FileNotFoundError, FileExistsError):
             storage.delete_folder(temp_dir)  # the listing found bad input: no run to clear up
@@ -91,6 +100,7 @@ class _Job:
         self._config = config
         self._temp_dir = temp_dir
         self._pool = pool
+        self._processes = processes
         self._window = processes * worker_pool.IN_FLIGHT
         self._progress_dir = progress_dir
         self._by_content = spill.SortedSpill(spill_dir, key=lambda entry: entry[1].sha256)
@@ -103,6 +113,9 @@ class _Job:
         self.label_counts: collections.Counter = collections.Counter()  # (split, label) -> records
         self._seen = self._seen_rejected = 0  # inputs checked, and rejected by the checks
         self._reported = time.monotonic()
+        # With the records written as checked (`pieces.py`): each piece's file, and its size.
+        self._pieces: list[str] = []
+        self._piece_sizes: list[int] = []
 
     def _report(self, force: bool = False, written: int = 0, to_write: int = 0) -> None:
         """The progress line's counts (`worker_progress`), at most every POLL_S."""
@@ -140,10 +153,69 @@ class _Job:
                     self._seen_rejected += 1
                     self._reject(result)
                 else:
-                    self._by_content.add(result)
+                    self._by_content.add((*result, None))  # no piece holds its record
             self._report()
         self._report(force=True)
         return fixed_labels if fixed_labels is not None else tuple(sorted(found))
+
+    def check_and_write(self, fixed_labels: tuple[str, ...] | None) -> tuple[str, ...]:
+        """Lists every input, then checks them and writes their records into pieces, placed
+        as if every input were used (`pieces.py`); returns the dataset's labels."""
+        listed = spill.SortedSpill(self._spill_dir, key=operator.itemgetter(0, 1))
+        found, counts, sizes = set(), collections.Counter(), collections.defaultdict(list)
+        known = local_workers.AnyLabel() if fixed_labels is None else frozenset(fixed_labels)
+        for source in self._listed(fixed_labels):
+            if source.class_label is not None:
+                found.add(source.class_label)
+            refused = outcome.refused_unread(source, known)
+            if refused is not None:  # decided here as a worker would, without reading it
+                self._seen += 1
+                self._seen_rejected += 1
+                self._reject(rejection(source, refused.reason, refused.detail))
+                continue
+            listed.add((source.split, shard_plan.order_key(source.relpath), source))
+            counts[source.split] += 1
+            if counts[source.split] % SIZE_SAMPLE == 1:
+                sizes[source.split].append(_record_size(source))
+        labels = fixed_labels if fixed_labels is not None else tuple(sorted(found))
+        planned = self._pieces_of(listed, counts, sizes, labels)
+        for future in load.in_order(self._pool, local_workers.write_piece, planned, self._window):
+            piece, offset = len(self._piece_sizes), 0
+            for result in future.result():
+                self._seen += 1
+                if isinstance(result, Rejection):
+                    self._seen_rejected += 1
+                    self._reject(result)
+                else:
+                    split, checked, length = result
+                    self._by_content.add((split, checked, (piece, offset, length)))
+                    offset += length
+            self._piece_sizes.append(offset)
+            self._report()
+        self._report(force=True)
+        return labels
+
+    def _pieces_of(self, listed: spill.SortedSpill, counts: collections.Counter,
+                   sizes: dict[str, list[int]], labels: tuple[str, ...]):  # fmt: skip
+        """The pieces of every split's shards, planned as if every listed input were used:
+        each shard cut into pieces of at most PIECE_INPUTS, and small enough that each
+        worker has PIECES_PER_PROCESS of them."""
+        most = -(-sum(counts.values()) // (pieces.PIECES_PER_PROCESS * self._processes))
+        most = max(1, min(pieces.PIECE_INPUTS, most))
+        for split, entries in itertools.groupby(listed.sorted(), key=operator.itemgetter(0)):
+            n = counts[split]
+            estimate = n * sum(sizes[split]) // max(1, len(sizes[split]))
+            shards = shard_plan.num_shards(n, estimate, self._config.num_shards,
+                                           self._config.shard_bytes)  # fmt: skip
+            for length in shard_plan.shard_lengths(n, shards):
+                for piece_length in shard_plan.shard_lengths(length, -(-length // most)):
+                    fd, entries_path = tempfile.mkstemp(dir=self._spill_dir, suffix=".piece")
+                    with os.fdopen(fd, "wb") as f:
+                        spill.write_items(f, (source for _, _, source in
+                                              itertools.islice(entries, piece_length)))  # fmt: skip
+                    path = os.path.join(self._spill_dir, f"piece-{len(self._pieces):07d}.tfrecord")
+                    self._pieces.append(path)
+                    yield pieces.Piece(entries_path, path, labels)
 
     def _listed(self, fixed_labels: tuple[str, ...] | None) -> Iterator[SourceFile]:
         """Every input listed, counted; a CSV's files named twice kept once (the others
@@ -158,54 +230,99 @@ class _Job:
 
     def write_shards(self, labels: tuple[str, ...]) -> list[summary.ShardWritten]:
         """Groups the checked inputs by content (the duplicate report; --dedupe), then writes
-        the shards in key order; returns what was written."""
+        the shards in key order, or puts them together from the pieces written as the inputs
+        were checked; returns what was written."""
         index = {label: i for i, label in enumerate(labels)}
         totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
         by_content = self._by_content.sorted()
         for sha256, same in itertools.groupby(by_content, key=lambda entry: entry[1].sha256):
-            same = list(same)
-            row = duplicates.group_row(sha256, same)
+            same = list(same)  # (split, Checked, where its record is: None, or in a piece)
+            pairs = [(split, checked) for split, checked, _ in same]
+            row = duplicates.group_row(sha256, pairs)
             if row is not None:
                 self._groups.add((duplicates.report_order(row), json.dumps(row, sort_keys=True)))
                 self.duplicate_totals.update(dict(duplicates.totals(row)))
             if row is not None and self._config.dedupe:
-                first, others = duplicates.keep_first(same)
-                same = [first]
-                for rejection in others:
-                    self._reject(rejection)
-            for split, checked in same:
+                first, others = duplicates.keep_first(pairs)
+                same = [entry for entry in same if entry[1] is first[1]]
+                for dropped in others:
+                    self._reject(dropped)
+            for split, checked, where in same:
                 self.label_counts[split, checked.label_text] += 1
-                checked = checked.with_label_index(index[checked.label_text])
-                self._by_key.add((split, checked.key, checked))
+                if checked.label_index != index[checked.label_text]:  # -1: labels were unknown
+                    checked = checked.with_label_index(index[checked.label_text])
+                self._by_key.add((split, checked.key, checked, where))
                 totals[split][0] += 1
                 totals[split][1] += checked.size
         plans = {
             split: shard_plan.num_shards(n, size, self._config.num_shards, self._config.shard_bytes)
             for split, (n, size) in totals.items()
         }
-        shards = self._shard_files(plans, {split: n for split, (n, _) in totals.items()})
-        written, to_write, done = [], sum(n for n, _ in totals.values()), 0
+        examples = {split: n for split, (n, _) in totals.items()}
+        if self._pieces:
+            made = self._put_together(plans, examples)
+        else:
+            made = self._written(plans, examples)
+        written, to_write, done = [], sum(examples.values()), 0
         self._report(force=True, to_write=to_write)
-        for future in load.in_order(self._pool, local_workers.write, shards, self._window):
-            files = future.result()
+        for files in made:
             written.extend(files)
             done += files[0].count if files else 0  # a shard in two formats is two files
             self._report(written=done, to_write=to_write)
         self._report(force=True, written=done, to_write=to_write)
         return written
 
-    def _shard_files(self, plans: dict[str, int], examples: dict[str, int]):
-        """(split, index, shards, file of its entries in key order) per shard, in order: each
-        shard's entries go to a file of their own, so a worker reads them as it writes."""
+    def _in_shards(self, plans: dict[str, int], examples: dict[str, int]):
+        """(split, index, shards, its (split, key, Checked, where) entries in key order) per
+        shard, in order."""
         for split, entries in itertools.groupby(self._by_key.sorted(), key=operator.itemgetter(0)):
             shards, n = plans[split], examples[split]
             ranked = enumerate(entries)
             of_rank = lambda ranked_entry: shard_plan.shard_of_rank(ranked_entry[0], n, shards)  # noqa: E731
             for shard, in_shard in itertools.groupby(ranked, key=of_rank):
-                fd, path = tempfile.mkstemp(dir=self._spill_dir, suffix=".shard")
-                with os.fdopen(fd, "wb") as f:
-                    spill.write_items(f, (checked for _, (_, _, checked) in in_shard))
-                yield split, shard, shards, path
+                yield split, shard, shards, (entry for _, entry in in_shard)
+
+    def _written(self, plans: dict[str, int], examples: dict[str, int]):
+        """Each shard's files as its worker writes them, the sources read again."""
+        shards = self._shard_files(plans, examples)
+        for future in load.in_order(self._pool, local_workers.write, shards, self._window):
+            yield future.result()
+
+    def _shard_files(self, plans: dict[str, int], examples: dict[str, int]):
+        """(split, index, shards, file of its entries in key order) per shard, in order: each
+        shard's entries go to a file of their own, so a worker reads them as it writes."""
+        for split, shard, shards, entries in self._in_shards(plans, examples):
+            fd, path = tempfile.mkstemp(dir=self._spill_dir, suffix=".shard")
+            with os.fdopen(fd, "wb") as f:
+                spill.write_items(f, (checked for _, _, checked, _ in entries))
+            yield split, shard, shards, path
+
+    def _put_together(self, plans: dict[str, int], examples: dict[str, int]):
+        """Each shard's file as a worker makes it of pieces (`pieces.put_together`); a piece
+        is removed once no shard still to be made holds a record of it."""
+        made = collections.deque()
+
+        def cuts():
+            for split, shard, shards, entries in self._in_shards(plans, examples):
+                cut = pieces.Cut()
+                for _, _, checked, (piece, offset, length) in entries:
+                    cut.add(self._pieces[piece], offset, length, checked)
+                path = self._pieces[piece]
+                whole = cut.ranges == [(path, 0, self._piece_sizes[piece])]
+                name = naming.shard_name(split, shard, shards, self._config.compress)
+                made.append((split, shard, shards, cut.count, name, cut.digest(), piece))
+                yield paths.join(self._temp_dir, name), cut.ranges, whole
+
+        removed = 0  # pieces below this one are gone
+        for future in load.in_order(self._pool, local_workers.put_together, cuts(), self._window):
+            size = future.result()
+            split, shard, shards, count, name, digest, last = made.popleft()
+            for piece in range(removed, last):  # every shard before this one is made
+                with contextlib.suppress(FileNotFoundError):  # a whole piece took its name
+                    os.remove(self._pieces[piece])
+            removed = max(removed, last)
+            yield [summary.ShardWritten(split, shard, shards, count, size, name, naming.TFRECORD,
+                                        digest)]  # fmt: skip
 
     def write_lists(self) -> None:
         """rejected/rejected-<split>.jsonl (lines by path) and duplicates.jsonl (groups in
@@ -230,3 +347,13 @@ def _write_lines(path: str, lines: Iterable[str]) -> None:
             yield "".join(line + "\n" for line in chunk).encode("utf-8")
 
     storage.write_chunks(path, chunks(), mime_type="application/x-ndjson")
+
+
+def _record_size(source: SourceFile) -> int:
+    """About the bytes of `source`'s record, from its file's size (0 where unknown): only
+    the shards' planned count depends on it, which is checked once the records are written."""
+    try:
+        size = os.stat(source.path).st_size if not paths.is_remote(source.path) else 0
+    except (OSError, ValueError):  # the worker reads it, and says what is wrong
+        size = 0
+    return load.record_size(size, source.relpath, source.label)

@@ -1,5 +1,6 @@
 """What each worker process of the local engine runs: the inputs' checks and the shards'
-writing, the very functions Beam's steps run (`load.Checker`, `shard_writer.write_shard`).
+writing, the very functions Beam's steps run (`load.Checker`, `shard_writer.write_shard`),
+or the shards written as their inputs are checked (`pieces.py`).
 
 Nothing here imports Beam, nor does anything it imports (Beam is imported only for a remote
 path): the workers' fork server preloads this module, and Beam's import cost most of a
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from concurrent import futures
 
-from beam_jobs import load, shard_writer, spill, summary, worker_pool
+from beam_jobs import load, pieces, shard_writer, spill, summary, worker_pool
 from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import SourceFile
 
@@ -18,20 +19,22 @@ from beam_jobs.source_file import SourceFile
 _WORKER_ARGS: dict = {}
 
 
-def start(config: ConvertConfig, temp_dir: str, fixed_labels: tuple[str, ...] | None) -> None:
-    """Sets up a worker for the job: its checker, and threads to read remote sources."""
-    checker = load.Checker(config.policy)
+def start(config: ConvertConfig, temp_dir: str, fixed_labels: tuple[str, ...] | None,
+          reads_once: bool = False) -> None:  # fmt: skip
+    """Sets up a worker for the job: its checker, and threads to read remote sources.
+    `reads_once`: the job writes its shards as it checks its inputs (`pieces.py`)."""
+    checker = load.Checker(config.policy, read_again=not reads_once)
     if fixed_labels is not None:
         index = {label: i for i, label in enumerate(fixed_labels)}
         checker.set_labels(index, index)
     else:  # every label is the dataset's: its index is given once all are known
-        checker.set_labels(_Every(), {})
+        checker.set_labels(AnyLabel(), {})
     _WORKER_ARGS.update(config=config, temp_dir=temp_dir, checker=checker,
                         readers=futures.ThreadPoolExecutor(load.REMOTE_READERS))  # fmt: skip
 
 
-class _Every:
-    """The labels container that holds every label."""
+class AnyLabel:
+    """The labels container that holds every label: the dataset's labels are the inputs'."""
 
     def __contains__(self, label) -> bool:
         return True
@@ -54,3 +57,15 @@ def write(shard: tuple[str, int, int, str]) -> list[summary.ShardWritten]:
         spill.read_items(entries_path), split, index, shards, _WORKER_ARGS["temp_dir"],
         _WORKER_ARGS["config"], _WORKER_ARGS["readers"],
     )  # fmt: skip
+
+
+@worker_pool.in_worker
+def write_piece(piece: pieces.Piece) -> list:
+    """Checks a piece's inputs and writes their records (`pieces.write`)."""
+    return pieces.write(piece, _WORKER_ARGS["checker"], _WORKER_ARGS["config"].label_offset)
+
+
+@worker_pool.in_worker
+def put_together(shard: tuple[str, list, bool]) -> int:
+    """Makes a shard file of pieces (`pieces.put_together`); its size."""
+    return pieces.put_together(*shard)

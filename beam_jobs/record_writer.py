@@ -33,6 +33,11 @@ def masked_crc32c(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+def framed_length(data: bytes) -> int:
+    """Bytes the record `data` takes in a TFRecord file: its length, two checksums, itself."""
+    return len(data) + 16
+
+
 def _header(data: bytes) -> bytes:
     """What precedes a record's data in the file: its length and that length's checksum."""
     length = struct.pack("<Q", len(data))

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from beam_jobs import convert, load, shard_writer, spill, worker_pool
-from tfrecord_pipe._core import images
+from beam_jobs import convert, load, pieces, record_reader, shard_writer, spill, storage
+from beam_jobs import worker_pool
+from tfrecord_pipe._core import images, manifest, schema
 
 from helpers import COLOURS, COMMAND, ODD_IMAGES, RGB, jpeg_bytes, run_cli, write_image_folder
 from test_engines import files_of
@@ -54,8 +55,13 @@ def hostile_folder(root):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("options", [
+    # Each input read twice: shards in two formats, GZIP shards.
     ["--validation_fraction", "0.3", "--formats", "tfrecord,array_record"],
     ["--dedupe", "--compress", "--num_shards", "3"],
+    # Each input read once (pieces.py): shards cut where inputs were rejected; duplicates
+    # dropped, and three shards put together from the pieces of both workers.
+    ["--validation_fraction", "0.3"],
+    ["--dedupe", "--num_shards", "3"],
 ])  # fmt: skip
 def test_the_local_engine_writes_the_beam_pipelines_dataset_byte_for_byte(
     tmp_path, monkeypatch, options
@@ -273,6 +279,8 @@ def test_a_killed_worker_fails_the_job_saying_so_and_the_next_run_converts(tmp_p
 def test_an_input_removed_after_its_check_fails_the_job_saying_which_and_nothing_is_finalised(
     tmp_path, monkeypatch, workers_forked
 ):
+    # GZIP shards are written from the inputs read again (a local job of plain TFRecord
+    # shards reads each input once: the next tests).
     src = write_image_folder(tmp_path / "src", per_label=4)
     victim = src / "green" / "002.jpg"
     checked = load.Checker._checked
@@ -286,11 +294,61 @@ def test_an_input_removed_after_its_check_fails_the_job_saying_which_and_nothing
     monkeypatch.setattr(load.Checker, "_checked", checked_then_removed)
     with pytest.raises(convert.JobFailedError, match=f"{victim} changed while the job ran.*"
                        "Nothing was finalised"):  # fmt: skip
-        convert.run([str(src), str(tmp_path / "out")])
+        convert.run([str(src), str(tmp_path / "out"), "--compress"])
     assert not (tmp_path / "out" / "manifest.json").exists()
     monkeypatch.undo()
-    again = convert.run([str(src), str(tmp_path / "out")])
+    again = convert.run([str(src), str(tmp_path / "out"), "--compress"])
     assert sum(split.num_examples for split in again.splits.values()) == 11
+
+
+def test_an_input_read_once_is_stored_as_checked_whatever_becomes_of_it(
+    tmp_path, monkeypatch, workers_forked
+):
+    src = write_image_folder(tmp_path / "src", per_label=4)
+    victim = src / "green" / "002.jpg"
+    image = victim.read_bytes()
+    checked = load.Checker._checked
+
+    def checked_then_removed(self, source, data, stored):
+        entry = checked(self, source, data, stored)
+        if source.path == str(victim):
+            victim.unlink()
+        return entry
+
+    monkeypatch.setattr(load.Checker, "_checked", checked_then_removed)
+    found = convert.run([str(src), str(tmp_path / "out")])
+    assert found.splits["train"].num_examples == 12
+    stored = {
+        record.filename: record.encoded
+        for shard in (tmp_path / "out").glob("train-*.tfrecord")
+        for record in (schema.decode_example(data, label_offset=0)
+                       for data in record_reader.records(str(shard)))  # fmt: skip
+    }
+    assert len(stored) == 12 and stored["green/002.jpg"] == image
+
+
+@pytest.mark.parametrize("options, reads_again", [([], False), (["--compress"], True)])
+def test_a_local_job_of_plain_shards_reads_each_input_once(
+    tmp_path, monkeypatch, workers_forked, options, reads_again
+):
+    odd = ["truncated_jpeg.jpg", "pil_sample_cmyk.jpg"]
+    src = write_image_folder(tmp_path / "src", per_label=40, odd=odd)
+    (src / "red" / "copy.jpg").write_bytes((src / "blue" / "000.jpg").read_bytes())
+    log = tmp_path / "reads.log"
+    ask = storage.ReadAhead._ask
+
+    def logged(self, path):  # every local read of an input is asked for ahead of it
+        with open(log, "a") as f:
+            f.write(path + "\n")
+        return ask(self, path)
+
+    monkeypatch.setattr(storage.ReadAhead, "_ask", logged)
+    found = convert.run([str(src), str(tmp_path / "out"), "--dedupe", *options])
+    inputs = [str(path) for path in src.rglob("*.jpg")]
+    stored = [path for path in inputs if not path.endswith(("truncated_jpeg.jpg", "red/copy.jpg"))]
+    assert found.splits["train"].num_examples == len(stored)
+    read = log.read_text().splitlines()
+    assert sorted(read) == sorted(inputs + (stored if reads_again else []))
 
 
 def test_a_worker_error_that_pickle_cannot_rebuild_is_still_said(
@@ -304,6 +362,7 @@ def test_a_worker_error_that_pickle_cannot_rebuild_is_still_said(
         raise images.Rejected(images.TRUNCATED, "cut short on purpose")
 
     monkeypatch.setattr(shard_writer, "write_shard", fails)
+    monkeypatch.setattr(pieces, "write", fails)  # a local job of plain shards
     with pytest.raises(convert.JobFailedError, match="Rejected: .*cut short on purpose"):
         convert.run([str(src), str(tmp_path / "out"), "--verbose"])
     assert "Traceback" in caplog.text and "raise images.Rejected" in caplog.text  # the worker's
@@ -321,3 +380,28 @@ def test_a_checked_entry_crosses_processes_whole_and_takes_its_label_index_later
     labelled = checked.with_label_index(4)
     assert labelled == load.Checked(**{**{f: getattr(checked, f) for f in load._CHECKED_NAMES},
                                        "label_index": 4})  # fmt: skip
+
+
+def test_a_shard_is_put_together_from_ranges_of_pieces_or_takes_a_whole_piece(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"0123456789")
+    b.write_bytes(b"abcdef")
+    entries = [load.Checked(key=name, path=name, relpath=name, label_index=i, label_text="cat",
+                            sha256="0" * 64, crc32c=None, height=1, width=1, size=1,
+                            reencoded=False) for i, name in enumerate("xyz")]  # fmt: skip
+    cut = pieces.Cut()
+    for (piece, offset, length), checked in zip([(a, 2, 3), (a, 5, 5), (b, 0, 4)], entries):
+        cut.add(str(piece), offset, length, checked)
+    assert cut.ranges == [(str(a), 2, 8), (str(b), 0, 4)] and cut.count == 3
+    positions = manifest.ShardPositions()
+    for checked in entries:
+        positions.add(checked.relpath, checked.label_index, checked.label_text)
+    assert cut.digest() == positions.hexdigest()
+    assert pieces.put_together(str(tmp_path / "shard"), cut.ranges, whole=False) == 12
+    assert (tmp_path / "shard").read_bytes() == b"23456789abcd"
+    assert pieces.put_together(str(tmp_path / "whole"), [(str(b), 0, 6)], whole=True) == 6
+    assert (tmp_path / "whole").read_bytes() == b"abcdef" and not b.exists()
+    a.write_bytes(b"01")  # cut short while the job ran: no shard takes the name
+    with pytest.raises(OSError, match="ended before byte 5"):
+        pieces.put_together(str(tmp_path / "short"), [(str(a), 0, 5)], whole=False)
+    assert not (tmp_path / "short").exists()

@@ -1,0 +1,129 @@
+"""Shards written as their inputs are checked: each input read once, on the local engine.
+
+The two-read way (`shard_writer.py`) checks every input, then reads each one again to write
+its record, once the records' places are known; its second read cost a fifth of a local
+conversion's CPU (benchmarks/RESULTS.md, "Conversion: each local input read once"). Here the
+launcher lists every input first, and places the records as if every input were used: a
+*piece* is a run of consecutive records of one such shard. A worker checks a piece's inputs
+and writes the record of each one used into the piece's file, from the bytes it checked.
+Once every input is checked the places are known: a shard that is one whole piece takes the
+piece's file; any other (inputs were rejected or dropped as duplicates, or a shard was cut
+into several pieces to keep every worker busy) is copied together from the byte ranges of
+the pieces that hold its records. The records, and their places, are those the two-read way
+writes (tests/test_local_engine.py).
+
+Only plain TFRecord shards are cut so (a GZIP stream or an ArrayRecord file cannot be cut
+at a record), written on local disk from inputs listed quickly (a folder on local disk or a
+CSV list); the other jobs read their inputs twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+
+from beam_jobs import load, record_writer, spill, storage
+from beam_jobs.config import ConvertConfig
+from tfrecord_pipe._core import manifest, naming, paths
+
+# Inputs a piece holds at most: the entries a worker gives back for one piece are held in
+# the launcher at once (a few hundred bytes each).
+PIECE_INPUTS = 4096
+# Pieces per worker at least, where the inputs allow: the workers end together.
+PIECES_PER_PROCESS = 4
+COPY_CHUNK = 1 << 20  # bytes copied at a time from a piece into a shard
+
+
+def reads_once(config: ConvertConfig, temp_dir: str) -> bool:
+    """Whether the job writes its shards as it checks its inputs (above)."""
+    return (
+        config.formats == (naming.TFRECORD,)
+        and not config.compress
+        and not paths.is_remote(temp_dir)
+        and not paths.is_remote(config.source)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """A worker's task: inputs to check, whose records go to one file.
+
+    Attributes:
+      entries: file of the inputs' `SourceFile`s, in record order (`spill.write_items`).
+      path: where the records go.
+      labels: the dataset's labels, each record's label index its place here.
+    """
+
+    entries: str
+    path: str
+    labels: tuple[str, ...]
+
+
+def write(piece: Piece, checker: load.Checker, label_offset: int) -> list:
+    """Checks the piece's inputs and writes the record of each one used; per input, in order:
+    its Rejection, or (split, Checked, bytes its record takes in the file)."""
+    index = {label: i for i, label in enumerate(piece.labels)}
+    checker.set_labels(index, index)
+    results = []
+
+    def with_image(source, result):
+        return checker.entry(source, result), result.stored
+
+    with record_writer.RecordWriter(piece.path) as writer:
+        sources = spill.read_items(piece.entries)
+        while batch := list(itertools.islice(sources, load.BATCH)):
+            for (source, checked, _, rejected), stored in checker.decide(batch, with_image):
+                if checked is None:
+                    results.append(rejected)
+                    continue
+                record = load.serialized_record(checked, stored.encoded, label_offset)
+                writer.write(record)
+                results.append((source.split, checked, record_writer.framed_length(record)))
+    return results
+
+
+class Cut:
+    """One shard's records as byte ranges of the pieces that hold them, in order, and the
+    shard's `manifest.ShardPositions` digest."""
+
+    def __init__(self):
+        self.ranges: list[tuple[str, int, int]] = []  # (piece file, offset, length)
+        self.count = 0
+        self._positions = manifest.ShardPositions()
+
+    def add(self, piece: str, offset: int, length: int, checked: load.Checked) -> None:
+        if self.ranges and self.ranges[-1][0] == piece and sum(self.ranges[-1][1:]) == offset:
+            self.ranges[-1] = (piece, self.ranges[-1][1], self.ranges[-1][2] + length)
+        else:
+            self.ranges.append((piece, offset, length))
+        self.count += 1
+        self._positions.add(checked.relpath, checked.label_index, checked.label_text)
+
+    def digest(self) -> str:
+        return self._positions.hexdigest()
+
+
+def put_together(path: str, ranges: list[tuple[str, int, int]], whole: bool) -> int:
+    """Makes the shard file `path` of `ranges` of pieces: the piece itself where `whole` (the
+    one range is all of it), else a copy of each range in turn. Returns its size."""
+    if whole:
+        (piece, _, _), = ranges
+        storage.put_in_place(piece, path)
+        return os.path.getsize(path)
+    part = storage.part_path(path)
+    with open(part, "wb") as shard:
+        for piece, offset, length in ranges:
+            with open(piece, "rb", buffering=0) as source:
+                source.seek(offset)
+                end = offset + length
+                while length:
+                    chunk = source.read(min(length, COPY_CHUNK))
+                    if not chunk:
+                        raise OSError(f"{piece} ended before byte {end}: it was changed or "
+                                      "cut while the job ran")  # fmt: skip
+                    shard.write(chunk)
+                    length -= len(chunk)
+        size = shard.tell()
+    storage.put_in_place(part, path)
+    return size
