@@ -117,14 +117,15 @@ class _Job:
         self._pieces: list[str] = []
         self._piece_sizes: list[int] = []
 
-    def _report(self, force: bool = False, written: int = 0, to_write: int = 0) -> None:
+    def _report(self, force: bool = False, written: int = 0, to_write: int = 0,
+                listed: int = 0) -> None:  # fmt: skip
         """The progress line's counts (`worker_progress`), at most every POLL_S."""
         now = time.monotonic()
         if self._progress_dir is None or (not force and now - self._reported < worker_progress.POLL_S):
             return
         self._reported = now
         worker_progress.report(self._progress_dir, "local", self._seen, self._seen_rejected,
-                               written, to_write)  # fmt: skip
+                               written, to_write, listed)  # fmt: skip
 
     def _reject(self, row: Rejection) -> None:
         self._counts[row.split, row.reason] += 1
@@ -164,20 +165,22 @@ class _Job:
         listed = spill.SortedSpill(self._spill_dir, key=operator.itemgetter(0, 1))
         found, counts, sizes = set(), collections.Counter(), collections.defaultdict(list)
         known = local_workers.AnyLabel() if fixed_labels is None else frozenset(fixed_labels)
+        refused_here = 0
         for source in self._listed(fixed_labels):
             if source.class_label is not None:
                 found.add(source.class_label)
             refused = outcome.refused_unread(source, known)
             if refused is not None:  # decided here as a worker would, without reading it
-                self._seen += 1
-                self._seen_rejected += 1
+                refused_here += 1
                 self._reject(rejection(source, refused.reason, refused.detail))
                 continue
             listed.add((source.split, shard_plan.order_key(source.relpath), source))
             counts[source.split] += 1
             if counts[source.split] % SIZE_SAMPLE == 1:
                 sizes[source.split].append(_record_size(source))
+                self._report(listed=len(listed))
         labels = fixed_labels if fixed_labels is not None else tuple(sorted(found))
+        self._seen = self._seen_rejected = refused_here  # the progress line's count of loads
         planned = self._pieces_of(listed, counts, sizes, labels)
         for future in load.in_order(self._pool, local_workers.write_piece, planned, self._window):
             piece, offset = len(self._piece_sizes), 0

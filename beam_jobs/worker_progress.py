@@ -21,19 +21,20 @@ RATE_AFTER_S = 0.5  # a rate is shown once it is measured over this long
 
 
 def report(folder: str, worker: str, seen: int, rejected: int, written: int = 0,
-           to_write: int = 0) -> None:  # fmt: skip
+           to_write: int = 0, listed: int = 0) -> None:  # fmt: skip
     """Called by a worker: its counts so far (replaces its previous report). The local engine
-    adds the records written and to write, once it writes shards (Beam's steps overlap)."""
+    adds the records written and to write, once it writes shards (Beam's steps overlap), and
+    the inputs listed, where it lists them all before loading any."""
     path = pathlib.Path(folder) / worker
     partial = path.with_suffix(".partial")
-    partial.write_text(f"{seen} {rejected} {written} {to_write}")
+    partial.write_text(f"{seen} {rejected} {written} {to_write} {listed}")
     os.replace(partial, path)
 
 
-def totals(folder: str) -> tuple[int, int, int, int]:
-    """(inputs loaded, rejected, records written, records to write), summed over every
-    worker's latest report."""
-    summed = [0, 0, 0, 0]
+def totals(folder: str) -> tuple[int, int, int, int, int]:
+    """(inputs loaded, rejected, records written, records to write, inputs listed), summed
+    over every worker's latest report."""
+    summed = [0, 0, 0, 0, 0]
     for path in pathlib.Path(folder).glob("*"):
         if path.suffix == ".partial":
             continue
@@ -41,7 +42,7 @@ def totals(folder: str) -> tuple[int, int, int, int]:
             counts = [int(n) for n in path.read_text().split()]
         except (OSError, ValueError):  # being replaced right now: counted at the next poll
             continue
-        for i, n in enumerate(counts[:4]):
+        for i, n in enumerate(counts[:5]):
             summed[i] += n
     return tuple(summed)
 
@@ -69,11 +70,14 @@ class ProgressLine:
     def _run(self):
         while not self._stop.wait(POLL_S):
             counts = totals(self._folder)
-            if counts[0]:
+            if counts[0] or counts[4]:
                 self._line.update(self._text(*counts))
 
-    def _text(self, seen: int, rejected: int, written: int = 0, to_write: int = 0) -> str:
+    def _text(self, seen: int, rejected: int, written: int = 0, to_write: int = 0,
+              listed: int = 0) -> str:  # fmt: skip
         now = time.monotonic()
+        if listed and not seen:
+            return f"converting: {listed} inputs listed"
         text = f"converting: {seen} inputs loaded ({rejected} rejected)"
         if not to_write:
             return text + f", {seen / max(now - self._started, 1e-9):.0f}/s"

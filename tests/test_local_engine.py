@@ -5,6 +5,7 @@ whatever the input count (sorted runs on disk, merged), and never outlive, hang 
 the failure of its worker processes.
 """
 
+import io
 import os
 import random
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from beam_jobs import convert, load, pieces, record_reader, shard_writer, spill, storage
-from beam_jobs import worker_pool
+from beam_jobs import worker_pool, worker_progress
 from tfrecord_pipe._core import images, manifest, schema
 
 from helpers import COLOURS, COMMAND, ODD_IMAGES, RGB, jpeg_bytes, run_cli, write_image_folder
@@ -405,3 +406,14 @@ def test_a_shard_is_put_together_from_ranges_of_pieces_or_takes_a_whole_piece(tm
     with pytest.raises(OSError, match="ended before byte 5"):
         pieces.put_together(str(tmp_path / "short"), [(str(a), 0, 5)], whole=False)
     assert not (tmp_path / "short").exists()
+
+
+def test_the_progress_line_counts_the_inputs_listed_until_they_are_loaded(tmp_path):
+    # A local job of plain shards lists every input before it loads any: ten million take
+    # minutes, which the line showed as nothing at all.
+    line = worker_progress.ProgressLine(str(tmp_path), stream=io.StringIO())
+    worker_progress.report(str(tmp_path), "local", 0, 0, listed=4096)
+    assert line._text(*worker_progress.totals(str(tmp_path))) == "converting: 4096 inputs listed"
+    worker_progress.report(str(tmp_path), "local", 64, 1, listed=5000)
+    shown = line._text(*worker_progress.totals(str(tmp_path)))
+    assert shown.startswith("converting: 64 inputs loaded (1 rejected), ")
