@@ -182,7 +182,8 @@ class _Job:
         labels = fixed_labels if fixed_labels is not None else tuple(sorted(found))
         self._seen = self._seen_rejected = refused_here  # the progress line's count of loads
         planned = self._pieces_of(listed, counts, sizes, labels)
-        for future in load.in_order(self._pool, local_workers.write_piece, planned, self._window):
+        window = self._processes * pieces.IN_FLIGHT
+        for future in load.in_order(self._pool, local_workers.write_piece, planned, window):
             piece, offset = len(self._piece_sizes), 0
             for result in future.result():
                 self._seen += 1

@@ -32,6 +32,8 @@ from tfrecord_pipe._core import manifest, naming, paths
 PIECE_INPUTS = 4096
 # Pieces per worker at least, where the inputs allow: the workers end together.
 PIECES_PER_PROCESS = 4
+# Pieces per worker given out ahead: enough that none waits, each piece being many inputs.
+IN_FLIGHT = 2
 COPY_CHUNK = 1 << 20  # bytes copied at a time from a piece into a shard
 
 

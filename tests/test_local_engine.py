@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_jobs import convert, load, pieces, record_reader, shard_writer, spill, storage
-from beam_jobs import worker_pool, worker_progress
+from beam_jobs import convert, load, local_engine, pieces, record_reader, shard_writer, spill
+from beam_jobs import storage, worker_pool, worker_progress
 from tfrecord_pipe._core import images, manifest, schema
 
 from helpers import COLOURS, COMMAND, ODD_IMAGES, RGB, jpeg_bytes, run_cli, write_image_folder
@@ -77,6 +77,22 @@ def test_the_local_engine_writes_the_beam_pipelines_dataset_byte_for_byte(
     assert engine == files_of(tmp_path / "beam")
     assert "duplicates.jsonl" in engine and "rejected/rejected-train.jsonl" in engine
     assert not [name for name in os.listdir(tmp_path / "engine") if name.startswith(".")]
+
+
+@pytest.mark.slow
+def test_shards_planned_from_sizes_misjudged_are_cut_again_to_the_beam_pipelines(
+    tmp_path, monkeypatch
+):
+    # A read-once job plans its shards before reading its inputs, from a sample of their
+    # sizes (pieces.py); here every size is misjudged, so that 64 shards were planned where
+    # the records' sizes make 120: each shard is copied together from the pieces.
+    src = write_image_folder(tmp_path / "src", per_label=40)
+    monkeypatch.setattr(local_engine, "_record_size", lambda source: 1)
+    options = ["--shard_mb", "0.001"]
+    found = convert.run([str(src), str(tmp_path / "engine"), *options])
+    assert len(found.splits["train"].shard_lengths) == 120
+    convert.run([str(src), str(tmp_path / "beam"), *options, *BEAM])
+    assert files_of(tmp_path / "engine") == files_of(tmp_path / "beam")
 
 
 def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(
