@@ -221,8 +221,9 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
         split = split_by_hash(entry.relpath, config.validation_fraction)
     if not _is_utf8(entry.relpath):
         return _not_utf8(entry, label, split)
-    shown = entry.path if entry.path.isprintable() else repr(entry.path)  # one line, always
-    check_label(label, f"{shown}: its", "rename the folder")
+    if label and naming.label_problem(label):
+        shown = entry.path if entry.path.isprintable() else repr(entry.path)  # one line, always
+        check_label(label, f"{shown}: its", "rename the folder")
     return SourceFile(entry.path, entry.relpath, label, split, entry.problem)
 
 

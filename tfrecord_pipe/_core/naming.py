@@ -12,6 +12,7 @@ parse names with them.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -116,6 +117,7 @@ def split_name_problem(split: str) -> str | None:
     )
 
 
+@functools.lru_cache(maxsize=4096)  # a listing asks once an input, of a few labels
 def label_problem(label: str) -> str | None:
     """Why `label` cannot be a label, or None: labels.txt holds one label a line, as written,
     so a line break would make two labels of one (shifting every label after it) and spaces at
