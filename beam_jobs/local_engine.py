@@ -67,8 +67,8 @@ def run(
         processes = processes or worker_pool.processes()
         reads_once = pieces.reads_once(config, temp_dir)
         try:
-            with worker_pool.pool(processes, local_workers.start,
-                                  (config, temp_dir, fixed_labels, reads_once)) as pool:  # fmt: skip
+            started = (config, temp_dir, fixed_labels, reads_once)
+            with worker_pool.pool(processes, local_workers.start, started) as pool:
                 job = _Job(config, temp_dir, spill_dir, pool, processes, progress_dir)
                 if reads_once:
                     labels = job.check_and_write(fixed_labels)
@@ -163,7 +163,8 @@ class _Job:
         """Lists every input, then checks them and writes their records into pieces, placed
         as if every input were used (`pieces.py`); returns the dataset's labels."""
         listed = spill.SortedSpill(self._spill_dir, key=operator.itemgetter(0, 1))
-        found, counts, sizes = set(), collections.Counter(), collections.defaultdict(list)
+        found, counts = set(), collections.Counter()
+        sizes = collections.defaultdict(lambda: [0, 0])  # split -> [inputs sized, their bytes]
         known = local_workers.AnyLabel() if fixed_labels is None else frozenset(fixed_labels)
         refused_here = 0
         for source in self._listed(fixed_labels):
@@ -177,15 +178,20 @@ class _Job:
             listed.add((source.split, shard_plan.order_key(source.relpath), source))
             counts[source.split] += 1
             if counts[source.split] % SIZE_SAMPLE == 1:
-                sizes[source.split].append(_record_size(source))
+                sizes[source.split][0] += 1
+                sizes[source.split][1] += _record_size(source)
                 self._report(listed=len(listed))
+        self._report(force=True, listed=len(listed))  # said until the first piece is back
         labels = fixed_labels if fixed_labels is not None else tuple(sorted(found))
-        self._seen = self._seen_rejected = refused_here  # the progress line's count of loads
         planned = self._pieces_of(listed, counts, sizes, labels)
         window = self._processes * pieces.IN_FLIGHT
         for future in load.in_order(self._pool, local_workers.write_piece, planned, window):
+            results = future.result()
+            self._seen += refused_here  # counted as loaded with the first piece's inputs
+            self._seen_rejected += refused_here
+            refused_here = 0
             piece, offset = len(self._piece_sizes), 0
-            for result in future.result():
+            for result in results:
                 self._seen += 1
                 if isinstance(result, Rejection):
                     self._seen_rejected += 1
@@ -196,22 +202,28 @@ class _Job:
                     offset += length
             self._piece_sizes.append(offset)
             self._report()
+        self._seen += refused_here  # none was left to read
+        self._seen_rejected += refused_here
         self._report(force=True)
         return labels
 
     def _pieces_of(self, listed: spill.SortedSpill, counts: collections.Counter,
                    sizes: dict[str, list[int]], labels: tuple[str, ...]):  # fmt: skip
         """The pieces of every split's shards, planned as if every listed input were used:
-        each shard cut into pieces of at most PIECE_INPUTS, and small enough that each
-        worker has PIECES_PER_PROCESS of them."""
-        most = -(-sum(counts.values()) // (pieces.PIECES_PER_PROCESS * self._processes))
-        most = max(1, min(pieces.PIECE_INPUTS, most))
+        a piece a shard, of at most PIECE_INPUTS; where there are fewer shards than
+        PIECES_PER_PROCESS a worker, pieces small enough to make that many."""
+        plans = {}
+        for split, n in counts.items():
+            sized, size = sizes[split]
+            plans[split] = shard_plan.num_shards(n, n * size // max(1, sized),
+                                                 self._config.num_shards,
+                                                 self._config.shard_bytes)  # fmt: skip
+        most = pieces.PIECE_INPUTS
+        wanted = pieces.PIECES_PER_PROCESS * self._processes
+        if sum(plans.values()) < wanted:
+            most = min(most, max(1, -(-sum(counts.values()) // wanted)))
         for split, entries in itertools.groupby(listed.sorted(), key=operator.itemgetter(0)):
-            n = counts[split]
-            estimate = n * sum(sizes[split]) // max(1, len(sizes[split]))
-            shards = shard_plan.num_shards(n, estimate, self._config.num_shards,
-                                           self._config.shard_bytes)  # fmt: skip
-            for length in shard_plan.shard_lengths(n, shards):
+            for length in shard_plan.shard_lengths(counts[split], plans[split]):
                 for piece_length in shard_plan.shard_lengths(length, -(-length // most)):
                     fd, entries_path = tempfile.mkstemp(dir=self._spill_dir, suffix=".piece")
                     with os.fdopen(fd, "wb") as f:
@@ -302,31 +314,52 @@ class _Job:
             yield split, shard, shards, path
 
     def _put_together(self, plans: dict[str, int], examples: dict[str, int]):
-        """Each shard's file as a worker makes it of pieces (`pieces.put_together`); a piece
-        is removed once no shard still to be made holds a record of it."""
+        """Each shard's file as a worker makes it of pieces (`pieces.put_together`), from its
+        own hard links to them; a piece's own name is removed once every shard that reads it
+        has its link, so that its bytes go with the last link (pieces.py, "Disk")."""
         made = collections.deque()
+        links, named = True, 0  # the disk takes hard links; pieces below `named` have none
+
+        def let_go(below: int) -> None:
+            nonlocal named
+            for piece in range(named, below):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self._pieces[piece])
+            named = max(named, below)
+
+        def linked(piece: int, shard_number: int) -> str:
+            nonlocal links
+            if links:
+                link = f"{self._pieces[piece]}.{shard_number}"
+                try:
+                    os.link(self._pieces[piece], link)
+                    return link
+                except OSError:  # FAT, some network disks: pieces stay to the end
+                    links = False
+            return self._pieces[piece]
 
         def cuts():
-            for split, shard, shards, entries in self._in_shards(plans, examples):
+            in_shards = enumerate(self._in_shards(plans, examples))
+            for number, (split, shard, shards, entries) in in_shards:
                 cut = pieces.Cut()
                 for _, _, checked, (piece, offset, length) in entries:
-                    cut.add(self._pieces[piece], offset, length, checked)
-                path = self._pieces[piece]
-                whole = cut.ranges == [(path, 0, self._piece_sizes[piece])]
+                    cut.add(piece, offset, length, checked)
+                paths_of = {piece: linked(piece, number) for piece, _, _ in cut.ranges}
+                last = cut.ranges[-1][0]
+                if links:  # no shard still to come reads a piece below this one's last
+                    let_go(last)
+                whole = cut.ranges == [(last, 0, self._piece_sizes[last])]
                 name = naming.shard_name(split, shard, shards, self._config.compress)
-                made.append((split, shard, shards, cut.count, name, cut.digest(), piece))
-                yield paths.join(self._temp_dir, name), cut.ranges, whole
+                made.append((split, shard, shards, cut.count, name, cut.digest()))
+                ranges = [(paths_of[piece], offset, length) for piece, offset, length in cut.ranges]
+                yield paths.join(self._temp_dir, name), ranges, whole, links
 
-        removed = 0  # pieces below this one are gone
         for future in load.in_order(self._pool, local_workers.put_together, cuts(), self._window):
             size = future.result()
-            split, shard, shards, count, name, digest, last = made.popleft()
-            for piece in range(removed, last):  # every shard before this one is made
-                with contextlib.suppress(FileNotFoundError):  # a whole piece took its name
-                    os.remove(self._pieces[piece])
-            removed = max(removed, last)
+            split, shard, shards, count, name, digest = made.popleft()
             yield [summary.ShardWritten(split, shard, shards, count, size, name, naming.TFRECORD,
                                         digest)]  # fmt: skip
+        let_go(len(self._pieces))  # pieces of no record, and all of them where no links
 
     def write_lists(self) -> None:
         """rejected/rejected-<split>.jsonl (lines by path) and duplicates.jsonl (groups in

@@ -66,6 +66,6 @@ def write_piece(piece: pieces.Piece) -> list:
 
 
 @worker_pool.in_worker
-def put_together(shard: tuple[str, list, bool]) -> int:
+def put_together(shard: tuple[str, list, bool, bool]) -> int:
     """Makes a shard file of pieces (`pieces.put_together`); its size."""
     return pieces.put_together(*shard)

@@ -12,6 +12,13 @@ into several pieces to keep every worker busy) is copied together from the byte 
 the pieces that hold its records. The records, and their places, are those the two-read way
 writes (tests/test_local_engine.py).
 
+Disk: each shard made of pieces is given its own hard link to each piece it reads, and
+removes it once copied; the launcher removes a piece's own name once every shard that reads
+it has its link. So a piece's bytes are freed as soon as the last shard that needs them has
+copied them, in whatever order the workers finish: the job holds little more than the
+dataset on disk, even where every shard is copied. (Where the disk takes no hard links, the
+pieces stay until the end: up to twice the dataset.)
+
 Only plain TFRecord shards are cut so (a GZIP stream or an ArrayRecord file cannot be cut
 at a record), written on local disk from inputs listed quickly (a folder on local disk or a
 CSV list); the other jobs read their inputs twice.
@@ -30,8 +37,9 @@ from tfrecord_pipe._core import manifest, naming, paths
 # Inputs a piece holds at most: the entries a worker gives back for one piece are held in
 # the launcher at once (a few hundred bytes each).
 PIECE_INPUTS = 4096
-# Pieces per worker at least, where the inputs allow: the workers end together.
-PIECES_PER_PROCESS = 4
+# Where there are fewer shards than this many a worker, they are cut into that many pieces
+# a worker, so that every worker has work to the end (at the price of copying the shards).
+PIECES_PER_PROCESS = 2
 # Pieces per worker given out ahead: enough that none waits, each piece being many inputs.
 IN_FLIGHT = 2
 COPY_CHUNK = 1 << 20  # bytes copied at a time from a piece into a shard
@@ -90,11 +98,11 @@ class Cut:
     shard's `manifest.ShardPositions` digest."""
 
     def __init__(self):
-        self.ranges: list[tuple[str, int, int]] = []  # (piece file, offset, length)
+        self.ranges: list[tuple[int, int, int]] = []  # (piece number, offset, length)
         self.count = 0
         self._positions = manifest.ShardPositions()
 
-    def add(self, piece: str, offset: int, length: int, checked: load.Checked) -> None:
+    def add(self, piece: int, offset: int, length: int, checked: load.Checked) -> None:
         if self.ranges and self.ranges[-1][0] == piece and sum(self.ranges[-1][1:]) == offset:
             self.ranges[-1] = (piece, self.ranges[-1][1], self.ranges[-1][2] + length)
         else:
@@ -106,26 +114,37 @@ class Cut:
         return self._positions.hexdigest()
 
 
-def put_together(path: str, ranges: list[tuple[str, int, int]], whole: bool) -> int:
+def put_together(path: str, ranges: list[tuple[str, int, int]], whole: bool,
+                 links: bool = True) -> int:  # fmt: skip
     """Makes the shard file `path` of `ranges` of pieces: the piece itself where `whole` (the
-    one range is all of it), else a copy of each range in turn. Returns its size."""
+    one range is all of it), else a copy of each range in turn. With `links`, each piece
+    named is this shard's own link to it, removed once its last range is copied. Returns the
+    shard's size."""
     if whole:
         (piece, _, _), = ranges
         storage.put_in_place(piece, path)
         return os.path.getsize(path)
+    last = {piece: i for i, (piece, _, _) in enumerate(ranges)}
     part = storage.part_path(path)
     with open(part, "wb") as shard:
-        for piece, offset, length in ranges:
-            with open(piece, "rb", buffering=0) as source:
-                source.seek(offset)
-                end = offset + length
-                while length:
-                    chunk = source.read(min(length, COPY_CHUNK))
-                    if not chunk:
-                        raise OSError(f"{piece} ended before byte {end}: it was changed or "
-                                      "cut while the job ran")  # fmt: skip
-                    shard.write(chunk)
-                    length -= len(chunk)
+        for i, (piece, offset, length) in enumerate(ranges):
+            copy(piece, offset, length, shard)
+            if links and last[piece] == i:
+                os.remove(piece)
         size = shard.tell()
     storage.put_in_place(part, path)
     return size
+
+
+def copy(piece: str, offset: int, length: int, shard) -> None:
+    """Appends `length` bytes of the file `piece`, from `offset`, to the open file `shard`."""
+    with open(piece, "rb", buffering=0) as source:
+        source.seek(offset)
+        end = offset + length
+        while length:
+            chunk = source.read(min(length, COPY_CHUNK))
+            if not chunk:
+                raise OSError(f"{piece} ended before byte {end}: it was changed or cut while "
+                              "the job ran")  # fmt: skip
+            shard.write(chunk)
+            length -= len(chunk)

@@ -399,6 +399,56 @@ def test_a_checked_entry_crosses_processes_whole_and_takes_its_label_index_later
                                        "label_index": 4})  # fmt: skip
 
 
+def test_a_local_csv_of_gs_files_is_read_once_into_the_beam_pipelines_dataset(gcs, tmp_path):
+    # The list is local, so the job reads each input once (pieces.py), its workers reading
+    # the remote files ahead as the two-read way does.
+    from google.cloud import storage as gcs_client
+
+    src = write_image_folder(tmp_path / "src", per_label=3, odd=("truncated_jpeg.jpg",))
+    bucket = gcs_client.Client().bucket(gcs.bucket)
+    lines = []
+    for path in sorted(src.rglob("*.jpg")):
+        name = f"read-once/{path.relative_to(src)}"
+        bucket.blob(name).upload_from_filename(path)
+        lines.append(f"{gcs.url(name)},{path.parent.name}")
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    with gcs.exported():
+        found = convert.run([str(tmp_path / "list.csv"), str(tmp_path / "engine")])
+        convert.run([str(tmp_path / "list.csv"), str(tmp_path / "beam"), *BEAM])
+    assert found.splits["train"].num_examples == len(lines) - 1  # the truncated one
+    assert files_of(tmp_path / "engine") == files_of(tmp_path / "beam")
+
+
+def test_a_shard_made_of_pieces_frees_each_once_copied(tmp_path, monkeypatch, workers_forked):
+    # One shard of both workers' pieces: every piece stayed on disk until the job's end,
+    # twice the dataset's size, and a job that fitted on its disk failed.
+    src = write_image_folder(tmp_path / "src", per_label=20)
+    log = tmp_path / "held.log"
+    copy = pieces.copy
+
+    def logged(piece, offset, length, shard):  # the pieces' files still on disk, as it copies
+        folder = os.path.dirname(piece)
+        held = {os.stat(os.path.join(folder, name)).st_ino for name in os.listdir(folder)
+                if ".tfrecord" in name}  # fmt: skip
+        with open(log, "a") as f:
+            f.write(f"{len(held)}\n")
+        copy(piece, offset, length, shard)
+
+    monkeypatch.setattr(pieces, "copy", logged)
+    convert.run([str(src), str(tmp_path / "out"), "--num_shards", "1"])
+    held = [int(n) for n in log.read_text().split()]
+    assert held == [4, 3, 2, 1]  # two pieces a worker, each freed once copied
+
+    def refused(*args):
+        raise PermissionError(1, "Operation not permitted")  # as a FAT disk refuses links
+
+    monkeypatch.setattr(os, "link", refused)
+    log.unlink()
+    convert.run([str(src), str(tmp_path / "no-links"), "--num_shards", "1"])
+    assert [int(n) for n in log.read_text().split()] == [4, 4, 4, 4]  # held to the end
+    assert files_of(tmp_path / "no-links") == files_of(tmp_path / "out")
+
+
 def test_a_shard_is_put_together_from_ranges_of_pieces_or_takes_a_whole_piece(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_bytes(b"0123456789")
@@ -407,20 +457,26 @@ def test_a_shard_is_put_together_from_ranges_of_pieces_or_takes_a_whole_piece(tm
                             sha256="0" * 64, crc32c=None, height=1, width=1, size=1,
                             reencoded=False) for i, name in enumerate("xyz")]  # fmt: skip
     cut = pieces.Cut()
-    for (piece, offset, length), checked in zip([(a, 2, 3), (a, 5, 5), (b, 0, 4)], entries):
-        cut.add(str(piece), offset, length, checked)
-    assert cut.ranges == [(str(a), 2, 8), (str(b), 0, 4)] and cut.count == 3
+    for (piece, offset, length), checked in zip([(0, 2, 3), (0, 5, 5), (1, 0, 4)], entries):
+        cut.add(piece, offset, length, checked)
+    assert cut.ranges == [(0, 2, 8), (1, 0, 4)] and cut.count == 3
     positions = manifest.ShardPositions()
     for checked in entries:
         positions.add(checked.relpath, checked.label_index, checked.label_text)
     assert cut.digest() == positions.hexdigest()
-    assert pieces.put_together(str(tmp_path / "shard"), cut.ranges, whole=False) == 12
-    assert (tmp_path / "shard").read_bytes() == b"23456789abcd"
-    assert pieces.put_together(str(tmp_path / "whole"), [(str(b), 0, 6)], whole=True) == 6
+    files = {0: str(a), 1: str(b)}
+    ranges = [(files[piece], offset, length) for piece, offset, length in cut.ranges]
+    assert pieces.put_together(str(tmp_path / "shard"), ranges, False, links=False) == 12
+    assert (tmp_path / "shard").read_bytes() == b"23456789abcd" and a.exists() and b.exists()
+    os.link(a, tmp_path / "a.1")  # a shard's own links: each removed once copied
+    assert pieces.put_together(str(tmp_path / "again"), [(str(tmp_path / "a.1"), 0, 4)],
+                               False) == 4  # fmt: skip
+    assert not (tmp_path / "a.1").exists() and a.exists()
+    assert pieces.put_together(str(tmp_path / "whole"), [(str(b), 0, 6)], True) == 6
     assert (tmp_path / "whole").read_bytes() == b"abcdef" and not b.exists()
     a.write_bytes(b"01")  # cut short while the job ran: no shard takes the name
     with pytest.raises(OSError, match="ended before byte 5"):
-        pieces.put_together(str(tmp_path / "short"), [(str(a), 0, 5)], whole=False)
+        pieces.put_together(str(tmp_path / "short"), [(str(a), 0, 5)], False)
     assert not (tmp_path / "short").exists()
 
 
