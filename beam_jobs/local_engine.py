@@ -220,7 +220,7 @@ class _Job:
                                                  self._config.shard_bytes)  # fmt: skip
         most = pieces.PIECE_INPUTS
         wanted = pieces.PIECES_PER_PROCESS * self._processes
-        if sum(plans.values()) < wanted:
+        if self._processes > 1 and sum(plans.values()) < wanted:  # one worker: no gain
             most = min(most, max(1, -(-sum(counts.values()) // wanted)))
         for split, entries in itertools.groupby(listed.sorted(), key=operator.itemgetter(0)):
             for length in shard_plan.shard_lengths(counts[split], plans[split]):
@@ -318,7 +318,7 @@ class _Job:
         own hard links to them; a piece's own name is removed once every shard that reads it
         has its link, so that its bytes go with the last link (pieces.py, "Disk")."""
         made = collections.deque()
-        links, named = True, 0  # the disk takes hard links; pieces below `named` have none
+        links, named = pieces.Links(), 0  # pieces below `named` have no name of their own
 
         def let_go(below: int) -> None:
             nonlocal named
@@ -327,32 +327,22 @@ class _Job:
                     os.remove(self._pieces[piece])
             named = max(named, below)
 
-        def linked(piece: int, shard_number: int) -> str:
-            nonlocal links
-            if links:
-                link = f"{self._pieces[piece]}.{shard_number}"
-                try:
-                    os.link(self._pieces[piece], link)
-                    return link
-                except OSError:  # FAT, some network disks: pieces stay to the end
-                    links = False
-            return self._pieces[piece]
-
         def cuts():
             in_shards = enumerate(self._in_shards(plans, examples))
             for number, (split, shard, shards, entries) in in_shards:
                 cut = pieces.Cut()
                 for _, _, checked, (piece, offset, length) in entries:
                     cut.add(piece, offset, length, checked)
-                paths_of = {piece: linked(piece, number) for piece, _, _ in cut.ranges}
+                read = dict.fromkeys(piece for piece, _, _ in cut.ranges)  # each piece once
+                paths_of = {piece: links.of(self._pieces[piece], number) for piece in read}
                 last = cut.ranges[-1][0]
-                if links:  # no shard still to come reads a piece below this one's last
+                if links.work:  # no shard still to come reads a piece below this one's last
                     let_go(last)
                 whole = cut.ranges == [(last, 0, self._piece_sizes[last])]
                 name = naming.shard_name(split, shard, shards, self._config.compress)
                 made.append((split, shard, shards, cut.count, name, cut.digest()))
                 ranges = [(paths_of[piece], offset, length) for piece, offset, length in cut.ranges]
-                yield paths.join(self._temp_dir, name), ranges, whole, links
+                yield paths.join(self._temp_dir, name), ranges, whole, links.work
 
         for future in load.in_order(self._pool, local_workers.put_together, cuts(), self._window):
             size = future.result()

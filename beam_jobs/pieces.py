@@ -15,9 +15,10 @@ writes (tests/test_local_engine.py).
 Disk: each shard made of pieces is given its own hard link to each piece it reads, and
 removes it once copied; the launcher removes a piece's own name once every shard that reads
 it has its link. So a piece's bytes are freed as soon as the last shard that needs them has
-copied them, in whatever order the workers finish: the job holds little more than the
-dataset on disk, even where every shard is copied. (Where the disk takes no hard links, the
-pieces stay until the end: up to twice the dataset.)
+copied them, in whatever order the workers finish: the job holds the dataset on disk and a
+piece for each shard being copied (1.1x-1.2x the dataset where every shard is copied, with
+2 to 32 workers). Where the disk takes no hard links, the pieces stay until the end: up to
+twice the dataset.
 
 Only plain TFRecord shards are cut so (a GZIP stream or an ArrayRecord file cannot be cut
 at a record), written on local disk from inputs listed quickly (a folder on local disk or a
@@ -27,22 +28,28 @@ CSV list); the other jobs read their inputs twice.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
+import logging
 import os
 
 from beam_jobs import load, record_writer, spill, storage
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import manifest, naming, paths
 
+LOG = logging.getLogger(__name__)
 # Inputs a piece holds at most: the entries a worker gives back for one piece are held in
 # the launcher at once (a few hundred bytes each).
 PIECE_INPUTS = 4096
-# Where there are fewer shards than this many a worker, they are cut into that many pieces
-# a worker, so that every worker has work to the end (at the price of copying the shards).
+# Where there are fewer shards than this many a worker (and more than one worker), they are
+# cut into that many pieces a worker, so that every worker has work to the end (at the
+# price of copying the shards).
 PIECES_PER_PROCESS = 2
 # Pieces per worker given out ahead: enough that none waits, each piece being many inputs.
 IN_FLIGHT = 2
 COPY_CHUNK = 1 << 20  # bytes copied at a time from a piece into a shard
+# What a disk that takes no hard links says to one (FAT, some network disks).
+NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK)
 
 
 def reads_once(config: ConvertConfig, temp_dir: str) -> bool:
@@ -112,6 +119,30 @@ class Cut:
 
     def digest(self) -> str:
         return self._positions.hexdigest()
+
+
+class Links:
+    """Each shard's own hard links to the pieces it reads (above, "Disk"); where the disk
+    takes none, the pieces themselves (`work` False), which then stay to the job's end."""
+
+    def __init__(self):
+        self.work = True
+
+    def of(self, piece: str, shard_number: int) -> str:
+        """The shard's link to `piece`, or `piece` itself where links do not work."""
+        if self.work:
+            link = f"{piece}.{shard_number}"
+            try:
+                os.link(piece, link)
+                return link
+            except OSError as err:
+                if err.errno not in NO_LINKS:
+                    raise
+                LOG.warning("The disk of %s takes no hard links (%s): the pieces of the "
+                            "shards stay on it until the job ends, up to twice the dataset's "
+                            "size.", os.path.dirname(piece), err.strerror)  # fmt: skip
+                self.work = False
+        return piece
 
 
 def put_together(path: str, ranges: list[tuple[str, int, int]], whole: bool,

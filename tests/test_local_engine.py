@@ -5,6 +5,7 @@ whatever the input count (sorted runs on disk, merged), and never outlive, hang 
 the failure of its worker processes.
 """
 
+import errno
 import io
 import os
 import random
@@ -419,7 +420,9 @@ def test_a_local_csv_of_gs_files_is_read_once_into_the_beam_pipelines_dataset(gc
     assert files_of(tmp_path / "engine") == files_of(tmp_path / "beam")
 
 
-def test_a_shard_made_of_pieces_frees_each_once_copied(tmp_path, monkeypatch, workers_forked):
+def test_a_shard_made_of_pieces_frees_each_once_copied(
+    tmp_path, monkeypatch, caplog, workers_forked
+):
     # One shard of both workers' pieces: every piece stayed on disk until the job's end,
     # twice the dataset's size, and a job that fitted on its disk failed.
     src = write_image_folder(tmp_path / "src", per_label=20)
@@ -435,17 +438,19 @@ def test_a_shard_made_of_pieces_frees_each_once_copied(tmp_path, monkeypatch, wo
         copy(piece, offset, length, shard)
 
     monkeypatch.setattr(pieces, "copy", logged)
+    monkeypatch.setattr(worker_pool, "processes", lambda: 2)  # whatever this machine has
     convert.run([str(src), str(tmp_path / "out"), "--num_shards", "1"])
     held = [int(n) for n in log.read_text().split()]
     assert held == [4, 3, 2, 1]  # two pieces a worker, each freed once copied
 
     def refused(*args):
-        raise PermissionError(1, "Operation not permitted")  # as a FAT disk refuses links
+        raise PermissionError(errno.EPERM, "Operation not permitted")  # as FAT refuses links
 
     monkeypatch.setattr(os, "link", refused)
     log.unlink()
     convert.run([str(src), str(tmp_path / "no-links"), "--num_shards", "1"])
     assert [int(n) for n in log.read_text().split()] == [4, 4, 4, 4]  # held to the end
+    assert "takes no hard links" in caplog.text
     assert files_of(tmp_path / "no-links") == files_of(tmp_path / "out")
 
 
