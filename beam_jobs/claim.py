@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import logging
 import os
@@ -227,7 +226,7 @@ def _link_or_exclusive_copy(source: str, target: str) -> None:
     except FileExistsError:
         raise
     except OSError as err:
-        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+        if err.errno not in storage.NO_HARD_LINKS:
             raise
     fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     with os.fdopen(fd, "wb") as f, open(source, "rb") as whole:

@@ -1,8 +1,8 @@
 """Shards written as their inputs are checked: each input read once, on the local engine.
 
 The two-read way (`shard_writer.py`) checks every input, then reads each one again to write
-its record, once the records' places are known; its second read cost a fifth of a local
-conversion's CPU (benchmarks/RESULTS.md, "Conversion: each local input read once"). Here the
+its record, once the records' places are known; on photos its second read cost a fifth of
+the workers' CPU (benchmarks/RESULTS.md, "Conversion: each local input read once"). Here the
 launcher lists every input first, and places the records as if every input were used: a
 *piece* is a run of consecutive records of one such shard. A worker checks a piece's inputs
 and writes the record of each one used into the piece's file, from the bytes it checked.
@@ -28,7 +28,6 @@ CSV list); the other jobs read their inputs twice.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import itertools
 import logging
 import os
@@ -48,8 +47,6 @@ PIECES_PER_PROCESS = 2
 # Pieces per worker given out ahead: enough that none waits, each piece being many inputs.
 IN_FLIGHT = 2
 COPY_CHUNK = 1 << 20  # bytes copied at a time from a piece into a shard
-# What a disk that takes no hard links says to one (FAT, some network disks).
-NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK)
 
 
 def reads_once(config: ConvertConfig, temp_dir: str) -> bool:
@@ -136,7 +133,7 @@ class Links:
                 os.link(piece, link)
                 return link
             except OSError as err:
-                if err.errno not in NO_LINKS:
+                if err.errno not in storage.NO_HARD_LINKS:
                     raise
                 LOG.warning("The disk of %s takes no hard links (%s): the pieces of the "
                             "shards stay on it until the job ends, up to twice the dataset's "

@@ -464,6 +464,9 @@ def part_path(path: str) -> str:
 
 PART_PREFIX = ".part-"
 
+# What a local disk that takes no hard links answers `os.link` (FAT, some network disks).
+NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK)
+
 
 def put_in_place(part: str, path: str) -> None:
     """Renames a finished part file to its name, replacing what is there (in one step on
