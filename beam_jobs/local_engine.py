@@ -116,6 +116,7 @@ class _Job:
         # With the records written as checked (`pieces.py`): each piece's file, and its size.
         self._pieces: list[str] = []
         self._piece_sizes: list[int] = []
+        self._named = 0  # pieces below this one no longer have their own name (`_cuts`)
 
     def _report(self, force: bool = False, written: int = 0, to_write: int = 0,
                 listed: int = 0) -> None:  # fmt: skip
@@ -276,16 +277,18 @@ class _Job:
         }
         examples = {split: n for split, (n, _) in totals.items()}
         if self._pieces:
-            made = self._put_together(plans, examples)
+            task, shards = local_workers.put_together, self._cuts(plans, examples)
         else:
-            made = self._written(plans, examples)
+            task, shards = local_workers.write, self._shard_files(plans, examples)
         written, to_write, done = [], sum(examples.values()), 0
         self._report(force=True, to_write=to_write)
-        for files in made:
+        for future in load.in_order(self._pool, task, shards, self._window):
+            files = future.result()
             written.extend(files)
             done += files[0].count if files else 0  # a shard in two formats is two files
             self._report(written=done, to_write=to_write)
         self._report(force=True, written=done, to_write=to_write)
+        self._let_go(len(self._pieces))  # pieces of no record; all of them where no links
         return written
 
     def _in_shards(self, plans: dict[str, int], examples: dict[str, int]):
@@ -298,12 +301,6 @@ class _Job:
             for shard, in_shard in itertools.groupby(ranked, key=of_rank):
                 yield split, shard, shards, (entry for _, entry in in_shard)
 
-    def _written(self, plans: dict[str, int], examples: dict[str, int]):
-        """Each shard's files as its worker writes them, the sources read again."""
-        shards = self._shard_files(plans, examples)
-        for future in load.in_order(self._pool, local_workers.write, shards, self._window):
-            yield future.result()
-
     def _shard_files(self, plans: dict[str, int], examples: dict[str, int]):
         """(split, index, shards, file of its entries in key order) per shard, in order: each
         shard's entries go to a file of their own, so a worker reads them as it writes."""
@@ -313,43 +310,33 @@ class _Job:
                 spill.write_items(f, (checked for _, _, checked, _ in entries))
             yield split, shard, shards, path
 
-    def _put_together(self, plans: dict[str, int], examples: dict[str, int]):
-        """Each shard's file as a worker makes it of pieces (`pieces.put_together`), from its
-        own hard links to them; a piece's own name is removed once every shard that reads it
-        has its link, so that its bytes go with the last link (pieces.py, "Disk")."""
-        made = collections.deque()
-        links, named = pieces.Links(), 0  # pieces below `named` have no name of their own
+    def _cuts(self, plans: dict[str, int], examples: dict[str, int]):
+        """Per shard, in order, what a worker makes its file of (`local_workers.put_together`):
+        ranges of its own hard links to the pieces; a piece's own name is removed once every
+        shard that reads it has its link, so that its bytes go with the last link (pieces.py,
+        "Disk")."""
+        links = pieces.Links()
+        in_shards = enumerate(self._in_shards(plans, examples))
+        for number, (split, shard, shards, entries) in in_shards:
+            cut = pieces.Cut()
+            for _, _, checked, (piece, offset, length) in entries:
+                cut.add(piece, offset, length, checked)
+            read = dict.fromkeys(piece for piece, _, _ in cut.ranges)  # each piece once
+            paths_of = {piece: links.of(self._pieces[piece], number) for piece in read}
+            last = cut.ranges[-1][0]
+            if links.work:  # no shard still to come reads a piece below this one's last
+                self._let_go(last)
+            whole = cut.ranges == [(last, 0, self._piece_sizes[last])]
+            path = paths.join(self._temp_dir, naming.shard_name(split, shard, shards, False))
+            ranges = [(paths_of[piece], offset, length) for piece, offset, length in cut.ranges]
+            yield (split, shard, shards, cut.count, cut.digest()), path, ranges, whole, links.work
 
-        def let_go(below: int) -> None:
-            nonlocal named
-            for piece in range(named, below):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self._pieces[piece])
-            named = max(named, below)
-
-        def cuts():
-            in_shards = enumerate(self._in_shards(plans, examples))
-            for number, (split, shard, shards, entries) in in_shards:
-                cut = pieces.Cut()
-                for _, _, checked, (piece, offset, length) in entries:
-                    cut.add(piece, offset, length, checked)
-                read = dict.fromkeys(piece for piece, _, _ in cut.ranges)  # each piece once
-                paths_of = {piece: links.of(self._pieces[piece], number) for piece in read}
-                last = cut.ranges[-1][0]
-                if links.work:  # no shard still to come reads a piece below this one's last
-                    let_go(last)
-                whole = cut.ranges == [(last, 0, self._piece_sizes[last])]
-                name = naming.shard_name(split, shard, shards, self._config.compress)
-                made.append((split, shard, shards, cut.count, name, cut.digest()))
-                ranges = [(paths_of[piece], offset, length) for piece, offset, length in cut.ranges]
-                yield paths.join(self._temp_dir, name), ranges, whole, links.work
-
-        for future in load.in_order(self._pool, local_workers.put_together, cuts(), self._window):
-            size = future.result()
-            split, shard, shards, count, name, digest = made.popleft()
-            yield [summary.ShardWritten(split, shard, shards, count, size, name, naming.TFRECORD,
-                                        digest)]  # fmt: skip
-        let_go(len(self._pieces))  # pieces of no record, and all of them where no links
+    def _let_go(self, below: int) -> None:
+        """Removes the own names of the pieces below `below` (`_cuts`)."""
+        for piece in range(self._named, below):
+            with contextlib.suppress(FileNotFoundError):  # a whole piece renamed, no links
+                os.remove(self._pieces[piece])
+        self._named = max(self._named, below)
 
     def write_lists(self) -> None:
         """rejected/rejected-<split>.jsonl (lines by path) and duplicates.jsonl (groups in

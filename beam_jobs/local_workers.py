@@ -14,6 +14,7 @@ from concurrent import futures
 from beam_jobs import load, pieces, shard_writer, spill, summary, worker_pool
 from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import SourceFile
+from tfrecord_pipe._core import naming, paths
 
 # In each worker process: what `start` set up.
 _WORKER_ARGS: dict = {}
@@ -66,6 +67,10 @@ def write_piece(piece: pieces.Piece) -> list:
 
 
 @worker_pool.in_worker
-def put_together(shard: tuple[str, list, bool, bool]) -> int:
-    """Makes a shard file of pieces (`pieces.put_together`); its size."""
-    return pieces.put_together(*shard)
+def put_together(shard: tuple) -> list[summary.ShardWritten]:
+    """Makes a shard file of pieces: shard ((split, index, shards, records, digest), path,
+    `pieces.put_together`'s ranges, whole, links); what was written."""
+    (split, index, shards, count, digest), path, ranges, whole, links = shard
+    size = pieces.put_together(path, ranges, whole, links)
+    return [summary.ShardWritten(split, index, shards, count, size, paths.basename(path),
+                                 naming.TFRECORD, digest)]  # fmt: skip
