@@ -63,6 +63,17 @@ def test_hand_written_bytes_equal_the_message_tensorflow_builds(offset):
     assert tf.train.Example.FromString(serialized) == example_of(record, offset)
 
 
+@pytest.mark.parametrize("length", [1, 127, 128, 16383, 16384, 2097151, 2097152])
+def test_every_length_and_value_is_written_as_tensorflow_writes_it(length):
+    # Lengths and values on each side of a varint's one, two, three and four bytes.
+    record = make_record(encoded=b"\xff" * length, height=length, width=length + 1,
+                         label_index=length - 1, filename="x" * (length % 300 + 1))  # fmt: skip
+    for offset in (0, 1):
+        serialized = schema.serialize(record, label_offset=offset)
+        assert tf.train.Example.FromString(serialized) == example_of(record, offset)
+        assert schema.decode_example(serialized, label_offset=offset) == record
+
+
 def test_tf_parse_spec_reads_every_key_the_writer_sets():
     record = make_record(filename="daisy/ünïcode name.jpg")
     serialized = schema.serialize(record, label_offset=1)

@@ -44,9 +44,12 @@ def as_pillow_reads(headers: bytes) -> PillowView | None:
         code = headers[pos + 1]
         if code == _SOS:  # Pillow reads no further
             break
-        end = pos + 2 + int.from_bytes(headers[pos + 2 : pos + 4], "big")
+        end = pos + 2 + (headers[pos + 2] << 8 | headers[pos + 3])
         if not pos + 4 <= end <= len(headers):
             return None
+        if code in _SKIPPED:
+            pos = end
+            continue
         body = headers[pos + 4 : end]
         if code in _SOF_PLAIN:
             # Pillow reads a component per 3 bytes after the first 6, and fails on a part.
@@ -68,7 +71,7 @@ def as_pillow_reads(headers: bytes) -> PillowView | None:
                 if not dpi:
                     return None
                 exif = body if exif is None else exif + body[len(_EXIF) :]
-        elif code not in _SKIPPED:
+        else:
             return None
         pos = end
     else:
@@ -78,12 +81,10 @@ def as_pillow_reads(headers: bytes) -> PillowView | None:
 
 def _tables_whole(body: bytes) -> bool:
     """Whether a DQT segment holds whole tables, as Pillow requires (it reads each)."""
-    while body:
-        length = 1 + 64 * (1 if body[0] < 0x10 else 2)
-        if len(body) < length:
-            return False
-        body = body[length:]
-    return True
+    at = 0
+    while at < len(body):
+        at += 1 + 64 * (1 if body[at] < 0x10 else 2)
+    return at == len(body)
 
 
 def _read_safely(code: int, body: bytes) -> bool:

@@ -25,6 +25,7 @@ import re
 
 # A marker: fill bytes (0xFF) then its code. 0xFF 0x00 is a data byte 0xFF, not a marker.
 _MARKER = re.compile(rb"\xff([^\x00\xff])")
+_NOT_CODES = (0x00, 0xFF)  # after 0xFF: a data byte, or a fill byte before the code
 
 _EOI, _SOS, _DRI, _TEM = 0xD9, 0xDA, 0xDD, 0x01
 _RESTARTS = range(0xD0, 0xD8)
@@ -108,11 +109,16 @@ def walk(data: bytes) -> Layout:
     def damaged(what: str, truncated: bool = False) -> Layout:
         return layout(damage=what, truncated=truncated)
 
+    size = len(data)
     while True:
-        found = _MARKER.search(data, pos)
-        if found is None:
-            return damaged("it ends before its end-of-image marker", truncated=True)
-        code, at, pos = found[1][0], found.start(), found.end()
+        if pos + 1 < size and data[pos] == 0xFF and data[pos + 1] not in _NOT_CODES:
+            code, at = data[pos + 1], pos  # the next segment right after this one: no search
+            pos += 2
+        else:
+            found = _MARKER.search(data, pos)
+            if found is None:
+                return damaged("it ends before its end-of-image marker", truncated=True)
+            code, at, pos = found[1][0], found.start(), found.end()
         if code == _EOI:
             if scans == 0:  # a datastream of tables alone: libjpeg finds no image in it
                 return damaged(f"an end-of-image marker before any image data at byte {at}")
@@ -122,15 +128,15 @@ def walk(data: bytes) -> Layout:
             continue
         if code in _REFUSED:
             return damaged(f"a marker 0xFF{code:02X} that has no place at byte {at}")
-        if pos + 2 > len(data):
+        if pos + 2 > size:
             return damaged("it ends inside a segment header", truncated=True)
-        end = pos + int.from_bytes(data[pos : pos + 2], "big")
+        end = pos + (data[pos] << 8 | data[pos + 1])
         if end < pos + 2:
             return damaged(f"a segment at byte {at} has a length below 2")
-        if end > len(data):
+        if end > size:
             return damaged(f"the segment at byte {at} runs past the file's end", truncated=True)
-        body = data[pos + 2 : end]
         if code in _FRAMES:
+            body = data[pos + 2 : end]
             if frame is not None:
                 return damaged(f"a second frame header at byte {at}")
             if len(body) < 6:
@@ -140,6 +146,7 @@ def walk(data: bytes) -> Layout:
             size_at = pos + 3
             plain &= code in _SEQUENTIAL
         elif code == _SOS:
+            body = data[pos + 2 : end]
             # libjpeg decodes in one pass a sequential frame whose first scan holds every
             # component, and then expects nothing but the end.
             if components is None or one_pass:
@@ -155,7 +162,7 @@ def walk(data: bytes) -> Layout:
             plain &= code == _EOI
             continue
         elif code == _DRI:
-            interval = int.from_bytes(body[:2], "big")
+            interval = int.from_bytes(data[pos + 2 : min(pos + 4, end)], "big")
         elif code not in _PLAIN_SEGMENTS:
             plain = False
         pos = end

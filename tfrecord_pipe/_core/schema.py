@@ -123,20 +123,17 @@ def serialized_around_image(record: ImageRecord, *, label_offset: int) -> tuple[
     (`decode_written`)."""
     if label_offset < 0:
         raise ValueError(f"label_offset must be >= 0, got {label_offset}")
-    image_head = _entry_head(ENCODED, _BYTES_LIST, len(record.encoded))
-    before = b"".join((
-        _CONSTANT_ENTRIES[CHANNELS],
-        _entry(LABEL, _INT64_LIST, _varint(record.label_index + label_offset)),
-        _entry(SYNSET, _BYTES_LIST, record.label_text.encode("utf-8")),
-        _CONSTANT_ENTRIES[COLORSPACE],
-        image_head,
-    ))  # fmt: skip
+    image_head = _head(ENCODED, _BYTES_LIST, len(record.encoded))
+    before = _label_entries(record.label_index + label_offset, record.label_text) + image_head
+    filename = record.filename.encode("utf-8")
     after = b"".join((
-        _entry(FILENAME, _BYTES_LIST, record.filename.encode("utf-8")),
+        _entry_head(FILENAME, _BYTES_LIST, len(filename)),
+        filename,
         _CONSTANT_ENTRIES[FORMAT],
-        _entry(HEIGHT, _INT64_LIST, _varint(record.height)),
-        _entry(SHA256, _BYTES_LIST, record.sha256.encode("ascii")),
-        _entry(WIDTH, _INT64_LIST, _varint(record.width)),
+        _int_entry(HEIGHT, record.height),
+        _SHA256_HEAD,
+        record.sha256.encode("ascii"),
+        _int_entry(WIDTH, record.width),
     ))  # fmt: skip
     length = len(before) + len(record.encoded) + len(after)
     # Example.features (field 1) holding the entries.
@@ -154,6 +151,10 @@ def _varint(value: int) -> bytes:
     """A protobuf varint of a non-negative int (every value a record holds is one)."""
     if value < 0x80:
         return bytes((value,))
+    if value < 0x200000:  # two or three bytes: any image's length up to 2 MiB, no loop
+        if value < 0x4000:
+            return bytes((value & 0x7F | 0x80, value >> 7))
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -162,8 +163,7 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-@functools.lru_cache(maxsize=4096)  # the same few keys and lengths, record after record
-def _entry_head(key: str, kind: int, payload_length: int) -> bytes:
+def _head(key: str, kind: int, payload_length: int) -> bytes:
     """A map entry {key, Feature{kind {value: <payload>}}} up to where the payload starts."""
     key_bytes = key.encode("utf-8")
     value_list = b"\x0a" + _varint(payload_length)
@@ -172,6 +172,10 @@ def _entry_head(key: str, kind: int, payload_length: int) -> bytes:
     key_field = b"\x0a" + _varint(len(key_bytes)) + key_bytes
     inner = len(key_field) + len(value) + len(feature) + len(value_list) + payload_length
     return b"".join((b"\x0a", _varint(inner), key_field, value, feature, value_list))
+
+
+# The same few keys and lengths, record after record; not the image's, nearly always new.
+_entry_head = functools.lru_cache(maxsize=4096)(_head)
 
 
 def _entry(key: str, kind: int, payload: bytes) -> bytes:
@@ -184,6 +188,25 @@ _CONSTANT_ENTRIES = {
     COLORSPACE: _entry(COLORSPACE, _BYTES_LIST, STORED_COLORSPACE),
     CHANNELS: _entry(CHANNELS, _INT64_LIST, _varint(STORED_CHANNELS)),
 }
+_SHA256_HEAD = _entry_head(SHA256, _BYTES_LIST, 64)  # a valid record's hash: 64 hex digits
+
+
+# Made once per label and per size: a record's entries besides its image, name and hash
+# repeat from record to record, and building them was most of a record's serialization.
+@functools.lru_cache(maxsize=4096)
+def _label_entries(label: int, label_text: str) -> bytes:
+    """The entries before the image's, in key order, for a record of this label."""
+    return b"".join((
+        _CONSTANT_ENTRIES[CHANNELS],
+        _entry(LABEL, _INT64_LIST, _varint(label)),
+        _entry(SYNSET, _BYTES_LIST, label_text.encode("utf-8")),
+        _CONSTANT_ENTRIES[COLORSPACE],
+    ))  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _int_entry(key: str, value: int) -> bytes:
+    return _entry(key, _INT64_LIST, _varint(value))
 
 
 # Reading: the wire format back into values, for tools that look at records one at a time
