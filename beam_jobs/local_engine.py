@@ -8,7 +8,8 @@ through sorts on disk (`spill.py`): by content for the duplicate report, by reco
 the shards, by split and path for the rejection lists; then the workers write the shards,
 reading the sources again (`shard_writer.write_shard`), as on Beam. Where the shards are
 plain TFRecord on local disk, each input is read once instead: the listing comes first, and
-the workers write the records as they check the inputs (`pieces.py`). The same functions
+the workers write the records as they check the inputs (`pieces.py`); their entries then
+come back in record order, and only their hashes are sorted. The same functions
 decide every input's fate and every record's place, so the dataset is the Beam pipeline's,
 byte for byte (tests/test_engines.py). What is held at once: RUN_ITEMS entries per sort, a
 window of batches, pieces and shards in flight, and one group of inputs with the same bytes.
@@ -117,6 +118,11 @@ class _Job:
         self._pieces: list[str] = []
         self._piece_sizes: list[int] = []
         self._named = 0  # pieces below this one no longer have their own name (`_cuts`)
+        # The pieces' entries come back in record order: kept so, with (sha256, number) of
+        # each sorted to find the inputs with the same bytes; no sort of the entries.
+        self._in_order = spill.Sequence(spill_dir)  # (split, Checked, where in a piece)
+        self._contents = spill.SortedSpill(spill_dir)  # (sha256, number in `_in_order`)
+        self._totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
 
     def _report(self, force: bool = False, written: int = 0, to_write: int = 0,
                 listed: int = 0) -> None:  # fmt: skip
@@ -199,7 +205,9 @@ class _Job:
                     self._reject(result)
                 else:
                     split, checked, length = result
-                    self._by_content.add((split, checked, (piece, offset, length)))
+                    self._contents.add((checked.sha256, len(self._contents)))
+                    self._in_order.add((split, checked, (piece, offset, length)))
+                    self._count(split, checked, 1)
                     offset += length
             self._piece_sizes.append(offset)
             self._report()
@@ -249,35 +257,18 @@ class _Job:
         """Groups the checked inputs by content (the duplicate report; --dedupe), then writes
         the shards in key order, or puts them together from the pieces written as the inputs
         were checked; returns what was written."""
-        index = {label: i for i, label in enumerate(labels)}
-        totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-        by_content = self._by_content.sorted()
-        for sha256, same in itertools.groupby(by_content, key=lambda entry: entry[1].sha256):
-            same = list(same)  # (split, Checked, where its record is: None, or in a piece)
-            pairs = [(split, checked) for split, checked, _ in same]
-            row = duplicates.group_row(sha256, pairs)
-            if row is not None:
-                self._groups.add((duplicates.report_order(row), json.dumps(row, sort_keys=True)))
-                self.duplicate_totals.update(dict(duplicates.totals(row)))
-            if row is not None and self._config.dedupe:
-                first, others = duplicates.keep_first(pairs)
-                same = [entry for entry in same if entry[1] is first[1]]
-                for dropped in others:
-                    self._reject(dropped)
-            for split, checked, where in same:
-                self.label_counts[split, checked.label_text] += 1
-                if checked.label_index != index[checked.label_text]:  # -1: labels were unknown
-                    checked = checked.with_label_index(index[checked.label_text])
-                self._by_key.add((split, checked.key, checked, where))
-                totals[split][0] += 1
-                totals[split][1] += checked.size
+        if self._pieces:
+            kept = self._kept_in_order(self._grouped_in_order())
+        else:
+            self._group_by_content(labels)
+        totals = self._totals
         plans = {
             split: shard_plan.num_shards(n, size, self._config.num_shards, self._config.shard_bytes)
             for split, (n, size) in totals.items()
         }
         examples = {split: n for split, (n, _) in totals.items()}
         if self._pieces:
-            task, shards = local_workers.put_together, self._cuts(plans, examples)
+            task, shards = local_workers.put_together, self._cuts(plans, examples, kept)
         else:
             task, shards = local_workers.write, self._shard_files(plans, examples)
         written, to_write, done = [], sum(examples.values()), 0
@@ -291,10 +282,96 @@ class _Job:
         self._let_go(len(self._pieces))  # pieces of no record; all of them where no links
         return written
 
-    def _in_shards(self, plans: dict[str, int], examples: dict[str, int]):
-        """(split, index, shards, its (split, key, Checked, where) entries in key order) per
-        shard, in order."""
-        for split, entries in itertools.groupby(self._by_key.sorted(), key=operator.itemgetter(0)):
+    def _count(self, split: str, checked: load.Checked, n: int) -> None:
+        """Counts a record in (n=1) or out (n=-1) of its split's totals and label counts."""
+        self.label_counts[split, checked.label_text] += n
+        totals = self._totals[split]
+        totals[0] += n
+        totals[1] += n * checked.size
+
+    def _report_group(self, sha256: str, pairs: list) -> tuple | None:
+        """Reports a group of (split, Checked) with the same bytes, if more than one; with
+        --dedupe, rejects all but the first by path, and returns the one kept."""
+        row = duplicates.group_row(sha256, pairs)
+        if row is None:
+            return None
+        self._groups.add((duplicates.report_order(row), json.dumps(row, sort_keys=True)))
+        self.duplicate_totals.update(dict(duplicates.totals(row)))
+        if not self._config.dedupe:
+            return None
+        first, others = duplicates.keep_first(pairs)
+        for dropped in others:
+            self._reject(dropped)
+        return first
+
+    def _group_by_content(self, labels: tuple[str, ...]) -> None:
+        """The duplicates of the inputs checked before any was written: each group reported,
+        and the records kept sorted by key (`_by_key`), with their labels' indexes."""
+        index = {label: i for i, label in enumerate(labels)}
+        by_content = self._by_content.sorted()
+        for sha256, same in itertools.groupby(by_content, key=lambda entry: entry[1].sha256):
+            same = list(same)  # (split, Checked, None)
+            first = self._report_group(sha256, [(split, checked) for split, checked, _ in same])
+            if first is not None:
+                same = [entry for entry in same if entry[1] is first[1]]
+            for split, checked, where in same:
+                if checked.label_index != index[checked.label_text]:  # -1: labels were unknown
+                    checked = checked.with_label_index(index[checked.label_text])
+                self._by_key.add((split, checked.key, checked, where))
+                self._count(split, checked, 1)
+
+    def _grouped_in_order(self) -> spill.SortedSpill:
+        """The duplicates of the records written into pieces (`_in_order`, whose labels are
+        right): each group reported; the numbers of the records --dedupe drops, sorted.
+        Only the (sha256, number) pairs are sorted; a group's entries are then picked up in
+        one pass, where there is any group."""
+        members = spill.SortedSpill(self._spill_dir)  # (number, sha256) of each in a group
+        last_sha256 = last_number = None
+        grouped = False
+        for sha256, number in self._contents.sorted():
+            if sha256 == last_sha256:
+                if not grouped:
+                    members.add((last_number, sha256))
+                    grouped = True
+                members.add((number, sha256))
+            else:
+                grouped = False
+            last_sha256, last_number = sha256, number
+        dropped = spill.SortedSpill(self._spill_dir)
+        if not len(members):
+            return dropped
+        groups = spill.SortedSpill(self._spill_dir)  # (sha256, number, split, Checked)
+        wanted = members.sorted()
+        want = next(wanted)
+        for number, (split, checked, _) in enumerate(self._in_order):
+            if number == want[0]:
+                groups.add((want[1], number, split, checked))
+                want = next(wanted, None)
+                if want is None:
+                    break
+        for sha256, same in itertools.groupby(groups.sorted(), key=operator.itemgetter(0)):
+            same = list(same)
+            first = self._report_group(sha256, [(split, checked) for _, _, split, checked in same])
+            for _, number, split, checked in same:
+                if first is not None and checked is not first[1]:
+                    dropped.add(number)
+                    self._count(split, checked, -1)
+        return dropped
+
+    def _kept_in_order(self, dropped: spill.SortedSpill) -> Iterator[tuple]:
+        """The entries of `_in_order` but those `dropped`, in record order."""
+        numbers = dropped.sorted()
+        drop = next(numbers, None)
+        for number, entry in enumerate(self._in_order):
+            if number == drop:
+                drop = next(numbers, None)
+                continue
+            yield entry
+
+    def _in_shards(self, plans: dict[str, int], examples: dict[str, int], entries: Iterable):
+        """(split, index, shards, its entries in key order) per shard, in order, of
+        `entries` in key order, each beginning with its split."""
+        for split, entries in itertools.groupby(entries, key=operator.itemgetter(0)):
             shards, n = plans[split], examples[split]
             ranked = enumerate(entries)
             of_rank = lambda ranked_entry: shard_plan.shard_of_rank(ranked_entry[0], n, shards)  # noqa: E731
@@ -304,22 +381,22 @@ class _Job:
     def _shard_files(self, plans: dict[str, int], examples: dict[str, int]):
         """(split, index, shards, file of its entries in key order) per shard, in order: each
         shard's entries go to a file of their own, so a worker reads them as it writes."""
-        for split, shard, shards, entries in self._in_shards(plans, examples):
+        for split, shard, shards, entries in self._in_shards(plans, examples, self._by_key.sorted()):
             fd, path = tempfile.mkstemp(dir=self._spill_dir, suffix=".shard")
             with os.fdopen(fd, "wb") as f:
                 spill.write_items(f, (checked for _, _, checked, _ in entries))
             yield split, shard, shards, path
 
-    def _cuts(self, plans: dict[str, int], examples: dict[str, int]):
+    def _cuts(self, plans: dict[str, int], examples: dict[str, int], kept: Iterable):
         """Per shard, in order, what a worker makes its file of (`local_workers.put_together`):
         ranges of its own hard links to the pieces; a piece's own name is removed once every
         shard that reads it has its link, so that its bytes go with the last link (pieces.py,
         "Disk")."""
         links = pieces.Links()
-        in_shards = enumerate(self._in_shards(plans, examples))
+        in_shards = enumerate(self._in_shards(plans, examples, kept))
         for number, (split, shard, shards, entries) in in_shards:
             cut = pieces.Cut()
-            for _, _, checked, (piece, offset, length) in entries:
+            for _, checked, (piece, offset, length) in entries:
                 cut.add(piece, offset, length, checked)
             read = dict.fromkeys(piece for piece, _, _ in cut.ranges)  # each piece once
             paths_of = {piece: links.of(self._pieces[piece], number) for piece in read}

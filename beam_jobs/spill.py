@@ -1,4 +1,5 @@
-"""Sorting more items than memory holds: sorted runs on disk, merged (an external sort).
+"""Sorting more items than memory holds: sorted runs on disk, merged (an external sort);
+and keeping them in their order (`Sequence`), for entries that come in the order needed.
 
 The local engine (`local_engine.py`) groups and orders every input's small entry three ways
 (by content, by record key, and the rejections by path). Held in memory, as Beam's local
@@ -22,9 +23,10 @@ FAN_IN = 64  # runs merged at once; more are first merged into longer runs
 
 class SortedSpill:
     """Items added in any order, given back sorted by `key` (items with equal keys in the
-    order they were added). Runs live in `folder` until read back."""
+    order they were added; None: by the items themselves, which sorts and merges cheapest).
+    Runs live in `folder` until read back."""
 
-    def __init__(self, folder: str, key: Callable, run_items: int | None = None):
+    def __init__(self, folder: str, key: Callable | None = None, run_items: int | None = None):
         self._folder = folder
         self._key = key
         self._run_items = run_items or RUN_ITEMS  # read now: tests make it small
@@ -61,6 +63,32 @@ class SortedSpill:
         return path
 
 
+class Sequence:
+    """Items given back in the order they were added, as often as wanted: for entries that
+    come in the order they are needed in, where a sort would only cost. At most RUN_ITEMS
+    are held; the others wait in files in `folder`, removed with it."""
+
+    def __init__(self, folder: str, run_items: int | None = None):
+        self._folder = folder
+        self._run_items = run_items or RUN_ITEMS  # read now: tests make it small
+        self._held: list = []
+        self._runs: list[str] = []
+
+    def add(self, item) -> None:
+        self._held.append(item)
+        if len(self._held) >= self._run_items:
+            fd, path = tempfile.mkstemp(dir=self._folder, suffix=".sequence")
+            with os.fdopen(fd, "wb") as f:
+                write_items(f, self._held)
+            self._runs.append(path)
+            self._held = []
+
+    def __iter__(self) -> Iterator:
+        for path in self._runs:
+            yield from read_items(path, remove=False)
+        yield from self._held
+
+
 def write_items(f, items: Iterable) -> None:
     """Writes `items` to the binary file `f`, CHUNK_ITEMS to a pickle (`read_items` reads)."""
     items = iter(items)
@@ -73,11 +101,12 @@ def _groups(items: list, size: int) -> Iterator[list]:
         yield items[start : start + size]
 
 
-def read_items(path: str) -> Iterator:
+def read_items(path: str, remove: bool = True) -> Iterator:
     """The items `write_items` wrote to `path`, a chunk at a time. The file is removed once
-    opened: gone once read or dropped, with nothing left to remove later."""
+    opened (unless not `remove`): gone once read or dropped, with nothing left to remove later."""
     with open(path, "rb") as f:
-        os.remove(path)
+        if remove:
+            os.remove(path)
         while True:
             try:
                 chunk = pickle.load(f)

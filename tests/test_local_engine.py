@@ -40,6 +40,15 @@ def test_a_spill_gives_back_every_item_in_order_through_runs_merged_in_levels(tm
     assert list(tmp_path.iterdir()) == []  # runs are deleted once read
 
 
+def test_a_sequence_gives_back_every_item_in_the_order_added_as_often_as_asked(tmp_path):
+    items = [(random.randrange(40), n) for n in range(97)]
+    sequence = spill.Sequence(str(tmp_path), run_items=10)
+    for item in items:
+        sequence.add(item)
+    assert len(list(tmp_path.iterdir())) == 9  # the last 7 held
+    assert list(sequence) == items and list(sequence) == items
+
+
 def hostile_folder(root):
     """Label folders with every odd file of tests/data (CMYK, EXIF-rotated, truncated, PNG,
     GIF, ...), a non-image, a broken link, an empty file and the same bytes three times
@@ -78,6 +87,27 @@ def test_the_local_engine_writes_the_beam_pipelines_dataset_byte_for_byte(
     assert engine == files_of(tmp_path / "beam")
     assert "duplicates.jsonl" in engine and "rejected/rejected-train.jsonl" in engine
     assert not [name for name in os.listdir(tmp_path / "engine") if name.startswith(".")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dedupe", [[], ["--dedupe"]])
+def test_many_inputs_with_the_same_bytes_give_the_beam_pipelines_dataset(
+    tmp_path, monkeypatch, dedupe
+):
+    # Groups of copies across labels and splits, among distinct inputs, through tiny sorts:
+    # a read-once job finds them from their hashes alone, then picks their entries up.
+    src = write_image_folder(tmp_path / "src", per_label=12)
+    for label, n in [("red", 7), ("green", 3), ("blue", 5)]:
+        same = (src / label / "004.jpg").read_bytes()
+        for i in range(n):
+            (src / ("green", "blue", "red")[i % 3] / f"copy-{label}-{i}.jpg").write_bytes(same)
+    monkeypatch.setattr(spill, "RUN_ITEMS", 3)
+    options = ["--validation_fraction", "0.4", "--num_shards", "2", *dedupe]
+    convert.run([str(src), str(tmp_path / "engine"), *options])
+    convert.run([str(src), str(tmp_path / "beam"), *options, *BEAM])
+    engine = files_of(tmp_path / "engine")
+    assert engine == files_of(tmp_path / "beam")
+    assert engine["duplicates.jsonl"].count(b"sha256") == 3
 
 
 @pytest.mark.slow
