@@ -229,11 +229,17 @@ class _Join:
         sources no FOUND row speaks for (their path's rows wait for `add_checked`)."""
         for relpath, same in itertools.groupby(self._by_path.sorted(), key=operator.itemgetter(0)):
             same = list(same)
-            if len(same) == 2 and same[0][2] == LISTED and same[1][2] == PAIR:  # the usual
-                (_, _, _, listed), (_, _, _, (record, found)) = same
-                if verify_beside.same_source(listed, found):
-                    self._judge(relpath, {SOURCE: [found], RECORD: [record], REJECTED: []}, dedupe)
+            if len(same) == 2:  # the usual: a source and its record, checked apart or beside
+                (_, _, first_kind, first), (_, _, second_kind, second) = same
+                if first_kind == SOURCE and second_kind == RECORD:
+                    self._judge(relpath, {SOURCE: [first], RECORD: [second], REJECTED: []}, dedupe)
                     continue
+                if first_kind == LISTED and second_kind == PAIR:
+                    record, found = second
+                    if verify_beside.same_source(first, found):
+                        self._judge(relpath, {SOURCE: [found], RECORD: [record], REJECTED: []},
+                                    dedupe)  # fmt: skip
+                        continue
             rows = {SOURCE: [], RECORD: [], REJECTED: [], LISTED: [], FOUND: [], PAIR: []}
             for _, _, kind, row in same:
                 rows[kind].append(row)

@@ -314,8 +314,12 @@ def check_content(rows: Iterable[dict], reported: list[dict], found: manifest.Ma
 
     Returns the problems, and 1 or 0 for: a group of duplicates, one across splits.
     """
-    group = sorted(rows, key=operator.itemgetter("relpath"))
-    reported = sorted(reported, key=_order)
+    group = list(rows)
+    # Nearly every content is one input's, with no line of its own: nothing to sort.
+    if len(group) > 1:
+        group.sort(key=operator.itemgetter("relpath"))
+    if len(reported) > 1:
+        reported = sorted(reported, key=_order)
     first_reported = reported[0]["files"][0]["relpath"] if reported else None
     problems = []
     if len(reported) > 1:
