@@ -231,14 +231,17 @@ class _Join:
             same = list(same)
             if len(same) == 2:  # the usual: a source and its record, checked apart or beside
                 (_, _, first_kind, first), (_, _, second_kind, second) = same
-                if first_kind == SOURCE and second_kind == RECORD:
-                    self._judge(relpath, {SOURCE: [first], RECORD: [second], REJECTED: []}, dedupe)
+                if first_kind == SOURCE and second_kind == RECORD and "rejected" not in first:
+                    self._judge_pair(relpath, first, second)
                     continue
                 if first_kind == LISTED and second_kind == PAIR:
                     record, found = second
                     if verify_beside.same_source(first, found):
-                        self._judge(relpath, {SOURCE: [found], RECORD: [record], REJECTED: []},
-                                    dedupe)  # fmt: skip
+                        if "rejected" in found:
+                            rows = {SOURCE: [found], RECORD: [record], REJECTED: []}
+                            self._judge(relpath, rows, dedupe)
+                        else:
+                            self._judge_pair(relpath, found, record)
                         continue
             rows = {SOURCE: [], RECORD: [], REJECTED: [], LISTED: [], FOUND: [], PAIR: []}
             for _, _, kind, row in same:
@@ -268,6 +271,13 @@ class _Join:
         for relpath, _, row in rows:
             self._later.add((relpath, _ORDER[SOURCE], SOURCE, row))
         self.checked += len(rows)
+
+    def _judge_pair(self, relpath: str, source: dict, record: dict) -> None:
+        """`_judge` of one source the converter stores and its record (`rules.check_pair`)."""
+        problems, (sha256, row) = rules.check_pair(relpath, source, record)
+        if problems:
+            self._problems.extend(problems)
+        self._by_content.add((sha256, _ORDER[SOURCE], row))
 
     def _judge(self, relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> None:
         self._problems.extend(rules.check_path(relpath, rows, dedupe))

@@ -300,9 +300,21 @@ def content_row(relpath: str, rows: dict[str, list[dict]]) -> tuple[str, dict] |
         listings = {s["rejected"] for s in rows[SOURCE] if "rejected" in s}
         own = [r for r in rows[REJECTED] if r.get("reason") not in listings] or rows[REJECTED]
         became = min(own, key=_order).get("reason")
-    source = stored[0]
+    return _content(relpath, stored[0], became)
+
+
+def _content(relpath: str, source: dict, became: str | None) -> tuple[str, dict]:
     row = {"relpath": relpath, "split": source["split"], "label": source["label"], "became": became}
     return source["sha256"], row
+
+
+def check_pair(relpath: str, source: dict, record: dict) -> tuple[list[str], tuple[str, dict]]:
+    """`check_path`'s problems and `content_row` of the usual path, told apart without its
+    rows sorted into kinds: one source the converter stores now ("rejected" not in it), one
+    record, no line in rejected/."""
+    problems: list[str] = []
+    _check_record(relpath, record, source, problems)
+    return problems, _content(relpath, source, "record")
 
 
 def check_content(rows: Iterable[dict], reported: list[dict], found: manifest.Manifest
