@@ -44,6 +44,20 @@ class SortedSpill:
             self._runs.append(self._write_run(sorted(self._held, key=self._key)))
             self._held = []
 
+    def handed_over(self) -> list[str]:
+        """Every item added, as files of sorted runs for another process's `adopt` (the items
+        held written as one more run), which then owns them; this spill is then empty."""
+        if self._held:
+            self._runs.append(self._write_run(sorted(self._held, key=self._key)))
+            self._held = []
+        runs, self._runs, self._added = self._runs, [], 0
+        return runs
+
+    def adopt(self, runs: list[str]) -> None:
+        """Takes files of runs sorted by this spill's key (`handed_over`), as items added
+        before any held now."""
+        self._runs.extend(runs)
+
     def sorted(self) -> Iterator:
         """Every item added, in key order; once (the runs are deleted as they are read)."""
         held, self._held = sorted(self._held, key=self._key), []

@@ -49,6 +49,20 @@ def test_a_sequence_gives_back_every_item_in_the_order_added_as_often_as_asked(t
     assert list(sequence) == items and list(sequence) == items
 
 
+def test_a_spill_handed_over_to_another_gives_back_every_item_there(tmp_path):
+    items = [(random.randrange(40), n) for n in range(23)]
+    given = spill.SortedSpill(str(tmp_path), key=lambda item: item[0], run_items=5)
+    for item in items:
+        given.add(item)
+    runs = given.handed_over()
+    assert len(runs) == 5 and list(given.sorted()) == []  # the 3 held written as a run
+    taken = spill.SortedSpill(str(tmp_path), key=lambda item: item[0], run_items=5)
+    taken.add((20, "held"))
+    taken.adopt(runs)
+    assert list(taken.sorted()) == sorted(items + [(20, "held")], key=lambda item: item[0])
+    assert list(tmp_path.iterdir()) == []
+
+
 def hostile_folder(root):
     """Label folders with every odd file of tests/data (CMYK, EXIF-rotated, truncated, PNG,
     GIF, ...), a non-image, a broken link, an empty file and the same bytes three times

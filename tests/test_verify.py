@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import pathlib
+import random
 import shutil
 import threading
 import time
@@ -16,7 +17,7 @@ import tensorflow as tf
 from beam_jobs import convert, duplicates, record_reader, sources, spill
 from tfrecord_pipe._core import manifest, schema
 from tfrecord_pipe._reading import dataset
-from tfrecord_pipe._tools import verify, verify_beside, verify_reading, verify_rules
+from tfrecord_pipe._tools import verify, verify_beside, verify_join, verify_reading, verify_rules
 
 from helpers import (
     COLOURS,
@@ -446,6 +447,26 @@ def test_the_same_report_when_every_row_goes_through_sorts_on_disk(converted_cop
     on_disk = verify.verify(str(src), str(out), processes=1, beside=True)
     assert on_disk == in_memory and in_memory.num_problems >= 4, in_memory
     assert verify.verify(str(src), str(out), processes=1, beside=False) == in_memory
+    # The paths judged in three parts, one a worker, beside their records or apart.
+    assert verify.verify(str(src), str(out), processes=3, beside=True) == in_memory
+    assert verify.verify(str(src), str(out), processes=3, beside=False) == in_memory
+
+
+def test_problems_judged_in_parts_are_those_judged_in_one():
+    rng = random.Random(5)
+    found = [(rng.choice([verify_rules.INPUTS, verify_rules.FILES]), f"problem {rng.random()}")
+             for _ in range(3 * verify_rules.MAX_PROBLEMS_KEPT)]  # fmt: skip
+    whole, parts = verify_join.Problems(), [verify_join.Problems() for _ in range(3)]
+    for rank, text in found:
+        whole.add(text, rank)
+        parts[rng.randrange(3)].add(text, rank)
+    joined = verify_join.Problems()
+    joined.add("a problem of the launcher's own", verify_rules.FILES)
+    whole.add("a problem of the launcher's own", verify_rules.FILES)
+    for part in parts:
+        joined.take(part.handed_over())
+    assert (joined.kept, joined.count) == (whole.kept, whole.count)
+    assert whole.count == len(found) + 1 and len(whole.kept) == verify_rules.MAX_PROBLEMS_KEPT
 
 
 def test_a_worker_that_fails_or_dies_fails_verify_with_nothing_proven(

@@ -13,7 +13,8 @@ The rules live in `verify_rules` and the dataset's files are read by `verify_rea
 drivers run them. This one runs on this machine, as the conversion's local engine does: a
 worker process per core reads the shards and re-derives the sources' outcomes, and the rows
 go through sorts on disk (`beam_jobs.spill`) for the joins, so memory stays flat however
-large the dataset, and TensorFlow is never loaded. `verify_job` runs the same rules as a
+large the dataset, and TensorFlow is never loaded; the paths are judged a part a process,
+once every row is in (`verify_join`). `verify_job` runs the same rules as a
 Beam pipeline (`--runner DataflowRunner`), its joins as GroupByKeys.
 """
 
@@ -31,13 +32,13 @@ from beam_jobs import csv_lists, load, sources, spill, worker_pool
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, progress
 from tfrecord_pipe._tools import verify_beside
+from tfrecord_pipe._tools import verify_join as join
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
 from tfrecord_pipe._tools import verify_workers as workers
 from tfrecord_pipe._tools.verify_rules import (
     COUNT,
     FILES,
-    INPUTS,
     LABEL_COUNT,
     PROBLEM,
     RECORD,
@@ -51,10 +52,7 @@ from tfrecord_pipe._tools.verify_rules import (
 __all__ = ["VerifyReport", "verify"]
 
 PROGRESS_EVERY_S = 0.5  # a terminal's progress line, at most this often
-LISTED = "listed"  # a source listed, to be paired with one checked beside its record
-FOUND, PAIR = verify_beside.FOUND, verify_beside.PAIR
-# Within a key, for the joins.
-_ORDER = {SOURCE: 0, RECORD: 1, REJECTED: 2, REPORTED: 3, LISTED: 4, FOUND: 5, PAIR: 6}
+LISTED, PAIR, _ORDER = join.LISTED, join.PAIR, join.ORDER
 
 
 def verify(source: str, dataset: str, processes: int | None = None, show_progress: bool = False,
@@ -73,7 +71,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     """
     found = reading.read_conversion(dataset, source)
     config = reading.source_config(source, dataset, found)
-    problems = _Problems()
+    problems = join.Problems()
     problems.extend(reading.check_descriptions(dataset, found), FILES)
     problems.extend(reading.check_rejection_files(dataset, found), FILES)
     problems.extend(reading.check_stray_shards(dataset, found), FILES)
@@ -84,7 +82,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     labels: set[str] = set()  # of the sources listed, as the converter collects them
     line = _Progress(listed_count, show_progress)
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-", dir=_work_parent()) as work:
-        job = _Join(work, problems)
+        job = _Join(work, problems, processes)
         for split, expected in reading.rejection_files(found):
             job.add(reading.read_rejected(dataset, split, expected), REJECTED)
         if beside is None:
@@ -116,7 +114,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
             if beside:
                 listed.rest()
             dedupe = bool(found.conversion.get("dedupe"))
-            left = ((workers.SOURCES, batch) for batch in _batches(job.match(dedupe)))
+            left = ((workers.SOURCES, batch) for batch in _batches(job.match(pool, dedupe)))
             for future in load.in_order(pool, workers.task, left, window):
                 job.add_checked(future.result()[1])
                 line.update(job.checked)
@@ -151,47 +149,35 @@ def _work_parent() -> str | None:
     return chosen or None
 
 
-class _Problems:
-    """All problems counted; the first MAX_PROBLEMS_KEPT in order kept, in bounded memory."""
-
-    def __init__(self):
-        self._ranked: list[tuple[int, str]] = []
-        self.count = 0
-
-    def add(self, text: str, rank: int = INPUTS) -> None:
-        self.count += 1
-        self._ranked.append((rank, text))
-        if len(self._ranked) >= 2 * rules.MAX_PROBLEMS_KEPT:
-            self._ranked = sorted(self._ranked)[: rules.MAX_PROBLEMS_KEPT]
-
-    def extend(self, texts: Iterable[str], rank: int = INPUTS) -> None:
-        for text in texts:
-            self.add(text, rank)
-
-    @property
-    def kept(self) -> list[str]:
-        return rules.first_problems(self._ranked)
-
-
 class _Join:
     """The rows of both sides, sorted on disk by relative path and then by content hash.
 
     Sources come as SOURCE rows (checked on their own), or as the listing's LISTED sources
     and the FOUND rows of those checked beside their records (`verify_beside`; PAIR items
-    hold a record's row and its source's): `match` pairs these, and gives the listed sources
-    left unchecked, whose rows then come to `add_checked`.
+    hold a record's row and its source's). A path's rows go to one of `parts` sorts
+    (`verify_join.part_of`), judged here and by the workers at once (`match`), which gives
+    the listed sources left unchecked; their rows then come to `add_checked`.
     """
 
-    def __init__(self, work: str, problems: _Problems):
-        self._by_path = spill.SortedSpill(work, key=operator.itemgetter(0, 1))
-        self._later = spill.SortedSpill(work, key=operator.itemgetter(0, 1))  # `match`'s left
-        self._by_content = spill.SortedSpill(work, key=operator.itemgetter(0, 1))
+    def __init__(self, work: str, problems: join.Problems, parts: int = 1):
+        # As many rows held in memory in all as in one sort, whatever the number of parts.
+        run_items = max(1, spill.RUN_ITEMS // parts)
+        self._by_path = [spill.SortedSpill(work, key=join.BY_PATH, run_items=run_items)
+                         for _ in range(parts)]  # fmt: skip
+        self._later = spill.SortedSpill(work, key=join.BY_PATH)  # `match`'s left
+        self._by_content = spill.SortedSpill(work, key=join.BY_CONTENT)
+        self._judge = join.PathJudge(problems, self._by_content, self._later)
+        self._work = work
         self._problems = problems
         self.totals: collections.Counter = collections.Counter()
         self.per_split: collections.Counter = collections.Counter()
         self.checked = 0  # sources checked so far
         self._spans: list[tuple[str, str, str, str]] = []  # one per shard
         self._labels: collections.Counter = collections.Counter()  # (split, label) -> records
+
+    def _add_row(self, row: tuple) -> None:
+        """A path's row (relpath, order, kind, row), into its part's sort."""
+        self._by_path[join.part_of(row[0], len(self._by_path))].add(row)
 
     def add(self, read: Iterable[tuple[str, object]], total: str | None) -> None:
         """The (kind, value) pairs of `verify_reading`: rows joined, problems, counts."""
@@ -209,81 +195,48 @@ class _Join:
                 self._labels[split, label] += n
             else:
                 key, row = value
-                self._by_path.add((key, _ORDER[kind], kind, row))
+                self._add_row((key, _ORDER[kind], kind, row))
                 self.checked += kind == PAIR  # a source checked beside its record
 
     def add_listed(self, source: SourceFile) -> None:
         self.per_split[source.split] += 1
         # A tuple: a dataclass costs more to spill.
         listed = (source.path, source.label, source.split, source.problem)
-        self._by_path.add((source.relpath, _ORDER[LISTED], LISTED, listed))
+        self._add_row((source.relpath, _ORDER[LISTED], LISTED, listed))
 
     def add_sources(self, rows: list[tuple[str, str, dict]]) -> None:
         for relpath, split, row in rows:
             self.per_split[split] += 1
-            self._by_path.add((relpath, _ORDER[SOURCE], SOURCE, row))
+            self._add_row((relpath, _ORDER[SOURCE], SOURCE, row))
         self.checked += len(rows)
 
-    def match(self, dedupe: bool) -> Iterator[SourceFile]:
-        """Judges each relative path whose sources are all checked; gives the listed
-        sources no FOUND row speaks for (their path's rows wait for `add_checked`)."""
-        for relpath, same in itertools.groupby(self._by_path.sorted(), key=operator.itemgetter(0)):
-            same = list(same)
-            if len(same) == 2:  # the usual: a source and its record, checked apart or beside
-                (_, _, first_kind, first), (_, _, second_kind, second) = same
-                if first_kind == SOURCE and second_kind == RECORD and "rejected" not in first:
-                    self._judge_pair(relpath, first, second)
-                    continue
-                if first_kind == LISTED and second_kind == PAIR:
-                    record, found = second
-                    if verify_beside.same_source(first, found):
-                        if "rejected" in found:
-                            rows = {SOURCE: [found], RECORD: [record], REJECTED: []}
-                            self._judge(relpath, rows, dedupe)
-                        else:
-                            self._judge_pair(relpath, found, record)
-                        continue
-            rows = {SOURCE: [], RECORD: [], REJECTED: [], LISTED: [], FOUND: [], PAIR: []}
-            for _, _, kind, row in same:
-                rows[kind].append(row)
-            for record, found in rows.pop(PAIR):
-                rows[RECORD].append(record)
-                rows[FOUND].append(found)
-            left = []
-            for listed in rows.pop(LISTED):
-                at = next((i for i, found in enumerate(rows[FOUND])
-                           if verify_beside.same_source(listed, found)), None)  # fmt: skip
-                if at is None:
-                    left.append(SourceFile(listed[0], relpath, *listed[1:]))
-                else:
-                    rows[SOURCE].append(rows[FOUND].pop(at))
-            del rows[FOUND]  # found beside a record, but not listed so: not a source
-            if not left:
-                self._judge(relpath, rows, dedupe)
-                continue
-            for kind, kind_rows in rows.items():
-                for row in kind_rows:
-                    self._later.add((relpath, _ORDER[kind], kind, row))
-            yield from left
+    def match(self, pool, dedupe: bool) -> Iterator[SourceFile]:
+        """Judges each relative path whose sources are all checked: the first part of the
+        paths here, each other part on a worker of `pool` meanwhile (`verify_join.judge_part`:
+        its rows handed over in files, and so its answers); gives the listed sources no FOUND
+        row speaks for (their path's rows wait for `add_checked`)."""
+        own, *others = self._by_path
+        judged = [pool.submit(workers.task, (workers.JUDGE, (part.handed_over(), dedupe)))
+                  for part in others]  # fmt: skip
+        left = spill.Sequence(self._work)
+        for source in self._judge.match(own.sorted(), dedupe):
+            left.add(source)
+        lefts = []
+        for future in judged:
+            problems, content, later, part_left = future.result()[1]
+            self._problems.take(problems)
+            self._by_content.adopt(content)
+            self._later.adopt(later)
+            lefts.append(part_left)
+        yield from left
+        for part_left in lefts:
+            yield from spill.read_items(part_left)
 
     def add_checked(self, rows: list[tuple[str, str, dict]]) -> None:
         """Rows of sources `match` gave."""
         for relpath, _, row in rows:
             self._later.add((relpath, _ORDER[SOURCE], SOURCE, row))
         self.checked += len(rows)
-
-    def _judge_pair(self, relpath: str, source: dict, record: dict) -> None:
-        """`_judge` of one source the converter stores and its record (`rules.check_pair`)."""
-        problems, (sha256, row) = rules.check_pair(relpath, source, record)
-        if problems:
-            self._problems.extend(problems)
-        self._by_content.add((sha256, _ORDER[SOURCE], row))
-
-    def _judge(self, relpath: str, rows: dict[str, list[dict]], dedupe: bool) -> None:
-        self._problems.extend(rules.check_path(relpath, rows, dedupe))
-        content = rules.content_row(relpath, rows)
-        if content is not None:
-            self._by_content.add((content[0], _ORDER[SOURCE], content[1]))
 
     def check(self, found: manifest.Manifest) -> None:
         """The rules for the paths `match` left, then per content hash."""
@@ -294,7 +247,7 @@ class _Join:
             rows = {SOURCE: [], RECORD: [], REJECTED: []}
             for _, _, kind, row in same:
                 rows[kind].append(row)
-            self._judge(relpath, rows, dedupe)
+            self._judge.judge(relpath, rows, dedupe)
         groups = cross_split = 0
         for _, same in itertools.groupby(self._by_content.sorted(), key=operator.itemgetter(0)):
             rows, reported = [], []

@@ -1,6 +1,7 @@
 """What each worker process of `verify` runs: a shard read into its rows (with the rows of
-the sources its records name, where it can find them: `verify_beside`), or a batch of
-sources' expected rows (`verify_rules.Expect`).
+the sources its records name, where it can find them: `verify_beside`), a batch of
+sources' expected rows (`verify_rules.Expect`), or a part of the paths judged once every
+row is in (`verify_join.judge_part`).
 
 Nothing here imports Beam for a local dataset: the workers' fork server preloads this
 module, as it does the conversion's `beam_jobs.local_workers`.
@@ -14,11 +15,11 @@ import tempfile
 from beam_jobs import load, spill, worker_pool
 from tfrecord_pipe._core import manifest
 from tfrecord_pipe._reading import tensorflow_start
-from tfrecord_pipe._tools import verify_beside
+from tfrecord_pipe._tools import verify_beside, verify_join
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools import verify_rules as rules
 
-SHARD, SOURCES = "shard", "sources"  # the two kinds of task
+SHARD, SOURCES, JUDGE = "shard", "sources", "judge"  # the kinds of task
 
 # In each worker process: what `start` set up.
 _WORKER: dict = {}
@@ -40,8 +41,12 @@ def start(dataset: str, found: manifest.Manifest, config, work: str, decode: boo
 @worker_pool.in_worker
 def task(item: tuple[str, object]) -> tuple[str, object]:
     """A shard read (its rows go to a file in the work folder: a shard can hold more than
-    should travel back at once), or a batch of sources' expected rows."""
+    should travel back at once), a batch of sources' expected rows, or a part of the paths
+    judged (its rows in files of sorted runs, and those of what it gives back)."""
     kind, value = item
+    if kind == JUDGE:
+        runs, dedupe = value
+        return kind, verify_join.judge_part(_WORKER["work"], runs, dedupe)
     if kind == SHARD:
         beside = _WORKER["beside"]
         rows = reading.read_shard(_WORKER["dataset"], _WORKER["found"], value, _WORKER["decode"],
