@@ -55,7 +55,7 @@ class SortedSpill:
 
     def adopt(self, runs: list[str]) -> None:
         """Takes files of runs sorted by this spill's key (`handed_over`), as items added
-        before any held now."""
+        before any held now (`len` counts only the items added)."""
         self._runs.extend(runs)
 
     def sorted(self) -> Iterator:

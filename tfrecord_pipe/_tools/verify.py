@@ -160,9 +160,10 @@ class _Join:
     """
 
     def __init__(self, work: str, problems: join.Problems, parts: int = 1):
-        # As many rows held in memory in all as in one sort, whatever the number of parts.
-        run_items = max(1, spill.RUN_ITEMS // parts)
-        self._by_path = [spill.SortedSpill(work, key=join.BY_PATH, run_items=run_items)
+        # As many rows held in memory in all as in one sort, whatever the number of parts;
+        # and by a worker judging a part, in each of its sorts (`match`).
+        self._run_items = max(1, spill.RUN_ITEMS // parts)
+        self._by_path = [spill.SortedSpill(work, key=join.BY_PATH, run_items=self._run_items)
                          for _ in range(parts)]  # fmt: skip
         self._later = spill.SortedSpill(work, key=join.BY_PATH)  # `match`'s left
         self._by_content = spill.SortedSpill(work, key=join.BY_CONTENT)
@@ -216,7 +217,8 @@ class _Join:
         its rows handed over in files, and so its answers); gives the listed sources no FOUND
         row speaks for (their path's rows wait for `add_checked`)."""
         own, *others = self._by_path
-        judged = [pool.submit(workers.task, (workers.JUDGE, (part.handed_over(), dedupe)))
+        judged = [pool.submit(workers.task, (workers.JUDGE,
+                                             (part.handed_over(), dedupe, self._run_items)))
                   for part in others]  # fmt: skip
         left = spill.Sequence(self._work)
         for source in self._judge.match(own.sorted(), dedupe):

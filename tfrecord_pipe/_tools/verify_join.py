@@ -137,14 +137,15 @@ class PathJudge:
             self.content.add((content[0], ORDER[SOURCE], content[1]))
 
 
-def judge_part(work: str, runs: list[str], dedupe: bool) -> tuple:
+def judge_part(work: str, runs: list[str], dedupe: bool, run_items: int) -> tuple:
     """A worker's part: the paths whose rows are in these sorted runs (`spill.SortedSpill.
-    handed_over`), judged. Returns (its problems handed over, the content rows' runs, the
-    waiting paths' rows' runs, a file of the sources left to check: `spill.read_items`)."""
+    handed_over`), judged, holding at most `run_items` rows a sort (the launcher's share a
+    part). Returns (its problems handed over, the content rows' runs, the waiting paths'
+    rows' runs, a file of the sources left to check: `spill.read_items`)."""
     rows = spill.SortedSpill(work, key=BY_PATH)
     rows.adopt(runs)
-    judge = PathJudge(Problems(), spill.SortedSpill(work, key=BY_CONTENT),
-                      spill.SortedSpill(work, key=BY_PATH))  # fmt: skip
+    judge = PathJudge(Problems(), spill.SortedSpill(work, key=BY_CONTENT, run_items=run_items),
+                      spill.SortedSpill(work, key=BY_PATH, run_items=run_items))  # fmt: skip
     fd, left = tempfile.mkstemp(dir=work, suffix=".left")
     with os.fdopen(fd, "wb") as f:
         spill.write_items(f, judge.match(rows.sorted(), dedupe))

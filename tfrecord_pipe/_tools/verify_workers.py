@@ -45,8 +45,7 @@ def task(item: tuple[str, object]) -> tuple[str, object]:
     judged (its rows in files of sorted runs, and those of what it gives back)."""
     kind, value = item
     if kind == JUDGE:
-        runs, dedupe = value
-        return kind, verify_join.judge_part(_WORKER["work"], runs, dedupe)
+        return kind, verify_join.judge_part(_WORKER["work"], *value)
     if kind == SHARD:
         beside = _WORKER["beside"]
         rows = reading.read_shard(_WORKER["dataset"], _WORKER["found"], value, _WORKER["decode"],
