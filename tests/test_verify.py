@@ -447,9 +447,12 @@ def test_the_same_report_when_every_row_goes_through_sorts_on_disk(converted_cop
     on_disk = verify.verify(str(src), str(out), processes=1, beside=True)
     assert on_disk == in_memory and in_memory.num_problems >= 4, in_memory
     assert verify.verify(str(src), str(out), processes=1, beside=False) == in_memory
-    # The paths judged in three parts, one a worker, beside their records or apart.
+    # The paths judged in three parts, one a worker, beside their records or apart; and in
+    # fewer parts than processes.
     assert verify.verify(str(src), str(out), processes=3, beside=True) == in_memory
     assert verify.verify(str(src), str(out), processes=3, beside=False) == in_memory
+    monkeypatch.setattr(verify_join, "MOST_PARTS", 2)
+    assert verify.verify(str(src), str(out), processes=3, beside=True) == in_memory
 
 
 def test_problems_judged_in_parts_are_those_judged_in_one():

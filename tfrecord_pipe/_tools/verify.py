@@ -82,7 +82,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     labels: set[str] = set()  # of the sources listed, as the converter collects them
     line = _Progress(listed_count, show_progress)
     with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-", dir=_work_parent()) as work:
-        job = _Join(work, problems, processes)
+        job = _Join(work, problems, min(processes, join.MOST_PARTS))
         for split, expected in reading.rejection_files(found):
             job.add(reading.read_rejected(dataset, split, expected), REJECTED)
         if beside is None:

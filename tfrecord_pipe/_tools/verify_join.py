@@ -27,6 +27,9 @@ LISTED = "listed"  # a source listed, to be paired with one checked beside its r
 FOUND, PAIR = verify_beside.FOUND, verify_beside.PAIR
 # Within a key, for the joins.
 ORDER = {SOURCE: 0, RECORD: 1, REJECTED: 2, REPORTED: 3, LISTED: 4, FOUND: 5, PAIR: 6}
+# Parts at most, whatever the number of processes: each part's sort holds its share of
+# RUN_ITEMS, and more parts would write ever more, smaller runs (2,048 rows at 16).
+MOST_PARTS = 16
 # The sorts' keys: a path's rows (relpath, order, kind, row); a content's (sha256, order, row).
 BY_PATH = BY_CONTENT = operator.itemgetter(0, 1)
 
