@@ -4,9 +4,10 @@ Every row of a path (its sources, its records, its lines in rejected/) must be i
 path is judged, so the judging comes once the workers are done; in the launcher alone it
 was a seventh of a run on two cores, and would be most of one on many (RESULTS.md, "fewer
 steps an input"). The launcher sorts each path's rows into the part `part_of` names, one
-part a worker; each worker judges its part's paths (`judge_part`) and hands back what the
-launcher joins next: the problems, the content rows (files of sorted runs), the rows of the
-paths still waiting for a source to be checked on its own, and those sources.
+part a process: it judges the first itself, and each worker another (`judge_part`), handing
+back what the launcher joins next: the problems, the content rows (files of sorted runs),
+the rows of the paths still waiting for a source to be checked on its own, and those
+sources.
 """
 
 from __future__ import annotations
