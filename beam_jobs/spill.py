@@ -41,15 +41,17 @@ class SortedSpill:
         self._held.append(item)
         self._added += 1
         if len(self._held) >= self._run_items:
-            self._runs.append(self._write_run(sorted(self._held, key=self._key)))
-            self._held = []
+            self._write_held()
+
+    def _write_held(self) -> None:
+        self._runs.append(_write(self._folder, sorted(self._held, key=self._key), ".run"))
+        self._held = []
 
     def handed_over(self) -> list[str]:
         """Every item added, as files of sorted runs for another process's `adopt` (the items
         held written as one more run), which then owns them; this spill is then empty."""
         if self._held:
-            self._runs.append(self._write_run(sorted(self._held, key=self._key)))
-            self._held = []
+            self._write_held()
         runs, self._runs, self._added = self._runs, [], 0
         return runs
 
@@ -64,17 +66,12 @@ class SortedSpill:
         while len(self._runs) > FAN_IN:  # keeps the merge's memory bounded at any count
             # One level: consecutive groups merged, each item rewritten once per level.
             self._runs = [
-                self._write_run(heapq.merge(*map(read_items, group), key=self._key))
+                _write(self._folder, heapq.merge(*map(read_items, group), key=self._key), ".run")
                 for group in _groups(self._runs, FAN_IN)
             ]
         # Runs hold earlier items than `held`, and merge keeps its inputs' order on ties.
         return heapq.merge(*map(read_items, self._runs), held, key=self._key)
 
-    def _write_run(self, items: Iterable) -> str:
-        fd, path = tempfile.mkstemp(dir=self._folder, suffix=".run")
-        with os.fdopen(fd, "wb") as f:
-            write_items(f, items)
-        return path
 
 
 class Sequence:
@@ -91,16 +88,21 @@ class Sequence:
     def add(self, item) -> None:
         self._held.append(item)
         if len(self._held) >= self._run_items:
-            fd, path = tempfile.mkstemp(dir=self._folder, suffix=".sequence")
-            with os.fdopen(fd, "wb") as f:
-                write_items(f, self._held)
-            self._runs.append(path)
+            self._runs.append(_write(self._folder, self._held, ".sequence"))
             self._held = []
 
     def __iter__(self) -> Iterator:
         for path in self._runs:
             yield from read_items(path, remove=False)
         yield from self._held
+
+
+def _write(folder: str, items: Iterable, suffix: str) -> str:
+    """A new file in `folder` of `items` (`write_items`); its path."""
+    fd, path = tempfile.mkstemp(dir=folder, suffix=suffix)
+    with os.fdopen(fd, "wb") as f:
+        write_items(f, items)
+    return path
 
 
 def write_items(f, items: Iterable) -> None:
