@@ -97,12 +97,8 @@ class PathJudge:
                     continue
                 if first_kind == LISTED and second_kind == PAIR:
                     record, found = second
-                    if verify_beside.same_source(first, found):
-                        if "rejected" in found:
-                            self.judge(relpath, {SOURCE: [found], RECORD: [record], REJECTED: []},
-                                       dedupe)  # fmt: skip
-                        else:
-                            self.judge_pair(relpath, found, record)
+                    if "rejected" not in found and verify_beside.same_source(first, found):
+                        self.judge_pair(relpath, found, record)
                         continue
             rows_of = {SOURCE: [], RECORD: [], REJECTED: [], LISTED: [], FOUND: [], PAIR: []}
             for _, _, kind, row in same:
