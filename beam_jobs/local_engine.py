@@ -120,7 +120,7 @@ class _Job:
         self._named = 0  # pieces below this one no longer have their own name (`_cuts`)
         # The pieces' entries come back in record order: kept so, with (sha256, number) of
         # each sorted to find the inputs with the same bytes; no sort of the entries.
-        self._in_order = spill.Sequence(spill_dir)  # (split, Checked, where in a piece)
+        self._in_order = spill.Sequence(spill_dir)  # (split, pieces.InPiece tuple, where)
         self._contents = spill.SortedSpill(spill_dir)  # (sha256, number in `_in_order`)
         self._totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
 
@@ -182,7 +182,8 @@ class _Job:
                 refused_here += 1
                 self._reject(rejection(source, refused.reason, refused.detail))
                 continue
-            listed.add((source.split, shard_plan.order_key(source.relpath), source))
+            listed.add((source.split, shard_plan.order_key(source.relpath),
+                        pieces.entry_of(source)))  # fmt: skip
             counts[source.split] += 1
             if counts[source.split] % SIZE_SAMPLE == 1:
                 sizes[source.split][0] += 1
@@ -203,11 +204,11 @@ class _Job:
                 if isinstance(result, Rejection):
                     self._seen_rejected += 1
                     self._reject(result)
-                else:
-                    split, checked, length = result
-                    self._contents.add((checked.sha256, len(self._contents)))
-                    self._in_order.add((split, checked, (piece, offset, length)))
-                    self._count(split, checked, 1)
+                else:  # a pieces.InPiece tuple
+                    split, _, _, _, label, sha256, size, length = result
+                    self._contents.add((sha256, len(self._contents)))
+                    self._in_order.add((split, result, (piece, offset)))
+                    self._count(split, label, size, 1)
                     offset += length
             self._piece_sizes.append(offset)
             self._report()
@@ -236,7 +237,7 @@ class _Job:
                 for piece_length in shard_plan.shard_lengths(length, -(-length // most)):
                     fd, entries_path = tempfile.mkstemp(dir=self._spill_dir, suffix=".piece")
                     with os.fdopen(fd, "wb") as f:
-                        spill.write_items(f, (source for _, _, source in
+                        spill.write_items(f, (entry for _, _, entry in
                                               itertools.islice(entries, piece_length)))  # fmt: skip
                     path = os.path.join(self._spill_dir, f"piece-{len(self._pieces):07d}.tfrecord")
                     self._pieces.append(path)
@@ -282,16 +283,17 @@ class _Job:
         self._let_go(len(self._pieces))  # pieces of no record; all of them where no links
         return written
 
-    def _count(self, split: str, checked: load.Checked, n: int) -> None:
-        """Counts a record in (n=1) or out (n=-1) of its split's totals and label counts."""
-        self.label_counts[split, checked.label_text] += n
+    def _count(self, split: str, label: str, size: int, n: int) -> None:
+        """Counts a record (`size`: load.Checked's) in (n=1) or out (n=-1) of its split's
+        totals and label counts."""
+        self.label_counts[split, label] += n
         totals = self._totals[split]
         totals[0] += n
-        totals[1] += n * checked.size
+        totals[1] += n * size
 
     def _report_group(self, sha256: str, pairs: list) -> tuple | None:
-        """Reports a group of (split, Checked) with the same bytes, if more than one; with
-        --dedupe, rejects all but the first by path, and returns the one kept."""
+        """Reports a group of (split, Checked or pieces.InPiece) with the same bytes, if more
+        than one; with --dedupe, rejects all but the first by path, and returns the one kept."""
         row = duplicates.group_row(sha256, pairs)
         if row is None:
             return None
@@ -318,7 +320,7 @@ class _Job:
                 if checked.label_index != index[checked.label_text]:  # -1: labels were unknown
                     checked = checked.with_label_index(index[checked.label_text])
                 self._by_key.add((split, checked.key, checked, where))
-                self._count(split, checked, 1)
+                self._count(split, checked.label_text, checked.size, 1)
 
     def _grouped_in_order(self) -> spill.SortedSpill:
         """The duplicates of the records written into pieces (`_in_order`, whose labels are
@@ -340,22 +342,22 @@ class _Job:
         dropped = spill.SortedSpill(self._spill_dir)
         if not len(members):
             return dropped
-        groups = spill.SortedSpill(self._spill_dir)  # (sha256, number, split, Checked)
+        groups = spill.SortedSpill(self._spill_dir)  # (sha256, number, pieces.InPiece tuple)
         wanted = members.sorted()
         want = next(wanted)
-        for number, (split, checked, _) in enumerate(self._in_order):
+        for number, (_, written, _) in enumerate(self._in_order):
             if number == want[0]:
-                groups.add((want[1], number, split, checked))
+                groups.add((want[1], number, written))
                 want = next(wanted, None)
                 if want is None:
                     break
         for sha256, same in itertools.groupby(groups.sorted(), key=operator.itemgetter(0)):
-            same = list(same)
-            first = self._report_group(sha256, [(split, checked) for _, _, split, checked in same])
-            for _, number, split, checked in same:
-                if first is not None and checked is not first[1]:
+            same = [(number, pieces.InPiece(*written)) for _, number, written in same]
+            first = self._report_group(sha256, [(written.split, written) for _, written in same])
+            for number, written in same:
+                if first is not None and written is not first[1]:
                     dropped.add(number)
-                    self._count(split, checked, -1)
+                    self._count(written.split, written.label_text, written.size, -1)
         return dropped
 
     def _kept_in_order(self, dropped: spill.SortedSpill) -> Iterator[tuple]:
@@ -396,8 +398,8 @@ class _Job:
         in_shards = enumerate(self._in_shards(plans, examples, kept))
         for number, (split, shard, shards, entries) in in_shards:
             cut = pieces.Cut()
-            for _, checked, (piece, offset, length) in entries:
-                cut.add(piece, offset, length, checked)
+            for _, written, (piece, offset) in entries:
+                cut.add(piece, offset, written)
             read = dict.fromkeys(piece for piece, _, _ in cut.ranges)  # each piece once
             paths_of = {piece: links.of(self._pieces[piece], number) for piece in read}
             last = cut.ranges[-1][0]

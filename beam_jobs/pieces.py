@@ -31,9 +31,11 @@ import dataclasses
 import itertools
 import logging
 import os
+from typing import NamedTuple
 
 from beam_jobs import load, record_writer, spill, storage
 from beam_jobs.config import ConvertConfig
+from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, naming, paths
 
 LOG = logging.getLogger(__name__)
@@ -64,7 +66,8 @@ class Piece:
     """A worker's task: inputs to check, whose records go to one file.
 
     Attributes:
-      entries: file of the inputs' `SourceFile`s, in record order (`spill.write_items`).
+      entries: file of the inputs' `SourceFile` fields (path, relpath, label, split), as plain
+        tuples in record order (`spill.write_items`; `entry_of`).
       path: where the records go.
       labels: the dataset's labels, each record's label index its place here.
     """
@@ -74,9 +77,36 @@ class Piece:
     labels: tuple[str, ...]
 
 
+def entry_of(source: SourceFile) -> tuple:
+    """A listed input as a piece's `entries` file holds it (one without a problem): a plain
+    tuple, which the launcher pickles at a fifth of a dataclass's cost."""
+    return source.path, source.relpath, source.label, source.split
+
+
+class InPiece(NamedTuple):
+    """A record written into a piece, as the launcher keeps it: only what places, counts and
+    groups it. Given back and held as a plain tuple in this order (a tuple of strings and
+    numbers pickles cheapest, and the garbage collector stops following it); made a InPiece
+    only where its names help, for the few inputs with the same bytes as another.
+
+    Attributes:
+      split, relpath, path, label_index, label_text, sha256, size: as in `load.Checked`.
+      length: the bytes the record takes in the piece's file.
+    """
+
+    split: str
+    relpath: str
+    path: str
+    label_index: int
+    label_text: str
+    sha256: str
+    size: int
+    length: int
+
+
 def write(piece: Piece, checker: load.Checker, label_offset: int) -> list:
     """Checks the piece's inputs and writes the record of each one used; per input, in order:
-    its Rejection, or (split, Checked, bytes its record takes in the file)."""
+    its Rejection, or its `InPiece` fields as a plain tuple."""
     index = {label: i for i, label in enumerate(piece.labels)}
     checker.set_labels(index, index)
     results = []
@@ -85,7 +115,7 @@ def write(piece: Piece, checker: load.Checker, label_offset: int) -> list:
         return checker.entry(source, result), result.stored
 
     with record_writer.RecordWriter(piece.path) as writer:
-        sources = spill.read_items(piece.entries)
+        sources = (SourceFile(*entry) for entry in spill.read_items(piece.entries))
         while batch := list(itertools.islice(sources, load.BATCH)):
             for (source, checked, _, rejected), stored in checker.decide(batch, with_image):
                 if checked is None:
@@ -93,7 +123,9 @@ def write(piece: Piece, checker: load.Checker, label_offset: int) -> list:
                     continue
                 record = load.serialized_record(checked, stored.encoded, label_offset)
                 writer.write(record)
-                results.append((source.split, checked, record_writer.framed_length(record)))
+                results.append((source.split, checked.relpath, checked.path, checked.label_index,
+                                checked.label_text, checked.sha256, checked.size,
+                                record_writer.framed_length(record)))  # fmt: skip
     return results
 
 
@@ -106,13 +138,15 @@ class Cut:
         self.count = 0
         self._positions = manifest.ShardPositions()
 
-    def add(self, piece: int, offset: int, length: int, checked: load.Checked) -> None:
+    def add(self, piece: int, offset: int, written: tuple) -> None:
+        """Adds the record `written` (`InPiece`'s fields) at `offset` in `piece`."""
+        _, relpath, _, label_index, label_text, _, _, length = written
         if self.ranges and self.ranges[-1][0] == piece and sum(self.ranges[-1][1:]) == offset:
             self.ranges[-1] = (piece, self.ranges[-1][1], self.ranges[-1][2] + length)
         else:
             self.ranges.append((piece, offset, length))
         self.count += 1
-        self._positions.add(checked.relpath, checked.label_index, checked.label_text)
+        self._positions.add(relpath, label_index, label_text)
 
     def digest(self) -> str:
         return self._positions.hexdigest()

@@ -502,16 +502,16 @@ def test_a_shard_is_put_together_from_ranges_of_pieces_or_takes_a_whole_piece(tm
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_bytes(b"0123456789")
     b.write_bytes(b"abcdef")
-    entries = [load.Checked(key=name, path=name, relpath=name, label_index=i, label_text="cat",
-                            sha256="0" * 64, crc32c=None, height=1, width=1, size=1,
-                            reencoded=False) for i, name in enumerate("xyz")]  # fmt: skip
+    entries = [tuple(pieces.InPiece(split="train", relpath=name, path=name, label_index=i,
+                                    label_text="cat", sha256="0" * 64, size=1, length=length))
+               for i, (name, length) in enumerate(zip("xyz", [3, 5, 4]))]  # fmt: skip
     cut = pieces.Cut()
-    for (piece, offset, length), checked in zip([(0, 2, 3), (0, 5, 5), (1, 0, 4)], entries):
-        cut.add(piece, offset, length, checked)
+    for (piece, offset), written in zip([(0, 2), (0, 5), (1, 0)], entries):
+        cut.add(piece, offset, written)
     assert cut.ranges == [(0, 2, 8), (1, 0, 4)] and cut.count == 3
     positions = manifest.ShardPositions()
-    for checked in entries:
-        positions.add(checked.relpath, checked.label_index, checked.label_text)
+    for written in map(pieces.InPiece._make, entries):
+        positions.add(written.relpath, written.label_index, written.label_text)
     assert cut.digest() == positions.hexdigest()
     files = {0: str(a), 1: str(b)}
     ranges = [(files[piece], offset, length) for piece, offset, length in cut.ranges]
