@@ -183,7 +183,7 @@ class _Job:
                 self._reject(rejection(source, refused.reason, refused.detail))
                 continue
             listed.add((source.split, shard_plan.order_key(source.relpath),
-                        pieces.entry_of(source)))  # fmt: skip
+                        source.as_tuple()))  # fmt: skip
             counts[source.split] += 1
             if counts[source.split] % SIZE_SAMPLE == 1:
                 sizes[source.split][0] += 1

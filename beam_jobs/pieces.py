@@ -66,8 +66,8 @@ class Piece:
     """A worker's task: inputs to check, whose records go to one file.
 
     Attributes:
-      entries: file of the inputs' `SourceFile` fields (path, relpath, label, split), as plain
-        tuples in record order (`spill.write_items`; `entry_of`).
+      entries: file of the inputs, as `SourceFile.as_tuple` gives them, in record order
+        (`spill.write_items`).
       path: where the records go.
       labels: the dataset's labels, each record's label index its place here.
     """
@@ -75,12 +75,6 @@ class Piece:
     entries: str
     path: str
     labels: tuple[str, ...]
-
-
-def entry_of(source: SourceFile) -> tuple:
-    """A listed input as a piece's `entries` file holds it (one without a problem): a plain
-    tuple, which the launcher pickles at a fifth of a dataclass's cost."""
-    return source.path, source.relpath, source.label, source.split
 
 
 class InPiece(NamedTuple):

@@ -29,6 +29,11 @@ class SourceFile:
     split: str
     problem: tuple[str, str] | None = None
 
+    def as_tuple(self) -> tuple:
+        """Its fields in order, from which `SourceFile(*fields)` makes it again: a plain tuple
+        pickles at a fifth of a dataclass's cost, for the many sent between processes."""
+        return self.path, self.relpath, self.label, self.split, self.problem
+
     @property
     def class_label(self) -> str | None:
         """The label this input brings to the dataset's list of labels: none where it was

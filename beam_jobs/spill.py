@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 RUN_ITEMS = 32_768  # items held before they are sorted and written as a run (~10-30 MB)
 CHUNK_ITEMS = 64  # items per pickle in a run file: what a run being merged holds in memory
-FAN_IN = 64  # runs merged at once; more are first merged into longer runs
+FAN_IN = 128  # runs merged at once (a chunk each in memory); more are first merged into longer runs
 
 
 class SortedSpill:

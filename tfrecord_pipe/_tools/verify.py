@@ -52,6 +52,11 @@ from tfrecord_pipe._tools.verify_rules import (
 __all__ = ["VerifyReport", "verify"]
 
 PROGRESS_EVERY_S = 0.5  # a terminal's progress line, at most this often
+# Sources a task: their rows come back as runs of each part's sort (`verify_join.Parts`),
+# so that, with a run for each shard, a part's merge takes every run at once up to about a
+# million inputs (spill.FAN_IN).
+SOURCES_A_TASK = 8192
+TASKS_AHEAD = 2  # a worker (each a shard or many sources): enough that none waits
 LISTED, PAIR, _ORDER = join.LISTED, join.PAIR, join.ORDER
 
 
@@ -88,9 +93,9 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
         if beside is None:
             beside = verify_beside.chosen(config, found)
         beside = beside and verify_beside.possible(config)
-        worker_args = (dataset, found, config, work, decode, beside)
+        worker_args = (dataset, found, config, work, decode, beside, *job.sizes)
         with worker_pool.pool(processes, workers.start, worker_args) as pool:
-            window = processes * worker_pool.IN_FLIGHT
+            window = processes * TASKS_AHEAD
             shards = reading.shards_of(found)
             if beside:
                 # Sources are checked beside their records; the listing, between the shards'
@@ -99,22 +104,22 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
                                   listed_count)  # fmt: skip
                 tasks = ((workers.SHARD, listed.after(shard)) for shard in shards)
             else:
+                listed_sources = _batches(_listed(config, work, labels, found), SOURCES_A_TASK)
                 tasks = itertools.chain(
                     ((workers.SHARD, shard) for shard in shards),
-                    ((workers.SOURCES, batch)
-                     for batch in _batches(_listed(config, work, labels, found))),
+                    ((workers.SOURCES, batch) for batch in listed_sources),
                 )
             for future in load.in_order(pool, workers.task, tasks, window):
                 kind, result = future.result()
                 if kind == workers.SHARD:
-                    job.add(spill.read_items(result), RECORD)
+                    job.add_shard(*result)
                 else:
-                    job.add_sources(result)
+                    job.add_sources(*result)
                 line.update(job.checked)
             if beside:
                 listed.rest()
             dedupe = bool(found.conversion.get("dedupe"))
-            left = ((workers.SOURCES, batch) for batch in _batches(job.match(pool, dedupe)))
+            left = ((workers.LATER, batch) for batch in _batches(job.match(pool, dedupe)))
             for future in load.in_order(pool, workers.task, left, window):
                 job.add_checked(future.result()[1])
                 line.update(job.checked)
@@ -161,10 +166,9 @@ class _Join:
 
     def __init__(self, work: str, problems: join.Problems, parts: int = 1):
         # As many rows held in memory in all as in one sort, whatever the number of parts;
-        # and by a worker judging a part, in each of its sorts (`match`).
+        # and by a worker, in each of its sorts (its rows; `match`).
         self._run_items = max(1, spill.RUN_ITEMS // parts)
-        self._by_path = [spill.SortedSpill(work, key=join.BY_PATH, run_items=self._run_items)
-                         for _ in range(parts)]  # fmt: skip
+        self._by_path = join.Parts(work, parts, self._run_items)
         self._later = spill.SortedSpill(work, key=join.BY_PATH)  # `match`'s left
         self._by_content = spill.SortedSpill(work, key=join.BY_CONTENT)
         self._judge = join.PathJudge(problems, self._by_content, self._later)
@@ -176,9 +180,10 @@ class _Join:
         self._spans: list[tuple[str, str, str, str]] = []  # one per shard
         self._labels: collections.Counter = collections.Counter()  # (split, label) -> records
 
-    def _add_row(self, row: tuple) -> None:
-        """A path's row (relpath, order, kind, row), into its part's sort."""
-        self._by_path[join.part_of(row[0], len(self._by_path))].add(row)
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """(parts, rows a sort holds), for the workers' sorts of the rows they make."""
+        return len(self._by_path.sorts), self._run_items
 
     def add(self, read: Iterable[tuple[str, object]], total: str | None) -> None:
         """The (kind, value) pairs of `verify_reading`: rows joined, problems, counts."""
@@ -196,27 +201,34 @@ class _Join:
                 self._labels[split, label] += n
             else:
                 key, row = value
-                self._add_row((key, _ORDER[kind], kind, row))
+                self._by_path.add(key, kind, row)
                 self.checked += kind == PAIR  # a source checked beside its record
+
+    def add_shard(self, runs: list[list[str]], others: list, pairs: int) -> None:
+        """A shard read by a worker (`verify_workers.task`): its path rows' runs a part, its
+        other (kind, value) pairs, its sources checked beside their records."""
+        self._by_path.adopt(runs)
+        self.add(others, RECORD)
+        self.checked += pairs
 
     def add_listed(self, source: SourceFile) -> None:
         self.per_split[source.split] += 1
         # A tuple: a dataclass costs more to spill.
         listed = (source.path, source.label, source.split, source.problem)
-        self._add_row((source.relpath, _ORDER[LISTED], LISTED, listed))
+        self._by_path.add(source.relpath, LISTED, listed)
 
-    def add_sources(self, rows: list[tuple[str, str, dict]]) -> None:
-        for relpath, split, row in rows:
-            self.per_split[split] += 1
-            self._add_row((relpath, _ORDER[SOURCE], SOURCE, row))
-        self.checked += len(rows)
+    def add_sources(self, runs: list[list[str]], per_split: dict[str, int]) -> None:
+        """Sources checked by a worker: their rows' runs a part, their count per split."""
+        self._by_path.adopt(runs)
+        self.per_split.update(per_split)
+        self.checked += sum(per_split.values())
 
     def match(self, pool, dedupe: bool) -> Iterator[SourceFile]:
         """Judges each relative path whose sources are all checked: the first part of the
         paths here, each other part on a worker of `pool` meanwhile (`verify_join.judge_part`:
         its rows handed over in files, and so its answers); gives the listed sources no FOUND
         row speaks for (their path's rows wait for `add_checked`)."""
-        own, *others = self._by_path
+        own, *others = self._by_path.sorts
         judged = [pool.submit(workers.task, (workers.JUDGE,
                                              (part.handed_over(), dedupe, self._run_items)))
                   for part in others]  # fmt: skip
@@ -306,9 +318,10 @@ def _listed(config, work: str, labels: set[str], found: manifest.Manifest
         yield source
 
 
-def _batches(items: Iterable, size: int = load.BATCH) -> Iterator[list]:
-    items = iter(items)
-    while batch := list(itertools.islice(items, size)):
+def _batches(sources: Iterable[SourceFile], size: int = load.BATCH) -> Iterator[list[tuple]]:
+    """Tasks' batches of sources, each as `SourceFile.as_tuple` (cheaper to send)."""
+    sources = iter(sources)
+    while batch := [source.as_tuple() for source in itertools.islice(sources, size)]:
         yield batch
 
 

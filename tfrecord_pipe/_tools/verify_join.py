@@ -3,11 +3,12 @@
 Every row of a path (its sources, its records, its lines in rejected/) must be in before the
 path is judged, so the judging comes once the workers are done; in the launcher alone it
 was a seventh of a run on two cores, and would be most of one on many (RESULTS.md, "fewer
-steps an input"). The launcher sorts each path's rows into the part `part_of` names, one
-part a process: it judges the first itself, and each worker another (`judge_part`), handing
-back what the launcher joins next: the problems, the content rows (files of sorted runs),
-the rows of the paths still waiting for a source to be checked on its own, and those
-sources.
+steps an input"). Each path's rows go into the sort of the part `part_of` names (`Parts`),
+one part a process: the workers sort the rows they make (a shard's, a batch of sources')
+into runs the launcher adopts, so that the launcher never holds them. The launcher judges
+the first part itself, and each worker another (`judge_part`), handing back what the
+launcher joins next: the problems, the content rows (files of sorted runs), the rows of the
+paths still waiting for a source to be checked on its own, and those sources.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import itertools
 import operator
 import os
 import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 
 from beam_jobs import spill
@@ -28,6 +30,7 @@ LISTED = "listed"  # a source listed, to be paired with one checked beside its r
 FOUND, PAIR = verify_beside.FOUND, verify_beside.PAIR
 # Within a key, for the joins.
 ORDER = {SOURCE: 0, RECORD: 1, REJECTED: 2, REPORTED: 3, LISTED: 4, FOUND: 5, PAIR: 6}
+PATH_KINDS = frozenset(ORDER) - {REPORTED}  # the kinds of rows joined on paths (REPORTED: content)
 # Parts at most, whatever the number of processes: each part's sort holds its share of
 # RUN_ITEMS, and more parts would write ever more, smaller runs (2,048 rows at 16).
 MOST_PARTS = 16
@@ -36,8 +39,30 @@ BY_PATH = BY_CONTENT = operator.itemgetter(0, 1)
 
 
 def part_of(relpath: str, parts: int) -> int:
-    """The part a path's rows go to (within one process: Python's hash of a str is its own)."""
-    return hash(relpath) % parts
+    """The part a path's rows go to, the same in every process (Python's own hash of a str
+    differs between processes)."""
+    return zlib.crc32(relpath.encode("utf-8", "surrogatepass")) % parts
+
+
+class Parts:
+    """Rows of paths, each into the sort of its path's part (`part_of`): filled in the
+    launcher, and in each worker for the rows it makes, whose runs the launcher adopts."""
+
+    def __init__(self, work: str, parts: int, run_items: int):
+        self.sorts = [spill.SortedSpill(work, key=BY_PATH, run_items=run_items)
+                      for _ in range(parts)]  # fmt: skip
+
+    def add(self, relpath: str, kind: str, row) -> None:
+        self.sorts[part_of(relpath, len(self.sorts))].add((relpath, ORDER[kind], kind, row))
+
+    def handed_over(self) -> list[list[str]]:
+        """Each part's runs (`spill.SortedSpill.handed_over`), for `adopt`."""
+        return [part.handed_over() for part in self.sorts]
+
+    def adopt(self, runs: list[list[str]]) -> None:
+        """Another's parts' runs (`handed_over`), as rows added before those held here."""
+        for part, part_runs in zip(self.sorts, runs, strict=True):
+            part.adopt(part_runs)
 
 
 class Problems:
