@@ -64,14 +64,23 @@ class SortedSpill:
         """Every item added, in key order; once (the runs are deleted as they are read)."""
         held, self._held = sorted(self._held, key=self._key), []
         while len(self._runs) > FAN_IN:  # keeps the merge's memory bounded at any count
-            # One level: consecutive groups merged, each item rewritten once per level.
-            self._runs = [
-                _write(self._folder, heapq.merge(*map(read_items, group), key=self._key), ".run")
-                for group in _groups(self._runs, FAN_IN)
-            ]
+            self._merge_fewest()
         # Runs hold earlier items than `held`, and merge keeps its inputs' order on ties.
         return heapq.merge(*map(read_items, self._runs), held, key=self._key)
 
+    def _merge_fewest(self) -> None:
+        """Merges groups of consecutive runs (at most FAN_IN a group), from the first, until
+        FAN_IN runs would be left: only as many items are rewritten as that takes (a few
+        runs past FAN_IN cost a few runs' rewriting, not every item's), and runs stay in the
+        order their items were added."""
+        runs, merged, excess = self._runs, [], len(self._runs) - FAN_IN
+        while excess > 0 and len(runs) > 1:
+            size = min(FAN_IN, excess + 1, len(runs))  # a group of `size` is `size - 1` fewer
+            group, runs = runs[:size], runs[size:]
+            merged.append(_write(self._folder, heapq.merge(*map(read_items, group), key=self._key),
+                                 ".run"))  # fmt: skip
+            excess -= size - 1
+        self._runs = merged + runs
 
 
 class Sequence:
@@ -110,11 +119,6 @@ def write_items(f, items: Iterable) -> None:
     items = iter(items)
     while chunk := list(itertools.islice(items, CHUNK_ITEMS)):
         pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _groups(items: list, size: int) -> Iterator[list]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 def read_items(path: str, remove: bool = True) -> Iterator:

@@ -40,6 +40,21 @@ def test_a_spill_gives_back_every_item_in_order_through_runs_merged_in_levels(tm
     assert list(tmp_path.iterdir()) == []  # runs are deleted once read
 
 
+def test_a_spill_past_its_fan_in_rewrites_only_the_runs_it_must(tmp_path, monkeypatch):
+    monkeypatch.setattr(spill, "FAN_IN", 4)
+    written = []
+    write = spill._write
+    monkeypatch.setattr(spill, "_write", lambda folder, items, suffix: write(
+        folder, (written.append(item) or item for item in items), suffix))  # fmt: skip
+    items = [(random.randrange(5), n) for n in range(60)]
+    sorts = spill.SortedSpill(str(tmp_path), key=lambda item: item[0], run_items=10)
+    for item in items:
+        sorts.add(item)
+    assert len(written) == 60  # six runs
+    assert list(sorts.sorted()) == sorted(items, key=lambda item: item[0])
+    assert len(written) == 60 + 30  # the first three merged into one: four runs left
+
+
 def test_a_sequence_gives_back_every_item_in_the_order_added_as_often_as_asked(tmp_path):
     items = [(random.randrange(40), n) for n in range(97)]
     sequence = spill.Sequence(str(tmp_path), run_items=10)
