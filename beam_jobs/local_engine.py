@@ -118,10 +118,11 @@ class _Job:
         self._pieces: list[str] = []
         self._piece_sizes: list[int] = []
         self._named = 0  # pieces below this one no longer have their own name (`_cuts`)
-        # The pieces' entries come back in record order: kept so, with (sha256, number) of
-        # each sorted to find the inputs with the same bytes; no sort of the entries.
+        # The pieces' records' entries, in files their workers write (`pieces.Done`): kept in
+        # record order, with (sha256, piece, index in it) of each sorted to find the inputs
+        # with the same bytes; no sort of the entries, and none read here before the end.
         self._in_order = spill.Sequence(spill_dir)  # (split, pieces.InPiece tuple, where)
-        self._contents = spill.SortedSpill(spill_dir)  # (sha256, number in `_in_order`)
+        self._contents = spill.SortedSpill(spill_dir)  # (sha256, piece, index in it)
         self._totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
 
     def _report(self, force: bool = False, written: int = 0, to_write: int = 0,
@@ -194,23 +195,19 @@ class _Job:
         planned = self._pieces_of(listed, counts, sizes, labels)
         window = self._processes * pieces.IN_FLIGHT
         for future in load.in_order(self._pool, local_workers.write_piece, planned, window):
-            results = future.result()
-            self._seen += refused_here  # counted as loaded with the first piece's inputs
-            self._seen_rejected += refused_here
+            done = future.result()
+            self._seen += refused_here + done.records + len(done.rejected)
+            self._seen_rejected += refused_here + len(done.rejected)  # with the first piece's
             refused_here = 0
-            piece, offset = len(self._piece_sizes), 0
-            for result in results:
-                self._seen += 1
-                if isinstance(result, Rejection):
-                    self._seen_rejected += 1
-                    self._reject(result)
-                else:  # a pieces.InPiece tuple
-                    split, _, _, _, label, sha256, size, length = result
-                    self._contents.add((sha256, len(self._contents)))
-                    self._in_order.add((split, result, (piece, offset)))
-                    self._count(split, label, size, 1)
-                    offset += length
-            self._piece_sizes.append(offset)
+            for rejected in done.rejected:
+                self._reject(rejected)
+            self._in_order.adopt(done.in_order)
+            self._contents.adopt([done.contents])
+            self.label_counts.update(done.label_counts)
+            for split, (n, size) in done.totals.items():
+                self._totals[split][0] += n
+                self._totals[split][1] += size
+            self._piece_sizes.append(done.size)
             self._report()
         self._seen += refused_here  # none was left to read
         self._seen_rejected += refused_here
@@ -241,7 +238,7 @@ class _Job:
                                               itertools.islice(entries, piece_length)))  # fmt: skip
                     path = os.path.join(self._spill_dir, f"piece-{len(self._pieces):07d}.tfrecord")
                     self._pieces.append(path)
-                    yield pieces.Piece(entries_path, path, labels)
+                    yield pieces.Piece(len(self._pieces) - 1, entries_path, path, labels)
 
     def _listed(self, fixed_labels: tuple[str, ...] | None) -> Iterator[SourceFile]:
         """Every input listed, counted; a CSV's files named twice kept once (the others
@@ -325,28 +322,32 @@ class _Job:
     def _grouped_in_order(self) -> spill.SortedSpill:
         """The duplicates of the records written into pieces (`_in_order`, whose labels are
         right): each group reported; the numbers of the records --dedupe drops, sorted.
-        Only the (sha256, number) pairs are sorted; a group's entries are then picked up in
-        one pass, where there is any group."""
-        members = spill.SortedSpill(self._spill_dir)  # (number, sha256) of each in a group
-        last_sha256 = last_number = None
+        Only the (sha256, piece, index in it) of each is sorted; a group's entries are then
+        picked up in one pass, where there is any group."""
+        members = spill.SortedSpill(self._spill_dir)  # ((piece, index), sha256) in a group
+        last_sha256 = last_at = None
         grouped = False
-        for sha256, number in self._contents.sorted():
+        for sha256, piece, index in self._contents.sorted():
+            at = (piece, index)
             if sha256 == last_sha256:
                 if not grouped:
-                    members.add((last_number, sha256))
+                    members.add((last_at, sha256))
                     grouped = True
-                members.add((number, sha256))
+                members.add((at, sha256))
             else:
                 grouped = False
-            last_sha256, last_number = sha256, number
+            last_sha256, last_at = sha256, at
         dropped = spill.SortedSpill(self._spill_dir)
         if not len(members):
             return dropped
         groups = spill.SortedSpill(self._spill_dir)  # (sha256, number, pieces.InPiece tuple)
         wanted = members.sorted()
         want = next(wanted)
-        for number, (_, written, _) in enumerate(self._in_order):
-            if number == want[0]:
+        last_piece = index = None
+        for number, (_, written, (piece, _)) in enumerate(self._in_order):
+            index = index + 1 if piece == last_piece else 0
+            last_piece = piece
+            if (piece, index) == want[0]:
                 groups.add((want[1], number, written))
                 want = next(wanted, None)
                 if want is None:

@@ -100,6 +100,12 @@ class Sequence:
             self._runs.append(_write(self._folder, self._held, ".sequence"))
             self._held = []
 
+    def adopt(self, path: str) -> None:
+        """A file of items (`write_items`) written elsewhere, as the next items (none may be
+        held here): it becomes this sequence's, removed with `folder`."""
+        assert not self._held, "adopted items would come after those held"
+        self._runs.append(path)
+
     def __iter__(self) -> Iterator:
         for path in self._runs:
             yield from read_items(path, remove=False)

@@ -62,6 +62,13 @@ def test_a_sequence_gives_back_every_item_in_the_order_added_as_often_as_asked(t
         sequence.add(item)
     assert len(list(tmp_path.iterdir())) == 9  # the last 7 held
     assert list(sequence) == items and list(sequence) == items
+    # Files written elsewhere (a worker's), taken as the next items.
+    adopted = spill.Sequence(str(tmp_path))
+    for start in (0, 40):
+        with open(tmp_path / f"written-{start}", "wb") as f:
+            spill.write_items(f, items[start : start + 40])
+        adopted.adopt(str(tmp_path / f"written-{start}"))
+    assert list(adopted) == items[:80] and list(adopted) == items[:80]
 
 
 def test_a_spill_handed_over_to_another_gives_back_every_item_there(tmp_path):
