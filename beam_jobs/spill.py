@@ -70,9 +70,9 @@ class SortedSpill:
 
     def _merge_fewest(self) -> None:
         """Merges groups of consecutive runs (at most FAN_IN a group), from the first, until
-        FAN_IN runs would be left: only as many items are rewritten as that takes (a few
-        runs past FAN_IN cost a few runs' rewriting, not every item's), and runs stay in the
-        order their items were added."""
+        FAN_IN runs would be left (past about FAN_IN**2 runs, fewer each call): only as many
+        items are rewritten as that takes (a few runs past FAN_IN cost a few runs'
+        rewriting, not every item's), and runs stay in the order their items were added."""
         runs, merged, excess = self._runs, [], len(self._runs) - FAN_IN
         while excess > 0 and len(runs) > 1:
             size = min(FAN_IN, excess + 1, len(runs))  # a group of `size` is `size - 1` fewer

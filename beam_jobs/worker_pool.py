@@ -23,7 +23,7 @@ from concurrent import futures
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import connection as connection_lib
 
-from beam_jobs import fork_server, malloc
+from beam_jobs import fork_server, malloc, spill
 from tfrecord_pipe._core import parent_watch, paths
 
 IN_FLIGHT = 4  # tasks per worker submitted ahead, so none waits for the next
@@ -49,8 +49,9 @@ class TooFewFilesError(ValueError):
 def files_needed(count: int) -> int:
     """Files open at once in a launcher of `count` workers, with room: its pipes to each,
     and theirs to the server (measured: 2 workers failed below 16 files, 8 below 40, 16
-    below 64; each failure said nothing of the limit)."""
-    return 32 + 4 * count
+    below 64; each failure said nothing of the limit); and in it or a worker, the runs of
+    a sort's merge (`spill.FAN_IN`, a run a piece or a shard) with the file it writes."""
+    return 32 + 4 * count + spill.FAN_IN + 1
 
 
 def allow_files(count: int) -> None:

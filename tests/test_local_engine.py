@@ -27,8 +27,8 @@ from test_engines import files_of
 BEAM = ["--runner", "DirectRunner"]  # the Beam pipeline, on Beam's local runner
 
 
-def test_a_spill_gives_back_every_item_in_order_through_runs_merged_in_levels(tmp_path, monkeypatch):
-    monkeypatch.setattr(spill, "FAN_IN", 3)  # 50 runs: merged three at a time, then all
+def test_a_spill_gives_back_every_item_in_order_through_runs_merged_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(spill, "FAN_IN", 3)  # 50 runs: merged three at a time, then again
     items = [(random.randrange(40), n) for n in range(997)]
     random.Random(7).shuffle(items)
     sorts = spill.SortedSpill(str(tmp_path), key=lambda item: item[0], run_items=20)

@@ -284,7 +284,8 @@ def _command(*args, limit: tuple[int, int]) -> subprocess.CompletedProcess:
 def test_a_low_limit_of_open_files_is_raised_or_said_with_what_to_do(tmp_path):
     # Under `ulimit -n` 15 both commands failed naming the workers' server (a bare traceback
     # at 8); a limit lowered in the soft limit only, which the process may raise, failed too.
-    src, out = write_image_folder(tmp_path / "src", per_label=3), tmp_path / "out"
+    # 66 images make 64 shards: a sort's merge then opens a run of each (spill.FAN_IN).
+    src, out = write_image_folder(tmp_path / "src", per_label=22), tmp_path / "out"
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     for command in (("convert", src, out), ("verify", src, out)):
         done = _command(*command, limit=(12, hard))  # the soft limit alone: raised

@@ -52,9 +52,9 @@ from tfrecord_pipe._tools.verify_rules import (
 __all__ = ["VerifyReport", "verify"]
 
 PROGRESS_EVERY_S = 0.5  # a terminal's progress line, at most this often
-# Sources a task: their rows come back as runs of each part's sort (`verify_join.Parts`),
-# so that, with a run for each shard, a part's merge takes every run at once up to about a
-# million inputs (spill.FAN_IN).
+# Sources a task: their rows come back as a run of each part's sort (`verify_join.Parts`),
+# as a shard's do; past spill.FAN_IN runs a part (at 64 shards a split, from two splits of
+# 500,000 inputs or one of a million) a merge first rewrites the few runs it must.
 SOURCES_A_TASK = 8192
 TASKS_AHEAD = 2  # a worker (each a shard or many sources): enough that none waits
 LISTED, PAIR, _ORDER = join.LISTED, join.PAIR, join.ORDER
