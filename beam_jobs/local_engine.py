@@ -8,8 +8,10 @@ through sorts on disk (`spill.py`): by content for the duplicate report, by reco
 the shards, by split and path for the rejection lists; then the workers write the shards,
 reading the sources again (`shard_writer.write_shard`), as on Beam. Where the shards are
 plain TFRecord on local disk, each input is read once instead: the listing comes first, and
-the workers write the records as they check the inputs (`pieces.py`); their entries then
-come back in record order, and only their hashes are sorted. The same functions
+the workers write the records as they check the inputs (`pieces.py`), and their entries,
+in record order, and their hashes, sorted, in files the launcher takes whole, to find the
+inputs with the same bytes and cut the shards (its work an input is the job's limit on a
+many-core machine: benchmarks/RESULTS.md, "the launchers pass files"). The same functions
 decide every input's fate and every record's place, so the dataset is the Beam pipeline's,
 byte for byte (tests/test_engines.py). What is held at once: RUN_ITEMS entries per sort, a
 window of batches, pieces and shards in flight, and one group of inputs with the same bytes.

@@ -84,6 +84,9 @@ def task(item: tuple[str, object]) -> tuple[str, object]:
 def _rows(sources: list[SourceFile]):
     """(relpath, split, expected row) of each source, in order (`verify_rules.Expect.row`)."""
     expect, checker = _WORKER["expect"], _WORKER["checker"]
-    row = lambda listed, result: (listed.relpath, listed.split, expect.row(listed, result))  # noqa: E731
+
+    def row(listed: SourceFile, result) -> tuple:
+        return listed.relpath, listed.split, expect.row(listed, result)
+
     for start in range(0, len(sources), load.BATCH):
         yield from checker.decide(sources[start : start + load.BATCH], row)
