@@ -8,13 +8,15 @@ through sorts on disk (`spill.py`): by content for the duplicate report, by reco
 the shards, by split and path for the rejection lists; then the workers write the shards,
 reading the sources again (`shard_writer.write_shard`), as on Beam. Where the shards are
 plain TFRecord on local disk, each input is read once instead: the listing comes first, and
-the workers write the records as they check the inputs (`pieces.py`), and their entries,
-in record order, and their hashes, sorted, in files the launcher takes whole, to find the
-inputs with the same bytes and cut the shards (its work an input is the job's limit on a
-many-core machine: benchmarks/RESULTS.md, "the launchers pass files"). The same functions
-decide every input's fate and every record's place, so the dataset is the Beam pipeline's,
-byte for byte (tests/test_engines.py). What is held at once: RUN_ITEMS entries per sort, a
-window of batches, pieces and shards in flight, and one group of inputs with the same bytes.
+the workers write the records as they check the inputs (`pieces.py`), with their entries
+in record order, and their hashes sorted, in files the launcher takes whole: it merges the
+hashes to find the inputs with the same bytes, and gives each shard's worker, by counts
+alone, the runs of records it takes from the pieces (the launcher's work an input is the
+job's limit on a many-core machine: benchmarks/RESULTS.md, "the launchers pass files").
+The same functions decide every input's fate and every record's place, so the dataset is
+the Beam pipeline's, byte for byte (tests/test_engines.py). What is held at once: RUN_ITEMS
+entries per sort, a window of batches, pieces and shards in flight, and one group of
+inputs with the same bytes.
 """
 
 from __future__ import annotations
@@ -118,11 +120,13 @@ class _Job:
         self._reported = time.monotonic()
         # With the records written as checked (`pieces.py`): each piece's file, and its size.
         self._pieces: list[str] = []
-        self._piece_sizes: list[int] = []
+        self._piece_splits: list[str] = []
+        self._written: list[pieces.Written] = []  # each piece's, once its worker is done
         self._named = 0  # pieces below this one no longer have their own name (`_cuts`)
         # The pieces' records' entries, in files their workers write (`pieces.Done`): kept in
         # record order, with (sha256, piece, index in it) of each sorted to find the inputs
-        # with the same bytes; no sort of the entries, and none read here before the end.
+        # with the same bytes; the entries are read here only for those, and by the workers
+        # that put the shards together.
         self._in_order = spill.Sequence(spill_dir)  # (split, pieces.InPiece tuple, where)
         self._contents = spill.SortedSpill(spill_dir)  # (sha256, piece, index in it)
         self._totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
@@ -209,7 +213,7 @@ class _Job:
             for split, (n, size) in done.totals.items():
                 self._totals[split][0] += n
                 self._totals[split][1] += size
-            self._piece_sizes.append(done.size)
+            self._written.append(pieces.Written(done.in_order, done.records, done.size))
             self._report()
         self._seen += refused_here  # none was left to read
         self._seen_rejected += refused_here
@@ -240,6 +244,7 @@ class _Job:
                                               itertools.islice(entries, piece_length)))  # fmt: skip
                     path = os.path.join(self._spill_dir, f"piece-{len(self._pieces):07d}.tfrecord")
                     self._pieces.append(path)
+                    self._piece_splits.append(split)
                     yield pieces.Piece(len(self._pieces) - 1, entries_path, path, labels)
 
     def _listed(self, fixed_labels: tuple[str, ...] | None) -> Iterator[SourceFile]:
@@ -258,7 +263,7 @@ class _Job:
         the shards in key order, or puts them together from the pieces written as the inputs
         were checked; returns what was written."""
         if self._pieces:
-            kept = self._kept_in_order(self._grouped_in_order())
+            dropped = self._grouped_in_order()
         else:
             self._group_by_content(labels)
         totals = self._totals
@@ -268,7 +273,7 @@ class _Job:
         }
         examples = {split: n for split, (n, _) in totals.items()}
         if self._pieces:
-            task, shards = local_workers.put_together, self._cuts(plans, examples, kept)
+            task, shards = local_workers.put_together, self._cuts(plans, examples, dropped)
         else:
             task, shards = local_workers.write, self._shard_files(plans, examples)
         written, to_write, done = [], sum(examples.values()), 0
@@ -323,7 +328,8 @@ class _Job:
 
     def _grouped_in_order(self) -> spill.SortedSpill:
         """The duplicates of the records written into pieces (`_in_order`, whose labels are
-        right): each group reported; the numbers of the records --dedupe drops, sorted.
+        right): each group reported; (piece, index in it) of the records --dedupe drops,
+        sorted.
         Only the (sha256, piece, index in it) of each is sorted; a group's entries are then
         picked up in one pass, where there is any group."""
         members = spill.SortedSpill(self._spill_dir)  # ((piece, index), sha256) in a group
@@ -350,28 +356,18 @@ class _Job:
             index = index + 1 if piece == last_piece else 0
             last_piece = piece
             if (piece, index) == want[0]:
-                groups.add((want[1], number, written))
+                groups.add((want[1], number, written, want[0]))
                 want = next(wanted, None)
                 if want is None:
                     break
         for sha256, same in itertools.groupby(groups.sorted(), key=operator.itemgetter(0)):
-            same = [(number, pieces.InPiece(*written)) for _, number, written in same]
+            same = [(at, pieces.InPiece(*written)) for _, _, written, at in same]
             first = self._report_group(sha256, [(written.split, written) for _, written in same])
-            for number, written in same:
+            for at, written in same:
                 if first is not None and written is not first[1]:
-                    dropped.add(number)
+                    dropped.add(at)
                     self._count(written.split, written.label_text, written.size, -1)
         return dropped
-
-    def _kept_in_order(self, dropped: spill.SortedSpill) -> Iterator[tuple]:
-        """The entries of `_in_order` but those `dropped`, in record order."""
-        numbers = dropped.sorted()
-        drop = next(numbers, None)
-        for number, entry in enumerate(self._in_order):
-            if number == drop:
-                drop = next(numbers, None)
-                continue
-            yield entry
 
     def _in_shards(self, plans: dict[str, int], examples: dict[str, int], entries: Iterable):
         """(split, index, shards, its entries in key order) per shard, in order, of
@@ -392,26 +388,45 @@ class _Job:
                 spill.write_items(f, (checked for _, _, checked, _ in entries))
             yield split, shard, shards, path
 
-    def _cuts(self, plans: dict[str, int], examples: dict[str, int], kept: Iterable):
+    def _cuts(self, plans: dict[str, int], examples: dict[str, int], dropped: spill.SortedSpill):
         """Per shard, in order, what a worker makes its file of (`local_workers.put_together`):
-        ranges of its own hard links to the pieces; a piece's own name is removed once every
-        shard that reads it has its link, so that its bytes go with the last link (pieces.py,
-        "Disk")."""
+        the runs of records it takes of each piece (`pieces.Take`), read through its own hard
+        links to the pieces; a piece's own name is removed once every shard that reads it
+        has its link, so that its bytes go with the last link (pieces.py, "Disk"). Only
+        counts are handled here, not records: the worker reads their entries."""
         links = pieces.Links()
-        in_shards = enumerate(self._in_shards(plans, examples, kept))
-        for number, (split, shard, shards, entries) in in_shards:
-            cut = pieces.Cut()
-            for _, written, (piece, offset) in entries:
-                cut.add(piece, offset, written)
-            read = dict.fromkeys(piece for piece, _, _ in cut.ranges)  # each piece once
-            paths_of = {piece: links.of(self._pieces[piece], number) for piece in read}
-            last = cut.ranges[-1][0]
-            if links.work:  # no shard still to come reads a piece below this one's last
-                self._let_go(last)
-            whole = cut.ranges == [(last, 0, self._piece_sizes[last])]
-            path = paths.join(self._temp_dir, naming.shard_name(split, shard, shards, False))
-            ranges = [(paths_of[piece], offset, length) for piece, offset, length in cut.ranges]
-            yield (split, shard, shards, cut.count, cut.digest()), path, ranges, whole, links.work
+        drops = dropped.sorted()  # (piece, index in it), in record order
+        drop = next(drops, None)
+        number = 0  # of the shard, among every split's
+
+        def kept_of(numbers):  # (piece, records kept, indexes dropped) of each of a split's
+            nonlocal drop
+            for piece in numbers:
+                gone = []
+                while drop is not None and drop[0] == piece:
+                    gone.append(drop[1])
+                    drop = next(drops, None)
+                yield piece, self._written[piece].records - len(gone), tuple(gone)
+
+        split_of = self._piece_splits.__getitem__
+        for split, numbers in itertools.groupby(range(len(self._pieces)), key=split_of):
+            kept = kept_of(numbers)
+            if split not in examples:  # every input of the split rejected
+                collections.deque(kept, maxlen=0)  # its drops passed over
+                continue
+            shards = plans[split]
+            for shard, takes in pieces.shards_taking(kept, examples[split], shards):
+                read = dict.fromkeys(take.piece for take in takes)  # each piece once
+                paths_of = {piece: links.of(self._pieces[piece], number) for piece in read}
+                last = takes[-1].piece
+                if links.work:  # no shard still to come reads a piece below this one's last
+                    self._let_go(last)
+                whole = len(takes) == 1 and takes[0].whole(self._written[last].records)
+                path = paths.join(self._temp_dir, naming.shard_name(split, shard, shards, False))
+                reads = [(paths_of[take.piece], self._written[take.piece].in_order, take)
+                         for take in takes]  # fmt: skip
+                yield (split, shard, shards), path, reads, whole, links.work
+                number += 1
 
     def _let_go(self, below: int) -> None:
         """Removes the own names of the pieces below `below` (`_cuts`)."""

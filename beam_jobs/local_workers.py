@@ -68,9 +68,12 @@ def write_piece(piece: pieces.Piece) -> list:
 
 @worker_pool.in_worker
 def put_together(shard: tuple) -> list[summary.ShardWritten]:
-    """Makes a shard file of pieces: shard ((split, index, shards, records, digest), path,
-    `pieces.put_together`'s ranges, whole, links); what was written."""
-    (split, index, shards, count, digest), path, ranges, whole, links = shard
+    """Makes a shard file of pieces: shard ((split, index, shards), path, `pieces.cut`'s
+    reads, whole, links); what was written."""
+    (split, index, shards), path, reads, whole, links = shard
+    cut = pieces.cut(reads)
+    files = {piece: file for file, _, (piece, *_) in reads}
+    ranges = [(files[piece], offset, length) for piece, offset, length in cut.ranges]
     size = pieces.put_together(path, ranges, whole, links)
-    return [summary.ShardWritten(split, index, shards, count, size, paths.basename(path),
-                                 naming.TFRECORD, digest)]  # fmt: skip
+    return [summary.ShardWritten(split, index, shards, cut.count, size, paths.basename(path),
+                                 naming.TFRECORD, cut.digest())]  # fmt: skip

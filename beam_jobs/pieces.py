@@ -34,7 +34,7 @@ import logging
 import os
 from typing import NamedTuple
 
-from beam_jobs import load, record_writer, spill, storage
+from beam_jobs import load, record_writer, shard_plan, spill, storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, naming, paths
@@ -109,6 +109,53 @@ class Done:
         return sum(self.label_counts.values())
 
 
+class Written(NamedTuple):
+    """What the launcher keeps of a piece once written (`Done`): its entries' file, its
+    records, its file's bytes."""
+
+    in_order: str
+    records: int
+    size: int
+
+
+class Take(NamedTuple):
+    """A run of a shard's records in one piece: those kept from the `first` to before the
+    `end` (counted among the kept), the records at the indexes `dropped` (--dedupe's) left
+    out."""
+
+    piece: int
+    first: int
+    end: int
+    dropped: tuple[int, ...]
+
+    def whole(self, records: int) -> bool:
+        """Whether this is every record of a piece of `records`."""
+        return self.first == 0 and self.end == records and not self.dropped
+
+
+def shards_taking(kept, num_examples: int, shards: int):
+    """(shard, its `Take`s in order) of each shard of a split with records, in order, from
+    the split's pieces in order as (piece, records kept, indexes dropped): the shards hold
+    the records ranked as `shard_plan.shard_lengths` says, as the two-read way ranks them."""
+    lengths = iter(enumerate(shard_plan.shard_lengths(num_examples, shards)))
+    shard, wanted = next(lengths)
+    takes = []
+    for piece, count, dropped in kept:
+        first = 0
+        while first < count:
+            while not wanted:  # a shard of no record: none is written
+                shard, wanted = next(lengths)
+            end = min(count, first + wanted)
+            takes.append(Take(piece, first, end, dropped))
+            wanted -= end - first
+            first = end
+            if not wanted:
+                yield shard, takes
+                takes = []
+    if takes or wanted or any(length for _, length in lengths):  # a bug of ours: said
+        raise AssertionError(f"the pieces' records kept do not add up to {num_examples}")
+
+
 class InPiece(NamedTuple):
     """A record written into a piece, as the launcher keeps it: only what places, counts and
     groups it. Written and read as a plain tuple in this order (a tuple of strings and
@@ -171,6 +218,23 @@ def _beside(piece: Piece, suffix: str, items: list) -> str:
     with open(path, "wb") as f:
         spill.write_items(f, items)
     return path
+
+
+def cut(reads: list[tuple[str, str, Take]]) -> Cut:
+    """A shard's records, given as (piece's file, its entries' file, `Take`) of each run:
+    read from the entries, in a worker rather than the launcher (each costs a few µs)."""
+    made = Cut()
+    for _, entries, take in reads:
+        dropped, kept = set(take.dropped), 0
+        for index, (_, written, (piece, offset)) in enumerate(spill.read_items(entries, remove=False)):
+            if index in dropped:
+                continue
+            if kept >= take.end:
+                break
+            if kept >= take.first:
+                made.add(piece, offset, written)
+            kept += 1
+    return made
 
 
 class Cut:

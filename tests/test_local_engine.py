@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_jobs import convert, load, local_engine, pieces, record_reader, shard_writer, spill
+from beam_jobs import convert, load, local_engine, pieces, record_reader, shard_plan
+from beam_jobs import shard_writer, spill
 from beam_jobs import storage, worker_pool, worker_progress
 from tfrecord_pipe._core import images, manifest, schema
 
@@ -518,6 +519,33 @@ def test_a_shard_made_of_pieces_frees_each_once_copied(
     assert [int(n) for n in log.read_text().split()] == [4, 4, 4, 4]  # held to the end
     assert "takes no hard links" in caplog.text
     assert files_of(tmp_path / "no-links") == files_of(tmp_path / "out")
+
+
+def test_shards_take_the_records_kept_in_the_pieces_as_ranked_in_one_sequence():
+    # The launcher hands each shard runs of kept records by counts alone; they must be the
+    # records the two-read way ranks into it (shard_plan.shard_of_rank), whatever the drops.
+    rng = random.Random(3)
+    for _ in range(300):
+        records = [rng.randrange(0, 9) for _ in range(rng.randrange(1, 6))]
+        dropped = [tuple(sorted(rng.sample(range(n), rng.randrange(0, n + 1)))) for n in records]
+        kept = [(piece, n - len(gone), gone) for piece, (n, gone) in enumerate(zip(records, dropped))]
+        ranked = [(piece, index) for piece, (n, gone) in enumerate(zip(records, dropped))
+                  for index in range(n) if index not in gone]  # fmt: skip
+        if not ranked:
+            continue
+        shards = rng.randrange(1, len(ranked) + 3)
+        expected = {}
+        for rank, at in enumerate(ranked):
+            expected.setdefault(shard_plan.shard_of_rank(rank, len(ranked), shards), []).append(at)
+        got = {}
+        for shard, takes in pieces.shards_taking(iter(kept), len(ranked), shards):
+            for take in takes:
+                in_piece = [i for i in range(records[take.piece]) if i not in take.dropped]
+                got.setdefault(shard, []).extend(
+                    (take.piece, i) for i in in_piece[take.first : take.end])
+        assert got == expected
+    with pytest.raises(AssertionError, match="do not add up to 5"):
+        list(pieces.shards_taking(iter([(0, 4, ())]), 5, 2))
 
 
 def test_a_shard_is_put_together_from_ranges_of_pieces_or_takes_a_whole_piece(tmp_path):
