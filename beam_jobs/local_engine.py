@@ -118,7 +118,7 @@ class _Job:
         self.label_counts: collections.Counter = collections.Counter()  # (split, label) -> records
         self._seen = self._seen_rejected = 0  # inputs checked, and rejected by the checks
         self._reported = time.monotonic()
-        # With the records written as checked (`pieces.py`): each piece's file, and its size.
+        # With the records written as checked (`pieces.py`): each piece's file and split.
         self._pieces: list[str] = []
         self._piece_splits: list[str] = []
         self._written: list[pieces.Written] = []  # each piece's, once its worker is done
@@ -213,7 +213,7 @@ class _Job:
             for split, (n, size) in done.totals.items():
                 self._totals[split][0] += n
                 self._totals[split][1] += size
-            self._written.append(pieces.Written(done.in_order, done.records, done.size))
+            self._written.append(pieces.Written(done.in_order, done.records))
             self._report()
         self._seen += refused_here  # none was left to read
         self._seen_rejected += refused_here
@@ -348,7 +348,7 @@ class _Job:
         dropped = spill.SortedSpill(self._spill_dir)
         if not len(members):
             return dropped
-        groups = spill.SortedSpill(self._spill_dir)  # (sha256, number, pieces.InPiece tuple)
+        groups = spill.SortedSpill(self._spill_dir)  # (sha256, number, InPiece tuple, at)
         wanted = members.sorted()
         want = next(wanted)
         last_piece = index = None
@@ -411,7 +411,7 @@ class _Job:
         split_of = self._piece_splits.__getitem__
         for split, numbers in itertools.groupby(range(len(self._pieces)), key=split_of):
             kept = kept_of(numbers)
-            if split not in examples:  # every input of the split rejected
+            if not examples.get(split):  # every input of the split rejected or dropped
                 collections.deque(kept, maxlen=0)  # its drops passed over
                 continue
             shards = plans[split]

@@ -61,7 +61,7 @@ def write(shard: tuple[str, int, int, str]) -> list[summary.ShardWritten]:
 
 
 @worker_pool.in_worker
-def write_piece(piece: pieces.Piece) -> list:
+def write_piece(piece: pieces.Piece) -> pieces.Done:
     """Checks a piece's inputs and writes their records (`pieces.write`)."""
     return pieces.write(piece, _WORKER_ARGS["checker"], _WORKER_ARGS["config"].label_offset)
 

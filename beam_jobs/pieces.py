@@ -40,8 +40,8 @@ from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, naming, paths
 
 LOG = logging.getLogger(__name__)
-# Inputs a piece holds at most: the entries a worker gives back for one piece are held in
-# the launcher at once (a few hundred bytes each).
+# Inputs a piece holds at most: a worker holds their entries at once (a few hundred bytes
+# each), before writing them beside the piece (`Done`).
 PIECE_INPUTS = 4096
 # Where there are fewer shards than this many a worker (and more than one worker), they are
 # cut into that many pieces a worker, so that every worker has work to the end (at the
@@ -92,7 +92,6 @@ class Done:
       contents: file of (sha256, piece number, index in the piece) of each record, sorted:
         a run for the sort that finds the inputs with the same bytes.
       rejected: the rejections of the piece's inputs.
-      size: bytes of the piece's file.
       label_counts: records per (split, label).
       totals: per split, [records, the sum of their `load.Checked.size`].
     """
@@ -100,7 +99,6 @@ class Done:
     in_order: str
     contents: str
     rejected: list
-    size: int
     label_counts: collections.Counter
     totals: dict[str, list[int]]
 
@@ -110,12 +108,11 @@ class Done:
 
 
 class Written(NamedTuple):
-    """What the launcher keeps of a piece once written (`Done`): its entries' file, its
-    records, its file's bytes."""
+    """What the launcher keeps of a piece once written (`Done`): its entries' file and its
+    records."""
 
     in_order: str
     records: int
-    size: int
 
 
 class Take(NamedTuple):
@@ -138,12 +135,12 @@ def shards_taking(kept, num_examples: int, shards: int):
     the split's pieces in order as (piece, records kept, indexes dropped): the shards hold
     the records ranked as `shard_plan.shard_lengths` says, as the two-read way ranks them."""
     lengths = iter(enumerate(shard_plan.shard_lengths(num_examples, shards)))
-    shard, wanted = next(lengths)
+    shard, wanted = next(lengths, (None, 0))  # none: a split of no record (--dedupe's)
     takes = []
     for piece, count, dropped in kept:
         first = 0
         while first < count:
-            while not wanted:  # a shard of no record: none is written
+            while not wanted:  # a shard of no record (none is planned so): none is written
                 shard, wanted = next(lengths)
             end = min(count, first + wanted)
             takes.append(Take(piece, first, end, dropped))
@@ -209,7 +206,7 @@ def write(piece: Piece, checker: load.Checker, label_offset: int) -> Done:
                 offset += length
     contents.sort()
     return Done(_beside(piece, ".in-order", in_order), _beside(piece, ".contents", contents),
-                rejected, offset, label_counts, dict(totals))  # fmt: skip
+                rejected, label_counts, dict(totals))  # fmt: skip
 
 
 def _beside(piece: Piece, suffix: str, items: list) -> str:

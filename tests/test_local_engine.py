@@ -546,6 +546,8 @@ def test_shards_take_the_records_kept_in_the_pieces_as_ranked_in_one_sequence():
         assert got == expected
     with pytest.raises(AssertionError, match="do not add up to 5"):
         list(pieces.shards_taking(iter([(0, 4, ())]), 5, 2))
+    # A split whose every record --dedupe dropped: no shard (it raised StopIteration).
+    assert list(pieces.shards_taking(iter([(0, 0, (0, 1))]), 0, 0)) == []
 
 
 def test_a_shard_is_put_together_from_ranges_of_pieces_or_takes_a_whole_piece(tmp_path):
