@@ -223,7 +223,8 @@ def cut(reads: list[tuple[str, str, Take]]) -> Cut:
     made = Cut()
     for _, entries, take in reads:
         dropped, kept = set(take.dropped), 0
-        for index, (_, written, (piece, offset)) in enumerate(spill.read_items(entries, remove=False)):
+        in_order = spill.read_items(entries, remove=False)
+        for index, (_, written, (piece, offset)) in enumerate(in_order):
             if index in dropped:
                 continue
             if kept >= take.end:

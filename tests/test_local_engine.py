@@ -528,7 +528,8 @@ def test_shards_take_the_records_kept_in_the_pieces_as_ranked_in_one_sequence():
     for _ in range(300):
         records = [rng.randrange(0, 9) for _ in range(rng.randrange(1, 6))]
         dropped = [tuple(sorted(rng.sample(range(n), rng.randrange(0, n + 1)))) for n in records]
-        kept = [(piece, n - len(gone), gone) for piece, (n, gone) in enumerate(zip(records, dropped))]
+        kept = [(piece, n - len(gone), gone)
+                for piece, (n, gone) in enumerate(zip(records, dropped))]
         ranked = [(piece, index) for piece, (n, gone) in enumerate(zip(records, dropped))
                   for index in range(n) if index not in gone]  # fmt: skip
         if not ranked:
