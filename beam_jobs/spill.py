@@ -13,12 +13,14 @@ import heapq
 import itertools
 import os
 import pickle
+import resource
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 
 RUN_ITEMS = 32_768  # items held before they are sorted and written as a run (~10-30 MB)
 CHUNK_ITEMS = 64  # items per pickle in a run file: what a run being merged holds in memory
 FAN_IN = 128  # runs merged at once (a chunk each in memory); more are first merged into longer runs
+SPARE_FILES = 16  # files left to open beside a merge's runs (its output, other threads')
 
 
 class SortedSpill:
@@ -63,19 +65,20 @@ class SortedSpill:
     def sorted(self) -> Iterator:
         """Every item added, in key order; once (the runs are deleted as they are read)."""
         held, self._held = sorted(self._held, key=self._key), []
-        while len(self._runs) > FAN_IN:  # keeps the merge's memory bounded at any count
-            self._merge_fewest()
+        most = fan_in()
+        while len(self._runs) > most:  # keeps the merge's memory bounded at any count
+            self._merge_fewest(most)
         # Runs hold earlier items than `held`, and merge keeps its inputs' order on ties.
         return heapq.merge(*map(read_items, self._runs), held, key=self._key)
 
-    def _merge_fewest(self) -> None:
-        """Merges groups of consecutive runs (at most FAN_IN a group), from the first, until
-        FAN_IN runs would be left (past about FAN_IN**2 runs, fewer each call): only as many
-        items are rewritten as that takes (a few runs past FAN_IN cost a few runs'
-        rewriting, not every item's), and runs stay in the order their items were added."""
-        runs, merged, excess = self._runs, [], len(self._runs) - FAN_IN
+    def _merge_fewest(self, most: int) -> None:
+        """Merges groups of consecutive runs (at most `most` a group), from the first, until
+        `most` runs would be left (past about `most`**2 runs, fewer each call): only as many
+        items are rewritten as that takes (a few runs past it cost a few runs' rewriting,
+        not every item's), and runs stay in the order their items were added."""
+        runs, merged, excess = self._runs, [], len(self._runs) - most
         while excess > 0 and len(runs) > 1:
-            size = min(FAN_IN, excess + 1, len(runs))  # a group of `size` is `size - 1` fewer
+            size = min(most, excess + 1, len(runs))  # a group of `size` is `size - 1` fewer
             group, runs = runs[:size], runs[size:]
             merged.append(_write(self._folder, heapq.merge(*map(read_items, group), key=self._key),
                                  ".run"))  # fmt: skip
@@ -110,6 +113,20 @@ class Sequence:
         for path in self._runs:
             yield from read_items(path, remove=False)
         yield from self._held
+
+
+def fan_in() -> int:
+    """Runs a merge takes at once: FAN_IN, or fewer where this process may not open that
+    many more files (`ulimit -n`, which `worker_pool.allow_files` raises where it can); at
+    least 2, for the merge to end."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return FAN_IN
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:  # no /proc: the limit is taken as raised
+        return FAN_IN
+    return max(2, min(FAN_IN, soft - open_now - SPARE_FILES))
 
 
 def _write(folder: str, items: Iterable, suffix: str) -> str:

@@ -49,22 +49,24 @@ class TooFewFilesError(ValueError):
 def files_needed(count: int) -> int:
     """Files open at once in a launcher of `count` workers, with room: its pipes to each,
     and theirs to the server (measured: 2 workers failed below 16 files, 8 below 40, 16
-    below 64; each failure said nothing of the limit); and in it or a worker, the runs of
-    a sort's merge (`spill.FAN_IN`, a run a piece or a shard) with the file it writes."""
-    return 32 + 4 * count + spill.FAN_IN + 1
+    below 64; each failure said nothing of the limit)."""
+    return 32 + 4 * count
 
 
 def allow_files(count: int) -> None:
-    """Raises this process's limit of open files to what `count` workers need, where its hard
-    limit allows (a process may raise its own; `ulimit -n` lowers both), before the workers
-    and their server start: they inherit it.
+    """Raises this process's limit of open files to what `count` workers need, and room for
+    a sort's merge of every run at once in it or a worker (`spill.FAN_IN`, a run a piece or
+    a shard), where its hard limit allows (a process may raise its own; `ulimit -n` lowers
+    both), before the workers and their server start: they inherit it. Under a lower hard
+    limit the merges take more steps (`spill.fan_in`).
 
     Raises:
-      TooFewFilesError: the hard limit is lower; it says what to do.
+      TooFewFilesError: the hard limit is lower than the workers need; it says what to do.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     needed = files_needed(count)
-    if soft == resource.RLIM_INFINITY or soft >= needed:
+    wanted = needed + spill.FAN_IN + 1
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
         return
     if hard != resource.RLIM_INFINITY and hard < needed:
         raise TooFewFilesError(
@@ -72,7 +74,9 @@ def allow_files(count: int) -> None:
             f"worker processes need about {needed}. Raise the limit (ulimit -n 1024) and run "
             "the command again."
         )
-    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    wanted = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if wanted > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 @contextlib.contextmanager

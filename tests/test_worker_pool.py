@@ -293,6 +293,12 @@ def test_a_low_limit_of_open_files_is_raised_or_said_with_what_to_do(tmp_path):
         done = _command(*command, limit=(12, hard))  # the soft limit alone: raised
         assert done.returncode == 0, done.stderr[-2000:]
     assert "every source accounted for" in done.stdout
+    # A hard limit the workers fit under, but not a merge of every run at once: merged in
+    # more steps (it was refused, asking for 169 files).
+    for command in (("convert", src, tmp_path / "narrow"), ("verify", src, tmp_path / "narrow")):
+        done = _command(*command, limit=(12, 70))
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert "every source accounted for" in done.stdout
     for command in (("convert", src, tmp_path / "other"), ("verify", src, out)):
         done = _command(*command, limit=(12, 12))
         assert done.returncode == 2, done.stderr[-2000:]
