@@ -238,10 +238,9 @@ class _Job:
         for split, entries in itertools.groupby(listed.sorted(), key=operator.itemgetter(0)):
             for length in shard_plan.shard_lengths(counts[split], plans[split]):
                 for piece_length in shard_plan.shard_lengths(length, -(-length // most)):
-                    fd, entries_path = tempfile.mkstemp(dir=self._spill_dir, suffix=".piece")
-                    with os.fdopen(fd, "wb") as f:
-                        spill.write_items(f, (entry for _, _, entry in
-                                              itertools.islice(entries, piece_length)))  # fmt: skip
+                    taken = itertools.islice(entries, piece_length)
+                    entries_path = spill.write_file(self._spill_dir,
+                                                    (entry for _, _, entry in taken), ".piece")
                     path = os.path.join(self._spill_dir, f"piece-{len(self._pieces):07d}.tfrecord")
                     self._pieces.append(path)
                     self._piece_splits.append(split)
@@ -369,10 +368,10 @@ class _Job:
                     self._count(written.split, written.label_text, written.size, -1)
         return dropped
 
-    def _in_shards(self, plans: dict[str, int], examples: dict[str, int], entries: Iterable):
-        """(split, index, shards, its entries in key order) per shard, in order, of
-        `entries` in key order, each beginning with its split."""
-        for split, entries in itertools.groupby(entries, key=operator.itemgetter(0)):
+    def _in_shards(self, plans: dict[str, int], examples: dict[str, int]):
+        """(split, index, shards, its (split, key, Checked, where) entries in key order) per
+        shard, in order."""
+        for split, entries in itertools.groupby(self._by_key.sorted(), key=operator.itemgetter(0)):
             shards, n = plans[split], examples[split]
             ranked = enumerate(entries)
             of_rank = lambda ranked_entry: shard_plan.shard_of_rank(ranked_entry[0], n, shards)  # noqa: E731
@@ -382,10 +381,9 @@ class _Job:
     def _shard_files(self, plans: dict[str, int], examples: dict[str, int]):
         """(split, index, shards, file of its entries in key order) per shard, in order: each
         shard's entries go to a file of their own, so a worker reads them as it writes."""
-        for split, shard, shards, entries in self._in_shards(plans, examples, self._by_key.sorted()):
-            fd, path = tempfile.mkstemp(dir=self._spill_dir, suffix=".shard")
-            with os.fdopen(fd, "wb") as f:
-                spill.write_items(f, (checked for _, _, checked, _ in entries))
+        for split, shard, shards, entries in self._in_shards(plans, examples):
+            path = spill.write_file(self._spill_dir, (checked for _, _, checked, _ in entries),
+                                    ".shard")  # fmt: skip
             yield split, shard, shards, path
 
     def _cuts(self, plans: dict[str, int], examples: dict[str, int], dropped: spill.SortedSpill):
@@ -416,8 +414,8 @@ class _Job:
                 continue
             shards = plans[split]
             for shard, takes in pieces.shards_taking(kept, examples[split], shards):
-                read = dict.fromkeys(take.piece for take in takes)  # each piece once
-                paths_of = {piece: links.of(self._pieces[piece], number) for piece in read}
+                paths_of = {take.piece: links.of(self._pieces[take.piece], number)
+                            for take in takes}  # fmt: skip (a take a piece)
                 last = takes[-1].piece
                 if links.work:  # no shard still to come reads a piece below this one's last
                     self._let_go(last)

@@ -205,16 +205,10 @@ def write(piece: Piece, checker: load.Checker, label_offset: int) -> Done:
                 totals[split][1] += checked.size
                 offset += length
     contents.sort()
-    return Done(_beside(piece, ".in-order", in_order), _beside(piece, ".contents", contents),
-                rejected, label_counts, dict(totals))  # fmt: skip
-
-
-def _beside(piece: Piece, suffix: str, items: list) -> str:
-    """A file of `items` (`spill.write_items`) beside the piece's file; its path."""
-    path = os.path.splitext(piece.path)[0] + suffix
-    with open(path, "wb") as f:
-        spill.write_items(f, items)
-    return path
+    folder = os.path.dirname(piece.path)
+    return Done(spill.write_file(folder, in_order, ".in-order"),
+                spill.write_file(folder, contents, ".contents"), rejected, label_counts,
+                dict(totals))  # fmt: skip
 
 
 def cut(reads: list[tuple[str, str, Take]]) -> Cut:

@@ -46,7 +46,7 @@ class SortedSpill:
             self._write_held()
 
     def _write_held(self) -> None:
-        self._runs.append(_write(self._folder, sorted(self._held, key=self._key), ".run"))
+        self._runs.append(write_file(self._folder, sorted(self._held, key=self._key), ".run"))
         self._held = []
 
     def handed_over(self) -> list[str]:
@@ -80,7 +80,7 @@ class SortedSpill:
         while excess > 0 and len(runs) > 1:
             size = min(most, excess + 1, len(runs))  # a group of `size` is `size - 1` fewer
             group, runs = runs[:size], runs[size:]
-            merged.append(_write(self._folder, heapq.merge(*map(read_items, group), key=self._key),
+            merged.append(write_file(self._folder, heapq.merge(*map(read_items, group), key=self._key),
                                  ".run"))  # fmt: skip
             excess -= size - 1
         self._runs = merged + runs
@@ -100,7 +100,7 @@ class Sequence:
     def add(self, item) -> None:
         self._held.append(item)
         if len(self._held) >= self._run_items:
-            self._runs.append(_write(self._folder, self._held, ".sequence"))
+            self._runs.append(write_file(self._folder, self._held, ".sequence"))
             self._held = []
 
     def adopt(self, path: str) -> None:
@@ -129,8 +129,8 @@ def fan_in() -> int:
     return max(2, min(FAN_IN, soft - open_now - SPARE_FILES))
 
 
-def _write(folder: str, items: Iterable, suffix: str) -> str:
-    """A new file in `folder` of `items` (`write_items`); its path."""
+def write_file(folder: str, items: Iterable, suffix: str) -> str:
+    """A new file in `folder` of `items` (`write_items`), named with `suffix`; its path."""
     fd, path = tempfile.mkstemp(dir=folder, suffix=suffix)
     with os.fdopen(fd, "wb") as f:
         write_items(f, items)

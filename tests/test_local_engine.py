@@ -44,8 +44,8 @@ def test_a_spill_gives_back_every_item_in_order_through_runs_merged_again(tmp_pa
 def test_a_spill_past_its_fan_in_rewrites_only_the_runs_it_must(tmp_path, monkeypatch):
     monkeypatch.setattr(spill, "FAN_IN", 4)
     written = []
-    write = spill._write
-    monkeypatch.setattr(spill, "_write", lambda folder, items, suffix: write(
+    write = spill.write_file
+    monkeypatch.setattr(spill, "write_file", lambda folder, items, suffix: write(
         folder, (written.append(item) or item for item in items), suffix))  # fmt: skip
     items = [(random.randrange(5), n) for n in range(60)]
     sorts = spill.SortedSpill(str(tmp_path), key=lambda item: item[0], run_items=10)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-import os
-import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
 
@@ -171,8 +169,6 @@ def judge_part(work: str, runs: list[str], dedupe: bool, run_items: int) -> tupl
     rows.adopt(runs)
     judge = PathJudge(Problems(), spill.SortedSpill(work, key=BY_CONTENT, run_items=run_items),
                       spill.SortedSpill(work, key=BY_PATH, run_items=run_items))  # fmt: skip
-    fd, left = tempfile.mkstemp(dir=work, suffix=".left")
-    with os.fdopen(fd, "wb") as f:
-        spill.write_items(f, judge.match(rows.sorted(), dedupe))
+    left = spill.write_file(work, judge.match(rows.sorted(), dedupe), ".left")
     return (judge.problems.handed_over(), judge.content.handed_over(),
             judge.later.handed_over(), left)  # fmt: skip
