@@ -36,6 +36,7 @@ def start(modules) -> None:
     preload = [] if sys.flags.ignore_environment else [*modules, "beam_jobs.fork_server_freeze"]
     forkserver.set_forkserver_preload(preload)
     path = os.pathsep.join(_module_path())
+    _sockets_where_they_fit()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with _STARTING, _in_a_folder_that_exists(), _environment(PYTHONSAFEPATH="1", PYTHONPATH=path):
@@ -45,6 +46,11 @@ def start(modules) -> None:
 
 
 _STARTING = threading.Lock()  # one thread at a time sets the environment the server gets
+SOCKET_PATH_MOST = 107  # bytes in a Unix socket's path (sun_path's 108, less its NUL)
+# multiprocessing's sockets lie in a folder it makes in TMPDIR once a process, the server's
+# "TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX".
+SOCKET_BELOW_TEMP = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+SHORT_TEMP = ("/tmp", "/var/tmp", "/dev/shm")  # where it goes when TMPDIR is too long for that
 END_S = 5.0  # how long the server has to end as this process exits
 
 
@@ -86,6 +92,35 @@ def stop() -> None:
 # After multiprocessing's exit step has ended the daemon processes (a pool still open at
 # exit, say): their copies of the server's pipe kept it running, and the wait took END_S.
 util.Finalize(None, stop, exitpriority=-100)
+
+
+def _sockets_where_they_fit() -> None:
+    """Makes multiprocessing's folder for its sockets (once a process) in TMPDIR where their
+    paths fit, else in the first writable SHORT_TEMP: every conversion and verify failed
+    with "OSError: AF_UNIX path too long" under a TMPDIR of over 75 characters (a cluster
+    job's own, a test's), on Pythons before 3.13's own fallback.
+
+    Raises:
+      OSError: TMPDIR is too long, and no SHORT_TEMP could be used instead.
+    """
+    if len(os.fsencode(tempfile.gettempdir())) + SOCKET_BELOW_TEMP <= SOCKET_PATH_MOST:
+        return
+    writable = [folder for folder in SHORT_TEMP if os.access(folder, os.W_OK | os.X_OK)]
+    short = next(filter(os.path.isdir, writable), None)
+    if short is not None:
+        before, tempfile.tempdir = tempfile.tempdir, short
+        try:
+            util.get_temp_dir()  # made now, and kept for this process's life
+        finally:
+            tempfile.tempdir = before
+    made = util.get_temp_dir()
+    if len(os.fsencode(made)) + len("/listener-XXXXXXXX") > SOCKET_PATH_MOST:
+        raise OSError(
+            f"The worker processes' sockets cannot lie in {made}: a socket's path has at most "
+            f"{SOCKET_PATH_MOST} bytes, and no shorter folder ({', '.join(SHORT_TEMP)}) could "
+            f"be used. Set TMPDIR to a writable folder whose path has at most "
+            f"{SOCKET_PATH_MOST - SOCKET_BELOW_TEMP} characters."
+        )
 
 
 def _module_path() -> list[str]:

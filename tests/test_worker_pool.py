@@ -305,3 +305,19 @@ def test_a_low_limit_of_open_files_is_raised_or_said_with_what_to_do(tmp_path):
         assert "may open at most 12 files at once (ulimit -n)" in done.stderr
         assert "Raise the limit (ulimit -n 1024)" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "other").exists() or not any((tmp_path / "other").iterdir())
+
+
+def test_the_commands_run_under_a_temporary_folder_too_long_for_a_socket_s_path(tmp_path):
+    # Sockets' paths have at most 107 bytes: under a TMPDIR of over 75 characters (a cluster
+    # job's own) both commands failed with "OSError: AF_UNIX path too long".
+    src, out = write_image_folder(tmp_path / "src", per_label=2), tmp_path / "out"
+    temp = tmp_path / ("t" * (fork_server.SOCKET_PATH_MOST - fork_server.SOCKET_BELOW_TEMP))
+    temp.mkdir()
+    assert len(str(temp)) > fork_server.SOCKET_PATH_MOST - fork_server.SOCKET_BELOW_TEMP
+    for command in (("convert", src, out), ("verify", src, out)):
+        cli = [sys.executable, "-m", "tfrecord_pipe._tools.cli", *map(str, command)]
+        done = subprocess.run(cli, capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, TMPDIR=str(temp)))  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert "every source accounted for" in done.stdout
+    assert not list(temp.iterdir())  # verify's sorts lay there, and went with it
