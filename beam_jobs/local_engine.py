@@ -28,20 +28,20 @@ import json
 import logging
 import operator
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 
 import tfrecord_pipe
 from beam_jobs import csv_lists, duplicates, finalise, load, local_workers, outcome, pieces
-from beam_jobs import shard_plan, sources, spill, storage, summary, worker_pool, worker_progress
+from beam_jobs import shard_plan, sources, spill, storage, summary, work_folder, worker_pool
+from beam_jobs import worker_progress
 from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import SourceFile, rejection
 from tfrecord_pipe._core import naming, paths
 from tfrecord_pipe._core.rejection import Rejection
 
 LOG = logging.getLogger(__name__)
-SPILL_NAME = "_spill"  # in the job's temporary folder (a local output), or in /tmp
+SPILL_NAME = "tfrecord-pipe-spill-"  # in the job's temporary folder (a local output), or in /tmp
 LINES_PER_WRITE = 1024  # lines of a rejection or duplicate list written at once
 SIZE_SAMPLE = 16  # one input in this many has its size read, to plan shards by size
 
@@ -68,7 +68,7 @@ def run(
     """
     paths.make_local_folder(temp_dir)
     spill_parent = None if paths.is_remote(temp_dir) else temp_dir
-    with tempfile.TemporaryDirectory(prefix=SPILL_NAME, dir=spill_parent) as spill_dir:
+    with work_folder.work_folder(SPILL_NAME, spill_parent) as spill_dir:
         processes = processes or worker_pool.processes()
         reads_once = pieces.reads_once(config, temp_dir)
         try:

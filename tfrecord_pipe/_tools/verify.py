@@ -24,11 +24,10 @@ import collections
 import itertools
 import operator
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 
-from beam_jobs import csv_lists, load, sources, spill, worker_pool
+from beam_jobs import csv_lists, load, sources, spill, work_folder, worker_pool
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import manifest, progress
 from tfrecord_pipe._tools import verify_beside
@@ -58,6 +57,7 @@ PROGRESS_EVERY_S = 0.5  # a terminal's progress line, at most this often
 SOURCES_A_TASK = 8192
 TASKS_AHEAD = 2  # a worker (each a shard or many sources): enough that none waits
 LISTED, PAIR, _ORDER = join.LISTED, join.PAIR, join.ORDER
+WORK_PREFIX = "tfrecord-pipe-verify-"  # its sorts' folder, in TMPDIR or /tmp
 
 
 def verify(source: str, dataset: str, processes: int | None = None, show_progress: bool = False,
@@ -86,7 +86,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     listed_count = sum(info.listed for info in found.splits.values())  # as the manifest says
     labels: set[str] = set()  # of the sources listed, as the converter collects them
     line = _Progress(listed_count, show_progress)
-    with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-verify-", dir=_work_parent()) as work:
+    with work_folder.work_folder(WORK_PREFIX, _work_parent()) as work:
         job = _Join(work, problems, min(processes, join.MOST_PARTS))
         for split, expected in reading.rejection_files(found):
             job.add(reading.read_rejected(dataset, split, expected), REJECTED)
