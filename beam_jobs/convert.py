@@ -147,9 +147,24 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
     return found
 
 
+def _disk_full(output: str) -> str:
+    """Where a job that filled a disk put its files, and what to do."""
+    sorts = f"the job's sorts lie {{}} while it runs, {local_engine.SORTS_KB_AN_INPUT} kB an input"
+    if paths.is_remote(output):  # the sorts alone are on this machine
+        temp = tempfile.gettempdir()
+        left = messages.space_left(temp)
+        return (f"A disk is full: {sorts.format('in ' + temp)} or so ({left} now). Set TMPDIR "
+                "to a folder with room.")  # fmt: skip
+    return (f"The disk of {output} is full ({messages.space_left(output)} now): the dataset "
+            f"takes about as much room as its inputs, and {sorts.format('beside it')} or so. "
+            "Make room, or convert into a folder on a larger disk.")  # fmt: skip
+
+
 def _failed(config: ConvertConfig, temp_dir: str, err: Exception, verbose: bool) -> str:
     """What a failed job left, and what to do."""
     what = f"The conversion job failed ({type(err).__name__}: {messages.one_line(err)})."
+    if messages.disk_full(err):
+        what += " " + _disk_full(config.output)
     if not verbose:
         what += " (--verbose shows the traceback.)"
     try:

@@ -453,6 +453,20 @@ def test_a_worker_error_that_pickle_cannot_rebuild_is_still_said(
     assert "Traceback" in caplog.text and "raise images.Rejected" in caplog.text  # the worker's
 
 
+def test_a_full_disk_fails_the_job_saying_what_to_do(tmp_path, monkeypatch, workers_forked):
+    src = write_image_folder(tmp_path / "src", per_label=2)
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(spill, "write_file", full)  # where the pieces' entries are written
+    done = run_cli("convert", src, tmp_path / "out")
+    assert done.returncode == 1, done.stderr
+    assert f"The disk of {tmp_path / 'out'} is full (" in done.stderr
+    assert "Make room, or convert into a folder on a larger disk." in done.stderr
+    assert "Nothing was finalised" in done.stderr
+
+
 def test_a_checked_entry_crosses_processes_whole_and_takes_its_label_index_later():
     # Entries are pickled several times each (to the launcher, through its sorts, to the
     # shard's writer) by a pickling of their own, cheaper than the dataclass's.

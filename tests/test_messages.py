@@ -1,4 +1,4 @@
-"""messages.one_line: an error as the one line a person needs."""
+"""messages: an error as the one line a person needs, and what a full disk has left."""
 
 from tfrecord_pipe._core import messages
 
@@ -16,3 +16,15 @@ def test_one_line_of_an_error_a_tensorflow_message_and_a_traceback_sent_as_text(
     )
     assert messages.one_line(RuntimeError(sent)) == "OSError: disk full [while running 'WriteShards']"
     assert len(messages.one_line("x" * 10_000)) == messages.LIMIT
+
+
+def test_a_full_disk_is_told_from_its_error_or_a_worker_s_text_and_its_space_said(tmp_path):
+    import errno
+
+    assert messages.disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert messages.disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))  # a user's quota
+    assert messages.disk_full(RuntimeError("OSError: [Errno 28] No space left on device"))
+    assert not messages.disk_full(OSError(errno.ENOENT, "No such file or directory"))
+    assert not messages.disk_full(RuntimeError("OSError: [Errno 2] No such file"))
+    said = messages.space_left(str(tmp_path / "not made" / "yet"))  # its disk's
+    assert said.endswith(" free") and said[0].isdigit(), said

@@ -1,6 +1,7 @@
 """`tfrecord-pipe verify SRC OUT`: proves nothing was lost or changed, and finds what was."""
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -488,6 +489,22 @@ def test_a_worker_that_fails_or_dies_fails_verify_with_nothing_proven(
     done = run_cli("verify", src, out)
     assert done.returncode == 1 and "OK" not in done.stdout
     assert "BrokenProcessPool" in done.stderr and "nothing was proven" in done.stderr
+
+
+def test_a_full_disk_fails_verify_saying_where_its_sorts_go(
+    converted, tmp_path, monkeypatch, workers_forked
+):
+    src, out = converted
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(spill, "write_file", full)
+    done = run_cli("verify", src, out)
+    assert done.returncode == 1 and "nothing was proven" in done.stderr
+    assert f"A disk is full: verify's sorts lie in {tmp_path} (" in done.stderr
+    assert "Set TMPDIR to a folder with room." in done.stderr
 
 
 def _break_first_image(records):

@@ -4,7 +4,10 @@ graph functions and ops); a person needs the first line."""
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import shutil
 
 LIMIT = 500  # characters
 
@@ -50,3 +53,30 @@ def quoted(text: str, most: int = 100) -> str:
     """`text` as `repr` writes it, cut after `most` characters (then "..."): a line of a
     user's file, in a message that must stay one readable line."""
     return repr(text) if len(text) <= most else f"{text[:most]!r}..."
+
+
+# A full disk or quota: the error itself, or a worker's carried back as its text.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = re.compile(r"\[Errno (%s)\]" % "|".join(map(str, _DISK_FULL)))
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether `error` says a disk (or the user's quota on it) is full."""
+    if isinstance(error, OSError) and error.errno in _DISK_FULL:
+        return True
+    return _DISK_FULL_TEXT.search(str(error)) is not None
+
+
+def space_left(folder: str) -> str:
+    """`1.2 GB free`: what the disk of the local `folder` has left, for a message."""
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)  # a folder not made yet: the disk it would be on
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return "its free space unknown"
+    unit = next((unit for unit in ("GB", "MB", "kB") if free >= _UNITS[unit]), "bytes")
+    return f"{free / _UNITS[unit]:.1f} {unit} free" if unit != "bytes" else f"{free} bytes free"
+
+
+_UNITS = {"GB": 1e9, "MB": 1e6, "kB": 1e3, "bytes": 1}

@@ -283,8 +283,9 @@ def _verify(args) -> int:
                 raise  # the listing's: a source or a folder that is not there (exit 2)
             if args.verbose and isinstance(err, worker_pool.WorkerError):
                 print(err.worker_traceback, file=sys.stderr)
+            full = f" {verify.disk_full()}" if messages.disk_full(err) else ""
             print(f"error: verify failed ({type(err).__name__}: {messages.one_line(err)}); "
-                  "nothing was proven either way.", file=sys.stderr)  # fmt: skip
+                  f"nothing was proven either way.{full}", file=sys.stderr)  # fmt: skip
             return EXIT_PROBLEMS
     else:
         from tfrecord_pipe._tools import verify_job

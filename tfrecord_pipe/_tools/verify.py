@@ -24,12 +24,13 @@ import collections
 import itertools
 import operator
 import os
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 
 from beam_jobs import csv_lists, load, sources, spill, work_folder, worker_pool
 from beam_jobs.source_file import SourceFile
-from tfrecord_pipe._core import manifest, progress
+from tfrecord_pipe._core import manifest, messages, progress
 from tfrecord_pipe._tools import verify_beside
 from tfrecord_pipe._tools import verify_join as join
 from tfrecord_pipe._tools import verify_reading as reading
@@ -58,6 +59,9 @@ SOURCES_A_TASK = 8192
 TASKS_AHEAD = 2  # a worker (each a shard or many sources): enough that none waits
 LISTED, PAIR, _ORDER = join.LISTED, join.PAIR, join.ORDER
 WORK_PREFIX = "tfrecord-pipe-verify-"  # its sorts' folder, in TMPDIR or /tmp
+# The sorts' files at their largest, per input (0.47 at 50,000 small images named like
+# "label_042/image_01234.jpg"; longer names take more).
+SORTS_KB_AN_INPUT = 0.7
 
 
 def verify(source: str, dataset: str, processes: int | None = None, show_progress: bool = False,
@@ -138,8 +142,16 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     )
 
 
+def disk_full() -> str:
+    """What to do when verify filled a disk: its sorts lie in TMPDIR."""
+    folder = _work_parent() or tempfile.gettempdir()
+    return (f"A disk is full: verify's sorts lie in {folder} ({messages.space_left(folder)} "
+            f"now) while it runs, about {SORTS_KB_AN_INPUT} kB an input. Set TMPDIR to a folder "
+            "with room.")  # fmt: skip
+
+
 def _work_parent() -> str | None:
-    """TMPDIR, where verify's sorts spill (about 0.7 kB per input), if it is set: Python
+    """TMPDIR, where verify's sorts spill (SORTS_KB_AN_INPUT), if it is set: Python
     would fall back to /tmp silently when it is not a writable folder.
 
     Raises:
@@ -149,7 +161,7 @@ def _work_parent() -> str | None:
     if chosen and not (os.path.isdir(chosen) and os.access(chosen, os.W_OK | os.X_OK)):
         raise ValueError(
             f"TMPDIR={chosen} is not a writable folder; verify's sorts spill there (about "
-            "0.7 kB per input). Create it, or set TMPDIR to a folder with room."
+            f"{SORTS_KB_AN_INPUT} kB per input). Create it, or set TMPDIR to a folder with room."
         )
     return chosen or None
 
