@@ -42,7 +42,9 @@ def objects_so_far_frozen():
     runs (`gc.freeze`), then back: the launcher's every full collection walked the modules'
     objects (Beam's, when the job uses it: benchmarks/RESULTS.md, "Conversion: peers"). Put back
     after, so that a long-lived caller's garbage from before is still collected then. Left
-    as it is where the caller froze objects itself (it may fork, and count on them)."""
+    as it is where objects are frozen already: by the caller (it may fork, and count on
+    them), or by Python 3.12 itself (375 of its own tuples, from its start), whose
+    collections then walk the modules as before."""
     if gc.get_freeze_count():
         yield
         return
