@@ -51,13 +51,14 @@ import time
 import uuid
 
 import tfrecord_pipe
-from beam_jobs import (claim, finalise, flags, local_engine, sources, storage, worker_pool,
-                       worker_progress)
+from beam_jobs import (claim, finalise, flags, local_engine, sources, storage, work_folder,
+                       worker_pool, worker_progress)
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import manifest, messages, paths, program_exit
 
 LOG = logging.getLogger("beam_jobs.convert")
 FLEX_LAUNCHER = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in a Flex Template's launcher container
+PROGRESS_PREFIX = "tfrecord-pipe-progress-"  # the progress line's counts' folder, in TMPDIR
 
 
 def run(
@@ -191,7 +192,7 @@ def _failed(config: ConvertConfig, temp_dir: str, err: Exception, verbose: bool)
 
 def _run_locally(config: ConvertConfig, temp_dir: str, fixed_labels, claimed_by: str) -> None:
     """Runs the job on the local engine, with a progress line."""
-    with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
+    with work_folder.work_folder(PROGRESS_PREFIX) as progress_dir:
         with worker_progress.ProgressLine(progress_dir):
             local_engine.run(config, temp_dir, fixed_labels, progress_dir,
                              version=tfrecord_pipe.__version__, claimed_by=claimed_by)  # fmt: skip
@@ -207,7 +208,7 @@ def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: b
     from beam_jobs import pipeline
 
     try:
-        with tempfile.TemporaryDirectory(prefix="tfrecord-pipe-progress-") as progress_dir:
+        with work_folder.work_folder(PROGRESS_PREFIX) as progress_dir:
             job = beam.Pipeline(options=options)
             pipeline.build_pipeline(
                 job, config, temp_dir, fixed_labels, progress_dir if local else None,
