@@ -295,6 +295,11 @@ def _run(args) -> None:
 
     if args[0] == "-c":
         sys.argv = ["-c", *args[2:]]
+        if sys.version_info >= (3, 13):  # from 3.13 Python shows a command's lines in tracebacks
+            import linecache
+
+            lines = [line + "\n" for line in args[1].splitlines()]
+            linecache.cache["<string>"] = (len(args[1]), None, lines, "<string>")
         _as_main(args[1], "<string>")
     elif args[0] == "-m":
         sys.argv = ["-m", *args[2:]]
