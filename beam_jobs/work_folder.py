@@ -3,10 +3,11 @@ outlives: removed as the run ends, and, where the run was killed before it could
 (SIGKILL, the kernel's OOM killer), by the next run that makes one in the same place.
 
 A run holds a lock (flock) on a file in its folder for its whole life, which the kernel lets
-go of however the process ends; making a folder, a run first removes those with its prefix
-whose lock it can take. A folder gets its name only once its lock is held, so that no run
-takes another's between its making and its lock. Folders without the lock file (made by an
-older version, or where the filesystem has no locks) are never removed by another run.
+go of however the process ends; making a folder, a run first removes those of its kind, made
+on this machine, whose lock it can take. A folder gets its name only once its lock is held,
+so that no run takes another's between its making and its lock; one left half-made (killed
+in that instant) is removed once MAKING_STALE_S old. Folders not named exactly so, or without
+the lock file (an older version's, or where the filesystem has no locks), are left alone.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 
 LOCK_NAME = ".held-while-its-run-lives"
 MAKING = ".making-"  # a folder's name until its lock is held
+MAKING_STALE_S = 60.0  # a half-made folder this old was left by a run killed as it made it
+_RANDOM = re.compile(r"[a-z0-9_]{8}")  # what tempfile.mkdtemp adds to a name
 
 
 @contextlib.contextmanager
@@ -30,16 +35,17 @@ def work_folder(prefix: str, parent: str | None = None) -> Iterator[str]:
     machine left there removed first."""
     parent = parent or tempfile.gettempdir()
     remove_orphans(prefix, parent)
-    making = tempfile.mkdtemp(prefix=MAKING + _of_this_machine(prefix), dir=parent)
-    held = None
+    made = held = None
     try:
-        held = _hold(os.path.join(making, LOCK_NAME))
-        folder = os.path.join(parent, os.path.basename(making)[len(MAKING) :])
-        os.rename(making, folder)
-        making = folder
+        made = tempfile.mkdtemp(prefix=MAKING + _of_this_machine(prefix), dir=parent)
+        held = _hold(os.path.join(made, LOCK_NAME))
+        folder = os.path.join(parent, os.path.basename(made)[len(MAKING) :])
+        os.rename(made, folder)
+        made = folder
         yield folder
     finally:
-        shutil.rmtree(making, ignore_errors=True)  # under the lock: no other run takes it
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)  # under the lock: no other run takes it
         if held is not None:
             os.close(held)
 
@@ -47,30 +53,56 @@ def work_folder(prefix: str, parent: str | None = None) -> Iterator[str]:
 def remove_orphans(prefix: str, parent: str) -> list[str]:
     """Removes the folders `work_folder(prefix)` made in `parent` on this machine whose run is
     gone; returns their paths."""
-    prefix = _of_this_machine(prefix)
+    own = _of_this_machine(prefix)
     try:
         with os.scandir(parent) as children:
-            names = sorted(child.name for child in children if child.name.startswith(prefix))
+            names = sorted(child.name for child in children)
     except OSError:  # the folder cannot be listed: making one in it says why
         return []
     removed = []
     for name in names:
-        folder = os.path.join(parent, name)
-        try:
-            lock = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_NOFOLLOW)
-        except OSError:  # not a folder of this module's, not ours, or removed meanwhile
+        if name.startswith(own) and _RANDOM.fullmatch(name[len(own) :]):
+            gone = _remove_if_free(os.path.join(parent, name), lock_needed=True)
+        elif name.startswith(MAKING + own) and _RANDOM.fullmatch(name[len(MAKING + own) :]):
+            gone = _stale(os.path.join(parent, name)) and _remove_if_free(
+                os.path.join(parent, name), lock_needed=False)  # fmt: skip
+        else:
             continue
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # its run lives (or locks cannot tell: kept)
-            os.close(lock)
-            continue
-        try:
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-        finally:
-            os.close(lock)
+        if gone:
+            removed.append(os.path.join(parent, name))
     return removed
+
+
+def _remove_if_free(folder: str, lock_needed: bool) -> bool:
+    """Removes `folder` if its lock can be taken (or, unless `lock_needed`, it has none);
+    returns whether it is gone."""
+    lock_path = os.path.join(folder, LOCK_NAME)
+    try:
+        lock = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        if lock_needed or os.path.islink(folder):
+            return False
+        lock = None  # half-made before its lock file was: nobody holds it
+    except OSError:  # not a folder of this module's, or not this user's
+        return False
+    try:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # its run lives (or locks cannot tell: kept)
+        return False
+    else:
+        shutil.rmtree(folder, ignore_errors=True)  # (never follows a link)
+        return not os.path.lexists(folder)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _stale(folder: str) -> bool:
+    try:
+        return time.time() - os.lstat(folder).st_mtime > MAKING_STALE_S
+    except OSError:
+        return False
 
 
 def _of_this_machine(prefix: str) -> str:

@@ -34,11 +34,22 @@ def test_a_killed_runs_folder_is_removed_by_the_next_run_and_a_living_runs_is_ke
     killed, killed_folder = holding("job-", tmp_path)
     living, living_folder = holding("job-", tmp_path)
     other, _ = holding("other-", tmp_path)  # another prefix: not this run's kind
-    older = tmp_path / f"job-{socket.gethostname()}-without-a-lock"  # an older version's
+    host = socket.gethostname()
+    older = tmp_path / f"job-{host}-abcdefgh"  # no lock file: an older version's
     older.mkdir()
-    elsewhere = tmp_path / "job-another-machine-abcdefgh"  # on storage shared with it
-    elsewhere.mkdir()
-    (elsewhere / work_folder.LOCK_NAME).touch()  # its lock may be that machine's alone
+    # Others' on storage shared with them, whose locks may be theirs alone: "job-vm-" also
+    # begins the name of a folder of the machine "vm-2".
+    elsewhere = [tmp_path / "job-another-machine-abcdefgh", tmp_path / f"job-{host}-2-abcdefgh"]
+    for folder in elsewhere:
+        folder.mkdir()
+        (folder / work_folder.LOCK_NAME).touch()
+    # Half-made (a run killed between making a folder and taking its lock): removed once
+    # stale, not while its run may still be making it.
+    half_made = [tmp_path / f".making-job-{host}-abcdefg{n}" for n in range(2)]
+    for folder in half_made:
+        folder.mkdir()
+    stale = time.time() - work_folder.MAKING_STALE_S - 1
+    os.utime(half_made[0], (stale, stale))
     try:
         killed.kill()
         killed.wait()
@@ -54,8 +65,9 @@ def test_a_killed_runs_folder_is_removed_by_the_next_run_and_a_living_runs_is_ke
         living.wait()
         assert os.path.isdir(living_folder)
         assert work_folder.remove_orphans("job-", str(tmp_path)) == [living_folder]
-        assert older.is_dir() and elsewhere.is_dir()
-        assert not [name for name in os.listdir(tmp_path) if name.startswith(".making-")]
+        assert older.is_dir() and all(folder.is_dir() for folder in elsewhere)
+        making = [name for name in os.listdir(tmp_path) if name.startswith(".making-")]
+        assert making == [half_made[1].name]
     finally:
         for process in (killed, living, other):
             process.kill()
