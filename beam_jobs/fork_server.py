@@ -36,10 +36,10 @@ def start(modules) -> None:
     preload = [] if sys.flags.ignore_environment else [*modules, "beam_jobs.fork_server_freeze"]
     forkserver.set_forkserver_preload(preload)
     path = os.pathsep.join(_module_path())
-    _sockets_where_they_fit()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with _STARTING, _in_a_folder_that_exists(), _environment(PYTHONSAFEPATH="1", PYTHONPATH=path):
+            _sockets_where_they_fit()
             forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -95,32 +95,36 @@ util.Finalize(None, stop, exitpriority=-100)
 
 
 def _sockets_where_they_fit() -> None:
-    """Makes multiprocessing's folder for its sockets (once a process) in TMPDIR where their
-    paths fit, else in the first writable SHORT_TEMP: every conversion and verify failed
-    with "OSError: AF_UNIX path too long" under a TMPDIR of over 75 characters (a cluster
-    job's own, a test's), on Pythons before 3.13's own fallback.
+    """Where TMPDIR is too long for a socket's path, has multiprocessing make its folder for
+    sockets (once a process) in the first writable SHORT_TEMP instead: every conversion and
+    verify failed with "OSError: AF_UNIX path too long" under a TMPDIR of over 75 bytes (a
+    cluster job's own, a test's), on Pythons before 3.13's own fallback. Run under
+    _STARTING: it sets tempfile's folder for the while.
 
     Raises:
-      OSError: TMPDIR is too long, and no SHORT_TEMP could be used instead.
+      OSError: TMPDIR is too long, and no SHORT_TEMP can be used instead.
     """
-    if len(os.fsencode(tempfile.gettempdir())) + SOCKET_BELOW_TEMP <= SOCKET_PATH_MOST:
+    most = SOCKET_PATH_MOST - SOCKET_BELOW_TEMP  # bytes of TMPDIR's path
+    temp = tempfile.gettempdir()
+    if len(os.fsencode(temp)) <= most:
         return
-    writable = [folder for folder in SHORT_TEMP if os.access(folder, os.W_OK | os.X_OK)]
-    short = next(filter(os.path.isdir, writable), None)
-    if short is not None:
-        before, tempfile.tempdir = tempfile.tempdir, short
-        try:
-            util.get_temp_dir()  # made now, and kept for this process's life
-        finally:
-            tempfile.tempdir = before
-    made = util.get_temp_dir()
-    if len(os.fsencode(made)) + len("/listener-XXXXXXXX") > SOCKET_PATH_MOST:
-        raise OSError(
-            f"The worker processes' sockets cannot lie in {made}: a socket's path has at most "
-            f"{SOCKET_PATH_MOST} bytes, and no shorter folder ({', '.join(SHORT_TEMP)}) could "
-            f"be used. Set TMPDIR to a writable folder whose path has at most "
-            f"{SOCKET_PATH_MOST - SOCKET_BELOW_TEMP} characters."
-        )
+    usable = (folder for folder in SHORT_TEMP if os.access(folder, os.W_OK | os.X_OK))
+    short = next(filter(os.path.isdir, usable), None)
+    if short is None:
+        raise OSError(f"TMPDIR={temp} is too long for the worker processes' sockets (a socket's "
+                      f"path has at most {SOCKET_PATH_MOST} bytes), and none of "
+                      f"{', '.join(SHORT_TEMP)} is a writable folder. Set TMPDIR to a writable "
+                      f"folder whose path has at most {most} bytes.")  # fmt: skip
+    before, tempfile.tempdir = tempfile.tempdir, short
+    try:
+        made = util.get_temp_dir()  # made now in `short`, and kept for this process's life
+    finally:
+        tempfile.tempdir = before
+    if len(os.fsencode(made)) > most + len("/pymp-XXXXXXXX"):  # this process made it before
+        raise OSError(f"This process's folder for sockets, {made}, was made in TMPDIR before "
+                      f"the job started, and is too long for a socket's path (at most "
+                      f"{SOCKET_PATH_MOST} bytes). Set TMPDIR to a folder whose path has at most "
+                      f"{most} bytes before the process starts.")  # fmt: skip
 
 
 def _module_path() -> list[str]:

@@ -89,9 +89,10 @@ def pool(count: int, initializer, initargs: tuple = ()):
 
     Raises:
       TooFewFilesError: this process may not open the files `count` workers need.
+      OSError: the workers' server cannot start (fork_server.start).
     """
     allow_files(count)
-    start_server()
+    _start_server()
     forked = fork_server.CONTEXT if START_METHOD == "forkserver" else multiprocessing.get_context("fork")
     start = (fork_server.Launcher.now(), START_METHOD, initializer, initargs)
     workers = None
@@ -360,11 +361,17 @@ def _unreadable(message: str):
 def start_server(remote: bool = False) -> None:
     """Starts the workers' fork server now (once per process): it imports JOB_MODULES (and
     REMOTE_MODULES for a job with `remote` paths, which would cost each worker Beam's import)
-    while this process does its own work, and a pool started later finds it ready."""
+    while this process does its own work, and a pool started later finds it ready. Where it
+    cannot start (too few files, no folder for its socket), nothing: `pool` tries again, and
+    the job says why as it says its errors."""
     try:
         allow_files(processes())
-    except TooFewFilesError:
-        return  # not started: `pool` says why, where the job says its errors
+        _start_server(remote)
+    except (TooFewFilesError, OSError):
+        return
+
+
+def _start_server(remote: bool = False) -> None:
     if START_METHOD == "forkserver":
         with ctrl_c_held():  # SIGINT may reach another thread, which the block does not cover
             fork_server.start(JOB_MODULES + (REMOTE_MODULES if remote else ()))

@@ -321,3 +321,12 @@ def test_the_commands_run_under_a_temporary_folder_too_long_for_a_socket_s_path(
         assert done.returncode == 0, done.stderr[-2000:]
     assert "every source accounted for" in done.stdout
     assert not list(temp.iterdir())  # verify's sorts lay there, and went with it
+    # With no shorter folder to use: the commands' own one-line error, saying what to do.
+    no_short = ("from beam_jobs import fork_server; fork_server.SHORT_TEMP = ('/nowhere',); "
+                "from tfrecord_pipe._tools import cli; cli.run()")  # fmt: skip
+    for command in (("convert", src, tmp_path / "other"), ("verify", src, out)):
+        cli = [sys.executable, "-c", no_short, *map(str, command)]
+        done = subprocess.run(cli, capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, TMPDIR=str(temp)))  # fmt: skip
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert "Set TMPDIR to a writable folder whose path has at most 75 bytes" in done.stderr
