@@ -135,7 +135,7 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
             said = finalise.nothing_written(temp_dir)  # the job's last step found no dataset
             if said is not None:
                 raise finalise.NothingWrittenError(said) from None
-            raise JobFailedError(_failed(config, temp_dir, err, args.verbose)) from err
+            raise JobFailedError(_failed(config, temp_dir, err, args.verbose, local)) from err
         if not waits:
             _say_launched(config, template, result)
             return None
@@ -148,24 +148,30 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
     return found
 
 
-def _disk_full(output: str) -> str:
-    """Where a job that filled a disk put its files, and what to do."""
-    sorts = f"the job's sorts lie {{}} while it runs, {local_engine.SORTS_KB_AN_INPUT} kB an input"
-    if paths.is_remote(output):  # the sorts alone are on this machine
-        temp = tempfile.gettempdir()
-        left = messages.space_left(temp)
-        return (f"A disk is full: {sorts.format('in ' + temp)} or so ({left} now). Set TMPDIR "
-                "to a folder with room.")  # fmt: skip
-    return (f"The disk of {output} is full ({messages.space_left(output)} now): the dataset "
-            f"takes about as much room as its inputs, and {sorts.format('beside it')} or so. "
-            "Make room, or convert into a folder on a larger disk.")  # fmt: skip
+def _disk_full(output: str, err: Exception) -> str:
+    """Which disk a job on this machine filled, and what to do: TMPDIR's where the output is
+    remote (the sorts lie there) or `err` names a file there, else the output's."""
+    temp, failed = tempfile.gettempdir(), messages.path_named(err)
+    remote = paths.is_remote(output)
+    in_temp = failed is not None and paths.is_inside(failed, temp) and (
+        remote or not paths.is_inside(failed, output))  # fmt: skip
+    kb = local_engine.SORTS_KB_AN_INPUT
+    sorts = f"the job's sorts lie{{}} while it runs (some {kb} kB an input)"
+    if remote or in_temp:
+        what = sorts.format("") if remote else "the progress line's counts lie while it runs"
+        return (f"A disk is full: {temp}, where {what}, has {messages.space_left(temp)} with "
+                "this run's files removed. Set TMPDIR to a folder with room.")  # fmt: skip
+    return (f"The disk of {output} is full: it has {messages.space_left(output)} with this run's "
+            f"files removed, and the dataset takes about as much room as its inputs, where "
+            f"{sorts.format(' beside it')}. Make room, or convert into a folder on a larger disk.")
 
 
-def _failed(config: ConvertConfig, temp_dir: str, err: Exception, verbose: bool) -> str:
-    """What a failed job left, and what to do."""
+def _failed(config: ConvertConfig, temp_dir: str, err: Exception, verbose: bool,
+            here: bool) -> str:  # fmt: skip
+    """What a failed job left, and what to do (`here`: the job ran on this machine)."""
     what = f"The conversion job failed ({type(err).__name__}: {messages.one_line(err)})."
-    if messages.disk_full(err):
-        what += " " + _disk_full(config.output)
+    if here and messages.disk_full(err):
+        what += " " + _disk_full(config.output, err)
     if not verbose:
         what += " (--verbose shows the traceback.)"
     try:

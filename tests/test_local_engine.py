@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -462,9 +463,22 @@ def test_a_full_disk_fails_the_job_saying_what_to_do(tmp_path, monkeypatch, work
     monkeypatch.setattr(spill, "write_file", full)  # where the pieces' entries are written
     done = run_cli("convert", src, tmp_path / "out")
     assert done.returncode == 1, done.stderr
-    assert f"The disk of {tmp_path / 'out'} is full (" in done.stderr
+    assert f"The disk of {tmp_path / 'out'} is full: it has " in done.stderr
     assert "Make room, or convert into a folder on a larger disk." in done.stderr
     assert "Nothing was finalised" in done.stderr
+    # TMPDIR's disk, where the error names a file there (the progress line's counts).
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+
+    def full_in_temp(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(temp / "counts"))
+
+    monkeypatch.setattr(spill, "write_file", full_in_temp)
+    done = run_cli("convert", src, tmp_path / "out")
+    assert f"A disk is full: {temp}, where the progress line's counts lie" in done.stderr
+    assert "Set TMPDIR to a folder with room." in done.stderr and "The disk of" not in done.stderr
 
 
 def test_a_checked_entry_crosses_processes_whole_and_takes_its_label_index_later():

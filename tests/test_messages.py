@@ -26,5 +26,10 @@ def test_a_full_disk_is_told_from_its_error_or_a_worker_s_text_and_its_space_sai
     assert messages.disk_full(RuntimeError("OSError: [Errno 28] No space left on device"))
     assert not messages.disk_full(OSError(errno.ENOENT, "No such file or directory"))
     assert not messages.disk_full(RuntimeError("OSError: [Errno 2] No such file"))
+    full = OSError(errno.ENOSPC, "No space left on device", "/o/a b")
+    assert messages.path_named(full) == "/o/a b"
+    sent = "OSError: [Errno 28] No space left on device: '/tmp/x/run-1'"  # a worker's
+    assert messages.path_named(RuntimeError(sent)) == "/tmp/x/run-1"
+    assert messages.path_named(RuntimeError("OSError: [Errno 28] No space left")) is None
     said = messages.space_left(str(tmp_path / "not made" / "yet"))  # its disk's
     assert said.endswith(" free") and said[0].isdigit(), said

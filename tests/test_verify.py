@@ -503,7 +503,7 @@ def test_a_full_disk_fails_verify_saying_where_its_sorts_go(
     monkeypatch.setattr(spill, "write_file", full)
     done = run_cli("verify", src, out)
     assert done.returncode == 1 and "nothing was proven" in done.stderr
-    assert f"A disk is full: verify's sorts lie in {tmp_path} (" in done.stderr
+    assert f"A disk is full: {tmp_path}, where verify's sorts lie" in done.stderr
     assert "Set TMPDIR to a folder with room." in done.stderr
 
 

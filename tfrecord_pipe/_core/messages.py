@@ -67,6 +67,17 @@ def disk_full(error: BaseException) -> bool:
     return _DISK_FULL_TEXT.search(str(error)) is not None
 
 
+def path_named(error: BaseException) -> str | None:
+    """The file `error` names (an OSError's, or one in a worker's error carried as text)."""
+    if isinstance(error, OSError) and isinstance(error.filename, str):
+        return error.filename
+    found = _PATH_IN_TEXT.search(str(error))
+    return found[1] if found else None
+
+
+_PATH_IN_TEXT = re.compile(r"\[Errno \d+\] [^:\n]*: '([^'\n]+)'")
+
+
 def space_left(folder: str) -> str:
     """`1.2 GB free`: what the disk of the local `folder` has left, for a message."""
     while not os.path.exists(folder) and os.path.dirname(folder) != folder:

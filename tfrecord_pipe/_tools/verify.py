@@ -59,8 +59,8 @@ SOURCES_A_TASK = 8192
 TASKS_AHEAD = 2  # a worker (each a shard or many sources): enough that none waits
 LISTED, PAIR, _ORDER = join.LISTED, join.PAIR, join.ORDER
 WORK_PREFIX = "tfrecord-pipe-verify-"  # its sorts' folder, in TMPDIR or /tmp
-# The sorts' files at their largest, per input (0.47 at 50,000 small images named like
-# "label_042/image_01234.jpg"; longer names take more).
+# The sorts' files at their largest, per input: 0.47 measured at 50,000 small images named
+# like "label_042/image_01234.jpg"; longer names take more.
 SORTS_KB_AN_INPUT = 0.7
 
 
@@ -145,9 +145,9 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
 def disk_full() -> str:
     """What to do when verify filled a disk: its sorts lie in TMPDIR."""
     folder = _work_parent() or tempfile.gettempdir()
-    return (f"A disk is full: verify's sorts lie in {folder} ({messages.space_left(folder)} "
-            f"now) while it runs, about {SORTS_KB_AN_INPUT} kB an input. Set TMPDIR to a folder "
-            "with room.")  # fmt: skip
+    return (f"A disk is full: {folder}, where verify's sorts lie while it runs (some "
+            f"{SORTS_KB_AN_INPUT} kB an input), has {messages.space_left(folder)} with them "
+            "removed. Set TMPDIR to a folder with room.")  # fmt: skip
 
 
 def _work_parent() -> str | None:
