@@ -20,7 +20,8 @@ import tempfile
 import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
+from multiprocessing import (context, forkserver, popen_forkserver, reduction, resource_tracker,
+                             spawn, util)
 
 
 def start(modules) -> None:
@@ -36,13 +37,17 @@ def start(modules) -> None:
     preload = [] if sys.flags.ignore_environment else [*modules, "beam_jobs.fork_server_freeze"]
     forkserver.set_forkserver_preload(preload)
     path = os.pathsep.join(_module_path())
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        with _STARTING, _in_a_folder_that_exists(), _environment(PYTHONSAFEPATH="1", PYTHONPATH=path):
-            _sockets_where_they_fit()
+    with _STARTING, _in_a_folder_that_exists(), _environment(PYTHONSAFEPATH="1", PYTHONPATH=path):
+        _sockets_where_they_fit()
+        # Started first: the server's start starts it, and its own start unblocks SIGINT in
+        # this thread once done, so that the server started with Ctrl-C open (a Ctrl-C then
+        # printed the server's KeyboardInterrupt, or broke the pool).
+        resource_tracker.ensure_running()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
             forkserver.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 _STARTING = threading.Lock()  # one thread at a time sets the environment the server gets

@@ -330,3 +330,24 @@ def test_the_commands_run_under_a_temporary_folder_too_long_for_a_socket_s_path(
                               env=dict(os.environ, TMPDIR=str(temp)))  # fmt: skip
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert "Set TMPDIR to a writable folder whose path has at most 75 bytes" in done.stderr
+
+
+_SERVER_SIGNALS = """
+from multiprocessing import forkserver
+from beam_jobs import worker_pool
+worker_pool.start_server()
+pid = forkserver._forkserver._forkserver_pid
+status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
+print(int(status["SigBlk"], 16) >> 1 & 1)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_workers_server_starts_with_ctrl_c_blocked():
+    # multiprocessing starts its resource tracker as it starts the server, and unblocks SIGINT
+    # after: the server started with it open, and a Ctrl-C in its first 0.1 s (its imports)
+    # printed its KeyboardInterrupt under the command's "error: interrupted", or broke the
+    # pool ("the server that starts the worker processes has ended").
+    done = run_python(_SERVER_SIGNALS)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
