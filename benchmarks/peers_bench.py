@@ -159,7 +159,11 @@ def measure(tool: str, src: pathlib.Path, work: pathlib.Path, count: int) -> tup
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "benchmarks.peers_bench", "--run", tool, "--src", str(src),
                "--out", str(out)]  # fmt: skip
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    # Each tool's temporary files go with the benchmark's folder: Beam's job server left a
+    # beam-temp* folder in /tmp at each run of jpeg_to_tf_record.
+    temp = work / "tmp"
+    temp.mkdir(exist_ok=True)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TMPDIR=str(temp))
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started
