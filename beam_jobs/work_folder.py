@@ -108,7 +108,7 @@ def _stale(folder: str) -> bool:
 def _of_this_machine(prefix: str) -> str:
     """`prefix` with this machine's name: a run on another machine sharing the folder
     (network storage, where some mounts keep locks to each machine) is never judged gone."""
-    return f"{prefix}{socket.gethostname()}-"
+    return f"{prefix}{re.sub(r'[^A-Za-z0-9._-]', '_', socket.gethostname())}-"  # a name anyhow
 
 
 def _hold(path: str) -> int | None:

@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,18 +33,18 @@ def test_a_killed_runs_folder_is_removed_by_the_next_run_and_a_living_runs_is_ke
     killed, killed_folder = holding("job-", tmp_path)
     living, living_folder = holding("job-", tmp_path)
     other, _ = holding("other-", tmp_path)  # another prefix: not this run's kind
-    host = socket.gethostname()
-    older = tmp_path / f"job-{host}-abcdefgh"  # no lock file: an older version's
+    own = work_folder._of_this_machine("job-")  # "job-" and this machine's name, as "job-vm-"
+    older = tmp_path / f"{own}abcdefgh"  # no lock file: an older version's
     older.mkdir()
     # Others' on storage shared with them, whose locks may be theirs alone: "job-vm-" also
     # begins the name of a folder of the machine "vm-2".
-    elsewhere = [tmp_path / "job-another-machine-abcdefgh", tmp_path / f"job-{host}-2-abcdefgh"]
+    elsewhere = [tmp_path / "job-another-machine-abcdefgh", tmp_path / f"{own}2-abcdefgh"]
     for folder in elsewhere:
         folder.mkdir()
         (folder / work_folder.LOCK_NAME).touch()
     # Half-made (a run killed between making a folder and taking its lock): removed once
     # stale, not while its run may still be making it.
-    half_made = [tmp_path / f".making-job-{host}-abcdefg{n}" for n in range(2)]
+    half_made = [tmp_path / f".making-{own}abcdefg{n}" for n in range(2)]
     for folder in half_made:
         folder.mkdir()
     stale = time.time() - work_folder.MAKING_STALE_S - 1
