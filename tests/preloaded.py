@@ -110,16 +110,32 @@ def _command(name, args) -> None:
         connection.connect("\0" + name)
     except OSError:  # the tests' process has ended, and its server with it
         _fresh(args)
+    # Signals are passed on to the child from before it runs: it may print (to the test) before
+    # this process has its number, and a SIGTERM sent then ended this process, not the child.
+    child, held = [], []
+
+    def pass_on(number, _frame):
+        if child:
+            os.kill(child[0], number)
+        else:
+            held.append(number)
+
+    for number in _PASSED_ON:
+        signal.signal(number, pass_on)
     request = {"args": args, "environment": dict(os.environ), "cwd": os.getcwd()}
     socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
     replies = connection.makefile("rb")
     first = replies.readline().split()
     if first[:1] != [b"pid"]:  # the server says: a new interpreter
         connection.close()
+        for number in _PASSED_ON:
+            signal.signal(number, signal.SIG_DFL)
+        for number in held:  # as it would have ended this process
+            os.kill(os.getpid(), number)
         _fresh(args)
-    child = int(first[1])
-    for number in _PASSED_ON:
-        signal.signal(number, lambda number, _: os.kill(child, number))
+    child.append(int(first[1]))
+    for number in held:
+        os.kill(child[0], number)
     last = replies.readline().split()
     if last[:1] != [b"status"]:  # the server died (and killed its children)
         sys.exit("preloaded: the server ended before the command did")
