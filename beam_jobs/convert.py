@@ -135,7 +135,8 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
             said = finalise.nothing_written(temp_dir)  # the job's last step found no dataset
             if said is not None:
                 raise finalise.NothingWrittenError(said) from None
-            raise JobFailedError(_failed(config, temp_dir, err, args.verbose, local)) from err
+            raise JobFailedError(_failed(config, temp_dir, err, args.verbose,
+                                         launch.local_engine)) from err
         if not waits:
             _say_launched(config, template, result)
             return None
@@ -149,7 +150,7 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
 
 
 def _disk_full(output: str, err: Exception) -> str:
-    """Which disk a job on this machine filled, and what to do: TMPDIR's where the output is
+    """Which disk the local engine filled, and what to do: TMPDIR's where the output is
     remote (the sorts lie there) or `err` names a file there, else the output's."""
     temp, failed = tempfile.gettempdir(), messages.path_named(err)
     remote = paths.is_remote(output)
@@ -159,18 +160,19 @@ def _disk_full(output: str, err: Exception) -> str:
     sorts = f"the job's sorts lie{{}} while it runs (some {kb} kB an input)"
     if remote or in_temp:
         what = sorts.format("") if remote else "the progress line's counts lie while it runs"
-        return (f"A disk is full: {temp}, where {what}, has {messages.space_left(temp)} with "
-                "this run's files removed. Set TMPDIR to a folder with room.")  # fmt: skip
-    return (f"The disk of {output} is full: it has {messages.space_left(output)} with this run's "
-            f"files removed, and the dataset takes about as much room as its inputs, where "
-            f"{sorts.format(' beside it')}. Make room, or convert into a folder on a larger disk.")
+        return (f"A disk is full: {temp}, where {what}, has {messages.space_left(temp)} now. "
+                "Set TMPDIR to a folder with room.")  # fmt: skip
+    return (f"The disk of {output} is full: it has {messages.space_left(output)} now, and the "
+            f"dataset takes about as much room as its inputs, where {sorts.format(' beside it')}. "
+            "Make room, or convert into a folder on a larger disk.")  # fmt: skip
 
 
 def _failed(config: ConvertConfig, temp_dir: str, err: Exception, verbose: bool,
-            here: bool) -> str:  # fmt: skip
-    """What a failed job left, and what to do (`here`: the job ran on this machine)."""
+            local_engine_ran: bool) -> str:  # fmt: skip
+    """What a failed job left, and what to do (`local_engine_ran`: on this machine, with its
+    sorts where `_disk_full` says)."""
     what = f"The conversion job failed ({type(err).__name__}: {messages.one_line(err)})."
-    if here and messages.disk_full(err):
+    if local_engine_ran and messages.disk_full(err):
         what += " " + _disk_full(config.output, err)
     if not verbose:
         what += " (--verbose shows the traceback.)"

@@ -103,8 +103,9 @@ def _sockets_where_they_fit() -> None:
     """Where TMPDIR is too long for a socket's path, has multiprocessing make its folder for
     sockets (once a process) in the first writable SHORT_TEMP instead: every conversion and
     verify failed with "OSError: AF_UNIX path too long" under a TMPDIR of over 75 bytes (a
-    cluster job's own, a test's), on Pythons before 3.13's own fallback. Run under
-    _STARTING: it sets tempfile's folder for the while.
+    cluster job's own, a test's), on Pythons without a fallback of their own (CPython
+    gh-132124). Run under _STARTING, as the launcher starts (tempfile's folder is SHORT_TEMP's
+    for that instant, and no other thread of ours makes files then).
 
     Raises:
       OSError: TMPDIR is too long, and no SHORT_TEMP can be used instead.

@@ -41,11 +41,12 @@ from tfrecord_pipe._core import naming, paths
 from tfrecord_pipe._core.rejection import Rejection
 
 LOG = logging.getLogger(__name__)
-SPILL_NAME = "tfrecord-pipe-spill-"  # in the job's temporary folder (a local output), or in /tmp
+SPILL_NAME = "tfrecord-pipe-spill-"  # in the job's temporary folder (a local output), or TMPDIR
 LINES_PER_WRITE = 1024  # lines of a rejection or duplicate list written at once
 SIZE_SAMPLE = 16  # one input in this many has its size read, to plan shards by size
 # The sorts' files at their largest, per input, for a full disk's message: 0.58 measured at
-# 50,000 small images named like "label_042/image_01234.jpg"; longer names take more.
+# 50,000 small images named like "label_042/image_01234.jpg", rounded up; longer names take
+# more.
 SORTS_KB_AN_INPUT = 0.6
 
 

@@ -1,4 +1,4 @@
-"""A run's folder of temporary files (its sorts' runs, some 0.7 kB an input) that no run
+"""A run's folder of temporary files (its sorts' runs, the progress line's counts) that no run
 outlives: removed as the run ends, and, where the run was killed before it could remove it
 (SIGKILL, the kernel's OOM killer), by the next run that makes one in the same place.
 
@@ -26,6 +26,9 @@ LOCK_NAME = ".held-while-its-run-lives"
 MAKING = ".making-"  # a folder's name until its lock is held
 MAKING_STALE_S = 60.0  # a half-made folder this old was left by a run killed as it made it
 _RANDOM = re.compile(r"[a-z0-9_]{8}")  # what tempfile.mkdtemp adds to a name
+# The folders this process holds: never its own to sweep, even where locks do not tell one
+# process's holders apart (on NFS, flock is a POSIX lock, which a process never conflicts with).
+_HELD: set[str] = set()
 
 
 @contextlib.contextmanager
@@ -33,7 +36,7 @@ def work_folder(prefix: str, parent: str | None = None) -> Iterator[str]:
     """A new folder in `parent` (default: the system's temporary folder) named `prefix`, this
     machine's name and random characters, removed on leaving; those a killed run on this
     machine left there removed first."""
-    parent = parent or tempfile.gettempdir()
+    parent = os.path.realpath(parent or tempfile.gettempdir())
     remove_orphans(prefix, parent)
     made = held = None
     try:
@@ -42,8 +45,10 @@ def work_folder(prefix: str, parent: str | None = None) -> Iterator[str]:
         folder = os.path.join(parent, os.path.basename(made)[len(MAKING) :])
         os.rename(made, folder)
         made = folder
+        _HELD.add(folder)
         yield folder
     finally:
+        _HELD.discard(made)
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)  # under the lock: no other run takes it
         if held is not None:
@@ -53,7 +58,7 @@ def work_folder(prefix: str, parent: str | None = None) -> Iterator[str]:
 def remove_orphans(prefix: str, parent: str) -> list[str]:
     """Removes the folders `work_folder(prefix)` made in `parent` on this machine whose run is
     gone; returns their paths."""
-    own = _of_this_machine(prefix)
+    own, parent = _of_this_machine(prefix), os.path.realpath(parent)
     try:
         with os.scandir(parent) as children:
             names = sorted(child.name for child in children)
@@ -61,6 +66,8 @@ def remove_orphans(prefix: str, parent: str) -> list[str]:
         return []
     removed = []
     for name in names:
+        if os.path.join(parent, name) in _HELD:
+            continue
         if name.startswith(own) and _RANDOM.fullmatch(name[len(own) :]):
             gone = _remove_if_free(os.path.join(parent, name), lock_needed=True)
         elif name.startswith(MAKING + own) and _RANDOM.fullmatch(name[len(MAKING + own) :]):

@@ -481,6 +481,15 @@ def test_a_full_disk_fails_the_job_saying_what_to_do(tmp_path, monkeypatch, work
     assert "Set TMPDIR to a folder with room." in done.stderr and "The disk of" not in done.stderr
 
 
+def test_a_full_disk_under_a_gs_output_is_tmpdirs_where_the_sorts_lie(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    sent = RuntimeError("OSError: [Errno 28] No space left on device")  # a worker's, no file
+    said = convert._disk_full("gs://bucket/out", sent)
+    assert said.startswith(f"A disk is full: {tmp_path}, where the job's sorts lie while it runs")
+    assert said.endswith("Set TMPDIR to a folder with room.")
+
+
 def test_a_checked_entry_crosses_processes_whole_and_takes_its_label_index_later():
     # Entries are pickled several times each (to the launcher, through its sorts, to the
     # shard's writer) by a pickling of their own, cheaper than the dataclass's.

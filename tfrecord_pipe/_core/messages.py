@@ -57,7 +57,9 @@ def quoted(text: str, most: int = 100) -> str:
 
 # A full disk or quota: the error itself, or a worker's carried back as its text.
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-_DISK_FULL_TEXT = re.compile(r"\[Errno (%s)\]" % "|".join(map(str, _DISK_FULL)))
+_DISK_FULL_ERRNO = r"\[Errno (?:%s)\]" % "|".join(map(str, _DISK_FULL))
+_DISK_FULL_TEXT = re.compile(_DISK_FULL_ERRNO)
+_PATH_IN_TEXT = re.compile(_DISK_FULL_ERRNO + r" [^:\n]*: '([^'\n]+)'")  # the file it names
 
 
 def disk_full(error: BaseException) -> bool:
@@ -68,24 +70,23 @@ def disk_full(error: BaseException) -> bool:
 
 
 def path_named(error: BaseException) -> str | None:
-    """The file `error` names (an OSError's, or one in a worker's error carried as text)."""
+    """The file a full disk's `error` names (an OSError's, or in a worker's error's text)."""
     if isinstance(error, OSError) and isinstance(error.filename, str):
         return error.filename
     found = _PATH_IN_TEXT.search(str(error))
     return found[1] if found else None
 
 
-_PATH_IN_TEXT = re.compile(r"\[Errno \d+\] [^:\n]*: '([^'\n]+)'")
-
 
 def space_left(folder: str) -> str:
     """`1.2 GB free`: what the disk of the local `folder` has left, for a message."""
+    folder = os.path.abspath(folder)
     while not os.path.exists(folder) and os.path.dirname(folder) != folder:
         folder = os.path.dirname(folder)  # a folder not made yet: the disk it would be on
     try:
         free = shutil.disk_usage(folder).free
     except OSError:
-        return "its free space unknown"
+        return "an unknown amount free"
     unit = next((unit for unit in ("GB", "MB", "kB") if free >= _UNITS[unit]), "bytes")
     return f"{free / _UNITS[unit]:.1f} {unit} free" if unit != "bytes" else f"{free} bytes free"
 

@@ -59,9 +59,9 @@ SOURCES_A_TASK = 8192
 TASKS_AHEAD = 2  # a worker (each a shard or many sources): enough that none waits
 LISTED, PAIR, _ORDER = join.LISTED, join.PAIR, join.ORDER
 WORK_PREFIX = "tfrecord-pipe-verify-"  # its sorts' folder, in TMPDIR or /tmp
-# The sorts' files at their largest, per input: 0.47 measured at 50,000 small images named
-# like "label_042/image_01234.jpg"; longer names take more.
-SORTS_KB_AN_INPUT = 0.7
+# The sorts' files at their largest, per input, for messages: 0.47 measured at 50,000 small
+# images named like "label_042/image_01234.jpg", rounded up; longer names take more.
+SORTS_KB_AN_INPUT = 0.5
 
 
 def verify(source: str, dataset: str, processes: int | None = None, show_progress: bool = False,

@@ -26,6 +26,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from beam_jobs import csv_lists, flags, pipeline, storage, worker_wheel
 from tfrecord_pipe._core import manifest, messages, paths
 from tfrecord_pipe._tools import verify_reading as reading
+from tfrecord_pipe._tools.verify import WORK_PREFIX
 from tfrecord_pipe._tools import verify_rules as rules
 from tfrecord_pipe._tools.verify_rules import (
     COUNT,
@@ -78,8 +79,8 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False,
     options = flags.pipeline_options(beam_args, False, worker_extras=extras)
     # The report's folder: under --temp_location when given (the local runner too), else in a
     # local temporary folder of its own.
-    work = temp_location or tempfile.mkdtemp(prefix="tfrecord-pipe-verify-")
-    folder = paths.join(work, f"tfrecord-pipe-verify-{uuid.uuid4().hex[:12]}")
+    work = temp_location or tempfile.mkdtemp(prefix=WORK_PREFIX)
+    folder = paths.join(work, f"{WORK_PREFIX}{uuid.uuid4().hex[:12]}")
     report_path = paths.join(folder, REPORT_NAME)
     launched = False
     try:
