@@ -980,6 +980,22 @@ def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp
     resume, history = resumed(small_model(), run="cut")
     assert resume.restored_steps == 4 and len(history.history["loss"]) == 2
 
+    # Killed as Keras wrote its weights, cut short, with no copy of earlier ones (.bkp): every
+    # restart failed in h5py ("truncated file"), a spot run's loop of crashes.
+    for run in ("first", "over"):
+        with pytest.raises(Preempted):
+            resumed(small_model(), [PreemptAfter(4)], run=run)
+        weights = tmp_path / run / "latest.weights.h5"
+        weights.write_bytes(weights.read_bytes()[:96])
+    # As the first backup was written (no epoch file yet): nothing whole was ever saved, and
+    # the run starts from the start, as it stood.
+    (tmp_path / "first" / "training_metadata.json").unlink()
+    resume, history = resumed(small_model(), run="first")
+    assert resume.restored_steps == 0 and len(history.history["loss"]) == 3
+    # Written over a whole backup (double_checkpoint=False): refused, saying what to do.
+    with pytest.raises(ValueError, match="cannot be read .* Delete .* double_checkpoint=True"):
+        resumed(small_model(), run="over")
+
     with pytest.raises(Preempted):  # killed after the epoch's last step, before its end
         resumed(small_model(), [PreemptAfter(3)], run="e")
     with pytest.raises(RuntimeError, match="after BackupAndRestore"):

@@ -110,7 +110,11 @@ class FitResume(tf.keras.callbacks.Callback):
         before = _steps(optimizer)
         self.backup.set_model(model)
         _without_a_cut_epoch_file(self.backup)
-        self.backup.on_train_begin()  # the backup's own restore; fit's repeats it harmlessly
+        try:
+            self.backup.on_train_begin()  # the backup's own restore; fit's repeats it harmlessly
+        except OSError as err:  # its weights file cannot be read, nor a copy of an earlier one
+            _start_afresh_if_none_was_whole(self.backup, err)
+            self.backup.on_train_begin()
         self._restored_into = model
         self.restored_steps = _steps(optimizer) - before
 
@@ -286,3 +290,29 @@ def _without_a_cut_epoch_file(backup) -> None:
                     "the restore goes by the optimizer's steps.", path,
                     "empty" if not text else "cut short")  # fmt: skip
         tf.io.gfile.remove(path)
+
+
+def _start_afresh_if_none_was_whole(backup, err: OSError) -> None:
+    """A backup whose weights file cannot be read, with no earlier copy (`.bkp`) to fall back
+    on. Where no backup was ever whole (no epoch file: Keras writes it after the weights), the
+    run was killed as it wrote its first: the weights are set aside and the run starts from
+    the start, which is where it stood. Every restart failed in h5py ("truncated file")
+    before. Otherwise the backup was written over a whole one (`double_checkpoint=False`)
+    and cannot be restored: refused, saying so.
+
+    Raises:
+      ValueError: an earlier whole backup was written over.
+    """
+    weights = backup._weights_path  # (Keras 3's names)
+    if tf.io.gfile.exists(backup._training_metadata_path) or tf.io.gfile.exists(
+            backup._prev_weights_path):  # fmt: skip
+        raise ValueError(
+            f"The backup's weights {weights} cannot be read ({err}): the run was killed as it "
+            "wrote them over the backup before, and there is no whole copy to fall back on. "
+            f"Delete {backup.backup_dir} to train from the start; "
+            "BackupAndRestore(..., double_checkpoint=True) keeps one."
+        ) from err
+    log.warning("The backup's weights %s cannot be read (%s): the run was killed as it wrote "
+                "its first backup. Set aside as %s.torn; training starts from the start.",
+                weights, err, weights)  # fmt: skip
+    tf.io.gfile.rename(weights, weights + ".torn", overwrite=True)
