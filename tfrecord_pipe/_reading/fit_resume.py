@@ -315,4 +315,7 @@ def _start_afresh_if_none_was_whole(backup, err: OSError) -> None:
     log.warning("The backup's weights %s cannot be read (%s): the run was killed as it wrote "
                 "its first backup. Set aside as %s.torn; training starts from the start.",
                 weights, err, weights)  # fmt: skip
-    tf.io.gfile.rename(weights, weights + ".torn", overwrite=True)
+    try:
+        tf.io.gfile.rename(weights, weights + ".torn", overwrite=True)
+    except tf.errors.NotFoundError:  # another host sharing the folder set it aside first
+        pass
