@@ -410,6 +410,12 @@ def test_a_resumable_iterator_checkpoint_of_0_4_still_restores(folder, tmp_path)
     switched = distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)
     switched.steps.assign(2)
     assert [digest(next(switched)) for _ in range(3)] == reference[2:]
+    # One of other settings is refused in general words: 0.4 saved none.
+    saved.fingerprint.assign_add(1)
+    path = tf.train.Checkpoint(iterator=saved).write(str(tmp_path / "other"))
+    tf.train.Checkpoint(iterator=switched).restore(path)
+    with pytest.raises(ValueError, match="other records \\(another dataset, seed, host count"):
+        next(switched)
 
 
 @pytest.mark.slow  # 30 batches, three times
@@ -895,13 +901,15 @@ def test_the_resumable_distributed_iterator_restores_and_refuses_other_settings(
     fresh = make()
     tf.train.Checkpoint(iterator=fresh).read(again).assert_consumed()
     assert [next(fresh)[2].numpy().tolist() for _ in range(5)] == reference[7:12]
-    # Other settings, at another step or at the same one, are refused.
-    for other, steps in ((dict(seed=6), 0), (dict(batch_size=8), 0), (dict(seed=6), 4)):
+    # Other settings, at another step or at the same one, are refused, naming what differs.
+    for other, steps, said in ((dict(seed=6), 0, "seed: saved 5, here 6; fingerprint"),
+                               (dict(batch_size=8), 0, "batch_size: saved 4, here 8"),
+                               (dict(seed=6), 4, "seed: saved 5, here 6")):  # fmt: skip
         elsewhere = make(**other)
         for _ in range(steps):
             next(elsewhere)
         tf.train.Checkpoint(iterator=elsewhere).read(path)
-        with pytest.raises(ValueError, match="reads other records"):
+        with pytest.raises(ValueError, match=f"reads other records \\({said}"):
             next(elsewhere)
 
 

@@ -154,10 +154,13 @@ def other_records(saved: str, what: str) -> str:
 NAMED_ONLY = ("seed", "dataset", "shuffle_window", "cycle_length")
 
 
-def differs(saved: dict, here: dict, name: str) -> bool:
-    """Whether setting `name` of a saved position's record differs from `here`'s; one only
-    named (NAMED_ONLY) counts where the record has it (records of 0.4 and before do not)."""
-    return (name in saved or name not in NAMED_ONLY) and saved.get(name) != here[name]
+def differences(saved: dict, here: dict) -> str:
+    """The settings of a saved position's record that differ from `here`'s, in words ("" for
+    none); one only named (NAMED_ONLY) counts where the record has it (records of 0.4 and
+    before do not)."""
+    differ = [name for name in here
+              if (name in saved or name not in NAMED_ONLY) and saved.get(name) != here[name]]  # fmt: skip
+    return "; ".join(f"{name}: saved {saved.get(name)}, here {here[name]}" for name in differ)
 
 
 EPOCH_MISMATCH = (

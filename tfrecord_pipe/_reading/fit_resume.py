@@ -171,11 +171,8 @@ class FitResume(tf.keras.callbacks.Callback):
                 f"mean: {name} is missing ({why}), so its position may mean other batches. "
                 f"{start_afresh}"
             )
-        differ = [name for name in facts if epochs.differs(saved or {}, facts, name)]
-        if self.restored_steps and differ:
-            said = "; ".join(
-                f"{name}: saved {saved.get(name)}, here {facts[name]}" for name in differ
-            )
+        said = epochs.differences(saved or {}, facts)
+        if self.restored_steps and said:
             raise ValueError(
                 epochs.other_records(f"The backup in {self.backup.backup_dir}", said)
                 + " (or delete that folder to train from the start)"

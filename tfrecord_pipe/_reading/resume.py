@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 from typing import Any
 
 import tensorflow as tf
@@ -117,9 +118,8 @@ class BatchIterator:
                 f"version {VERSION}."
             )
         here = self._pipeline()
-        differ = [name for name in here if epochs.differs(state, here, name)]
-        if differ:
-            said = "; ".join(f"{name}: saved {state.get(name)}, here {here[name]}" for name in differ)
+        said = epochs.differences(state, here)
+        if said:
             raise ValueError(epochs.other_records("This position state", said))
         batches = state.get("batches")
         if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
@@ -169,17 +169,28 @@ class DistributedIterator(tf.Module):
             self.fingerprint = tf.Variable(
                 self._fingerprint, dtype=tf.int64, trainable=False, name="fingerprint"
             )
+        # The settings behind the fingerprint, saved in words so that a refusal names them
+        # (as JSON, the restored ones too: tf.Module would track a dict).
+        named = seeded.position_facts(input_fn.config, context)
+        named["pipeline"] = [context.input_pipeline_id, context.num_input_pipelines]
+        named.update(batch_size=batch, replicas=context.num_replicas_in_sync)
+        self._facts = json.dumps(named)
+        self._restored_facts = None
 
     # A tensor of its own beside the two variables, as TensorFlow's own iterator saves one
     # (its state): a checkpoint of one kind restored into the other then fails, naming the
     # tensor it lacks, where it matched nothing and the input started again from its first
-    # batch, silently. (A checkpoint saved before 0.5 has none, and restores as before.)
+    # batch, silently. (A checkpoint saved before 0.5 has none, and restores as before.) Its
+    # value is the settings behind the fingerprint, as JSON.
     _KIND = "a_tfrecord_pipe_resumable_iterator"  # (the name a restore says it lacks)
 
     def _serialize_to_tensors(self):
-        return {self._KIND: tf.constant(self._KIND)}
+        return {self._KIND: tf.constant(self._facts)}
 
     def _restore_from_tensors(self, restored_tensors):
+        saved = restored_tensors[self._KIND]
+        if tf.executing_eagerly():  # (a SavedModel's restore runs in a graph; it names none)
+            self._restored_facts = saved.numpy().decode()
         return tf.no_op()  # (the variables carry the position; a SavedModel needs an op here)
 
     def _copy_trackable_to_cpu(self, object_map):
@@ -193,23 +204,36 @@ class DistributedIterator(tf.Module):
         with damage_said(self._held.input_fn.config.data):
             return next(stream)
 
+    def _differences(self) -> str:
+        saved = _facts_of(self._restored_facts)
+        # (A checkpoint of 0.4 holds no settings; nor does a graph's restore.)
+        said = epochs.differences(saved, json.loads(self._facts)) if saved else ""
+        return said or "another dataset, seed, host count, batch or shuffle"
+
     def in_function(self) -> Steps:
         """This input's steps for a `tf.function` that takes several per call: pass it as an
         argument on every call (a restore replaces it) and call `next` on it inside. Each
         step is counted as it is taken, so a checkpoint between calls holds the exact
         position, however many steps a call took."""
         if int(self.fingerprint.numpy()) != self._fingerprint:
-            raise ValueError(
-                epochs.other_records(
-                    "This input's checkpoint", "another dataset, seed, host count, batch or shuffle"
-                )
-            )
+            raise ValueError(epochs.other_records("This input's checkpoint", self._differences()))
         steps, held = int(self.steps.numpy()), self._held
         # Restored, or a step failed inside a call (TensorFlow's iterator may have gone past
         # it, uncounted): start again from the count.
         if steps != int(held.given.numpy()) or int(held.asked.numpy()) != steps:
             held.build(steps)
         return held.stream
+
+
+def _facts_of(saved: str | None) -> dict | None:
+    """The settings a checkpoint's marker holds; None for a marker that holds none."""
+    if saved is None:
+        return None
+    try:
+        facts = json.loads(saved)
+    except ValueError:
+        return None
+    return facts if isinstance(facts, dict) else None
 
 
 class Steps:
