@@ -1,6 +1,7 @@
 """A storage that fails now and then (429 and 503 answers, answers cut off mid-body): a
-gs:// -> gs:// conversion ends with every input accounted for, or with a clear error and no
-manifest; verify, inspect and the reader on gs:// behave the same.
+gs:// -> gs:// conversion on Beam's runner, and a list of gs:// images read once by the local
+engine, end with every input accounted for, or with a clear error and no manifest; verify,
+inspect and the reader on gs:// behave the same.
 
 The faults come from the test GCS's proxy (local_gcs.py). Retries are the client
 libraries' (google-cloud-storage for the job, TensorFlow's filesystem for reading) plus
@@ -154,3 +155,37 @@ def test_an_outage_is_told_from_a_file_that_cannot_be_read():
                 IsADirectoryError(21, "a folder")):  # fmt: skip
         decided = outcome.decide(source, {"cat"}, images.ImagePolicy(), failing(err))
         assert decided.reason == images.UNREADABLE, err
+
+
+def test_the_local_engine_reading_gs_inputs_once_on_a_flaky_storage_loses_nothing(gcs, tmp_path):
+    # The default engine, its workers reading a local list's gs:// images once as they write
+    # the records (pieces.py): a read cut short must be retried, or fail the job, never be
+    # taken for a truncated JPEG and rejected.
+    from test_engines import files_of
+
+    src = write_image_folder(tmp_path / "src", per_label=6, odd=("truncated_jpeg.jpg",))
+    bucket = storage.Client().bucket(gcs.bucket)
+    lines = []
+    for path in sorted(src.rglob("*.jpg")):
+        name = f"flaky-once/{path.relative_to(src)}"
+        bucket.blob(name).upload_from_filename(path)
+        lines.append(f"{gcs.url(name)},{path.parent.name}")
+    listed = tmp_path / "list.csv"
+    listed.write_text("\n".join(lines) + "\n")
+    flags = ["--num_shards", "2", "--validation_fraction", "0.3"]
+    compared = 0
+    with gcs.exported():
+        convert.run([str(listed), str(tmp_path / "calm"), *flags])
+        for seed in (1, 2):
+            out = tmp_path / f"flaky-{seed}"
+            with gcs.faults(error_rate=0.05, reset_rate=0.1, seed=seed) as dealt:
+                try:
+                    convert.run([str(listed), str(out), *flags])
+                except convert.JobFailedError as err:  # allowed: said clearly, nothing finalised
+                    assert "Nothing was finalised" in str(err)
+                    assert not (out / "manifest.json").exists()
+                    continue
+            assert dealt.get("reset"), f"the conversion met no cut-off read: {dealt}"
+            assert files_of(out) == files_of(tmp_path / "calm")  # each input's fate, as calm
+            compared += 1
+    assert compared, "no flaky run ended: the retries did not hold"
