@@ -23,6 +23,8 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import (context, forkserver, popen_forkserver, reduction, resource_tracker,
                              spawn, util)
 
+from beam_jobs import work_folder
+
 
 def start(modules) -> None:
     """Starts the server, once per process, with `modules` imported so that each worker
@@ -38,7 +40,7 @@ def start(modules) -> None:
     forkserver.set_forkserver_preload(preload)
     path = os.pathsep.join(_module_path())
     with _STARTING, _in_a_folder_that_exists(), _environment(PYTHONSAFEPATH="1", PYTHONPATH=path):
-        _sockets_where_they_fit()
+        _make_socket_folder()
         # Started first: the server's start starts it, and its own start unblocks SIGINT in
         # this thread once done, so that the server started with Ctrl-C open (a Ctrl-C then
         # printed the server's KeyboardInterrupt, or broke the pool).
@@ -56,6 +58,7 @@ SOCKET_PATH_MOST = 107  # bytes in a Unix socket's path (sun_path's 108, less it
 # "TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX".
 SOCKET_BELOW_TEMP = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
 SHORT_TEMP = ("/tmp", "/var/tmp", "/dev/shm")  # where it goes when TMPDIR is too long for that
+SOCKETS_PREFIX = "tfrecord-pipe-sockets-"  # the work folder it goes in (`work_folder`)
 END_S = 5.0  # how long the server has to end as this process exits
 
 
@@ -99,34 +102,46 @@ def stop() -> None:
 util.Finalize(None, stop, exitpriority=-100)
 
 
-def _sockets_where_they_fit() -> None:
-    """Where TMPDIR is too long for a socket's path, has multiprocessing make its folder for
-    sockets (once a process) in the first writable SHORT_TEMP instead: every conversion and
-    verify failed with "OSError: AF_UNIX path too long" under a TMPDIR of over 75 bytes (a
-    cluster job's own, a test's), on Pythons without a fallback of their own (CPython
-    gh-132124). Run under _STARTING, as the launcher starts (tempfile's folder is SHORT_TEMP's
-    for that instant, and no other thread of ours makes files then).
+def _make_socket_folder() -> None:
+    """Has multiprocessing make its folder for sockets (once a process) inside a work folder
+    of this process's life (`work_folder`), in TMPDIR or, where TMPDIR is too long for a
+    socket's path, in the first writable SHORT_TEMP. Its own "TMPDIR/pymp-*" stayed behind
+    each run killed by SIGKILL; a work folder goes with the next run. Under a TMPDIR of over
+    75 bytes (a cluster job's own, a test's) every conversion and verify failed with
+    "OSError: AF_UNIX path too long", on Pythons without a fallback of their own (CPython
+    gh-132124). Run under _STARTING, as the launcher starts (tempfile's folder is the work
+    folder for that instant, and no other thread of ours makes files then).
 
     Raises:
       OSError: TMPDIR is too long, and no SHORT_TEMP can be used instead.
     """
-    most = SOCKET_PATH_MOST - SOCKET_BELOW_TEMP  # bytes of TMPDIR's path
+    most = SOCKET_PATH_MOST - SOCKET_BELOW_TEMP  # bytes of the path of multiprocessing's folder
     temp = tempfile.gettempdir()
-    if len(os.fsencode(temp)) <= most:
-        return
     usable = (folder for folder in SHORT_TEMP if os.access(folder, os.W_OK | os.X_OK))
-    short = next(filter(os.path.isdir, usable), None)
-    if short is None:
+    fitting = [folder for folder in (temp, *filter(os.path.isdir, usable))
+               if len(os.fsencode(folder)) <= most]  # fmt: skip
+    if not fitting:
         raise OSError(f"TMPDIR={temp} is too long for the worker processes' sockets (a socket's "
                       f"path has at most {SOCKET_PATH_MOST} bytes), and none of "
                       f"{', '.join(SHORT_TEMP)} is a writable folder. Set TMPDIR to a writable "
                       f"folder whose path has at most {most} bytes.")  # fmt: skip
-    before, tempfile.tempdir = tempfile.tempdir, short
+    held = contextlib.ExitStack()
+    parent = fitting[0]
+    name_most = len(os.fsencode(work_folder.longest_name(SOCKETS_PREFIX)))
+    roomy = [folder for folder in fitting if len(os.fsencode(folder)) + 1 + name_most <= most]
+    if roomy:  # (a machine's name too long for any: multiprocessing's folder as it was)
+        parent = held.enter_context(work_folder.work_folder(SOCKETS_PREFIX, roomy[0]))
+    before, tempfile.tempdir = tempfile.tempdir, parent
     try:
-        made = util.get_temp_dir()  # made now in `short`, and kept for this process's life
+        made = util.get_temp_dir()  # made now in `parent`, and kept for this process's life
     finally:
         tempfile.tempdir = before
-    if len(os.fsencode(made)) > most + len("/pymp-XXXXXXXX"):  # this process made it before
+    if roomy and os.path.dirname(made) == parent:
+        # Removed at exit after multiprocessing's own folder in it (exitpriority -100).
+        util.Finalize(None, held.close, exitpriority=-101)
+    else:
+        held.close()  # this process made its folder before, and keeps it
+    if len(os.fsencode(made)) > most + len("/pymp-XXXXXXXX"):  # made before, in a long TMPDIR
         raise OSError(f"This process's folder for sockets, {made}, was made in TMPDIR before "
                       f"the job started, and is too long for a socket's path (at most "
                       f"{SOCKET_PATH_MOST} bytes). Set TMPDIR to a folder whose path has at most "

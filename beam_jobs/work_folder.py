@@ -34,11 +34,12 @@ _HELD: set[str] = set()
 @contextlib.contextmanager
 def work_folder(prefix: str, parent: str | None = None) -> Iterator[str]:
     """A new folder in `parent` (default: the system's temporary folder) named `prefix`, this
-    machine's name and random characters, removed on leaving; those a killed run on this
-    machine left there removed first."""
+    machine's name and random characters, removed on leaving (by this process, not one forked
+    from it); those a killed run on this machine left there removed first."""
     parent = os.path.realpath(parent or tempfile.gettempdir())
     remove_orphans(prefix, parent)
     made = held = None
+    owner = os.getpid()  # a process forked meanwhile leaves the folder to this one
     try:
         made = tempfile.mkdtemp(prefix=MAKING + _of_this_machine(prefix), dir=parent)
         held = _hold(os.path.join(made, LOCK_NAME))
@@ -48,11 +49,17 @@ def work_folder(prefix: str, parent: str | None = None) -> Iterator[str]:
         _HELD.add(folder)
         yield folder
     finally:
-        _HELD.discard(made)
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)  # under the lock: no other run takes it
+        if os.getpid() == owner:
+            _HELD.discard(made)
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)  # under the lock: no other run takes it
         if held is not None:
             os.close(held)
+
+
+def longest_name(prefix: str) -> str:
+    """The name of a folder `work_folder(prefix)` gives, at its longest (mkdtemp adds 8)."""
+    return _of_this_machine(prefix) + "x" * 8
 
 
 def remove_orphans(prefix: str, parent: str) -> list[str]:

@@ -332,6 +332,50 @@ def test_the_commands_run_under_a_temporary_folder_too_long_for_a_socket_s_path(
         assert "Set TMPDIR to a writable folder whose path has at most 75 bytes" in done.stderr
 
 
+_SERVER_UP = """
+import sys
+from beam_jobs import worker_pool
+worker_pool.start_server()
+print("up", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_run_s_socket_folder_goes_with_the_next_run():
+    # multiprocessing's folder for the server's socket, TMPDIR/pymp-*, stayed behind every
+    # run killed by SIGKILL (the OOM killer's), one a kill, for ever. It now lies in a work
+    # folder, which the next run removes.
+    import shutil
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="s", dir="/tmp")  # short: the socket's path must fit
+    env = dict(os.environ, TMPDIR=temp)
+    try:
+        run = lambda: subprocess.Popen([sys.executable, "-c", _SERVER_UP], env=env, text=True,  # noqa: E731
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        killed = run()
+        assert killed.stdout.readline() == "up\n"
+        killed.kill()
+        killed.wait(timeout=60)
+        (left,) = os.listdir(temp)
+        assert left.startswith(fork_server.SOCKETS_PREFIX), left
+        assert [name for name in os.listdir(os.path.join(temp, left)) if name.startswith("pymp-")]
+        ended = run()
+        assert ended.stdout.readline() == "up\n"
+        assert left not in os.listdir(temp)  # removed as the next run started
+        ended.communicate("", timeout=60)
+        assert ended.returncode == 0 and os.listdir(temp) == []  # and its own at its end
+        # A machine's name too long for the socket's path in a work folder: as before.
+        long_name = "import socket; socket.gethostname = lambda: 'h' * 63\n" + _SERVER_UP
+        named = subprocess.Popen([sys.executable, "-c", long_name], env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        assert named.stdout.readline() == "up\n"
+        assert [name[:5] for name in os.listdir(temp)] == ["pymp-"]
+        named.communicate("", timeout=60)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 _SERVER_SIGNALS = """
 from multiprocessing import forkserver
 from beam_jobs import worker_pool
