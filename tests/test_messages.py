@@ -16,6 +16,14 @@ def test_one_line_of_an_error_a_tensorflow_message_and_a_traceback_sent_as_text(
     )
     assert messages.one_line(RuntimeError(sent)) == "OSError: disk full [while running 'WriteShards']"
     assert len(messages.one_line("x" * 10_000)) == messages.LIMIT
+    # A graph function's error names the reason after where the function was defined (this
+    # line alone was shown: `inspect --check` said a shard "cannot be read to its end: Graph
+    # execution error:").
+    graph = ("Graph execution error:\n\nDetected at node ReduceDataset defined at (most recent "
+             "call last):\n  File \"<stdin>\", line 5, in <module>\n\n  File \"records.py\", "
+             "line 247, in count\n\ncorrupted record at 4195\n\t [[{{node ReduceDataset}}]] "
+             "[Op:__inference_count_37]")  # fmt: skip
+    assert messages.one_line(graph) == "corrupted record at 4195"
 
 
 def test_a_full_disk_is_told_from_its_error_or_a_worker_s_text_and_its_space_said(tmp_path):

@@ -15,6 +15,8 @@ LIMIT = 500  # characters
 # `[Op:IteratorGetNext] name: ...`.
 _TENSORFLOW_NOISE = re.compile(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$")
 _TRACEBACK = "Traceback (most recent call last):"
+# A graph function's error starts so; the reason follows the Python lines it was defined at.
+_GRAPH_ERROR = "Graph execution error:"
 
 
 def one_line(error: BaseException | str) -> str:
@@ -34,6 +36,9 @@ def one_line(error: BaseException | str) -> str:
     if _TRACEBACK in line:
         exception_lines = [line for line in lines if not line.startswith((" ", "\t"))]
         line = exception_lines[-1] if exception_lines else line
+    elif line.startswith(_GRAPH_ERROR):
+        reasons = [line for line in lines[1:] if not line.startswith((" ", "\t", "Detected at"))]
+        line = reasons[0] if reasons else line
     return _TENSORFLOW_NOISE.sub("", line).strip()[:LIMIT]
 
 
