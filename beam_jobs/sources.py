@@ -36,7 +36,7 @@ from beam_jobs.csv_lists import (
     sources_of_csv_line,
 )
 from beam_jobs.source_file import SourceFile, check_label, check_split_name, split_by_hash
-from tfrecord_pipe._core import images, messages, naming, paths
+from tfrecord_pipe._core import images, manifest, messages, naming, paths
 
 
 def layout_said(config: ConvertConfig, asked_header: str) -> str:
@@ -47,6 +47,20 @@ def layout_said(config: ConvertConfig, asked_header: str) -> str:
     first = next(csv_lines(config.source))[1]
     return (f"csv layout; line 1 ({messages.quoted(first)}) read as a header: --csv_header no "
             "if it lists an input")  # fmt: skip
+
+
+def _a_dataset(root: str) -> str | None:
+    """What to say where `root` is a dataset this tool wrote, not images (the arguments
+    swapped: every file was rejected `no_label`, and the error said only that)."""
+    path = paths.join(root, naming.MANIFEST_NAME)
+    try:
+        conversion = manifest.Manifest.from_file_text(storage.read_text(path), path).conversion
+    except Exception:  # noqa: BLE001 - unreadable, or another tool's file: the images decide
+        return None
+    made_from = conversion.get("source")
+    return (f"{root} is a dataset (its {naming.MANIFEST_NAME}), not a folder of images: give the "
+            "images first, then the dataset's folder (convert SRC OUT)"
+            + (f"; it was converted from {made_from}." if made_from else "."))  # fmt: skip
 
 
 def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertConfig:
@@ -118,6 +132,8 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
         if config.layout != "auto":
             wanted = f"a source of the {config.layout} layout (a folder)"
         raise ValueError(f"{err}: give {wanted}.") from err
+    if converting and naming.MANIFEST_NAME in files and (problem := _a_dataset(root)):
+        raise ValueError(problem)
     has_files = bool(files)
     if not folders and not has_files:
         missing = not paths.is_remote(root) and not os.path.lexists(root)

@@ -189,6 +189,18 @@ def test_verify_a_folder_that_is_not_a_dataset_exits_2(converted):
         (src / "manifest.json").unlink()
 
 
+def test_convert_given_a_dataset_for_its_images_says_so_and_what_it_was_made_from(
+    converted, tmp_path
+):
+    # Every file of the dataset was rejected `no_label`, and the error said only that.
+    src, out = converted
+    done = run_cli("convert", out, tmp_path / "new")
+    assert done.returncode == 2, done.stderr
+    assert f"{out} is a dataset (its manifest.json), not a folder of images" in done.stderr
+    assert f"it was converted from {src}." in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "new").exists()
+
+
 def test_verify_a_dataset_that_does_not_record_its_conversion_exits_2(converted_copy):
     src, out = converted_copy
     found = dataset.read_manifest(str(out))
