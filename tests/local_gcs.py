@@ -327,6 +327,8 @@ class _RelayHandler(http.server.BaseHTTPRequestHandler):
             return
         if fault == "reset" and len(data) > 1:  # the answer breaks off: half the body, then gone
             proxy.count("reset")
+            if "alt=media" in path:  # a file's bytes, not its metadata
+                proxy.count("reset_media")
             self.wfile.write(data[: len(data) // 2])
             self.wfile.flush()
             self.close_connection = True
@@ -421,14 +423,14 @@ class _Proxy(http.server.ThreadingHTTPServer):
         self.finished_uploads: dict[str, tuple] = {}  # upload_id -> the final answer
         self._random = random.Random(0)
         self._random_lock = threading.Lock()
-        self._dealt = {"error": 0, "reset": 0}
+        self._dealt = {"error": 0, "reset": 0, "reset_media": 0}
 
     def set_faults(self, faults: Faults) -> dict[str, int]:
         """Deals `faults` from now on; returns the faults dealt since the last call."""
         with self._random_lock:
             self.faults = faults
             self._random = random.Random(faults.seed)
-            dealt, self._dealt = self._dealt, {"error": 0, "reset": 0}
+            dealt, self._dealt = self._dealt, {"error": 0, "reset": 0, "reset_media": 0}
         return dealt
 
     def count(self, fault: str) -> None:
@@ -552,7 +554,8 @@ class LocalGcs:
     def faults(self, **faults):
         """Injects `Faults(**faults)` into every request for the duration of the block. Yields
         a dict that, after the block, says how many of each fault were dealt ("error",
-        "reset"): a test can show that its run met them."""
+        "reset", and "reset_media" of those cut off a file's bytes): a test can show that
+        its run met them."""
         dealt: dict[str, int] = {}
         self._set_faults(Faults(**faults))
         try:

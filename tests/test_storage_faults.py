@@ -173,10 +173,10 @@ def test_the_local_engine_reading_gs_inputs_once_on_a_flaky_storage_loses_nothin
     listed = tmp_path / "list.csv"
     listed.write_text("\n".join(lines) + "\n")
     flags = ["--num_shards", "2", "--validation_fraction", "0.3"]
-    compared = 0
+    met = []  # the image reads cut off in each run that ended
     with gcs.exported():
         convert.run([str(listed), str(tmp_path / "calm"), *flags])
-        for seed in (1, 2):
+        for seed in (1, 2, 3):
             out = tmp_path / f"flaky-{seed}"
             with gcs.faults(error_rate=0.05, reset_rate=0.1, seed=seed) as dealt:
                 try:
@@ -185,7 +185,8 @@ def test_the_local_engine_reading_gs_inputs_once_on_a_flaky_storage_loses_nothin
                     assert "Nothing was finalised" in str(err)
                     assert not (out / "manifest.json").exists()
                     continue
-            assert dealt.get("reset"), f"the conversion met no cut-off read: {dealt}"
             assert files_of(out) == files_of(tmp_path / "calm")  # each input's fate, as calm
-            compared += 1
-    assert compared, "no flaky run ended: the retries did not hold"
+            met.append(dealt["reset_media"])
+    # A run that met a cut-off image read and still gave the calm dataset: the read was
+    # retried (not only a listing's or a metadata request's).
+    assert any(met), f"no run that ended met a cut-off image read: {met}"
