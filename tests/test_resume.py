@@ -136,7 +136,9 @@ def test_a_restart_decodes_nothing_it_skips(folder):
     config = reader.ReaderConfig(folder, is_training=True, image_size=SIZE, batch_size=4, seed=5)
     dataset = reader.build_dataset(config, image_fn=counting, start_batches=60)  # 7 epochs in
     next(iter(dataset))
-    assert 4 <= int(decoded.numpy()) < 60, "the skipped batches were decoded"
+    # A batch's 4, and what the pipeline reads ahead meanwhile (more on a loaded machine:
+    # over 60 once under a full suite), not the 240 records skipped.
+    assert 4 <= int(decoded.numpy()) < 60 * 4, f"the skipped records were decoded: {decoded}"
 
 
 @pytest.mark.parametrize("sizes", [[3, 1, 4], [5, 5], [1], [2, 7, 1, 1, 6], [4, 4, 4, 3]])
