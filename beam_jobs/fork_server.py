@@ -118,8 +118,9 @@ def _make_socket_folder() -> None:
     most = SOCKET_PATH_MOST - SOCKET_BELOW_TEMP  # bytes of the path of multiprocessing's folder
     temp = tempfile.gettempdir()
     usable = (folder for folder in SHORT_TEMP if os.access(folder, os.W_OK | os.X_OK))
-    fitting = [folder for folder in (temp, *filter(os.path.isdir, usable))
-               if len(os.fsencode(folder)) <= most]  # fmt: skip
+    # Measured as resolved: a work folder's path is (a TMPDIR through a link is longer).
+    resolved = (os.path.realpath(folder) for folder in (temp, *filter(os.path.isdir, usable)))
+    fitting = [folder for folder in resolved if len(os.fsencode(folder)) <= most]
     if not fitting:
         raise OSError(f"TMPDIR={temp} is too long for the worker processes' sockets (a socket's "
                       f"path has at most {SOCKET_PATH_MOST} bytes), and none of "
@@ -129,19 +130,19 @@ def _make_socket_folder() -> None:
     parent = fitting[0]
     name_most = len(os.fsencode(work_folder.longest_name(SOCKETS_PREFIX)))
     roomy = [folder for folder in fitting if len(os.fsencode(folder)) + 1 + name_most <= most]
-    if roomy:  # (a machine's name too long for any: multiprocessing's folder as it was)
+    if roomy:  # (else, in a long TMPDIR: multiprocessing's folder as it was)
         parent = held.enter_context(work_folder.work_folder(SOCKETS_PREFIX, roomy[0]))
     before, tempfile.tempdir = tempfile.tempdir, parent
     try:
         made = util.get_temp_dir()  # made now in `parent`, and kept for this process's life
     finally:
         tempfile.tempdir = before
-    if roomy and os.path.dirname(made) == parent:
+    if os.path.dirname(made) == parent:
         # Removed at exit after multiprocessing's own folder in it (exitpriority -100).
         util.Finalize(None, held.close, exitpriority=-101)
-    else:
-        held.close()  # this process made its folder before, and keeps it
-    if len(os.fsencode(made)) > most + len("/pymp-XXXXXXXX"):  # made before, in a long TMPDIR
+        return
+    held.close()  # this process made its folder before, and keeps it
+    if len(os.fsencode(made)) > most + len("/pymp-XXXXXXXX"):  # made in a long TMPDIR
         raise OSError(f"This process's folder for sockets, {made}, was made in TMPDIR before "
                       f"the job started, and is too long for a socket's path (at most "
                       f"{SOCKET_PATH_MOST} bytes). Set TMPDIR to a folder whose path has at most "

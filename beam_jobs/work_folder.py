@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -121,8 +122,17 @@ def _stale(folder: str) -> bool:
 
 def _of_this_machine(prefix: str) -> str:
     """`prefix` with this machine's name: a run on another machine sharing the folder
-    (network storage, where some mounts keep locks to each machine) is never judged gone."""
-    return f"{prefix}{re.sub(r'[^A-Za-z0-9._-]', '_', socket.gethostname())}-"  # a name anyhow
+    (network storage, where some mounts keep locks to each machine) is never judged gone. A
+    long name is cut and a digest of it added ("~" tells it from a name that is not cut),
+    so that a socket's path in the folder fits (`fork_server`)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())  # a name anyhow
+    if len(name) > MACHINE_NAME_MOST:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        name = f"{name[: MACHINE_NAME_MOST - len(digest) - 1]}~{digest}"
+    return f"{prefix}{name}-"
+
+
+MACHINE_NAME_MOST = 24  # characters of a machine's name in a folder's name
 
 
 def _hold(path: str) -> int | None:

@@ -335,7 +335,8 @@ def test_the_commands_run_under_a_temporary_folder_too_long_for_a_socket_s_path(
 _SERVER_UP = """
 import sys
 from beam_jobs import worker_pool
-worker_pool.start_server()
+with worker_pool.pool(1, int) as workers:  # a worker from the server, through its socket
+    assert workers.submit(abs, -1).result(timeout=60) == 1
 print("up", flush=True)
 sys.stdin.read()
 """
@@ -365,13 +366,32 @@ def test_a_killed_run_s_socket_folder_goes_with_the_next_run():
         assert left not in os.listdir(temp)  # removed as the next run started
         ended.communicate("", timeout=60)
         assert ended.returncode == 0 and os.listdir(temp) == []  # and its own at its end
-        # A machine's name too long for the socket's path in a work folder: as before.
+        # A machine's name of 63 characters (EC2's, a pod's) is cut to fit, a digest of it
+        # added; the folder swept as any other.
         long_name = "import socket; socket.gethostname = lambda: 'h' * 63\n" + _SERVER_UP
         named = subprocess.Popen([sys.executable, "-c", long_name], env=env, text=True,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
         assert named.stdout.readline() == "up\n"
-        assert [name[:5] for name in os.listdir(temp)] == ["pymp-"]
+        (left,) = os.listdir(temp)
+        assert left.startswith(fork_server.SOCKETS_PREFIX + "h" * 15 + "~"), left
+        named.kill()
+        named.wait(timeout=60)
+        named = subprocess.Popen([sys.executable, "-c", long_name], env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        assert named.stdout.readline() == "up\n"
+        assert left not in os.listdir(temp)
         named.communicate("", timeout=60)
+        assert os.listdir(temp) == []
+        # A TMPDIR that is a short link to a long path: measured as resolved, as the folder's
+        # path is (measured as given, every command failed).
+        real = os.path.join(temp, "r" * (fork_server.SOCKET_PATH_MOST - fork_server.SOCKET_BELOW_TEMP
+                                         - len(temp) - 1))  # fmt: skip
+        os.mkdir(real)
+        link = os.path.join(temp, "l")
+        os.symlink(real, link)
+        linked = subprocess.run([sys.executable, "-c", _SERVER_UP], env=dict(env, TMPDIR=link),
+                                input="", capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert linked.stdout == "up\n" and linked.returncode == 0, linked.stderr[-2000:]
     finally:
         shutil.rmtree(temp, ignore_errors=True)
 
