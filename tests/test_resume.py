@@ -412,7 +412,13 @@ def test_a_resumable_iterator_checkpoint_of_0_4_still_restores(folder, tmp_path)
     switched = distribute.resumable_iterator(tf.distribute.get_strategy(), train_fn)
     switched.steps.assign(2)
     assert [digest(next(switched)) for _ in range(3)] == reference[2:]
-    # One of other settings is refused in general words: 0.4 saved none.
+    # One of other settings is refused in general words: 0.4 saved none. (So too after a
+    # refusal that named some: those were the settings of the checkpoint restored before.)
+    elsewhere = distribute.resumable_iterator(tf.distribute.get_strategy(), seeded_fn(folder, seed=99))
+    named = tf.train.Checkpoint(iterator=elsewhere).write(str(tmp_path / "named"))
+    tf.train.Checkpoint(iterator=switched).restore(named)
+    with pytest.raises(ValueError, match="other records \\(seed: saved 99"):
+        next(switched)
     saved.fingerprint.assign_add(1)
     path = tf.train.Checkpoint(iterator=saved).write(str(tmp_path / "other"))
     tf.train.Checkpoint(iterator=switched).restore(path)

@@ -163,8 +163,9 @@ class DistributedIterator(tf.Module):
         context = self._held.contexts[0]
         layout = seeded.pipeline_layout(input_fn.config, context)
         batch = context.get_per_replica_batch_size(input_fn.config.batch_size)
-        facts = f"{epochs.fingerprint(layout)}/{batch}/{context.num_replicas_in_sync}"
-        self._fingerprint = int(hashlib.sha256(facts.encode()).hexdigest()[:15], 16)
+        self._fingerprint = _fingerprint(
+            epochs.fingerprint(layout), batch, context.num_replicas_in_sync
+        )
         with tf.init_scope():
             self.fingerprint = tf.Variable(
                 self._fingerprint, dtype=tf.int64, trainable=False, name="fingerprint"
@@ -206,8 +207,13 @@ class DistributedIterator(tf.Module):
 
     def _differences(self) -> str:
         saved = _facts_of(self._restored_facts)
-        # (A checkpoint of 0.4 holds no settings; nor does a graph's restore.)
-        said = epochs.differences(saved, json.loads(self._facts)) if saved else ""
+        # The settings restored last, where they are those of the fingerprint restored (a
+        # checkpoint of 0.4 holds none, and a graph's restore gives none).
+        restored = int(self.fingerprint.numpy())
+        said = ""
+        if saved and _fingerprint(saved.get("fingerprint"), saved.get("batch_size"),
+                                  saved.get("replicas")) == restored:  # fmt: skip
+            said = epochs.differences(saved, json.loads(self._facts))
         return said or "another dataset, seed, host count, batch or shuffle"
 
     def in_function(self) -> Steps:
@@ -223,6 +229,12 @@ class DistributedIterator(tf.Module):
         if steps != int(held.given.numpy()) or int(held.asked.numpy()) != steps:
             held.build(steps)
         return held.stream
+
+
+def _fingerprint(layout: str, batch: int, replicas: int) -> int:
+    """What a DistributedIterator's position means, as the number its checkpoint holds."""
+    facts = f"{layout}/{batch}/{replicas}"
+    return int(hashlib.sha256(facts.encode()).hexdigest()[:15], 16)
 
 
 def _facts_of(saved: str | None) -> dict | None:
