@@ -13,12 +13,14 @@ MODE:
   fit       Keras fit, epochs of 6 steps, 2 steps per execution, BackupAndRestore(save_freq=3)
             with FitResume beside it
   fit_mirrored  the same under a MirroredStrategy of two logical CPUs, 1 step per execution
+  fit_term  fit, its backup with double_checkpoint=True, sent SIGTERM instead of SIGKILL (a
+            spot VM's notice): FitResume saves after the step in flight, then the run ends
   fit_jax   Keras fit under KERAS_BACKEND=jax (set by the caller): no per-step log (the
             steps are JAX's), but the final weights' hash, "WEIGHTS sha", at the end
 
 Each step appends "STEP s KEYS k,k,... PIXELS sha" to WORKDIR/log (under fit_mirrored one line
 per replica, with "REPLICA r" after it; fit also logs "EPOCH e ENDS s" at each epoch's end);
-the run kills itself with SIGKILL right after step KILL_AT.
+the run kills itself with SIGKILL (fit_term: SIGTERM) right after step KILL_AT.
 """
 
 import contextlib
@@ -141,7 +143,7 @@ def fit_run(mode, dataset, workdir, steps, kill_at):
     class Ends(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if steps_done(self.model) == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGTERM if mode == "fit_term" else signal.SIGKILL)
 
         def on_epoch_end(self, epoch, logs=None):
             log_line(workdir, f"EPOCH {epoch} ENDS {steps_done(self.model)}")
@@ -153,7 +155,8 @@ def fit_run(mode, dataset, workdir, steps, kill_at):
         net.compile(optimizer=tf.keras.optimizers.SGD(0.01), jit_compile=False,
                     steps_per_execution=per_execution,
                     loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
-    backup = tf.keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup"), save_freq=3)
+    backup = tf.keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup"), save_freq=3,
+                                                 double_checkpoint=mode == "fit_term")  # fmt: skip
     resume = distribute.FitResume(backup, steps_per_epoch=6)
     data = resume.restore(net, input_fn, strategy)
     if resume.restored_steps:

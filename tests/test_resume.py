@@ -10,6 +10,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -798,8 +799,10 @@ def killed_and_resumed(folder, workdirs, modes, steps, kill_at):
         printed = [run.communicate(timeout=300) for run in runs]
         return [(run.returncode, *out) for run, out in zip(runs, printed)]
 
-    for returncode, _, stderr in run_all(str(kill_at)):
-        assert returncode == -9, stderr[-3000:]
+    for mode, (returncode, _, stderr) in zip(modes, run_all(str(kill_at))):
+        assert returncode == (-15 if mode == "fit_term" else -9), stderr[-3000:]
+        if mode == "fit_term":  # ended by the signal, as by default, after the save
+            assert f"SIGTERM: the backup saved at step {kill_at}; ending as asked" in stderr
     resumed = run_all()
     for returncode, _, stderr in resumed:
         assert returncode == 0, stderr[-3000:]
@@ -816,8 +819,10 @@ def logged_places(workdir, mode):
 
 
 # Fresh processes killed with SIGKILL mid-epoch and started again, as a preempted TPU VM is.
-# (mode, the step after which it is killed, the last step saved before that)
-KILLED_RUNS = [("loop", 17, 15), ("mirrored", 17, 15), ("fit", 18, 16), ("fit_mirrored", 17, 15)]
+# (mode, the step after which it is killed, the last step saved before that). Sent SIGTERM
+# (fit_term), the run saves after the step in flight: nothing is trained twice.
+KILLED_RUNS = [("loop", 17, 15), ("mirrored", 17, 15), ("fit", 18, 16), ("fit_mirrored", 17, 15),
+               ("fit_term", 14, 14)]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -949,6 +954,58 @@ class PreemptAfter(tf.keras.callbacks.Callback):
 class StopAtEpochEnd(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self.model.stop_training = True
+
+
+@pytest.mark.slow  # a subprocess: SIGTERM's handling is the process's
+def test_fit_holds_sigterm_while_it_runs_and_only_over_a_backup_with_a_copy(folder, tmp_path):
+    # Held over a backup without its copy before (double_checkpoint), a save cut short by the
+    # VM's stop would leave no whole backup: SIGTERM then ends the run at once, as before.
+    code = f"""
+import logging, signal, sys
+sys.path.insert(0, {str(ROOT / "tests")!r})
+import tensorflow as tf
+from test_resume import SIZE, small_model
+from tfrecord_pipe import distribute, reader
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+train_fn = reader.make_input_fn({folder!r}, is_training=True, image_size=SIZE, batch_size=4,
+                                seed=3)
+held = []
+class Look(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        held.append(signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)
+for double in (True, False):
+    backup = tf.keras.callbacks.BackupAndRestore({str(tmp_path)!r} + f"/{{double}}", save_freq=1,
+                                                 double_checkpoint=double)
+    resume = distribute.FitResume(backup, steps_per_epoch=2)
+    model = small_model()
+    model.fit(resume.restore(model, train_fn), epochs=1, steps_per_epoch=2, verbose=0,
+              callbacks=[backup, resume, Look()])
+    print(double, held, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    held.clear()
+# A fit ended by an error leaves nothing to save: SIGTERM after it ends the process at once.
+class Fails(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        raise RuntimeError("a failed step")
+backup = tf.keras.callbacks.BackupAndRestore({str(tmp_path)!r} + "/failed", save_freq=1,
+                                             double_checkpoint=True)
+resume = distribute.FitResume(backup, steps_per_epoch=2)
+model = small_model()
+try:
+    model.fit(resume.restore(model, train_fn), epochs=1, steps_per_epoch=2, verbose=0,
+              callbacks=[backup, resume, Fails()])
+except RuntimeError:
+    print("fit failed", flush=True)
+import os
+os.kill(os.getpid(), signal.SIGTERM)
+print("went on", flush=True)
+"""
+    ran = run_python(code, preloaded=True)
+    assert ran.returncode == -signal.SIGTERM, ran.stderr[-3000:]
+    assert ran.stdout.splitlines() == [
+        "True [True, True] True", "False [False, False] True", "fit failed"
+    ]
+    assert "SIGTERM ends this run at once, without a save: the backup keeps no copy" in ran.stderr
+    assert "SIGTERM after training stopped: ending now" in ran.stderr
 
 
 @pytest.mark.slow  # Keras fit, a dozen times

@@ -15,7 +15,8 @@ end where it would have ended:
 The position comes from the weights file itself, so it cannot disagree with the weights (the
 backup writes its epoch file after the weights; a kill between the two leaves them apart).
 What the position means (the dataset, seed, batch, host share, epoch length) is kept beside
-the backup, and a restart with other settings is refused.
+the backup, and a restart with other settings is refused. On SIGTERM (a spot VM's notice) the
+backup is saved after the step in flight, and the process then ends as SIGTERM ends it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import uuid
 
 import tensorflow as tf
 
-from tfrecord_pipe._reading import distribute, epochs, seeded
+from tfrecord_pipe._reading import distribute, epochs, held_term, seeded
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,16 @@ class FitResume(tf.keras.callbacks.Callback):
         `double_checkpoint=True` survives a kill while the weights are written).
       steps_per_epoch: the `steps_per_epoch` given to `fit` (a seeded training input repeats,
         so Keras counts an epoch in steps).
+      save_on_sigterm: on SIGTERM (a spot VM's notice), save the backup once the step in
+        flight ends, then end as SIGTERM would have (`held_term.py`). Only with
+        `double_checkpoint=True` (the VM may stop before the save ends), on one worker, in
+        the main thread, where the program has no SIGTERM handler of its own.
 
     Give `fit` the input `restore` returns: another input is not detected.
     """
 
-    def __init__(self, backup: tf.keras.callbacks.BackupAndRestore, steps_per_epoch: int):
+    def __init__(self, backup: tf.keras.callbacks.BackupAndRestore, steps_per_epoch: int,
+                 save_on_sigterm: bool = True):  # fmt: skip
         super().__init__()
         if not isinstance(backup, tf.keras.callbacks.BackupAndRestore):
             raise TypeError(
@@ -78,6 +84,9 @@ class FitResume(tf.keras.callbacks.Callback):
             raise ValueError(f"steps_per_epoch must be a positive int, got {steps_per_epoch!r}")
         self.backup = backup
         self.steps_per_epoch = steps_per_epoch
+        self.save_on_sigterm = save_on_sigterm
+        self._held: held_term.HeldTerm | None = None  # SIGTERM, while fit runs
+        self._workers = 1
         self.restored_steps: int | None = None  # steps of this run the restored weights hold
         self._restored_into = None
         self._first_epoch: int | None = None  # the epoch fit must start at; checked once
@@ -125,6 +134,9 @@ class FitResume(tf.keras.callbacks.Callback):
             return input_fn(context, start_batches=start_batches)
 
         pipeline.config = config
+        in_multi_worker_mode = getattr(strategy.extended, "_in_multi_worker_mode", None) \
+            if strategy is not None else None  # fmt: skip
+        self._workers = 2 if in_multi_worker_mode and in_multi_worker_mode() else 1
         if strategy is None:
             context = input_fn.host_context()
             data = input_fn(start_batches=self.restored_steps)
@@ -210,6 +222,55 @@ class FitResume(tf.keras.callbacks.Callback):
         self.model._initial_epoch = epoch
         self._first_epoch = epoch
         self._left_in_epoch = self.steps_per_epoch - done if done else 0
+        if self.save_on_sigterm:
+            self._hold_sigterm()
+
+    def _hold_sigterm(self) -> None:
+        why = None
+        if not self.backup.double_checkpoint:
+            why = ("the backup keeps no copy before its last (double_checkpoint=True), and a "
+                   "save cut short by the VM's stop would leave none whole")  # fmt: skip
+        elif self._workers > 1:
+            why = "several workers train together, and each would save alone"
+        elif not callable(getattr(self.backup, "_save_model", None)):
+            why = "this Keras's BackupAndRestore has no save to call"  # (a private method)
+        else:
+            held = held_term.HeldTerm(self._in_fit)
+            why = held.install()
+            if why is None:
+                self._held = held
+                return
+        log.info("SIGTERM ends this run at once, without a save: %s.", why)
+
+    def _in_fit(self, frame) -> bool:
+        """Whether `frame` runs inside this model's `fit` (not after it, ended by an error)."""
+        while frame is not None:
+            if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is self.model:
+                return True
+            frame = frame.f_back
+        return False
+
+    def _save_if_asked(self) -> None:
+        """After SIGTERM, between steps: the backup saved, then the process ended."""
+        if self._held is not None and self._held.asked:
+            self._held.saving()
+            self.backup._save_model()
+            log.warning("SIGTERM: the backup saved at step %d; ending as asked",
+                        _steps(self.model.optimizer))  # fmt: skip
+            self._held.end()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._save_if_asked()
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._save_if_asked()
+
+    def on_train_end(self, logs=None):
+        held, self._held = self._held, None
+        if held is not None and held.asked:
+            held.end()  # training is over: SIGTERM ends the process, as it would have
+        elif held is not None:
+            held.uninstall()
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._first_epoch is not None:
@@ -228,10 +289,18 @@ class FitResume(tf.keras.callbacks.Callback):
             self._left_in_epoch = 0
             if not self.model.stop_training:
                 self.model.stop_training = _CUT
+        self._save_if_asked()
 
     def on_epoch_end(self, epoch, logs=None):
         if self.model.stop_training is _CUT:
             self.model.stop_training = False  # only the epoch ended; training goes on
+        self._save_if_asked()
+        if self._held is not None and (epoch + 1 >= self.params.get("epochs", 0)
+                                       or self.model.stop_training):  # fmt: skip
+            # No step is left: from here SIGTERM ends the run at once, as by default (held
+            # to the end, it would end it after Keras removed the backup).
+            held, self._held = self._held, None
+            held.uninstall()
 
 
 def _steps(optimizer) -> int:
