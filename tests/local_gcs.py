@@ -546,6 +546,20 @@ class LocalGcs:
                     process.wait()
         self._proxy = self._emulator = None
 
+    def image_list(self, folder: pathlib.Path, prefix: str, listed: pathlib.Path) -> pathlib.Path:
+        """`folder`'s JPEGs uploaded under `prefix`, and a CSV list of their gs:// URLs and
+        labels (their folders' names) written to `listed`, which is returned."""
+        from google.cloud import storage
+
+        bucket = storage.Client().bucket(self.bucket)
+        lines = []
+        for path in sorted(folder.rglob("*.jpg")):
+            name = f"{prefix}/{path.relative_to(folder)}"
+            bucket.blob(name).upload_from_filename(path)
+            lines.append(f"{self.url(name)},{path.parent.name}")
+        listed.write_text("\n".join(lines) + "\n")
+        return listed
+
     def url(self, *parts: str) -> str:
         """A gs:// URL in the test bucket."""
         return "gs://" + "/".join([self.bucket, *parts])

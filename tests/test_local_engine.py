@@ -507,19 +507,12 @@ def test_a_checked_entry_crosses_processes_whole_and_takes_its_label_index_later
 def test_a_local_csv_of_gs_files_is_read_once_into_the_beam_pipelines_dataset(gcs, tmp_path):
     # The list is local, so the job reads each input once (pieces.py), its workers reading
     # the remote files ahead as the two-read way does.
-    from google.cloud import storage as gcs_client
-
     src = write_image_folder(tmp_path / "src", per_label=3, odd=("truncated_jpeg.jpg",))
-    bucket = gcs_client.Client().bucket(gcs.bucket)
-    lines = []
-    for path in sorted(src.rglob("*.jpg")):
-        name = f"read-once/{path.relative_to(src)}"
-        bucket.blob(name).upload_from_filename(path)
-        lines.append(f"{gcs.url(name)},{path.parent.name}")
-    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    listed = gcs.image_list(src, "read-once", tmp_path / "list.csv")
     with gcs.exported():
-        found = convert.run([str(tmp_path / "list.csv"), str(tmp_path / "engine")])
-        convert.run([str(tmp_path / "list.csv"), str(tmp_path / "beam"), *BEAM])
+        found = convert.run([str(listed), str(tmp_path / "engine")])
+        convert.run([str(listed), str(tmp_path / "beam"), *BEAM])
+    lines = listed.read_text().splitlines()
     assert found.splits["train"].num_examples == len(lines) - 1  # the truncated one
     assert files_of(tmp_path / "engine") == files_of(tmp_path / "beam")
 

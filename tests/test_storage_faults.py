@@ -164,14 +164,7 @@ def test_the_local_engine_reading_gs_inputs_once_on_a_flaky_storage_loses_nothin
     from test_engines import files_of
 
     src = write_image_folder(tmp_path / "src", per_label=6, odd=("truncated_jpeg.jpg",))
-    bucket = storage.Client().bucket(gcs.bucket)
-    lines = []
-    for path in sorted(src.rglob("*.jpg")):
-        name = f"flaky-once/{path.relative_to(src)}"
-        bucket.blob(name).upload_from_filename(path)
-        lines.append(f"{gcs.url(name)},{path.parent.name}")
-    listed = tmp_path / "list.csv"
-    listed.write_text("\n".join(lines) + "\n")
+    listed = gcs.image_list(src, "flaky-once", tmp_path / "list.csv")
     flags = ["--num_shards", "2", "--validation_fraction", "0.3"]
     met = []  # the image reads cut off in each run that ended
     with gcs.exported():
