@@ -1004,8 +1004,51 @@ print("went on", flush=True)
     assert ran.stdout.splitlines() == [
         "True [True, True] True", "False [False, False] True", "fit failed"
     ]
-    assert "SIGTERM ends this run at once, without a save: the backup keeps no copy" in ran.stderr
+    assert "No save on SIGTERM: the backup keeps no copy" in ran.stderr
     assert "SIGTERM after training stopped: ending now" in ran.stderr
+
+
+_TERM_AT_EPOCH_END = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+import tensorflow as tf
+from test_resume import SIZE, small_model
+from tfrecord_pipe import distribute, reader
+train_fn = reader.make_input_fn({folder!r}, is_training=True, image_size=SIZE, batch_size=4,
+                                seed=3)
+class Term(tf.keras.callbacks.Callback):
+    def on_test_batch_end(self, batch, logs=None):
+        if {in_validation!r}:
+            os.kill(os.getpid(), signal.SIGTERM)
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.stop_training = True  # an early stop, asked after FitResume's epoch end
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("went on", flush=True)
+backup = tf.keras.callbacks.BackupAndRestore({backup!r}, save_freq=1, double_checkpoint=True)
+resume = distribute.FitResume(backup, steps_per_epoch=2)
+model = small_model()
+model.fit(resume.restore(model, train_fn), epochs=3, steps_per_epoch=2, verbose=0,
+          validation_data=train_fn().take(2), callbacks=[backup, resume, Term()])
+"""
+
+
+@pytest.mark.slow  # subprocesses: SIGTERM's handling is the process's
+@pytest.mark.parametrize("in_validation", [True, False], ids=["validation", "a_stop_after"])
+def test_sigterm_as_an_epoch_ends_ends_the_run_without_a_save_and_keeps_the_backup(
+    folder, tmp_path, in_validation
+):
+    # Saved during validation (the epoch's steps all done), the restart began the next
+    # epoch: that epoch's validation and epoch-end callbacks never ran. And held past an
+    # early stop asked after FitResume's epoch end, it ended the run after Keras removed the
+    # backup: the restart trained everything again.
+    backup = tmp_path / "backup"
+    code = _TERM_AT_EPOCH_END.format(tests=str(ROOT / "tests"), folder=folder,
+                                     backup=str(backup), in_validation=in_validation)  # fmt: skip
+    ran = run_python(code, preloaded=True)
+    assert ran.returncode == -signal.SIGTERM and "went on" not in ran.stdout, ran.stderr[-3000:]
+    if in_validation:
+        assert "SIGTERM as an epoch ends: ending without a save" in ran.stderr
+    assert sorted(path.name for path in backup.iterdir() if "weights" in path.name), "removed"
 
 
 @pytest.mark.slow  # Keras fit, a dozen times

@@ -64,10 +64,11 @@ class FitResume(tf.keras.callbacks.Callback):
         `double_checkpoint=True` survives a kill while the weights are written).
       steps_per_epoch: the `steps_per_epoch` given to `fit` (a seeded training input repeats,
         so Keras counts an epoch in steps).
-      save_on_sigterm: on SIGTERM (a spot VM's notice), save the backup once the step in
-        flight ends, then end as SIGTERM would have (`held_term.py`). Only with
+      save_on_sigterm: on SIGTERM (a spot VM's notice) during an epoch's steps, save the
+        backup once the step in flight ends, then end as SIGTERM would have (`held_term.py`;
+        as the epoch ends, end without a save, so that the restart runs its end). Only with
         `double_checkpoint=True` (the VM may stop before the save ends), on one worker, in
-        the main thread, where the program has no SIGTERM handler of its own.
+        the main thread, where the program has no SIGTERM handler or wakeup pipe of its own.
 
     Give `fit` the input `restore` returns: another input is not detected.
     """
@@ -222,8 +223,13 @@ class FitResume(tf.keras.callbacks.Callback):
         self.model._initial_epoch = epoch
         self._first_epoch = epoch
         self._left_in_epoch = self.steps_per_epoch - done if done else 0
-        if self.save_on_sigterm:
-            self._hold_sigterm()
+        self._told_why = False
+
+    # SIGTERM is held from an epoch's start to its end (`held_term`): at a step's end with a
+    # step of the epoch after it, the backup is saved and the process ends. Once the epoch's
+    # last step has ended, it ends without a save: saved there, the epoch's end (validation,
+    # epoch-end callbacks) would never run; and let go at the epoch's end, before a stop
+    # another callback asks for, after which Keras removes the backup.
 
     def _hold_sigterm(self) -> None:
         why = None
@@ -240,7 +246,9 @@ class FitResume(tf.keras.callbacks.Callback):
             if why is None:
                 self._held = held
                 return
-        log.info("SIGTERM ends this run at once, without a save: %s.", why)
+        if not self._told_why:
+            self._told_why = True
+            log.info("No save on SIGTERM: %s; SIGTERM ends the run as by default.", why)
 
     def _in_fit(self, frame) -> bool:
         """Whether `frame` runs inside this model's `fit` (not after it, ended by an error)."""
@@ -250,27 +258,26 @@ class FitResume(tf.keras.callbacks.Callback):
             frame = frame.f_back
         return False
 
-    def _save_if_asked(self) -> None:
-        """After SIGTERM, between steps: the backup saved, then the process ended."""
-        if self._held is not None and self._held.asked:
+    def _end_if_asked(self, save: bool) -> None:
+        """After SIGTERM, at a step's end: the backup saved (`save`), then the process ended."""
+        if self._held is None or not self._held.asked:
+            return
+        if save:
             self._held.saving()
-            self.backup._save_model()
+            if not _just_saved(self.backup):
+                self.backup._save_model()
             log.warning("SIGTERM: the backup saved at step %d; ending as asked",
                         _steps(self.model.optimizer))  # fmt: skip
-            self._held.end()
+        else:
+            log.warning(_ENDS_UNSAVED)
+        self._held.end()
 
-    def on_train_batch_begin(self, batch, logs=None):
-        self._save_if_asked()
-
-    def on_test_batch_end(self, batch, logs=None):
-        self._save_if_asked()
-
-    def on_train_end(self, logs=None):
+    def _let_go(self) -> None:
+        """SIGTERM's default again; where it came meanwhile, the process ends now."""
         held, self._held = self._held, None
-        if held is not None and held.asked:
-            held.end()  # training is over: SIGTERM ends the process, as it would have
-        elif held is not None:
-            held.uninstall()
+        if held is not None and held.uninstall():
+            log.warning(_ENDS_UNSAVED)
+            held.end()
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._first_epoch is not None:
@@ -281,6 +288,11 @@ class FitResume(tf.keras.callbacks.Callback):
                     "put FitResume after BackupAndRestore in fit's callbacks, and give fit no "
                     "initial_epoch."
                 )
+        if self.save_on_sigterm and self._held is None:
+            self._hold_sigterm()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._end_if_asked(save=True)
 
     def on_train_batch_end(self, batch, logs=None):
         if self._left_in_epoch and batch + 1 >= self._left_in_epoch:
@@ -289,18 +301,29 @@ class FitResume(tf.keras.callbacks.Callback):
             self._left_in_epoch = 0
             if not self.model.stop_training:
                 self.model.stop_training = _CUT
-        self._save_if_asked()
+        steps_follow = batch + 1 < self.steps_per_epoch and not self.model.stop_training
+        self._end_if_asked(save=steps_follow)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._end_if_asked(save=False)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.model.stop_training is _CUT:
             self.model.stop_training = False  # only the epoch ended; training goes on
-        self._save_if_asked()
-        if self._held is not None and (epoch + 1 >= self.params.get("epochs", 0)
-                                       or self.model.stop_training):  # fmt: skip
-            # No step is left: from here SIGTERM ends the run at once, as by default (held
-            # to the end, it would end it after Keras removed the backup).
-            held, self._held = self._held, None
-            held.uninstall()
+        self._let_go()
+
+    def on_train_end(self, logs=None):
+        self._let_go()
+
+
+_ENDS_UNSAVED = ("SIGTERM as an epoch ends: ending without a save (the steps since the last "
+                 "backup, and the epoch's end, run again on the restart)")  # fmt: skip
+
+
+def _just_saved(backup) -> bool:
+    """Whether the backup saved at the step that just ended (Keras's count, private: no)."""
+    return isinstance(backup.save_freq, int) and getattr(
+        backup, "_batches_seen_since_last_saving", None) == 0  # fmt: skip
 
 
 def _steps(optimizer) -> int:

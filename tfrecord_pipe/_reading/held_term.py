@@ -39,7 +39,9 @@ class HeldTerm:
 
     def __init__(self, still_held: Callable[[object], bool], wait_s: float = WAIT_S):
         self._still_held, self._wait_s = still_held, wait_s
-        self.asked = False
+        self.asked = False  # the handler ran
+        self._heard = False  # the watcher read the signal's number (the handler may not run)
+        self._pid = os.getpid()
         self._settled = threading.Event()  # a save began, or SIGTERM is no longer held
         self._pipe: tuple[int, int] | None = None
         self._watcher: threading.Thread | None = None
@@ -54,7 +56,7 @@ class HeldTerm:
         if _installed is not None:
             _installed.uninstall()
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return "the program handles SIGTERM itself"
+            return "the program handles (or ignores) SIGTERM itself"
         read, write = os.pipe()
         os.set_blocking(write, False)  # (as set_wakeup_fd requires)
         try:
@@ -86,13 +88,15 @@ class HeldTerm:
         signal.raise_signal(signal.SIGTERM)  # delivered to this thread before it returns
         os._exit(128 + signal.SIGTERM)  # (not reached: the signal's default ends the process)
 
-    def uninstall(self) -> None:
-        """SIGTERM's default again (where the handler is still this one's); the watcher ends."""
+    def uninstall(self) -> bool:
+        """SIGTERM's default again (where the handler is still this one's); the watcher ends.
+        Returns whether SIGTERM came while it was held (its handler may not have run yet: the
+        caller then ends the process, or the signal would be lost)."""
         global _installed
         if _installed is self:
             _installed = None
         if self._pipe is None:
-            return
+            return self.asked
         if signal.getsignal(signal.SIGTERM) == self._handle:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         read, write = self._pipe
@@ -108,8 +112,13 @@ class HeldTerm:
         self._watcher.join(timeout=5)
         os.close(write)
         os.close(read)
+        return self.asked or self._heard
 
     def _handle(self, signum, frame) -> None:
+        if os.getpid() != self._pid:  # a process forked meanwhile: SIGTERM ends it, as by default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
+            return
         if not self._still_held(frame):
             log.warning("SIGTERM after training stopped: ending now")
             self.end()
@@ -123,13 +132,59 @@ class HeldTerm:
                 got = os.read(read, 64)
             except OSError:
                 return
+            if signal.SIGTERM in got:
+                self._heard = True
+                break
             if not got or _STOP in got:
                 return
-            if signal.SIGTERM in got:
-                break
         if self._settled.wait(self._wait_s):
             return
-        print(f"SIGTERM: no training step ended within {self._wait_s:.0f} s to save after; "
-              "ending without a save (the run resumes from its last backup).",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"SIGTERM: training reached no step's end within {self._wait_s:.0f} s (a hung "
+              "step, or training left by an error): ending without a save; the run resumes "
+              "from its last backup.", file=sys.stderr, flush=True)  # fmt: skip
         os._exit(128 + signal.SIGTERM)
+
+
+# A process forked while SIGTERM is held gets SIGTERM's default, and neither writes nor reads
+# the parent's pipe: a child's SIGTERM woke the parent's watcher, and the child outlived it.
+# SIGTERM is blocked in the forking thread across the fork, so that one sent to the child
+# before it lets go of the handler waits, then ends it.
+_mask_before_fork: set | None = None
+
+
+def _before_fork() -> None:
+    global _mask_before_fork
+    if _installed is not None:
+        _mask_before_fork = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _after_fork_in_parent() -> None:
+    global _mask_before_fork
+    if _mask_before_fork is not None:
+        mask, _mask_before_fork = _mask_before_fork, None
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _forget_in_child() -> None:
+    global _installed, _mask_before_fork
+    held, _installed = _installed, None
+    mask, _mask_before_fork = _mask_before_fork, None
+    if held is not None and held._pipe is not None:
+        read, write = held._pipe
+        held._pipe = None
+        try:
+            if signal.getsignal(signal.SIGTERM) == held._handle:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            found = signal.set_wakeup_fd(-1)
+            if found not in (write, -1):  # (not the parent's: left as found)
+                signal.set_wakeup_fd(found)
+        except ValueError:  # not this child's main thread: the handler ends it by its pid
+            pass
+        os.close(read)
+        os.close(write)
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_forget_in_child)  # fmt: skip
