@@ -106,3 +106,30 @@ print("parent asked", held.asked, "heard", held.uninstall())
 """, timeout=60)  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.splitlines() == ["child ended by SIGTERM True", "parent asked False heard False"]
+
+
+def test_a_hold_left_by_a_loop_that_failed_neither_loses_sigterm_nor_takes_the_program_s():
+    # SIGTERM came, then the loop failed (no callback tells a hold so): the next hold, a
+    # retried fit's, let it go and trained on. It now ends the process.
+    ran = run_python(_SETUP + """
+left = held_term.HeldTerm(lambda frame: True)
+left.install()
+os.kill(os.getpid(), signal.SIGTERM)
+print("asked", left.asked, flush=True)
+held_term.HeldTerm(lambda frame: True).install()
+print("went on")
+""")  # fmt: skip
+    assert ran.returncode == -signal.SIGTERM, ran.stderr[-3000:]
+    assert ran.stdout.splitlines() == ["asked True"]
+    # A handler the program sets after such a hold gets its SIGTERM; the hold's watcher, which
+    # still hears it, ended the process a minute later.
+    ran = run_python(_SETUP + """
+import time
+held_term.HeldTerm(lambda frame: True, wait_s=1.0).install()
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(2)  # past the watcher's wait
+print("handled", got == [signal.SIGTERM])
+""")  # fmt: skip
+    assert ran.returncode == 0 and ran.stdout.splitlines() == ["handled True"], ran.stderr[-3000:]

@@ -225,11 +225,11 @@ class FitResume(tf.keras.callbacks.Callback):
         self._left_in_epoch = self.steps_per_epoch - done if done else 0
         self._told_why = False
 
-    # SIGTERM is held from an epoch's start to its end (`held_term`): at a step's end with a
-    # step of the epoch after it, the backup is saved and the process ends. Once the epoch's
-    # last step has ended, it ends without a save: saved there, the epoch's end (validation,
-    # epoch-end callbacks) would never run; and let go at the epoch's end, before a stop
-    # another callback asks for, after which Keras removes the backup.
+    # SIGTERM is held from an epoch's start to its end (`held_term`): before the epoch's next
+    # step (every callback done with the last), the backup is saved and the process ends. Once
+    # the epoch's last step has ended, it ends without a save: saved there, the epoch's end
+    # (validation, epoch-end callbacks) would never run; and it is let go at the epoch's end,
+    # before a stop another callback asks for, after which Keras removes the backup.
 
     def _hold_sigterm(self) -> None:
         why = None
@@ -259,12 +259,12 @@ class FitResume(tf.keras.callbacks.Callback):
         return False
 
     def _end_if_asked(self, save: bool) -> None:
-        """After SIGTERM, at a step's end: the backup saved (`save`), then the process ended."""
+        """After SIGTERM, between steps: the backup saved (`save`), then the process ended."""
         if self._held is None or not self._held.asked:
             return
         if save:
             self._held.saving()
-            if not _just_saved(self.backup):
+            if not _saved_at_the_last_step(self.backup):
                 self.backup._save_model()
             log.warning("SIGTERM: the backup saved at step %d; ending as asked",
                         _steps(self.model.optimizer))  # fmt: skip
@@ -301,8 +301,6 @@ class FitResume(tf.keras.callbacks.Callback):
             self._left_in_epoch = 0
             if not self.model.stop_training:
                 self.model.stop_training = _CUT
-        steps_follow = batch + 1 < self.steps_per_epoch and not self.model.stop_training
-        self._end_if_asked(save=steps_follow)
 
     def on_test_batch_end(self, batch, logs=None):
         self._end_if_asked(save=False)
@@ -316,12 +314,13 @@ class FitResume(tf.keras.callbacks.Callback):
         self._let_go()
 
 
-_ENDS_UNSAVED = ("SIGTERM as an epoch ends: ending without a save (the steps since the last "
-                 "backup, and the epoch's end, run again on the restart)")  # fmt: skip
+_ENDS_UNSAVED = ("SIGTERM as an epoch ends: ending without a save (a save there would skip "
+                 "the epoch's end on the restart, which goes on from the last backup)")  # fmt: skip
 
 
-def _just_saved(backup) -> bool:
-    """Whether the backup saved at the step that just ended (Keras's count, private: no)."""
+def _saved_at_the_last_step(backup) -> bool:
+    """Whether the backup saved at the last step's end (its count since, Keras's private;
+    read before a step, when every callback is done with the last)."""
     return isinstance(backup.save_freq, int) and getattr(
         backup, "_batches_seen_since_last_saving", None) == 0  # fmt: skip
 

@@ -53,8 +53,10 @@ class HeldTerm:
         global _installed
         if threading.current_thread() is not threading.main_thread():
             return "training runs outside the main thread, where no signal handler can be set"
-        if _installed is not None:
-            _installed.uninstall()
+        if _installed is not None and _installed.uninstall():
+            # Left by a loop that ended by an error after SIGTERM came: it ends the process now.
+            log.warning("SIGTERM came before this training started: ending now")
+            _end_by_sigterm()
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return "the program handles (or ignores) SIGTERM itself"
         read, write = os.pipe()
@@ -83,10 +85,7 @@ class HeldTerm:
     def end(self) -> None:
         """Ends the process as SIGTERM would have ended it, had it not been held."""
         self.uninstall()
-        logging.shutdown()  # (lines still buffered in handlers)
-        sys.stdout.flush(), sys.stderr.flush()
-        signal.raise_signal(signal.SIGTERM)  # delivered to this thread before it returns
-        os._exit(128 + signal.SIGTERM)  # (not reached: the signal's default ends the process)
+        _end_by_sigterm()
 
     def uninstall(self) -> bool:
         """SIGTERM's default again (where the handler is still this one's); the watcher ends.
@@ -123,7 +122,7 @@ class HeldTerm:
             log.warning("SIGTERM after training stopped: ending now")
             self.end()
         if not self.asked:
-            log.warning("SIGTERM: saving after the step in flight, then ending")
+            log.warning("SIGTERM: held until the step in flight ends")
         self.asked = True
 
     def _watch(self, read: int) -> None:
@@ -137,7 +136,9 @@ class HeldTerm:
                 break
             if not got or _STOP in got:
                 return
-        if self._settled.wait(self._wait_s):
+        # Not where the program has set a handler of its own since (this hold was left by a
+        # loop that ended by an error): the signal is the program's to handle.
+        if self._settled.wait(self._wait_s) or signal.getsignal(signal.SIGTERM) != self._handle:
             return
         print(f"SIGTERM: training reached no step's end within {self._wait_s:.0f} s (a hung "
               "step, or training left by an error): ending without a save; the run resumes "
@@ -163,6 +164,14 @@ def _after_fork_in_parent() -> None:
     if _mask_before_fork is not None:
         mask, _mask_before_fork = _mask_before_fork, None
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _end_by_sigterm() -> None:
+    logging.shutdown()  # (lines still buffered in handlers)
+    sys.stdout.flush(), sys.stderr.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.raise_signal(signal.SIGTERM)  # delivered to this thread before it returns
+    os._exit(128 + signal.SIGTERM)  # (not reached: the signal's default ends the process)
 
 
 def _forget_in_child() -> None:
