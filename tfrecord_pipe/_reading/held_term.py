@@ -55,7 +55,7 @@ class HeldTerm:
             return "training runs outside the main thread, where no signal handler can be set"
         if _installed is not None and _installed.uninstall():
             # Left by a loop that ended by an error after SIGTERM came: it ends the process now.
-            log.warning("SIGTERM came before this training started: ending now")
+            log.warning("SIGTERM came during a training that then failed: ending now")
             _end_by_sigterm()
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return "the program handles (or ignores) SIGTERM itself"
