@@ -161,15 +161,7 @@ class DistributedIterator(tf.Module):
             self._held = _Held(strategy, input_fn, self.steps)
         self._held.build(0)
         context = self._held.contexts[0]
-        layout = seeded.pipeline_layout(input_fn.config, context)
         batch = context.get_per_replica_batch_size(input_fn.config.batch_size)
-        self._fingerprint = _fingerprint(
-            epochs.fingerprint(layout), batch, context.num_replicas_in_sync
-        )
-        with tf.init_scope():
-            self.fingerprint = tf.Variable(
-                self._fingerprint, dtype=tf.int64, trainable=False, name="fingerprint"
-            )
         # The settings behind the fingerprint, saved in words so that a refusal names them
         # (as JSON, the restored ones too: tf.Module would track a dict).
         named = seeded.position_facts(input_fn.config, context)
@@ -177,6 +169,11 @@ class DistributedIterator(tf.Module):
         named.update(batch_size=batch, replicas=context.num_replicas_in_sync)
         self._facts = json.dumps(named)
         self._restored_facts = None
+        self._fingerprint = _fingerprint(named["fingerprint"], batch, named["replicas"])
+        with tf.init_scope():
+            self.fingerprint = tf.Variable(
+                self._fingerprint, dtype=tf.int64, trainable=False, name="fingerprint"
+            )
 
     # A tensor of its own beside the two variables, as TensorFlow's own iterator saves one
     # (its state): a checkpoint of one kind restored into the other then fails, naming the
