@@ -83,6 +83,16 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
     return old
 
 
+def dataset_in(folder: str) -> manifest.Manifest | None:
+    """The manifest of a dataset this tool wrote in `folder`; None where there is none (or
+    another tool's file of that name, or one that cannot be read)."""
+    path = paths.join(folder, naming.MANIFEST_NAME)
+    try:
+        return manifest.Manifest.from_file_text(storage.read_text(path), path)
+    except Exception:  # noqa: BLE001 - missing, unreadable, not ours: not a dataset
+        return None
+
+
 def read_manifest(folder: str) -> manifest.Manifest:
     """The manifest of a dataset folder, read through Beam's filesystems.
 

@@ -23,7 +23,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterator
 
-from beam_jobs import listing, storage
+from beam_jobs import finalise, listing, storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.csv_lists import (
     cells_of,
@@ -36,7 +36,7 @@ from beam_jobs.csv_lists import (
     sources_of_csv_line,
 )
 from beam_jobs.source_file import SourceFile, check_label, check_split_name, split_by_hash
-from tfrecord_pipe._core import images, manifest, messages, naming, paths
+from tfrecord_pipe._core import images, messages, naming, paths
 
 
 def layout_said(config: ConvertConfig, asked_header: str) -> str:
@@ -52,12 +52,10 @@ def layout_said(config: ConvertConfig, asked_header: str) -> str:
 def _a_dataset(root: str) -> str | None:
     """What to say where `root` is a dataset this tool wrote, not images (the arguments
     swapped: every file was rejected `no_label`, and the error said only that)."""
-    path = paths.join(root, naming.MANIFEST_NAME)
-    try:
-        conversion = manifest.Manifest.from_file_text(storage.read_text(path), path).conversion
-    except Exception:  # noqa: BLE001 - unreadable, or another tool's file: the images decide
+    found = finalise.dataset_in(root)
+    if found is None:  # (another tool's file of that name: the images decide)
         return None
-    made_from = conversion.get("source")
+    made_from = found.conversion.get("source")
     return (f"{root} is a dataset (its {naming.MANIFEST_NAME}), not a folder of images: give the "
             "images first, then the dataset's folder (convert SRC OUT)"
             + (f"; it was converted from {made_from}." if made_from else "."))  # fmt: skip

@@ -21,7 +21,7 @@ import posixpath
 import time
 from collections.abc import Iterator
 
-from beam_jobs import record_reader, shard_plan, storage
+from beam_jobs import finalise, record_reader, shard_plan, storage
 from tfrecord_pipe._core import manifest, messages, naming, paths, schema, tfds_metadata
 from tfrecord_pipe._core import rejection as rejection_lib
 from tfrecord_pipe._tools.verify_rules import (
@@ -55,7 +55,7 @@ def read_conversion(dataset: str, source: str | None = None) -> manifest.Manifes
     """
     path = paths.join(dataset, naming.MANIFEST_NAME)
     if not storage.exists(path):
-        if source is not None and _is_a_dataset(source):
+        if source is not None and finalise.dataset_in(source) is not None:
             raise FileNotFoundError(
                 f"{dataset} is not a dataset but {source} is: the arguments look swapped. Give "
                 "the images first, then the dataset (verify SRC OUT)."
@@ -73,17 +73,6 @@ def read_conversion(dataset: str, source: str | None = None) -> manifest.Manifes
             "redo the conversion. Convert the images again with this version to verify them."
         )
     return found
-
-
-def _is_a_dataset(folder: str) -> bool:
-    """Whether `folder` holds a manifest this version reads (another tool's file of the same
-    name says nothing)."""
-    path = paths.join(folder, naming.MANIFEST_NAME)
-    try:
-        manifest.Manifest.from_file_text(storage.read_text(path), path)
-    except Exception:  # noqa: BLE001 - missing, unreadable, not ours: not a dataset
-        return False
-    return True
 
 
 def source_config(source: str, dataset: str, found: manifest.Manifest):
