@@ -96,14 +96,10 @@ class HeldTerm:
             _installed = None
         if self._pipe is None:
             return self.asked
-        if signal.getsignal(signal.SIGTERM) == self._handle:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         read, write = self._pipe
         self._pipe = None
         self._settled.set()
-        found = signal.set_wakeup_fd(-1)
-        if found not in (write, -1):  # set since by another part of the program: theirs
-            signal.set_wakeup_fd(found)
+        self._give_back_signals(write)
         try:
             os.write(write, _STOP)
         except OSError:
@@ -113,11 +109,18 @@ class HeldTerm:
         os.close(read)
         return self.asked or self._heard
 
+    def _give_back_signals(self, write: int) -> None:
+        """SIGTERM's default, where the handler is still this one's, and no wakeup pipe, where
+        it is still this one's (one set since by another part of the program is theirs)."""
+        if signal.getsignal(signal.SIGTERM) == self._handle:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        found = signal.set_wakeup_fd(-1)
+        if found not in (write, -1):
+            signal.set_wakeup_fd(found)
+
     def _handle(self, signum, frame) -> None:
         if os.getpid() != self._pid:  # a process forked meanwhile: SIGTERM ends it, as by default
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.raise_signal(signal.SIGTERM)
-            return
+            _end_by_sigterm()
         if not self._still_held(frame):
             log.warning("SIGTERM after training stopped: ending now")
             self.end()
@@ -182,11 +185,7 @@ def _forget_in_child() -> None:
         read, write = held._pipe
         held._pipe = None
         try:
-            if signal.getsignal(signal.SIGTERM) == held._handle:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            found = signal.set_wakeup_fd(-1)
-            if found not in (write, -1):  # (not the parent's: left as found)
-                signal.set_wakeup_fd(found)
+            held._give_back_signals(write)
         except ValueError:  # not this child's main thread: the handler ends it by its pid
             pass
         os.close(read)
