@@ -14,7 +14,7 @@ import pathlib
 import threading
 import time
 
-from tfrecord_pipe._core import progress
+from tfrecord_pipe._core import messages, progress
 
 POLL_S = 1.0  # how often the launcher sums the workers' reports
 RATE_AFTER_S = 0.5  # a rate is shown once it is measured over this long
@@ -77,8 +77,8 @@ class ProgressLine:
               listed: int = 0) -> str:  # fmt: skip
         now = time.monotonic()
         if listed and not seen:
-            return f"converting: {listed} inputs listed"
-        text = f"converting: {seen} inputs loaded ({rejected} rejected)"
+            return f"converting: {messages.counted(listed, 'input')} listed"
+        text = f"converting: {messages.counted(seen, 'input')} loaded ({rejected} rejected)"
         if not to_write:
             return text + f", {seen / max(now - self._started, 1e-9):.0f}/s"
         if self._writing_since is None:

@@ -621,3 +621,5 @@ def test_the_progress_line_counts_the_inputs_listed_until_they_are_loaded(tmp_pa
     worker_progress.report(str(tmp_path), "local", 64, 1, listed=5000)
     shown = line._text(*worker_progress.totals(str(tmp_path)))
     assert shown.startswith("converting: 64 inputs loaded (1 rejected), ")
+    assert line._text(1, 0).startswith("converting: 1 input loaded (0 rejected)")
+    assert line._text(0, 0, listed=1) == "converting: 1 input listed"
