@@ -142,10 +142,37 @@ def _as_given(parser: argparse.ArgumentParser, argv) -> list[str]:
 
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:
+    """The configuration of a command line's options.
+
+    Raises:
+      ValueError: an option out of range, said with its flag (`--max_side must be ...`).
+    """
     for flag in ("shard_mb", "max_file_mb"):
         value = getattr(args, flag)
         if not math.isfinite(value) or value <= 0:
             raise ValueError(f"--{flag} must be a positive number of MiB, got {value}")
+    try:
+        return _config(args)
+    except ValueError as err:
+        raise ValueError(as_flags(str(err), make_parser())) from None
+
+
+def as_flags(refusal: str, parser: argparse.ArgumentParser) -> str:
+    """A refusal of ConvertConfig or ImagePolicy ("Invalid ImagePolicy: max_side must be ...;
+    jpeg_quality ...") in a command line's words: each problem names its flag
+    (`--max_side must be ...`), where the field has one; a user typed no class name."""
+    _, _, problems = refusal.partition(": ")
+    ours = {flag.removeprefix("--") for action in parser._actions
+            for flag in action.option_strings}  # fmt: skip
+    said = []
+    for problem in problems.split("; "):
+        name = problem.split(" ", 1)[0]
+        said.append(f"--{problem}" if name in ours else problem)
+    return "Invalid option: " + "; ".join(said) if len(said) == 1 else (
+        "Invalid options: " + "; ".join(said))
+
+
+def _config(args: argparse.Namespace) -> ConvertConfig:
     return ConvertConfig(
         source=args.source, output=args.output, layout=args.layout, csv_header=args.csv_header,
         validation_fraction=args.validation_fraction, labels_file=args.labels_file,

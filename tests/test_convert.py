@@ -250,8 +250,12 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     with pytest.raises(FileNotFoundError, match="nothing-here does not exist"):
         run(tmp_path / "nothing-here", tmp_path / "out")
     src = make_folder(tmp_path / "src", per_label=1, odd=())
-    with pytest.raises(ValueError, match="validation_fraction"):
+    with pytest.raises(ValueError, match=r"^Invalid option: --validation_fraction must be in"):
         run(src, tmp_path / "out", "--validation_fraction", 1.5)
+    # Said in the flags' words, not the classes' (it said "Invalid ImagePolicy: max_side").
+    with pytest.raises(ValueError, match=r"^Invalid options: --max_side must be >= 1 .*; "
+                       r"--jpeg_quality must be in 1..100, got 200$"):
+        run(src, tmp_path / "out", "--max_side", 0, "--jpeg_quality", 200)
     with pytest.raises(ValueError, match="is inside the input folder"):
         run(src, src / "dataset")
     assert not (src / "dataset").exists()
