@@ -96,11 +96,11 @@ def test_our_reader_gives_what_tensorflow_gives_whole_cut_short_or_damaged(tmp_p
     assert _our_read(str(whole), compression) == (records, None)
     assert _tf_read(str(whole), compression) == (records, False)
     data = whole.read_bytes()
-    cuts = [1, 11, *range(13, len(data), max(1, len(data) // 150))]  # 1, 11: in a header
+    cuts = [1, 11, *range(13, len(data), max(1, len(data) // 75))]  # 1, 11: in a header
     damaged = [data[:cut] for cut in cuts]
     if not compress:  # a flipped byte in every part of a record: length, its CRC, data, CRC
         damaged += [data[:at] + bytes([data[at] ^ 0x5A]) + data[at + 1:]
-                    for at in range(0, len(data), max(1, len(data) // 150))]  # fmt: skip
+                    for at in range(0, len(data), max(1, len(data) // 75))]  # fmt: skip
     stricter = 0
     for number, content in enumerate(damaged):
         path = tmp_path / f"damaged-{number}{whole.suffix}"
