@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from beam_jobs import shard_plan
-from tfrecord_pipe._core import images, naming, paths, schema
+from tfrecord_pipe._core import arguments, images, naming, paths, schema
 
 LAYOUTS = ("auto", "labels", "splits", "csv")
 CSV_HEADERS = ("auto", "yes", "no")
@@ -74,8 +74,7 @@ class ConvertConfig:
             problems.append(f"shard_bytes must be >= 1, got {self.shard_bytes}")
         if naming.formats_problem(self.formats):
             problems.append(naming.formats_problem(self.formats))
-        if problems:
-            raise ValueError("Invalid conversion options: " + "; ".join(problems))
+        arguments.refuse("conversion options", problems)
 
     @property
     def source_root(self) -> str:

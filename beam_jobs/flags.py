@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from beam_jobs import worker_wheel
 from beam_jobs.config import CSV_HEADERS, LAYOUTS, ConvertConfig
-from tfrecord_pipe._core import help_format, images
+from tfrecord_pipe._core import arguments, help_format, images
 
 if TYPE_CHECKING:
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -153,23 +153,18 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
             raise ValueError(f"--{flag} must be a positive number of MiB, got {value}")
     try:
         return _config(args)
-    except ValueError as err:
-        raise ValueError(as_flags(str(err), make_parser())) from None
+    except arguments.Invalid as err:
+        raise ValueError(as_flags(err, make_parser())) from None
 
 
-def as_flags(refusal: str, parser: argparse.ArgumentParser) -> str:
-    """A refusal of ConvertConfig or ImagePolicy ("Invalid ImagePolicy: max_side must be ...;
-    jpeg_quality ...") in a command line's words: each problem names its flag
-    (`--max_side must be ...`), where the field has one; a user typed no class name."""
-    _, _, problems = refusal.partition(": ")
-    ours = {flag.removeprefix("--") for action in parser._actions
-            for flag in action.option_strings}  # fmt: skip
-    said = []
-    for problem in problems.split("; "):
-        name = problem.split(" ", 1)[0]
-        said.append(f"--{problem}" if name in ours else problem)
-    return "Invalid option: " + "; ".join(said) if len(said) == 1 else (
-        "Invalid options: " + "; ".join(said))
+def as_flags(refusal: arguments.Invalid, parser: argparse.ArgumentParser) -> str:
+    """A refusal of ConvertConfig or ImagePolicy in a command line's words: each problem names
+    its flag (`--max_side must be ...`) where its field has one, not the class the user never
+    typed ("Invalid ImagePolicy: max_side must be ...")."""
+    ours = {flag for action in parser._actions for flag in action.option_strings}
+    said = [f"--{problem}" if "--" + problem.split(" ", 1)[0] in ours else problem
+            for problem in refusal.problems]  # fmt: skip
+    return f"Invalid option{'s' if len(said) > 1 else ''}: " + "; ".join(said)
 
 
 def _config(args: argparse.Namespace) -> ConvertConfig:

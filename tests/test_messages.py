@@ -1,5 +1,7 @@
 """messages: an error as the one line a person needs, and what a full disk has left."""
 
+import pytest
+
 from tfrecord_pipe._core import messages
 
 
@@ -41,3 +43,20 @@ def test_a_full_disk_is_told_from_its_error_or_a_worker_s_text_and_its_space_sai
     assert messages.path_named(RuntimeError("OSError: [Errno 28] No space left")) is None
     said = messages.space_left(str(tmp_path / "not made" / "yet"))  # its disk's
     assert said.endswith(" free") and said[0].isdigit(), said
+
+
+def test_a_refused_configuration_keeps_its_problems_apart_and_crosses_processes_whole():
+    import pickle
+
+    from tfrecord_pipe._core import arguments, images
+
+    with pytest.raises(arguments.Invalid) as refused:
+        images.ImagePolicy(max_side=0, jpeg_quality=101)
+    err = refused.value
+    assert str(err) == ("Invalid ImagePolicy: max_side must be >= 1 or None, got 0; "
+                        "jpeg_quality must be in 1..100, got 101")  # fmt: skip
+    assert err.problems == ("max_side must be >= 1 or None, got 0",
+                            "jpeg_quality must be in 1..100, got 101")  # fmt: skip
+    back = pickle.loads(pickle.dumps(err))  # as a worker process's error comes back
+    assert (type(back), str(back), back.problems) == (type(err), str(err), err.problems)
+    assert isinstance(back, ValueError)

@@ -213,6 +213,10 @@ def test_config_errors_are_listed():
                        match="Invalid ServingConfig: image_size must be an int, got 16.0"):
         serving.ServingConfig(labels=LABELS, image_size=16.0)
     assert serving.ServingConfig(labels=list(LABELS), image_size=np.int64(16)).labels == LABELS
+    # The conversion's policy fields, checked by its own rules, said as this config's.
+    with pytest.raises(ValueError, match=r"^Invalid ServingConfig: image_size must be >= 1, "
+                                         r"got 0; jpeg_quality must be in 1..100, got 0$"):
+        serving.ServingConfig(labels=LABELS, image_size=0, jpeg_quality=0)
 
 
 @pytest.mark.slow  # exports twice

@@ -75,12 +75,30 @@ def field_checks(cls, paths: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -
 
 def check_fields(instance, checks: tuple, title: str) -> None:
     """Each field of the frozen dataclass `instance` checked and stored as checked (a numpy
-    int as an int); every wrong one said at once, as "Invalid TITLE: ..."."""
+    int as an int); every wrong one said at once (`refuse`)."""
     wrong = []
     for name, check in checks:
         try:
             object.__setattr__(instance, name, check(name, getattr(instance, name)))
         except ValueError as err:
             wrong.append(str(err))
-    if wrong:
-        raise ValueError(f"Invalid {title}: " + "; ".join(wrong))
+    refuse(title, wrong)
+
+
+class Invalid(ValueError):
+    """A configuration refused, every problem said at once: "Invalid TITLE: first; second".
+    `problems` keeps them apart, each beginning with its field's name, for a caller that says
+    them in its own words (the converter's flags, a config that holds another)."""
+
+    def __init__(self, title: str, problems):
+        self.title, self.problems = title, tuple(problems)
+        super().__init__(f"Invalid {title}: " + "; ".join(self.problems))
+
+    def __reduce__(self):  # raised in a worker process, it comes back whole
+        return type(self), (self.title, self.problems)
+
+
+def refuse(title: str, problems) -> None:
+    """Raises Invalid(title, problems) where there is any problem."""
+    if problems:
+        raise Invalid(title, problems)

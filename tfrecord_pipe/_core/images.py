@@ -17,7 +17,7 @@ import struct
 
 from PIL import Image, UnidentifiedImageError
 
-from tfrecord_pipe._core import jpeg_headers, jpeg_markers
+from tfrecord_pipe._core import arguments, jpeg_headers, jpeg_markers
 
 # Reason codes for rejected inputs: stable strings, used in rejected/*.jsonl and the manifest.
 EMPTY_FILE = "empty_file"
@@ -98,8 +98,7 @@ class ImagePolicy:
             problems.append(f"max_pixels must be >= 1, got {self.max_pixels}")
         if self.max_file_bytes < 1:
             problems.append(f"max_file_bytes must be >= 1, got {self.max_file_bytes}")
-        if problems:
-            raise ValueError("Invalid ImagePolicy: " + "; ".join(problems))
+        arguments.refuse("ImagePolicy", problems)
 
 
 @dataclasses.dataclass(frozen=True)

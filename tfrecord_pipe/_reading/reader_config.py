@@ -172,8 +172,7 @@ class ReaderConfig:
             )
         if self.with_keys and not (self.is_training and self.seed is not None):
             problems.append("with_keys is for seeded training: set seed= (and is_training)")
-        if problems:
-            raise ValueError("Invalid ReaderConfig: " + "; ".join(problems))
+        arguments.refuse("ReaderConfig", problems)
 
     def _data_service_problems(self) -> list[str]:
         if not self.data_service.strip():

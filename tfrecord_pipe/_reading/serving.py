@@ -85,10 +85,9 @@ class ServingConfig:
             problems.append(f"max_pixels must be >= 1, got {self.max_pixels}")
         try:
             images.ImagePolicy(max_side=self.max_side, jpeg_quality=self.jpeg_quality)
-        except ValueError as err:
-            problems.append(str(err).removeprefix("Invalid ImagePolicy: "))
-        if problems:
-            raise ValueError("Invalid ServingConfig: " + "; ".join(problems))
+        except arguments.Invalid as err:
+            problems.extend(err.problems)
+        arguments.refuse("ServingConfig", problems)
 
 
 # labels are checked by hand (a tuple of str), dtype by its value.
