@@ -31,6 +31,11 @@ NOTHING_NAME = "_nothing_written.txt"  # why there is no dataset, for the launch
 DONE_NAME = "_done"  # the manifest is written: only the clean-up is left
 
 
+# Written beside the shards (and rejected/): the files that describe a dataset, but its
+# manifest, and its duplicates' report.
+_DESCRIBING = (naming.LABELS_NAME, *tfds_metadata.FILES, naming.DUPLICATES_NAME)
+
+
 class NothingWrittenError(ValueError):
     """Every input was rejected: there is no dataset to finalise."""
 
@@ -79,6 +84,16 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
         raise FileExistsError(
             f"{out} already holds a dataset (found {messages.some(found)}). "
             "Choose an empty folder, or pass --overwrite to replace it."
+        )
+    # No dataset, but a file of the user's by a name the dataset writes (labels.txt, most
+    # likely): it was replaced without a word. A killed finalise's own are its leftovers.
+    theirs = sorted(set(files) & set(_DESCRIBING) - unfinished)
+    if not found and theirs:
+        them = "it" if len(theirs) == 1 else "them"
+        raise FileExistsError(
+            f"{out} holds {messages.some(theirs)} but no dataset (no {naming.MANIFEST_NAME}): "
+            f"a dataset written there would replace {them}, --overwrite too. Move {them}, or "
+            "write the dataset to another folder (a new one, or a dataset's)."
         )
     return old
 
@@ -164,7 +179,8 @@ def written(temp_dir: str) -> bool:
 
 def _orphans(out: str, temp_dir: str) -> list[str]:
     """Files in `out` that a killed finalise left without a manifest to describe them: those
-    of the dataset it replaced and its own, less what the manifest now in `out` lists."""
+    of the dataset it replaced and its own (labels.txt and TensorFlow Datasets' files too,
+    where no manifest is there), less what the manifest now in `out` lists."""
     if not began(temp_dir):
         return []
     named = set()
@@ -178,6 +194,8 @@ def _orphans(out: str, temp_dir: str) -> list[str]:
         named.add(naming.DUPLICATES_NAME)
     if storage.exists(paths.join(out, naming.MANIFEST_NAME)):
         named -= set(_files_of(read_manifest(out)))
+    else:  # and what it wrote before the manifest, or left of the dataset it replaced
+        named |= set(_DESCRIBING)
     return sorted(name for name in named if storage.exists(paths.join(out, name)))
 
 

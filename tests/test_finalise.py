@@ -188,6 +188,42 @@ def test_a_finalise_that_fails_midway_says_so_and_the_same_command_again_finishe
     assert run_cli("verify", src, out).returncode == 0
 
 
+def test_a_user_s_file_by_a_dataset_s_name_is_kept_and_a_stopped_finalise_s_replaced(
+    tmp_path, monkeypatch
+):
+    # A labels.txt of the user's in the output folder was written over without a word.
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "labels.txt").write_text("my notes\n")
+    (out / "notes.md").write_text("mine")  # named like nothing of a dataset's: written beside
+    for overwrite in ([], ["--overwrite"]):
+        with pytest.raises(FileExistsError, match=r"holds labels.txt but no dataset \(no "
+                           r"manifest.json\): .* --overwrite too. Move it, or write"):  # fmt: skip
+            convert.run([str(src), str(out), *overwrite, *IN_PROCESS])
+    assert sorted(p.name for p in out.iterdir()) == ["labels.txt", "notes.md"]
+    assert (out / "labels.txt").read_text() == "my notes\n"
+    (out / "labels.txt").unlink()
+
+    # A finalise stopped after labels.txt and TensorFlow Datasets' files, before the
+    # manifest: those are its own, and the same command again replaces them.
+    write_bytes = finalise.storage.write_bytes
+
+    def stopped_at_the_manifest(path, *args, **kwargs):
+        if path.endswith(naming.MANIFEST_NAME):
+            raise OSError("stopped")
+        return write_bytes(path, *args, **kwargs)
+
+    monkeypatch.setattr(finalise.storage, "write_bytes", stopped_at_the_manifest)
+    with pytest.raises(Exception, match="stopped"):
+        convert.run([str(src), str(out), *IN_PROCESS])
+    assert (out / "labels.txt").exists() and not (out / naming.MANIFEST_NAME).exists()
+    monkeypatch.undo()
+    convert.run([str(src), str(out), *IN_PROCESS])
+    assert run_cli("verify", src, out).returncode == 0
+    assert (out / "notes.md").read_text() == "mine"
+
+
 @pytest.mark.parametrize("signum, code, said", [
     (signal.SIGINT, 130, "interrupted"),
     (signal.SIGTERM, 143, "terminated (SIGTERM)"),  # a scheduler's stop: it ended saying nothing
