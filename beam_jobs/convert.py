@@ -77,6 +77,11 @@ def run(
     parser = flags.make_parser(prog)
     args, beam_args = flags.parse(parser, argv)
     flags.check_beam_flags(beam_args, parser)
+    if strays := flags.stray_words(beam_args):
+        raise ValueError(
+            f"Unexpected argument {strays[0]!r}: convert takes SOURCE and OUTPUT, then flags "
+            "(a shell pattern such as data/* gives one argument per folder it matches)."
+        )
     with flags.beam_logging(args.verbose):
         return _convert(args, beam_args, save_main_session)
 

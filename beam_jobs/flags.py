@@ -227,6 +227,19 @@ def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser,
             )
 
 
+def stray_words(beam_args: list[str]) -> list[str]:
+    """The words among Beam's flags that are no flag's value: a third path (a shell pattern
+    that matched several folders, `convert data/* out`), a value whose flag was left out.
+    Beam dropped them with a warning, and the job ran on what was left. Beam is imported only
+    to tell a switch from a flag that takes a value, where a word follows a flag."""
+
+    def takes_value(flag: str) -> bool:
+        return flag.startswith("-") and "=" not in flag and flag not in beam_switches()
+
+    return [word for before, word in zip(["", *beam_args], beam_args)
+            if not word.startswith("-") and not takes_value(before)]  # fmt: skip
+
+
 def _beam_flags() -> frozenset[str]:
     """Every flag of Beam's pipeline options (the runners' and Dataflow's included)."""
     return frozenset(flag for flags in _beam_options().values() for flag in flags)

@@ -256,6 +256,16 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     with pytest.raises(ValueError, match=r"^Invalid options: --max_side must be >= 1 .*; "
                        r"--jpeg_quality must be in 1..100, got 200$"):
         run(src, tmp_path / "out", "--max_side", 0, "--jpeg_quality", 200)
+    # A shell pattern's folders (`convert data/* out`): Beam dropped `out` with a warning, and
+    # the dataset was written into the second folder, among its images.
+    (tmp_path / "pets" / "cat").mkdir(parents=True)
+    with pytest.raises(ValueError, match="Unexpected argument 'out': convert takes SOURCE and "
+                                         "OUTPUT, then flags"):  # fmt: skip
+        run(src, tmp_path / "pets", "out")
+    with pytest.raises(ValueError, match="Unexpected argument '0.2'"):  # its flag left out
+        run(src, tmp_path / "out", "0.2")
+    assert sorted(p.name for p in (tmp_path / "pets").iterdir()) == ["cat"]
+    (tmp_path / "pets" / "cat").rmdir(), (tmp_path / "pets").rmdir()
     with pytest.raises(ValueError, match="is inside the input folder"):
         run(src, src / "dataset")
     assert not (src / "dataset").exists()

@@ -309,12 +309,9 @@ def _check_verify_order(args) -> None:
                          "tfrecord-pipe verify SRC OUT --runner ...")  # fmt: skip
     from beam_jobs import flags
 
-    def takes_value(flag: str) -> bool:
-        return flag.startswith("-") and "=" not in flag and flag not in flags.beam_switches()
-
-    for before, word in zip([""] + args.beam_args, args.beam_args):
-        if not word.startswith("-") and not takes_value(before):
-            raise ValueError(f"Unexpected argument {word!r}: verify takes SRC and OUT, then flags.")
+    if strays := flags.stray_words(args.beam_args):
+        raise ValueError(f"Unexpected argument {strays[0]!r}: verify takes SRC and OUT, then "
+                         "flags.")  # fmt: skip
 
 
 def _bench(args) -> int:
