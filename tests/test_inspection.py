@@ -314,6 +314,22 @@ def test_a_grid_that_cannot_be_written_is_refused_before_reading(converted, tmp_
     assert len(done.errors) == 1 and message in done.errors[0]
 
 
+def test_a_grid_is_written_over_only_where_inspect_wrote_one(converted, tmp_path):
+    # `--grid imgs/cat/0.png` replaced the user's photo with the sheet, without a word.
+    _, out = converted
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (8, 8), "blue").save(photo)
+    before = photo.read_bytes()
+    done = run_cli("inspect", out, "--grid", photo)
+    assert done.returncode == 2 and done.stdout == "" and photo.read_bytes() == before
+    assert "a file of that name is there, and is no contact sheet of inspect's" in done.errors[0]
+    sheet = tmp_path / "sheet.png"
+    for _ in range(2):  # the second run replaces the first's sheet
+        assert run_cli("inspect", out, "--grid", sheet).returncode == 0
+    done = run_cli("inspect", out, "--grid", "")  # drew nothing and said nothing
+    assert done.returncode == 2 and "give a name ending in .png" in done.errors[0]
+
+
 def _records(out, files):
     for name in files:
         for serialized in tf.data.TFRecordDataset(str(out / name)):

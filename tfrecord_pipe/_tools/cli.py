@@ -182,8 +182,13 @@ def _inspect(args) -> int:
     from tfrecord_pipe._tools import inspection
 
     _require_path(args.path)
-    if args.grid:
+    if args.grid is not None:  # `--grid ''` drew nothing, and said nothing
         _check_writable_png(args.grid)
+        import tensorflow as tf
+
+        if tf.io.gfile.exists(args.grid) and not inspection.is_contact_sheet(args.grid):
+            raise ValueError(f"--grid {args.grid}: a file of that name is there, and is no "
+                             "contact sheet of inspect's: give a new file name.")  # fmt: skip
     if args.sample < 0:
         raise ValueError(f"--sample must be 0 (every record) or more, got {args.sample}")
     if args.grid_count < 1:
@@ -193,7 +198,7 @@ def _inspect(args) -> int:
         label_offset=args.label_offset, file_format=args.format,
     )  # fmt: skip
     print(inspection.render(summary))
-    if args.grid:
+    if args.grid is not None:
         drawn = len(inspection.contact_sheet(
             args.path, args.grid, count=args.grid_count, label_offset=args.label_offset,
             file_format=args.format,

@@ -20,7 +20,7 @@ import math
 import statistics
 
 import tensorflow as tf
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, PngImagePlugin
 
 from tfrecord_pipe._core import manifest as manifest_lib
 from tfrecord_pipe._core import messages, naming, paths, schema
@@ -448,6 +448,19 @@ def _size_buckets(sides) -> dict[str, int]:
     return {("<64" if low == 0 else f"{low}-{2 * low - 1}"): buckets[low] for low in sorted(buckets)}
 
 
+SHEET_SOFTWARE = "tfrecord-pipe inspect --grid"  # the PNG text that marks a contact sheet
+
+
+def is_contact_sheet(path: str) -> bool:
+    """Whether the PNG at `path` (local or gs://) is a contact sheet `contact_sheet` wrote:
+    only such a file is written over, never an image of the user's of that name."""
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f, Image.open(f) as image:
+            return image.info.get("Software") == SHEET_SOFTWARE  # (read before the pixels)
+    except (OSError, ValueError, tf.errors.OpError):  # not an image Pillow reads, or gone
+        return False
+
+
 def contact_sheet(
     path: str,
     output: str,
@@ -504,7 +517,9 @@ def contact_sheet(
         for n, (text, colour) in enumerate(zip(drawn_caption(lines, thumb), ("black", "dimgray"))):
             pen.text((x + 2, y + thumb + 3 + n * line_height), text, fill=colour)
     buffer = io.BytesIO()
-    sheet.save(buffer, format="PNG")
+    signed = PngImagePlugin.PngInfo()
+    signed.add_text("Software", SHEET_SOFTWARE)  # so that another run may replace it
+    sheet.save(buffer, format="PNG", pnginfo=signed)
     try:
         with tf.io.gfile.GFile(output, "wb") as f:
             f.write(buffer.getvalue())
