@@ -577,11 +577,18 @@ def test_records_out_of_the_converters_order_or_stray_shards_are_problems(conver
     src, out = converted_copy
     rewrite_shard(first_shard(out), lambda records: records[::-1])
     (out / "train-00000-of-00009.tfrecord").write_bytes(b"")
+    # A shard's copy by another name: `train-*` read its records twice, and verify said OK.
+    shutil.copy(first_shard(out), out / f"{first_shard(out).name}.bak")
+    (out / "validation-grid.png").write_bytes(b"")  # `inspect --grid` put there
+    (out / "notes-train.txt").write_bytes(b"")  # no split's pattern reads it
     done = run_cli("verify", src, out)
     assert done.returncode == 1
     assert f"shard {first_shard(out).name}: its records are not in the order" in done.stdout
     assert "train-00000-of-00009.tfrecord: named like a shard of split train" in done.stdout
-    assert "2 problems" in done.stdout  # nothing said twice (the shard's digest)
+    assert (f"{first_shard(out).name}.bak: the pattern train-* of split train reads it as part "
+            "of the dataset, but the manifest does not list it") in done.stdout  # fmt: skip
+    assert "validation-grid.png: the pattern validation-* of split validation" in done.stdout
+    assert "4 problems" in done.stdout  # nothing said twice (the shard's digest)
 
 
 @pytest.mark.slow  # over a second of CPU: out of the fast subset

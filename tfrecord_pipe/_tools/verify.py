@@ -354,4 +354,4 @@ class _Progress:
 
     def finish(self, checked: int) -> None:
         if self._line is not None:
-            self._line.finish(f"  verify: {checked} sources checked")
+            self._line.finish(f"  verify: {messages.counted(checked, 'source')} checked")
