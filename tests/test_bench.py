@@ -45,6 +45,22 @@ def test_bench_on_a_pattern_that_matches_nothing_exits_2(tmp_path):
     assert "matched no files" in done.stderr
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
+def test_bench_on_records_it_cannot_read_is_one_error_line(tmp_path):
+    # Another tool's TFRecord file, or a file of no records: a 40-line traceback.
+    other = tf.train.Example(features=tf.train.Features(feature={
+        "image_raw": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"x"]))}))
+    with tf.io.TFRecordWriter(str(tmp_path / "other.tfrecord")) as writer:
+        writer.write(other.SerializeToString())
+    (tmp_path / "nothing.tfrecord").write_bytes(b"x\n")
+    for name, said in (("other", "Feature: image/encoded (data type: string) is required"),
+                       ("nothing", "gave no record: each is missing, empty, or")):  # fmt: skip
+        done = run_cli("bench", tmp_path / f"{name}.tfrecord", "--label_offset", "1",
+                       "--seconds", "0.2", "--image_size", "8")  # fmt: skip
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.errors == [done.errors[0]] and said in done.errors[0], done.errors
+
+
 @pytest.mark.slow
 def test_bench_on_a_bare_pattern_needs_the_label_offset(tmp_path):
     write_dataset(str(tmp_path), {"train": [[0, 1, 2, 0]]})

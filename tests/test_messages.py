@@ -26,6 +26,11 @@ def test_one_line_of_an_error_a_tensorflow_message_and_a_traceback_sent_as_text(
              "line 247, in count\n\ncorrupted record at 4195\n\t [[{{node ReduceDataset}}]] "
              "[Op:__inference_count_37]")  # fmt: skip
     assert messages.one_line(graph) == "corrupted record at 4195"
+    # A reader's own assertion, inside a map (`bench` printed the whole of it).
+    mapped = ("Error in user-defined function passed to MapDataset:11 transformation with "
+              "iterator: Iterator::Root::Prefetch::Map: assertion failed: [A pass over this "
+              "pipeline\\'s 1 file(s) gave no record.] [[{{node Assert}}]]")  # fmt: skip
+    assert messages.one_line(mapped) == "A pass over this pipeline's 1 file(s) gave no record."
 
 
 def test_a_full_disk_is_told_from_its_error_or_a_worker_s_text_and_its_space_said(tmp_path):

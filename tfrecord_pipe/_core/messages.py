@@ -11,12 +11,18 @@ import shutil
 
 LIMIT = 500  # characters
 
-# TensorFlow's additions to an op's error: `{{function_node __inference_...}}` and
-# `[Op:IteratorGetNext] name: ...`.
-_TENSORFLOW_NOISE = re.compile(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$")
+# TensorFlow's additions to an op's error: `[[{{node Assert}}]]`, `{{function_node
+# __inference_...}}` and `[Op:IteratorGetNext] name: ...`.
+_TENSORFLOW_NOISE = re.compile(r"\s*\[\[\{\{[^}]*\}\}\]\]|\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$")
 _TRACEBACK = "Traceback (most recent call last):"
 # A graph function's error starts so; the reason follows the Python lines it was defined at.
 _GRAPH_ERROR = "Graph execution error:"
+# Where tf.data says a map's error came from (`Error in user-defined function passed to
+# MapDataset:11 transformation with iterator: Iterator::Root::Prefetch::...: `), and how a
+# failed tf.debugging assertion wraps its message (`assertion failed: [...]`, quotes escaped).
+_TF_DATA_WHERE = re.compile(r"^Error in user-defined function passed to \S+ transformation "
+                            r"with iterator: \S+: ")  # fmt: skip
+_ASSERTION = re.compile(r"^assertion failed: \[(.*)\]\s*$")
 
 
 def one_line(error: BaseException | str) -> str:
@@ -39,7 +45,10 @@ def one_line(error: BaseException | str) -> str:
     elif line.startswith(_GRAPH_ERROR):
         reasons = [line for line in lines[1:] if not line.startswith((" ", "\t", "Detected at"))]
         line = reasons[0] if reasons else line
-    return _TENSORFLOW_NOISE.sub("", line).strip()[:LIMIT]
+    line = _TF_DATA_WHERE.sub("", _TENSORFLOW_NOISE.sub("", line).strip())
+    if asserted := _ASSERTION.match(line):
+        line = asserted.group(1).replace("\\'", "'")
+    return line[:LIMIT]
 
 
 def some(items, shown: int = 5, show=str) -> str:

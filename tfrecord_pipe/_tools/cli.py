@@ -325,15 +325,21 @@ def _bench(args) -> int:
     _require_path(args.path)
     if not 0 < args.seconds < math.inf or args.batch_size < 1 or args.image_size < 1:  # NaN too
         raise ValueError("--seconds, --batch_size and --image_size must be positive (and finite)")
-    results = bench.bench(
-        args.path,
-        args.seconds,
-        image_size=args.image_size,
-        batch_size=args.batch_size,
-        dtype=args.dtype,
-        label_offset=args.label_offset,
-        data_service=args.data_service,
-    )
+    import tensorflow as tf
+
+    try:
+        results = bench.bench(
+            args.path,
+            args.seconds,
+            image_size=args.image_size,
+            batch_size=args.batch_size,
+            dtype=args.dtype,
+            label_offset=args.label_offset,
+            data_service=args.data_service,
+        )
+    except tf.errors.OpError as err:  # another tool's records, a damaged shard: a traceback
+        raise ValueError(f"{args.path} cannot be read: {messages.one_line(err)} "
+                         "(`tfrecord-pipe inspect --check` names the shard)") from err  # fmt: skip
     served = f", training batches by the tf.data service at {args.data_service}"
     print(
         f"{args.path}: {args.image_size}x{args.image_size} {args.dtype}, batch {args.batch_size}, "
