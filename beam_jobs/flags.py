@@ -149,8 +149,9 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
     """
     for flag in ("shard_mb", "max_file_mb"):
         value = getattr(args, flag)
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"--{flag} must be a positive number of MiB, got {value}")
+        if not math.isfinite(value) or value * (1 << 20) < 1:  # (not a byte: said in bytes)
+            raise ValueError(f"--{flag} must be a positive number of MiB, a byte or more, "
+                             f"got {value}")  # fmt: skip
     try:
         return _config(args)
     except arguments.Invalid as err:

@@ -256,6 +256,9 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     with pytest.raises(ValueError, match=r"^Invalid options: --max_side must be >= 1 .*; "
                        r"--jpeg_quality must be in 1..100, got 200$"):
         run(src, tmp_path / "out", "--max_side", 0, "--jpeg_quality", 200)
+    for flag, value in (("--shard_mb", "1e-9"), ("--max_file_mb", "nan")):  # (was shard_bytes)
+        with pytest.raises(ValueError, match=f"^{flag} must be a positive number of MiB, a byte"):
+            run(src, tmp_path / "out", flag, value)
     # A shell pattern's folders (`convert data/* out`): Beam dropped `out` with a warning, and
     # the dataset was written into the second folder, among its images.
     (tmp_path / "pets" / "cat").mkdir(parents=True)
