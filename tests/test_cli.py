@@ -2,6 +2,10 @@
 
 import argparse
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -154,6 +158,35 @@ def test_a_command_ends_though_a_library_left_a_thread_running(tmp_path, entry):
     done = run_python(code, timeout=120)  # (a hang fails the test, naming the timeout)
     assert done.returncode == (2 if "convert" in entry else 0), done.stderr
     assert "exit hook ran" in done.stdout  # (the fork server's end is one)
+
+
+def test_a_second_ctrl_c_as_a_command_ends_lets_its_exit_hooks_finish(tmp_path):
+    # A second Ctrl-C while the workers' fork server ended (an exit hook) printed a traceback
+    # and left the server's sockets folder in TMPDIR (a new user's trial: 3 runs in 3).
+    ready, done_file = tmp_path / "ready", tmp_path / "hook-done"
+    code = (
+        "import atexit, os, pathlib, signal, time\n"
+        "from tfrecord_pipe._core import program_exit\n"
+        "def hook():\n"
+        f"    pathlib.Path({str(ready)!r}).touch()\n"
+        "    time.sleep(1.0)\n"
+        f"    pathlib.Path({str(done_file)!r}).touch()\n"
+        "atexit.register(hook)\n"
+        "def main():\n"
+        "    os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, in the command\n"
+        "    time.sleep(30)\n"
+        "program_exit.run(main)\n"
+    )
+    running = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert running.poll() is None and time.monotonic() < deadline, running.stderr.read()
+        time.sleep(0.01)
+    running.send_signal(signal.SIGINT)  # the second, in the exit hook
+    _, stderr = running.communicate(timeout=60)
+    assert running.returncode == 130 and done_file.exists(), stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.strip() == "error: interrupted."
 
 
 @pytest.mark.slow  # over a second of CPU: out of the fast subset

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 import time
@@ -47,6 +48,10 @@ def leave(code: int | str | None) -> NoReturn:
     where a thread is still running GRACE_S from now, the exit would wait for it for ever:
     then the hooks are run and the process ends without it."""
     _cut_short_if_stuck(code)
+    if threading.current_thread() is threading.main_thread():
+        # The command is done. A second Ctrl-C cut its exit hooks short (a traceback, and the
+        # workers' sockets folder left in TMPDIR); what is left ends within GRACE_S + HOOKS_S.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 
 
