@@ -25,14 +25,6 @@ from __future__ import annotations
 
 import sys
 
-def _overwrites(argv: list[str] | None) -> bool:
-    """Whether the command line asks for --overwrite, read as the job reads it."""
-    try:
-        return flags.parse(flags.make_parser(), argv)[0].overwrite
-    except (ValueError, SystemExit):  # a command line the job refused: it replaced nothing
-        return False
-
-
 if __name__ == "__main__":
     # Run as a program: the workers' server starts first, and imports the job's modules
     # while this process imports its own.
@@ -44,9 +36,7 @@ import contextlib
 import logging
 import os
 import re
-import signal
 import tempfile
-import threading
 import time
 import uuid
 
@@ -311,45 +301,28 @@ def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert
     for a job that failed (the storage, the workers), 130 when interrupted (Ctrl-C), 143 when
     terminated (SIGTERM: a scheduler, a preempted VM's shutdown)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    interrupted = []
-
-    def interrupt(signum, frame):
-        interrupted.append(signum)  # Beam may wrap the KeyboardInterrupt in its own error
-        raise KeyboardInterrupt
-
-    # Only where the signal would stop the program anyway: not when it is ignored (SIGINT in
-    # a job started in the background) or handled by the caller, nor outside the main thread.
-    main_thread = threading.current_thread() is threading.main_thread()
-    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-    previous = {
-        signum: signal.signal(signum, interrupt) for signum, default in defaults.items()
-        if main_thread and signal.getsignal(signum) is default
-    }  # fmt: skip
-    try:
-        run(argv, prog=prog)
-    except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except (JobFailedError, KeyboardInterrupt) as err:
-        if interrupted or isinstance(err, KeyboardInterrupt):
+    with program_exit.signals_as_interrupts() as interrupted:
+        try:
+            run(argv, prog=prog)
+        except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except (JobFailedError, KeyboardInterrupt) as err:
+            if not (interrupted or isinstance(err, KeyboardInterrupt)):
+                print(f"error: {err}", file=sys.stderr)
+                return 1
             # With --overwrite, a run stopped while it finalised has removed the old
             # dataset's manifest already (docs/conversion.md): say so, never "kept".
             replacing = _overwrites(argv)
-            terminated = signal.SIGTERM in interrupted
+            said, code = program_exit.stopped_by(interrupted)
             print(
-                f"\nerror: {'terminated (SIGTERM)' if terminated else 'interrupted'} before the "
-                "conversion finished. Run the same command again; what this run left is "
-                "removed then."
+                f"\nerror: {said} before the conversion finished. Run the same command again; "
+                "what this run left is removed then."
                 + (" The dataset it was replacing may be gone already: the run again writes "
                    "the new one." if replacing else ""),
                 file=sys.stderr,
             )  # fmt: skip
-            return 128 + signal.SIGTERM if terminated else 130
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            return code
     return 0
 
 

@@ -571,6 +571,22 @@ def test_ctrl_c_during_verify_exits_130_with_nothing_proven(converted, monkeypat
     assert done.returncode == 130 and "interrupted; nothing was proven" in done.stderr
 
 
+def test_sigterm_during_verify_exits_143_saying_so(converted):
+    # A scheduler's stop ended verify without a word, leaving its sorts in TMPDIR.
+    src, out = converted
+    done = run_python(
+        "import os, signal, sys, time\n"
+        "from tfrecord_pipe._tools import cli, verify\n"
+        "def stopped(*_, **__):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(60)\n"
+        "verify.verify = stopped\n"
+        f"sys.exit(cli.main(['verify', {str(src)!r}, {str(out)!r}]))\n"
+    )
+    assert done.returncode == 143, done.stderr
+    assert done.stderr.strip() == "error: terminated (SIGTERM); nothing was proven either way."
+
+
 def test_records_out_of_the_converters_order_or_stray_shards_are_problems(converted_copy):
     # Placement is part of the conversion: records reordered in a shard, or a file named like
     # a shard that the manifest does not list (a `train-*` pattern reads it), are found.

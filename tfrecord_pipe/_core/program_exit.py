@@ -9,6 +9,7 @@ printed that it was interrupted, then never ended. The entry points (`tfrecord-p
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -35,6 +36,40 @@ def run(main: Callable[[], int | None]) -> NoReturn:
         _cut_short_if_stuck(1)
         raise
     leave(code)
+
+
+@contextlib.contextmanager
+def signals_as_interrupts():
+    """Ctrl-C and SIGTERM (a scheduler's stop, a preempted VM's shutdown) raise
+    KeyboardInterrupt in the main thread, so that a command cleans up and says which stopped
+    it; yields the list of the signals received (`stopped_by`). Only where the signal would
+    end the program anyway: not where it is ignored (SIGINT in a job started in the
+    background) or handled by the caller, nor outside the main thread."""
+    received = []
+
+    def interrupt(signum, frame):
+        received.append(signum)  # Beam may wrap the KeyboardInterrupt in its own error
+        raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    previous = {
+        signum: signal.signal(signum, interrupt) for signum, default in defaults.items()
+        if main_thread and signal.getsignal(signum) is default
+    }  # fmt: skip
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def stopped_by(received: list[int]) -> tuple[str, int]:
+    """What stopped a command (`signals_as_interrupts`), said, and its exit code: SIGTERM's
+    143, Ctrl-C's 130."""
+    if signal.SIGTERM in received:
+        return "terminated (SIGTERM)", 128 + signal.SIGTERM
+    return "interrupted", INTERRUPTED
 
 
 def interrupted() -> int:

@@ -277,12 +277,14 @@ def _verify(args) -> int:
 
         from beam_jobs import worker_pool
 
-        try:
-            report = verify.verify(args.source, args.dataset, show_progress=True,
-                                   decode=args.decode)  # fmt: skip
+        try:  # SIGTERM too: it ended verify without a word, and its sorts stayed in TMPDIR
+            with program_exit.signals_as_interrupts() as stopped:
+                report = verify.verify(args.source, args.dataset, show_progress=True,
+                                       decode=args.decode)  # fmt: skip
         except KeyboardInterrupt:
-            print("\nerror: interrupted; nothing was proven either way.", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            said, code = program_exit.stopped_by(stopped)
+            print(f"\nerror: {said}; nothing was proven either way.", file=sys.stderr)
+            return code
         except (worker_pool.WorkerError, BrokenProcessPool, OSError) as err:
             if isinstance(err, FileNotFoundError):
                 raise  # the listing's: a source or a folder that is not there (exit 2)
