@@ -80,6 +80,15 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
         _, rejected = storage.children(paths.join(out, naming.REJECTED_DIR))
         if {f"{naming.REJECTED_DIR}/{name}" for name in rejected} - unfinished:
             found.append(naming.REJECTED_DIR + "/")
+    if found and old is None and not _leftovers(out, folders):
+        # No run of ours left them (a killed one's, unreadable, are taken as a dataset's):
+        # whose? --overwrite replaced none of them, and said nothing.
+        raise FileExistsError(
+            f"{out} holds {messages.some(found)}, named like a dataset's files, but no "
+            f"{naming.MANIFEST_NAME}: not a dataset this tool finished (one cut short by hand, "
+            "or another tool's), so --overwrite would leave them among the new shards. Move "
+            "them, or write the dataset to another folder."
+        )
     if found and not config.overwrite:
         raise FileExistsError(
             f"{out} already holds a dataset (found {messages.some(found)}). "

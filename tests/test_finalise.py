@@ -204,6 +204,14 @@ def test_a_user_s_file_by_a_dataset_s_name_is_kept_and_a_stopped_finalise_s_repl
     assert sorted(p.name for p in out.iterdir()) == ["labels.txt", "notes.md"]
     assert (out / "labels.txt").read_text() == "my notes\n"
     (out / "labels.txt").unlink()
+    # A file named like a shard, and no manifest: "already holds a dataset", said the first
+    # run, and --overwrite then left it among the new shards, for `train-*` to read.
+    (out / "train-00000-of-00002.tfrecord").write_bytes(b"x")
+    for overwrite in ([], ["--overwrite"]):
+        with pytest.raises(FileExistsError, match=r"holds train-00000-of-00002.tfrecord, named "
+                           r"like a dataset's files, but no manifest.json"):  # fmt: skip
+            convert.run([str(src), str(out), *overwrite, *IN_PROCESS])
+    (out / "train-00000-of-00002.tfrecord").unlink()
 
     # A finalise stopped after labels.txt and TensorFlow Datasets' files, before the
     # manifest: those are its own, and the same command again replaces them.
