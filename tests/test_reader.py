@@ -678,9 +678,14 @@ print("LABELS", labels)
 
 def test_an_invalid_manifest_is_named(tmp_path):
     write_dataset(str(tmp_path), {"train": [[0]]})
-    (tmp_path / "manifest.json").write_text('{"labels": ["a"]}')
-    with pytest.raises(ValueError, match=r"manifest.json is not a valid tfrecord-pipe manifest"):
-        reader.make_input_fn(str(tmp_path), is_training=True, batch_size=1)()
+    # Each said in words, not as Python's TypeError or KeyError.
+    for text, why in (('{"labels": ["a"]}', "no 'splits' field"),
+                      ("[1, 2, 3]", "a JSON list, not an object of fields"),
+                      ('{"labels": [', "not JSON: Expecting value at line 1, column 13")):  # fmt: skip
+        (tmp_path / "manifest.json").write_text(text)
+        with pytest.raises(ValueError, match=r"manifest.json is not a valid tfrecord-pipe "
+                                             rf"manifest \({why}\)"):  # fmt: skip
+            reader.make_input_fn(str(tmp_path), is_training=True, batch_size=1)()
 
 
 def test_a_folder_with_brackets_in_its_name_is_read_as_named(tmp_path):

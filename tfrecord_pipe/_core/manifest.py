@@ -440,9 +440,8 @@ class Manifest:
         try:
             return cls.from_json(text)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(
-                f"{path} is not a valid tfrecord-pipe manifest ({type(err).__name__}: {err})"
-            ) from err
+            raise ValueError(f"{path} is not a valid tfrecord-pipe manifest ({_why(err, text)})"
+                             ) from err  # fmt: skip
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
@@ -455,6 +454,23 @@ class Manifest:
             for name, info in sorted(data["splits"].items(), key=lambda kv: naming.split_order(kv[0]))
         }
         return cls(**data)
+
+
+def _why(err: Exception, text: str) -> str:
+    """Why a manifest's text is none, in words: not JSON, not an object, a field missing."""
+    if isinstance(err, json.JSONDecodeError):
+        return f"not JSON: {err.msg} at line {err.lineno}, column {err.colno}"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        kind = {list: "list", str: "string", bool: "true or false", type(None): "null"}.get(
+            type(data), "number")  # fmt: skip
+        return f"a JSON {kind}, not an object of fields"
+    if isinstance(err, KeyError) and len(err.args) == 1:
+        return f"no {err.args[0]!r} field"
+    return f"{type(err).__name__}: {err}"
 
 
 def _split_info(name: str, info: dict) -> SplitInfo:
