@@ -118,6 +118,11 @@ def test_inspect_check_says_mismatch_for_a_missing_or_cut_shard_and_names_it(con
             f"of {info.num_examples} listed)") in text  # fmt: skip
     sampled = run_cli("inspect", out).stdout
     assert f"reading a sample stopped after 0 records, at {cut}: " in sampled, sampled
+    # Emptied: said of another count, not also of "other inputs" (its digest of none).
+    cut.write_bytes(b"")
+    text = run_cli("inspect", out, "--check").stdout
+    assert f"{cut}: manifest lists {info.shard_lengths[1]} records, the shard holds 0" in text
+    assert "other inputs" not in text, text
     # Every shard of a split gone: it was "0 records (every input of it was rejected)".
     validation = dataset.read_manifest(str(out)).splits["validation"]
     for name in validation.files:

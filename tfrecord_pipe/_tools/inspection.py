@@ -166,11 +166,12 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
         problems += [f"{said}: cut short, or changed since the conversion" for said in resized]
     sizes = [tf.io.gfile.stat(path).length for path in files]
     counted, replaced = [None] * len(files), 0
+    listed = present.record_counts or [None] * len(files)
     if check_counts:
         counted = [_count(path, found.compression, problems) for path in files]
         for index, path in enumerate(files):
-            if counted[index] is None:
-                continue
+            if counted[index] is None or listed[index] not in (None, counted[index]):
+                continue  # unreadable, or miscounted: said so already, not "other inputs" too
             try:
                 other = _holds_other_inputs(path, split.name, found)
             except tf.errors.OpError as err:  # read whole (an ArrayRecord count reads less)
@@ -206,7 +207,6 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
     if not read and sum(sizes) and not problems:  # TensorFlow reads a few stray bytes as none
         problems.append(f"split {split.name}: its {len(files)} file(s) hold {sum(sizes)} bytes "
                         "but no record: are they TFRecord files? (--check reads them whole)")  # fmt: skip
-    listed = present.record_counts or [None] * len(files)
     return SplitSummary(
         name=split.name,
         shards=tuple(
