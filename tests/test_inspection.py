@@ -1,6 +1,7 @@
 """`tfrecord-pipe inspect` and inspection.py: what a dataset holds, for a person to look at."""
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -178,9 +179,16 @@ def test_a_folder_of_images_and_a_pattern_of_a_datasets_every_file_say_what_to_p
     _, out = converted
     (error,) = run_cli("inspect", f"{out}/*").errors
     assert "matched files of a dataset that are no shards (" in error
-    assert f"pass the dataset folder {out}, or a pattern of its shards such as {out}/train-*" \
-        in error  # fmt: skip
+    assert (f"pass the dataset folder {out}, or a pattern of its shards alone such as "
+            f"{out}/train-*-of-*") in error  # fmt: skip
     assert run_cli("inspect", f"{out}/train-*").returncode == 0
+    # The pattern said is one that leaves out a file a split's name begins (it told a user
+    # who passed OUT/train-* to pass OUT/train-*, with a contact sheet OUT/train-grid.png).
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "train-grid.png").write_bytes(b"")
+    assert "no shards (train-grid.png)" in run_cli("inspect", f"{copy}/train-*").errors[0]
+    assert run_cli("inspect", f"{copy}/train-*-of-*").returncode == 0
 
 
 @pytest.mark.parametrize("option, value, says", [

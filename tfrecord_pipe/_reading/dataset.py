@@ -225,8 +225,8 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
         raise ValueError(  # manifest.json, labels.txt, ...: read as records of a split "files"
             f"{path} matched files of a dataset that are no shards "
             f"({', '.join(map(paths.basename, others[:3]))}{', ...' if len(others) > 3 else ''}): "
-            f"pass the dataset folder {folder}, or a pattern of its shards such as "
-            f"{paths.join(folder, 'train-*')}."
+            f"pass the dataset folder {folder}, or a pattern of its shards alone such as "
+            f"{paths.join(folder, 'train-*-of-*')}."
         )
     counts, digests = _listed_in(beside, files)
     grouped: dict[str, list[int]] = {}
