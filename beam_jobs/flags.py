@@ -34,7 +34,7 @@ _POLICY = images.ImagePolicy  # its class attributes are the defaults
 
 def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentParser:
     """Our flags; their defaults are ConvertConfig's and ImagePolicy's."""
-    parser = argparse.ArgumentParser(
+    parser = help_format.Parser(
         prog=prog,
         description="Convert image folders or CSV lists into sharded TFRecords. "
         "Without --runner it runs here, a worker process per core; --runner DataflowRunner "
@@ -220,7 +220,7 @@ def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser,
             names = sorted(name.lstrip("-") for name in known)
             import difflib  # only for a flag mistyped
 
-            close = difflib.get_close_matches(flag.lstrip("-"), names, n=1, cutoff=0.75)
+            close = difflib.get_close_matches(flag.lstrip("-").lower(), names, n=1, cutoff=0.75)
             hint = f" Did you mean --{close[0]}?" if close else ""
             raise ValueError(
                 f"Unknown flag {flag}: it is neither {whose} nor Beam's.{hint} "

@@ -160,6 +160,23 @@ def test_a_command_ends_though_a_library_left_a_thread_running(tmp_path, entry):
     assert "exit hook ran" in done.stdout  # (the fork server's end is one)
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["inspect", "ds", "--chek"], "error: unrecognized arguments: --chek. Did you mean --check? "
+                                  "`tfrecord-pipe COMMAND --help` lists a command's options."),
+    (["convert", "src", "out", "--validation_fraction", "abc"],
+     "error: argument --validation_fraction: invalid float value: 'abc'. `tfrecord-pipe convert "
+     "--help` lists the options."),
+])  # fmt: skip
+def test_a_mistyped_option_is_one_error_line_naming_the_closest(capsys, argv, said):
+    # argparse printed its usage first (15 lines for convert), and no "did you mean".
+    from tfrecord_pipe._tools import cli
+
+    with pytest.raises(SystemExit) as ended:
+        cli.main(argv)
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [said]
+
+
 def test_a_second_ctrl_c_as_a_command_ends_lets_its_exit_hooks_finish(tmp_path):
     # A second Ctrl-C while the workers' fork server ended (an exit hook) printed a traceback
     # and left the server's sockets folder in TMPDIR (a new user's trial: 3 runs in 3).

@@ -1,5 +1,6 @@
 """How the commands' `--help` reads: every option with its default, written by argparse from
-the default itself (so the text cannot drift from the value), examples kept as written."""
+the default itself (so the text cannot drift from the value), examples kept as written; and
+how their mistakes read (`Parser`)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,33 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         ):
             return text
         return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose mistakes are one `error:` line, as the commands' other errors
+    are: argparse printed its usage first (15 lines for convert). An option it does not know
+    is answered with the closest one it, or one of its commands, has."""
+
+    def error(self, message: str):
+        hint = ""
+        if message.startswith("unrecognized arguments: "):
+            given = message.split(": ", 1)[1].split()[0].split("=", 1)[0]
+            import difflib  # only for a mistake
+
+            close = difflib.get_close_matches(given.lower(), sorted(self._options()), n=1,
+                                              cutoff=0.75)  # fmt: skip
+            hint = f" Did you mean {close[0]}?" if close else ""
+        commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
+        listed = f"`{self.prog} COMMAND --help` lists a command's" if commands else (
+            f"`{self.prog} --help` lists the")  # fmt: skip
+        self.exit(2, f"error: {message}.{hint} {listed} options.\n")
+
+    def _options(self) -> set[str]:
+        """Every option of this parser and of its commands' parsers."""
+        found = set()
+        for action in self._actions:
+            found.update(flag for flag in action.option_strings if flag.startswith("--"))
+            if isinstance(action, argparse._SubParsersAction):
+                for parser in action.choices.values():
+                    found |= parser._options() if isinstance(parser, Parser) else set()
+        return found

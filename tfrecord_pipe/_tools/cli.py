@@ -28,7 +28,7 @@ EXIT_BROKEN_PIPE = 141  # as a shell says of a command killed by SIGPIPE
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = help_format.Parser(
         prog="tfrecord-pipe",
         description="Image folders to sharded TFRecords, and TPU-ready input pipelines.",
         formatter_class=help_format.HelpFormatter,
