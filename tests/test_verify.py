@@ -177,6 +177,10 @@ def test_verify_a_folder_that_is_not_a_dataset_exits_2(converted):
     done = run_cli("verify", src, f"{out}/train-*")  # a pattern, as the reader takes
     assert done.returncode == 2
     assert f"{out}/train-* is a pattern of files: give the dataset folder" in done.stderr
+    shard = next(out.glob("train-*"))  # it said "<shard>/manifest.json not found"
+    done = run_cli("verify", src, shard)
+    assert done.returncode == 2 and done.errors == [
+        f"error: {shard} is a file: give the dataset folder, the one holding manifest.json."]
     done = run_cli("verify", out, src)  # the dataset first: a new user's slip
     assert done.returncode == 2
     assert f"{src} is not a dataset but {out} is: the arguments look swapped" in done.stderr

@@ -505,6 +505,9 @@ def not_a_dataset(folder: str) -> FileNotFoundError:
             f"{folder} is a pattern of files: give the dataset folder, the one holding "
             f"{naming.MANIFEST_NAME} (the manifest says what every shard should hold)."
         )
+    if not paths.is_remote(folder) and os.path.isfile(folder):  # ("afile/manifest.json")
+        return FileNotFoundError(f"{folder} is a file: give the dataset folder, the one "
+                                 f"holding {naming.MANIFEST_NAME}.")  # fmt: skip
     return FileNotFoundError(
         f"{paths.join(folder, naming.MANIFEST_NAME)} not found: {folder} is not a "
         f"finished tfrecord-pipe dataset (the converter writes {naming.MANIFEST_NAME} last)."
