@@ -40,15 +40,16 @@ class NothingWrittenError(ValueError):
     """Every input was rejected: there is no dataset to finalise."""
 
 
-def check_output(config: ConvertConfig) -> manifest.Manifest | None:
-    """Refuses an output that is a file, lies inside the input folder or holds it, or already
-    holds a dataset (unless overwrite was asked for); returns the dataset's manifest, if one
-    is there.
+def check_output(config: ConvertConfig, again: bool = False) -> manifest.Manifest | None:
+    """Refuses an output that is a file, lies inside the input folder or holds it, already
+    holds a dataset (unless overwrite was asked for), or holds files by a dataset's names
+    that no dataset or run of ours explains; returns the dataset's manifest, if one is there.
 
     Raises:
       ValueError: the output is a file, inside the input folder or holding it, or its
         manifest.json is not a valid manifest (so the old dataset's files are unknown).
-      FileExistsError: the output holds a dataset and `config.overwrite` is off.
+      FileExistsError: the output holds a dataset and `config.overwrite` is off, or files of
+        someone else's that a dataset written there would replace or lie beside.
     """
     if problem := storage.scheme_problem(config.output, "OUT"):
         raise ValueError(problem)
@@ -71,7 +72,9 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
         raise ValueError(f"{err}: the output must be a folder (a new one, or a dataset's).")
     old = read_manifest(out) if naming.MANIFEST_NAME in files else None
     # What a failed or killed finalise moved in is no dataset: the next run removes it.
-    unfinished = {name for folder in _leftovers(out, folders) for name in _moved_in(out, folder)}
+    moved = [_moved_in(out, folder) for folder in _leftovers(out, folders)]
+    unfinished = {name for names in moved if names is not None for name in names}
+    cannot_tell = None in moved  # a leftover that cannot be read may explain any file
     found = sorted(
         name for name in files
         if (naming.split_of(name) or name == naming.MANIFEST_NAME) and name not in unfinished
@@ -80,9 +83,11 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
         _, rejected = storage.children(paths.join(out, naming.REJECTED_DIR))
         if {f"{naming.REJECTED_DIR}/{name}" for name in rejected} - unfinished:
             found.append(naming.REJECTED_DIR + "/")
-    if found and old is None and not _leftovers(out, folders):
-        # No run of ours left them (a killed one's, unreadable, are taken as a dataset's):
-        # whose? --overwrite replaced none of them, and said nothing.
+    # `again`: at the finalise, under the claim the launcher's check was made under, which
+    # let through files that a leftover since removed (`clear_leftovers`) could not explain.
+    if found and old is None and not cannot_tell and not again:
+        # No run of ours left them (where one's leftover cannot be read, they are taken for a
+        # dataset's): whose? --overwrite replaced none of them, and said nothing.
         raise FileExistsError(
             f"{out} holds {messages.some(found)}, named like a dataset's files, but no "
             f"{naming.MANIFEST_NAME}: not a dataset this tool finished (one cut short by hand, "
@@ -96,8 +101,12 @@ def check_output(config: ConvertConfig) -> manifest.Manifest | None:
         )
     # No dataset, but a file of the user's by a name the dataset writes (labels.txt, most
     # likely): it was replaced without a word. A killed finalise's own are its leftovers.
-    theirs = sorted(set(files) & set(_DESCRIBING) - unfinished)
-    if not found and theirs:
+    theirs = set(files) & set(_DESCRIBING) - unfinished
+    if config.labels_file and paths.same_file(config.labels_file,
+                                              paths.join(out, naming.LABELS_NAME)):  # fmt: skip
+        theirs.discard(naming.LABELS_NAME)  # written again with the labels read from it
+    theirs = sorted(theirs)
+    if not found and theirs and not again:
         them = "it" if len(theirs) == 1 else "them"
         raise FileExistsError(
             f"{out} holds {messages.some(theirs)} but no dataset (no {naming.MANIFEST_NAME}): "
@@ -151,7 +160,7 @@ def clear_leftovers(out: str) -> list[str]:
     for folder in leftovers:
         # A run killed while finalising moved some of its files in, and the manifest of the
         # dataset it replaced may be gone: only its temporary folder knows those files.
-        storage.delete([paths.join(out, name) for name in _moved_in(out, folder)])
+        storage.delete([paths.join(out, name) for name in _moved_in(out, folder) or ()])
         storage.delete_folder(folder)
     _, files = storage.children(out)
     parts = sorted(paths.join(out, name) for name in files if name.startswith(storage.PART_PREFIX))
@@ -164,16 +173,16 @@ def _leftovers(out: str, folders) -> list[str]:
     return sorted(paths.join(out, name) for name in folders if name.startswith(TEMP_PREFIX))
 
 
-def _moved_in(out: str, temp_dir: str) -> list[str]:
-    """What a run's finalise moved into `out` and left there; nothing known when its
-    temporary folder cannot be read (damaged, or going away as that run ends): those files
-    then count as a dataset's, which only --overwrite replaces, and are not deleted with the
-    folder (a warning names it)."""
+def _moved_in(out: str, temp_dir: str) -> list[str] | None:
+    """What a run's finalise moved into `out` and left there; None when its temporary folder
+    cannot be read (damaged, or going away as that run ends): files there then count as a
+    dataset's, which only --overwrite replaces, and are not deleted with the folder (a
+    warning names it)."""
     try:
         return _orphans(out, temp_dir)
     except (OSError, ValueError, KeyError, TypeError) as err:  # BeamIOError is an OSError
         LOG.warning("Cannot tell what %s moved into %s: %s", temp_dir, out, err)
-        return []
+        return None
 
 
 def began(temp_dir: str) -> bool:
@@ -361,7 +370,7 @@ def _old_dataset(config: ConvertConfig, temp_dir: str) -> manifest.Manifest | No
     that a finalise run again, after the old manifest is gone, still knows its files."""
     if began(temp_dir):
         return _replaced(temp_dir)
-    old = check_output(config)
+    old = check_output(config, again=True)
     text = json.dumps({"old": old.to_json() if old is not None else None})
     plan = paths.join(temp_dir, PLAN_NAME)
     storage.write_bytes(plan, text.encode("utf-8"), mime_type="application/json")

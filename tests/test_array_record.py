@@ -173,8 +173,11 @@ def test_overwriting_with_tfrecord_only_leaves_no_array_record_file_and_a_new_ou
     lone = tmp_path / "lone"
     lone.mkdir()
     shutil.copy(out / "train-00000-of-00003.array_record", lone)
-    with pytest.raises(FileExistsError, match="already holds a dataset"):
-        run(src, lone)
+    for overwrite in ([], ["--overwrite"]):  # no manifest says whose: refused either way
+        with pytest.raises(FileExistsError, match="named like a dataset's files, but no "
+                                                  "manifest.json"):  # fmt: skip
+            run(src, lone, *overwrite)
+    assert sorted(p.name for p in lone.iterdir()) == ["train-00000-of-00003.array_record"]
 
 
 @pytest.mark.slow

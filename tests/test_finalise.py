@@ -211,7 +211,19 @@ def test_a_user_s_file_by_a_dataset_s_name_is_kept_and_a_stopped_finalise_s_repl
         with pytest.raises(FileExistsError, match=r"holds train-00000-of-00002.tfrecord, named "
                            r"like a dataset's files, but no manifest.json"):  # fmt: skip
             convert.run([str(src), str(out), *overwrite, *IN_PROCESS])
+        # A run's leftover that explains nothing of it excuses nothing (a reviewer: any
+        # `.tmp-*` let it through, and `train-*` then read a record twice).
+        (out / f"{finalise.TEMP_PREFIX}0123456789ab").mkdir(exist_ok=True)
     (out / "train-00000-of-00002.tfrecord").unlink()
+    (out / f"{finalise.TEMP_PREFIX}0123456789ab").rmdir()
+    # The labels file of the conversion itself, kept in the output: written again as read.
+    (out / "labels.txt").write_text("red\ngreen\nblue\n")
+    convert.run([str(src), str(out), "--labels_file", str(out / "labels.txt"), *IN_PROCESS])
+    assert (out / "labels.txt").read_text() == "red\ngreen\nblue\n"
+    assert dataset.read_manifest(str(out)).labels == ("red", "green", "blue")
+    shutil.rmtree(out)
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
 
     # A finalise stopped after labels.txt and TensorFlow Datasets' files, before the
     # manifest: those are its own, and the same command again replaces them.

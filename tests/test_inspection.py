@@ -335,7 +335,7 @@ def test_a_grid_is_written_over_only_where_inspect_wrote_one(converted, tmp_path
     before = photo.read_bytes()
     done = run_cli("inspect", out, "--grid", photo)
     assert done.returncode == 2 and done.stdout == "" and photo.read_bytes() == before
-    assert "a file of that name is there, and is no contact sheet of inspect's" in done.errors[0]
+    assert "a file of that name is there that does not say inspect drew it" in done.errors[0]
     sheet = tmp_path / "sheet.png"
     for _ in range(2):  # the second run replaces the first's sheet
         assert run_cli("inspect", out, "--grid", sheet).returncode == 0

@@ -31,6 +31,10 @@ def test_one_line_of_an_error_a_tensorflow_message_and_a_traceback_sent_as_text(
               "iterator: Iterator::Root::Prefetch::Map: assertion failed: [A pass over this "
               "pipeline\\'s 1 file(s) gave no record.] [[{{node Assert}}]]")  # fmt: skip
     assert messages.one_line(mapped) == "A pass over this pipeline's 1 file(s) gave no record."
+    # tf.debugging.assert_less's: the message, then the condition and values as more items.
+    several = ("assertion failed: [Label not below 3 [of 0..2]] [Condition x < y did not hold "
+               "element-wise:] [x (args_0:0) = ] [3] [y (Const:0) = ] [3]")  # fmt: skip
+    assert messages.one_line(several) == "Label not below 3 [of 0..2]"
 
 
 def test_a_full_disk_is_told_from_its_error_or_a_worker_s_text_and_its_space_said(tmp_path):

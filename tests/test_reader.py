@@ -681,6 +681,8 @@ def test_an_invalid_manifest_is_named(tmp_path):
     # Each said in words, not as Python's TypeError or KeyError.
     for text, why in (('{"labels": ["a"]}', "no 'splits' field"),
                       ("[1, 2, 3]", "a JSON list, not an object of fields"),
+                      ('{"labels": ["a"], "label_offset": 0, "compression": "", "splits": '
+                       '{"train": {}}}', "split train: no 'shard_lengths' field"),
                       ('{"labels": [', "not JSON: Expecting value at line 1, column 13")):  # fmt: skip
         (tmp_path / "manifest.json").write_text(text)
         with pytest.raises(ValueError, match=r"manifest.json is not a valid tfrecord-pipe "

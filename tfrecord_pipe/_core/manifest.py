@@ -470,6 +470,8 @@ def _why(err: Exception, text: str) -> str:
         return f"a JSON {kind}, not an object of fields"
     if isinstance(err, KeyError) and len(err.args) == 1:
         return f"no {err.args[0]!r} field"
+    if type(err) is ValueError:  # ours, in words already ("split train: ...")
+        return str(err)
     return f"{type(err).__name__}: {err}"
 
 
@@ -487,7 +489,9 @@ def _split_info(name: str, info: dict) -> SplitInfo:
                 "file_bytes": tuple(info.get("file_bytes", ())),
             }
         )
-    except ValueError as err:
+    except KeyError as err:
+        raise ValueError(f"split {name}: no {err.args[0]!r} field") from None
+    except (ValueError, TypeError) as err:
         raise ValueError(f"split {name}: {err}") from None
 
 

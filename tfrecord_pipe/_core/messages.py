@@ -22,7 +22,7 @@ _GRAPH_ERROR = "Graph execution error:"
 # failed tf.debugging assertion wraps its message (`assertion failed: [...]`, quotes escaped).
 _TF_DATA_WHERE = re.compile(r"^Error in user-defined function passed to \S+ transformation "
                             r"with iterator: \S+: ")  # fmt: skip
-_ASSERTION = re.compile(r"^assertion failed: \[(.*)\]\s*$")
+_ASSERTION = re.compile(r"^assertion failed: \[(.*?)\](?: \[|\s*$)")  # its first item
 
 
 def one_line(error: BaseException | str) -> str:

@@ -54,6 +54,13 @@ def is_inside(path: str, parent: str) -> bool:
     )
 
 
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: as written, or with links followed (local paths)."""
+    if is_remote(a) or is_remote(b):
+        return folder(a) == folder(b)
+    return os.path.abspath(a) == os.path.abspath(b) or os.path.realpath(a) == os.path.realpath(b)
+
+
 def _below(path: str, parent: str) -> bool:
     path, parent = folder(path), folder(parent)
     return path == parent or path.startswith(parent.rstrip("/") + "/")

@@ -187,8 +187,9 @@ def _inspect(args) -> int:
         import tensorflow as tf
 
         if tf.io.gfile.exists(args.grid) and not inspection.is_contact_sheet(args.grid):
-            raise ValueError(f"--grid {args.grid}: a file of that name is there, and is no "
-                             "contact sheet of inspect's: give a new file name.")  # fmt: skip
+            raise ValueError(f"--grid {args.grid}: a file of that name is there that does not "
+                             "say inspect drew it (as sheets of 0.5.0 on do): give a new file "
+                             "name, or remove it.")  # fmt: skip
     if args.sample < 0:
         raise ValueError(f"--sample must be 0 (every record) or more, got {args.sample}")
     if args.grid_count < 1:
