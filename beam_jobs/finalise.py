@@ -94,6 +94,14 @@ def check_output(config: ConvertConfig, again: bool = False) -> manifest.Manifes
             "or another tool's), so --overwrite would leave them among the new shards. Move "
             "them, or write the dataset to another folder."
         )
+    if found and not config.overwrite and old is not None and any(
+        written(folder) for folder in _leftovers(out, folders)
+    ):  # killed after its manifest, a run told "run the same command again" met the line below
+        raise FileExistsError(
+            f"{out} already holds a dataset, written whole by a run that was stopped as it "
+            f"cleaned up ({naming.MANIFEST_NAME}, written last, is there): `tfrecord-pipe "
+            "verify SRC OUT` proves it. Pass --overwrite to convert again."
+        )
     if found and not config.overwrite:
         raise FileExistsError(
             f"{out} already holds a dataset (found {messages.some(found)}). "

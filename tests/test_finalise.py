@@ -244,6 +244,30 @@ def test_a_user_s_file_by_a_dataset_s_name_is_kept_and_a_stopped_finalise_s_repl
     assert (out / "notes.md").read_text() == "mine"
 
 
+def test_a_run_stopped_as_it_cleaned_up_left_a_whole_dataset_and_the_rerun_says_so(
+    tmp_path, monkeypatch
+):
+    # Killed after its manifest, the same command again was told only that OUT "already
+    # holds a dataset" (a reviewer): that one is whole, and verify proves it.
+    src = write_image_folder(tmp_path / "src", per_label=2)
+    out = tmp_path / "out"
+    clean_up = finalise._clean_up
+
+    def stopped(*_):
+        raise OSError("stopped")
+
+    monkeypatch.setattr(finalise, "_clean_up", stopped)
+    with pytest.raises(Exception, match="stopped"):
+        convert.run([str(src), str(out), *IN_PROCESS])
+    monkeypatch.setattr(finalise, "_clean_up", clean_up)
+    with pytest.raises(FileExistsError, match=r"already holds a dataset, written whole by a "
+                       r"run that was stopped as it cleaned up .* verify SRC OUT"):  # fmt: skip
+        convert.run([str(src), str(out), *IN_PROCESS])
+    assert run_cli("verify", src, out).returncode == 0
+    convert.run([str(src), str(out), "--overwrite", *IN_PROCESS])
+    assert not list(out.glob(f"{finalise.TEMP_PREFIX}*"))
+
+
 @pytest.mark.parametrize("signum, code, said", [
     (signal.SIGINT, 130, "interrupted"),
     (signal.SIGTERM, 143, "terminated (SIGTERM)"),  # a scheduler's stop: it ended saying nothing
