@@ -102,6 +102,18 @@ def test_inspect_check_finds_a_shard_of_its_size_and_count_holding_other_inputs(
     assert "MISMATCH: 1 holding other inputs than listed" in done.stdout
 
 
+def test_inspect_says_a_file_written_with_the_manifest_is_missing(converted_copy):
+    # Without labels.txt (or TensorFlow Datasets' metadata) --check said OK; verify did not.
+    _, out = converted_copy
+    assert run_cli("inspect", out, "--check").returncode == 0
+    for name in ("labels.txt", "features.json"):
+        (out / name).unlink()
+    done = run_cli("inspect", out, "--check")
+    assert done.returncode == 1
+    for name in ("labels.txt", "features.json"):
+        assert f"PROBLEM {out / name}: missing (it is written with the manifest)" in done.stdout
+
+
 def test_inspect_check_says_mismatch_for_a_missing_or_cut_shard_and_names_it(converted_copy):
     # Both printed "counts checked against the shards: OK" beside the PROBLEM lines, and a
     # missing shard's split was shown with its count and shard count less that shard's; the

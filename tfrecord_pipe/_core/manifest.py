@@ -535,6 +535,15 @@ def files_of(manifest: Manifest) -> list[tuple[str, str]]:
     ]
 
 
+def files_beside(manifest: Manifest) -> list[tuple[str, str]]:
+    """`files_of` that a dataset of `manifest` holds beside it: but the manifest itself, and
+    TensorFlow Datasets' metadata where the dataset was written before that was
+    (`knows_duplicates`)."""
+    older = not manifest.knows_duplicates
+    return [(name, text) for name, text in files_of(manifest)
+            if name != naming.MANIFEST_NAME and not (older and name in tfds_metadata.FILES)]  # fmt: skip
+
+
 def _repeated(labels: tuple[str, ...]) -> list[str]:
     """The labels listed more than once, sorted (in time linear in the list: 21,000 labels)."""
     return sorted(label for label, count in collections.Counter(labels).items() if count > 1)

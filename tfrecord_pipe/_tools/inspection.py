@@ -103,11 +103,15 @@ class DatasetSummary:
     rejected: dict[str, int]
     rejected_examples: tuple[dict, ...]
     file_format: str = naming.TFRECORD  # of the shards read
+    missing_files: tuple[str, ...] = ()  # written with the manifest (labels.txt, TFDS's)
 
     @property
     def problems(self) -> list[str]:
-        """Missing or unreadable shards, and shards that hold another count than listed."""
-        return [problem for split in self.splits for problem in split.problems] + [
+        """Missing or unreadable shards, shards that hold another count than listed, and
+        files written with the manifest that are missing."""
+        return [f"{path}: missing (it is written with the manifest)"
+                for path in self.missing_files] + [
+            problem for split in self.splits for problem in split.problems] + [
             f"{shard.path}: manifest lists {shard.listed} records, the shard holds {shard.counted}"
             for split in self.splits
             for shard in split.shards
@@ -143,13 +147,15 @@ def summarize(
         _split_summary(split, found, sample, check_counts, offset)
         for split in found.splits.values()
     )
-    rejected, examples = {}, ()
+    rejected, examples, missing = {}, (), ()
     if not found.is_pattern:
         rejected = dict(found.manifest.rejected_reasons)
         examples = tuple(_rejected_lines(paths.folder(path), limit=5))
-    return DatasetSummary(
-        path, found.is_pattern, found.manifest, splits, rejected, examples, found.file_format
-    )
+        described = [paths.join(paths.folder(path), name)
+                     for name, _ in manifest_lib.files_beside(found.manifest)]  # fmt: skip
+        missing = tuple(file for file in described if not tf.io.gfile.exists(file))
+    return DatasetSummary(path, found.is_pattern, found.manifest, splits, rejected, examples,
+                          found.file_format, missing)  # fmt: skip
 
 
 def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 
 from beam_jobs import finalise, record_reader, shard_plan, storage
-from tfrecord_pipe._core import manifest, messages, naming, paths, schema, tfds_metadata
+from tfrecord_pipe._core import manifest, messages, naming, paths, schema
 from tfrecord_pipe._core import rejection as rejection_lib
 from tfrecord_pipe._tools.verify_rules import (
     COUNT,
@@ -107,10 +107,7 @@ def source_config(source: str, dataset: str, found: manifest.Manifest):
 def check_descriptions(dataset: str, found: manifest.Manifest) -> list[str]:
     """labels.txt and TFDS's metadata must say what the manifest says (they are made from it)."""
     problems = []
-    older = not found.knows_duplicates  # written before TFDS metadata too
-    for name, text in manifest.files_of(found):
-        if name == naming.MANIFEST_NAME or (older and name in tfds_metadata.FILES):
-            continue
+    for name, text in manifest.files_beside(found):
         path = paths.join(dataset, name)
         try:
             if not storage.exists(path):
