@@ -87,7 +87,9 @@ def test_label_names_are_the_manifests(folder, tmp_path):
 
 @pytest.mark.parametrize(
     "make, message",
-    [(lambda tmp: str(tmp), "not a finished tfrecord-pipe dataset"),
+    [(lambda tmp: str(tmp), "is an empty folder: not a dataset. Convert images into it"),
+     (lambda tmp: (tmp / "train-00000-of-00001.tfrecord").touch() or str(tmp),
+      "not a finished tfrecord-pipe dataset"),
      (lambda tmp: f"{tmp}/train-*", "matched no files")],
 )  # fmt: skip
 def test_what_is_not_a_dataset_says_what_to_pass(tmp_path, make, message):

@@ -168,7 +168,9 @@ def test_inspect_says_a_shard_replaced_by_a_fifo_is_no_file_and_never_blocks(con
     "make_path, message",
     [
         (lambda tmp: tmp / "missing", "does not exist"),
-        (lambda tmp: tmp, "not a finished tfrecord-pipe dataset"),  # a folder without manifest
+        (lambda tmp: tmp, "is an empty folder: not a dataset"),  # it suggested tmp/train-*
+        (lambda tmp: (tmp / "train-00000-of-00001.tfrecord").touch() or tmp,
+         "not a finished tfrecord-pipe dataset"),  # a folder of shards without a manifest
         (lambda tmp: f"{tmp}/train-*", "matched no files"),
     ],
 )

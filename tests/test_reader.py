@@ -501,6 +501,7 @@ def test_wrong_inputs_get_errors_that_say_what_to_do(dataset, data_suffix, optio
 
 
 def test_a_folder_without_manifest_is_not_a_dataset(tmp_path):
+    (tmp_path / "train-00000-of-00001.tfrecord").touch()
     with pytest.raises(ValueError, match="not a finished tfrecord-pipe dataset"):
         reader.make_input_fn(str(tmp_path), is_training=True, batch_size=2)()
 

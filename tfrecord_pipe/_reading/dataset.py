@@ -194,7 +194,10 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
                 f"not finish left ({unfinished[0]}): run that conversion again (it clears what "
                 "was left and writes the dataset), then read it."
             )
-        if children and not any(kind == FILE and _record_file(name) for name, kind in children):
+        if not children:  # it suggested a pattern of shards it does not hold
+            raise ValueError(f"{path} is an empty folder: not a dataset. Convert images into "
+                             f"it first (tfrecord-pipe convert SRC {path}), and read that.")  # fmt: skip
+        if not any(kind == FILE and _record_file(name) for name, kind in children):
             raise ValueError(
                 f"{path} is a folder without {naming.MANIFEST_NAME} or shards: not a dataset. "
                 f"If it holds images, convert it first (tfrecord-pipe convert {path} OUT), and "

@@ -326,7 +326,8 @@ def _count_verdict(split: SplitSummary, listed: int | None) -> str:
               (split.replaced, "holding other inputs than listed")) if n]  # fmt: skip
     read = sum(shard.counted or 0 for shard in split.shards)
     of = f" of {listed} listed" if listed is not None else ""
-    return f"{'MISMATCH: ' + ', '.join(faults) if faults else 'OK'} ({read} records read{of})"
+    verdict = "MISMATCH: " + ", ".join(faults) if faults else "OK"
+    return f"{verdict} ({messages.counted(read, 'record')} read{of})"
 
 
 def render(summary: DatasetSummary) -> str:
