@@ -72,7 +72,8 @@ def check_output(config: ConvertConfig, again: bool = False) -> manifest.Manifes
         raise ValueError(f"{err}: the output must be a folder (a new one, or a dataset's).")
     old = read_manifest(out) if naming.MANIFEST_NAME in files else None
     # What a failed or killed finalise moved in is no dataset: the next run removes it.
-    moved = [_moved_in(out, folder) for folder in _leftovers(out, folders)]
+    leftovers = _leftovers(out, folders)
+    moved = [_moved_in(out, folder) for folder in leftovers]
     unfinished = {name for names in moved if names is not None for name in names}
     cannot_tell = None in moved  # a leftover that cannot be read may explain any file
     found = sorted(
@@ -95,7 +96,7 @@ def check_output(config: ConvertConfig, again: bool = False) -> manifest.Manifes
             "them, or write the dataset to another folder."
         )
     if found and not config.overwrite and old is not None and any(
-        written(folder) for folder in _leftovers(out, folders)
+        written(folder) for folder in leftovers
     ):  # killed after its manifest, a run told "run the same command again" met the line below
         raise FileExistsError(
             f"{out} already holds a dataset, written whole by a run that was stopped as it "

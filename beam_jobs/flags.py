@@ -120,7 +120,7 @@ def _as_given(parser: argparse.ArgumentParser, argv) -> list[str]:
     (`--validation-fraction`, as most tools spell them) in the spelling they are defined
     with, and switches given a value (`--compress=true`) as switches; Beam's flags, and
     everything after `--`, left as they are."""
-    ours = {flag for action in parser._actions for flag in action.option_strings}
+    ours = help_format.flags_of(parser)
     switches = {
         flag for action in parser._actions if isinstance(action, argparse._StoreTrueAction)
         for flag in action.option_strings
@@ -162,7 +162,7 @@ def as_flags(refusal: arguments.Invalid, parser: argparse.ArgumentParser) -> str
     """A refusal of ConvertConfig or ImagePolicy in a command line's words: each problem names
     its flag (`--max_side must be ...`) where its field has one, not the class the user never
     typed ("Invalid ImagePolicy: max_side must be ...")."""
-    ours = {flag for action in parser._actions for flag in action.option_strings}
+    ours = help_format.flags_of(parser)
     said = [f"--{problem}" if "--" + problem.split(" ", 1)[0] in ours else problem
             for problem in refusal.problems]  # fmt: skip
     return f"Invalid option{'s' if len(said) > 1 else ''}: " + "; ".join(said)
@@ -210,7 +210,7 @@ def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser,
     Beam itself only logs a warning and drops it: `--validaton_fraction 0.2` would write a
     dataset without the validation split.
     """
-    ours = {flag for action in parser._actions for flag in action.option_strings}
+    ours = help_format.flags_of(parser)
     given = [arg.split("=", 1)[0] for arg in beam_args]
     if not any(flag.startswith("-") and flag not in ours for flag in given):
         return  # nothing to look up in Beam's flags (which imports Beam)

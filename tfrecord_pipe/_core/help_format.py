@@ -36,7 +36,7 @@ class Parser(argparse.ArgumentParser):
             given = message.split(": ", 1)[1].split()[0].split("=", 1)[0]
             import difflib  # only for a mistake
 
-            close = difflib.get_close_matches(given.lower(), sorted(self._options()), n=1,
+            close = difflib.get_close_matches(given.lower(), sorted(flags_of(self)), n=1,
                                               cutoff=0.75)  # fmt: skip
             hint = f" Did you mean {close[0]}?" if close else ""
         commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
@@ -44,12 +44,13 @@ class Parser(argparse.ArgumentParser):
             f"`{self.prog} --help` lists the")  # fmt: skip
         self.exit(2, f"error: {message}.{hint} {listed} options.\n")
 
-    def _options(self) -> set[str]:
-        """Every option of this parser and of its commands' parsers."""
-        found = set()
-        for action in self._actions:
-            found.update(flag for flag in action.option_strings if flag.startswith("--"))
-            if isinstance(action, argparse._SubParsersAction):
-                for parser in action.choices.values():
-                    found |= parser._options() if isinstance(parser, Parser) else set()
-        return found
+
+def flags_of(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of `parser` and of its commands' parsers."""
+    found = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                found |= flags_of(command)
+    return found
