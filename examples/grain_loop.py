@@ -116,22 +116,22 @@ def main(argv=None) -> dict:
     if saved is not None:
         step, params, state = saved
         batches.set_state(state)
-        print(f"resumed at step {step}", flush=True)
+        jax_parallel.say(f"resumed at step {step}")
     params = parallel.replicate(params)
     while step < args.steps:
         params, value = mlp.train_step(params, *parallel.global_batch(*next(batches)))
         step += 1
         if step % args.save_every == 0 or step == args.steps:
             save(args.work_dir, step, params, batches.get_state())
-            print(f"step {step:4d}: loss {float(value):.3f} (saved)", flush=True)
+            jax_parallel.say(f"step {step:4d}: loss {float(value):.3f} (saved)")
 
     right = seen = 0
     for batch in evaluation:
         batch_right, batch_seen = mlp.correct(params, *parallel.global_batch(*batch))
         right, seen = right + int(batch_right), seen + int(batch_seen)
     digest = jax_parallel.digest(params)
-    print(f"validation accuracy {right / seen:.3f} on all {seen} images", flush=True)
-    print(f"parameters {digest}", flush=True)
+    jax_parallel.say(f"validation accuracy {right / seen:.3f} on all {seen} images")
+    jax_parallel.say(f"parameters {digest}")
     return {"accuracy": right / seen, "images": seen, "parameters": digest}
 
 

@@ -59,15 +59,15 @@ def main(argv=None) -> dict:
         params, value = train_step(params, *parallel.global_batch(*batch))
         losses.append(float(value))
         if step % 50 == 0 or step == args.steps - 1:
-            print(f"step {step:4d}: loss {np.mean(losses[-50:]):.3f}", flush=True)
+            jax_parallel.say(f"step {step:4d}: loss {np.mean(losses[-50:]):.3f}")
 
     right = seen = 0
     for batch in evaluation.as_numpy_iterator():  # the same number of batches on every host
         batch_right, batch_seen = correct(params, *parallel.global_batch(*batch))
         right, seen = right + int(batch_right), seen + int(batch_seen)
     parameters = jax_parallel.digest(params)
-    print(f"validation accuracy {right / seen:.3f} on all {seen} images; parameters "
-          f"{parameters}", flush=True)  # fmt: skip
+    jax_parallel.say(f"validation accuracy {right / seen:.3f} on all {seen} images; parameters "
+                     f"{parameters}")  # fmt: skip
     return {"losses": losses, "accuracy": right / seen, "images": seen, "parameters": parameters}
 
 

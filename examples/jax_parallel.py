@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import sys
 
 import jax
 import numpy as np
@@ -33,8 +34,17 @@ def start(args: argparse.Namespace) -> None:
             coordinator_address=args.coordinator, num_processes=args.num_processes,
             process_id=args.process_id,
         )  # fmt: skip
-    print(f"JAX on {jax.device_count()} device(s), host {jax.process_index()} of "
-          f"{jax.process_count()}", flush=True)  # fmt: skip
+    say(f"JAX on {jax.device_count()} device(s), host {jax.process_index()} of "
+        f"{jax.process_count()}")  # fmt: skip
+
+
+def say(line: str) -> None:
+    """Prints a line in one write. Gloo (JAX's collectives on CPU) writes its own lines to this
+    stdout from C++ a few bytes at a time, and under `python -u` print writes a line and its
+    newline apart: a Gloo "0" between them once made "resumed at step 5" read "...step 50".
+    """
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 class DataParallel:

@@ -13,6 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import jax  # noqa: E402
 
+from examples.jax_parallel import say  # noqa: E402  (whole lines: Gloo writes here too)
 from tfrecord_pipe import reader  # noqa: E402
 
 
@@ -21,7 +22,7 @@ def main(dataset_dir, address, process_id, process_count):
         coordinator_address=address, num_processes=process_count, process_id=process_id,
         initialization_timeout=120,
     )  # fmt: skip
-    print(f"host {jax.process_index()} of {jax.process_count()} on {jax.devices()}", flush=True)
+    say(f"host {jax.process_index()} of {jax.process_count()} on {jax.devices()}")
     options = {"image_size": 16, "dtype": "uint8", "batch_size": 4}
     evaluation = reader.make_input_fn(dataset_dir, is_training=False, **options)()
     labels, steps = [], 0
@@ -32,7 +33,7 @@ def main(dataset_dir, address, process_id, process_count):
     shapes = [list(images.shape) for images, _ in training.take(2).as_numpy_iterator()]
     result = {"host": jax.process_index(), "hosts": jax.process_count(), "labels": labels,
               "steps": steps, "train_shapes": shapes, "image_type": str(images.dtype)}  # fmt: skip
-    print("RESULT " + json.dumps(result), flush=True)
+    say("RESULT " + json.dumps(result))
     jax.distributed.shutdown()
 
 

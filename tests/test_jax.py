@@ -5,6 +5,7 @@ JAX runs in subprocesses only: importing it here would make every later test in 
 a "JAX program" to the reader (`hosts.jax_in_use`).
 """
 
+import io
 import json
 import os
 import pathlib
@@ -126,6 +127,29 @@ def test_tensorflow_already_on_the_accelerators_is_a_warning_that_says_what_to_d
     assert "before any TensorFlow op runs" in caplog.text
 
 
+def test_the_multi_host_examples_write_each_line_whole(monkeypatch):
+    # Gloo writes "[Gloo] Rank ", "0", ... to the same stdout from C++. Under `python -u` a
+    # print is two writes, and a "0" between them made one host's "resumed at step 5" read
+    # "resumed at step 50" (a CI run).
+    from examples import jax_parallel
+
+    class Writes(io.RawIOBase):
+        def __init__(self):
+            self.calls = []
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            self.calls.append(bytes(data))
+            return len(data)
+
+    raw = Writes()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, write_through=True))  # as `-u`
+    jax_parallel.say("resumed at step 5")
+    assert raw.calls == [b"resumed at step 5\n"]
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -207,7 +231,9 @@ def test_the_grain_example_on_two_hosts_trains_one_model_and_resumes_together(tm
     # wrote one checkpoint over each other's; then hosts killed between their saves resumed
     # at different steps (a second reviewer).
     # (jax_loop shares examples/jax_parallel.py; its hosts' shares are tested above.)
-    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    # Unbuffered, as under `python -u` (and on CI, whose environment sets it): print's line and
+    # its newline then go out apart, and Gloo's bytes once landed between them.
+    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "PYTHONUNBUFFERED": "1"}
     work = tmp_path / "work"
     grain_args = [str(tmp_path / "grain"), str(work), "--batch_size", "4", "--save_every", "5"]
     from beam_jobs import convert  # the Grain example reads ArrayRecord shards
@@ -229,7 +255,7 @@ def test_the_grain_example_on_two_hosts_trains_one_model_and_resumes_together(tm
             stdout, stderr = run.communicate(timeout=300)
             assert run.returncode == 0, (stdout + stderr)[-3000:]
             # Found, not split into lines: Gloo (JAX's CPU collectives) writes to the same
-            # stdout from C++, and its line once landed inside one of these.
+            # stdout from C++, a few bytes at a time, and may split its own lines around ours.
             said.append(re.findall(r"resumed at step \d+|validation accuracy [\d.]+ on all \d+ "
                                    r"images|parameters [0-9a-f]+", stdout))
         assert said[0] == said[1] and said[0], (example, said)  # one model, one score
