@@ -82,11 +82,13 @@ def test_a_preloaded_command_ends_by_its_signal_and_takes_its_child_with_it():
     # A run that kills itself (as resume_run.py does to be preempted) is seen killed.
     suicide = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     assert ran(preloaded_python("-c", suicide))[0] == -signal.SIGKILL
-    # A signal reaches the child: one it handles ends it as it chooses.
+    # A signal reaches the child: one it handles ends it as it chooses. (Short sleeps: a signal
+    # that came just before a long one began had its handler wait for its end, 1 run in 20.)
     handles = ("import os, signal, sys, time\n"
                "signal.signal(signal.SIGTERM, lambda *_: sys.exit(print('TERM handled')))\n"
                "print(os.getpid(), flush=True)\n"
-               "time.sleep(300)\n")  # fmt: skip
+               "while True:\n"
+               "    time.sleep(0.05)\n")  # fmt: skip
     command = subprocess.Popen(preloaded_python("-c", handles), stdout=subprocess.PIPE,
                                text=True)  # fmt: skip
     child = int(command.stdout.readline())
