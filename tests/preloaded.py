@@ -11,7 +11,10 @@ server kills the child when the command ends, SIGKILL included. What is not a fr
 process's: what a script sets before its imports (`os.environ["KERAS_BACKEND"] = "jax"`
 comes too late: Keras is loaded), the hash seed, the parent, process group, umask, limits and
 CPU affinity (the server's), and OpenBLAS's threads (one: numpy's import starts another, and
-a process with threads cannot safely fork).
+a process with threads cannot safely fork). And the interpreter's teardown is skipped (a
+CPU-second a command: freeing what TensorFlow's import made writes to nearly every page the
+child shares with the server): a command ends as Python ends it up to there (threads waited
+for, exit hooks run, streams flushed), then exits at once.
 
 A command runs in a new interpreter instead, as `python ARGS...`, when its environment differs
 from the server's in a variable read as Python or TensorFlow starts (_READ_AT_START), when it
@@ -27,6 +30,7 @@ import os
 import signal
 import socket
 import sys
+from typing import NoReturn
 
 # Prefixes of the variables read as Python, TensorFlow (its GCS filesystem's settings too),
 # Keras, JAX, OpenBLAS or glibc start. Not the GCS endpoint's and credentials' (the `gcs`
@@ -331,6 +335,46 @@ def _run(args) -> None:
         runpy.run_path(args[0], run_name="__main__")
 
 
+def _run_and_exit(args) -> NoReturn:
+    """Runs ARGS, then exits as Python would, without the teardown: Python's exit code, its
+    report of an uncaught error, its wait for threads, its exit hooks and its flush."""
+    import atexit
+    import threading
+    import traceback
+
+    interrupted = False
+    try:
+        _run(args)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException as error:  # KeyboardInterrupt too: Python then ends by SIGINT
+        sys.excepthook(type(error), error, error.__traceback__)
+        code, interrupted = 1, isinstance(error, KeyboardInterrupt)
+    threading._shutdown()  # what Python's exit does first: waits for non-daemon threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and not stream.closed:
+                stream.flush()
+        except Exception as error:  # as Python says it, and then it exits 120
+            code = 120
+            try:
+                sys.stderr.write(f"Exception ignored in: {stream!r}\n"
+                                 + "".join(traceback.format_exception_only(error)))  # fmt: skip
+            except Exception:
+                pass
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
 def _as_main(source, filename: str) -> None:
     """`source` run as the module `__main__` (of file `filename`, unless "<string>")."""
     main = type(sys)("__main__")
@@ -342,6 +386,6 @@ def _as_main(source, filename: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        _run(_serve(sys.argv[2])["args"])
+        _run_and_exit(_serve(sys.argv[2])["args"])
     else:  # --to NAME ARGS...
         _command(sys.argv[2], sys.argv[3:])

@@ -59,6 +59,30 @@ def test_a_preloaded_command_does_what_python_does_with_tensorflow_imported_befo
     assert fresh[2] == preloaded[2]
 
 
+BUFFERED = ("import io, sys; "
+            "sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, 'w', closefd=False)))")
+# How a command ends, each as Python ends it. The server's child skips Python's teardown (a
+# CPU-second each) and does the rest of its exit itself.
+ENDINGS = {
+    "a message": "import sys; sys.exit('no room left')",
+    "Ctrl-C": "raise KeyboardInterrupt",
+    "a thread": "import threading, time\n"
+                "threading.Thread(target=lambda: (time.sleep(0.3), print('late'))).start()",
+    "exit hooks": "import atexit; atexit.register(print, 'at exit'); print('first', end='')",
+    # (Not left to the environment: PYTHONUNBUFFERED may be set, as it is on our CI.)
+    "a buffered stdout": f"{BUFFERED}; print('flushed at exit')",
+    "a closed stdout": f"{BUFFERED}; print('lost'); import os; os.close(1); exit(3)",
+    "a large code": "raise SystemExit(257)",
+}  # fmt: skip
+
+
+@pytest.mark.slow  # the server imports TensorFlow
+@pytest.mark.parametrize("ending", ENDINGS.values(), ids=ENDINGS.keys())
+def test_a_preloaded_command_ends_as_python_does(ending):
+    fresh, preloaded = ran([sys.executable, "-c", ending]), ran(preloaded_python("-c", ending))
+    assert fresh == preloaded
+
+
 @pytest.mark.slow  # the server imports TensorFlow
 def test_a_command_needing_another_start_runs_a_new_python():
     # Keras reads its backend as TensorFlow imports it: the server's would be the wrong one.
