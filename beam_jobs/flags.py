@@ -211,7 +211,7 @@ def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser,
     dataset without the validation split.
     """
     ours = help_format.flags_of(parser)
-    given = [arg.split("=", 1)[0] for arg in beam_args]
+    given = [arg.split("=", 1)[0] for arg in beam_args if not _is_number(arg)]
     if not any(flag.startswith("-") and flag not in ours for flag in given):
         return  # nothing to look up in Beam's flags (which imports Beam)
     known = ours | _beam_flags()
@@ -228,6 +228,15 @@ def check_beam_flags(beam_args: list[str], parser: argparse.ArgumentParser,
             )
 
 
+def _is_number(word: str) -> bool:
+    """A value such as `-1`, never a flag's name (`--direct_num_workers -1`)."""
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 def stray_words(beam_args: list[str]) -> list[str]:
     """The words among Beam's flags that are no flag's value: a third path (a shell pattern
     that matched several folders, `convert data/* out`), a value whose flag was left out.
@@ -238,7 +247,7 @@ def stray_words(beam_args: list[str]) -> list[str]:
         return flag.startswith("-") and "=" not in flag and flag not in beam_switches()
 
     return [word for before, word in zip(["", *beam_args], beam_args)
-            if not word.startswith("-") and not takes_value(before)]  # fmt: skip
+            if (_is_number(word) or not word.startswith("-")) and not takes_value(before)]  # fmt: skip
 
 
 def _beam_flags() -> frozenset[str]:
@@ -315,7 +324,7 @@ def launch_of(beam_args: list[str]) -> Launch:
     imported.
 
     Raises:
-      ValueError: a runner that cannot run the job (`runs_here`).
+      ValueError: as `runs_here`.
     """
     if not beam_args:
         return Launch()
@@ -331,10 +340,15 @@ def runs_here(options: PipelineOptions) -> bool:
     """Whether the runner is Beam's local one (named as Beam accepts it, in any case).
 
     Raises:
-      ValueError: a runner that cannot run the job (UNSUPPORTED_RUNNERS), saying why.
+      ValueError: a runner that cannot run the job (UNSUPPORTED_RUNNERS), saying why; a
+        negative number of local workers.
     """
-    from apache_beam.options.pipeline_options import StandardOptions
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
+    workers = options.view_as(DirectOptions).direct_num_workers
+    if workers < 0:  # Beam's runner failed on it with an IndexError
+        raise ValueError(f"--direct_num_workers {workers}: give how many workers Beam's local "
+                         "runner runs (0: one per core).")  # fmt: skip
     runner = options.view_as(StandardOptions).runner
     name = (runner or "").rsplit(".", 1)[-1].lower()
     if name in UNSUPPORTED_RUNNERS:

@@ -267,6 +267,13 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
         run(src, tmp_path / "pets", "out")
     with pytest.raises(ValueError, match="Unexpected argument '0.2'"):  # its flag left out
         run(src, tmp_path / "out", "0.2")
+    # A negative value was taken for a flag ("Unknown flag -1"); as a value, Beam's runner
+    # failed on it with an IndexError.
+    for given in (["--direct_num_workers", "-1"], ["--direct_num_workers=-1"]):
+        with pytest.raises(ValueError, match=r"^--direct_num_workers -1: give how many workers"):
+            convert.run([str(src), str(tmp_path / "out"), *given])  # (not after IN_PROCESS's)
+    with pytest.raises(ValueError, match="Unexpected argument '-1'"):
+        run(src, tmp_path / "out", "-1")
     assert sorted(p.name for p in (tmp_path / "pets").iterdir()) == ["cat"]
     (tmp_path / "pets" / "cat").rmdir(), (tmp_path / "pets").rmdir()
     with pytest.raises(ValueError, match="is inside the input folder"):
