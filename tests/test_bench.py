@@ -103,6 +103,15 @@ def test_a_validation_split_without_records_is_benched_as_none_and_nan_seconds_r
     assert nan.returncode == 2 and "must be positive (and finite)" in nan.stderr
 
 
+def test_a_time_shorter_than_a_batch_still_times_one():
+    # `--seconds 1e-9` printed a table of zeros: no batch came within the time.
+    from tfrecord_pipe._tools import bench
+
+    batches = tf.data.Dataset.range(40).batch(2)
+    measured = bench.measure("train", batches, 1e-9, lambda batch: len(batch), show_progress=False)
+    assert measured.images == 2 and measured.images_per_s > 0
+
+
 def test_the_benchmark_suites_table_has_a_row_for_every_reader_pipeline():
     # `python -m benchmarks` ran every benchmark, then failed (KeyError: 'grain, train') and
     # wrote no table: the Grain rows had no target.

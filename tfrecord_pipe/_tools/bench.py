@@ -72,7 +72,8 @@ def measure(
     images_in: Callable[[tuple], int],
     show_progress: bool = True,
 ) -> Measurement:
-    """Iterates `dataset` for `seconds` after a warm-up; restarts it when it ends (evaluation).
+    """Iterates `dataset` for `seconds` (one element at least) after a warm-up; restarts it
+    when it ends (evaluation).
 
     Args:
       name: shown on the progress bar.
@@ -102,8 +103,11 @@ def measure(
     for _ in range(WARMUP_BATCHES):
         next_element()
     images, started = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - started) < seconds:
+    while True:  # one element at least: `--seconds 1e-9` gave a table of zeros
         images += images_in(next_element())
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            break
         if line:
             line.update(_progress_text(name, elapsed, seconds, images))
     if line:
@@ -114,7 +118,7 @@ def measure(
 def _progress_text(name: str, elapsed: float, seconds: float, images: int) -> str:
     return (
         f"  {name:8s} {progress.bar(elapsed / seconds)} {min(elapsed, seconds):5.1f}/"
-        f"{seconds:.0f} s {images / max(elapsed, 1e-9):7.0f} img/s"
+        f"{seconds:g} s {images / max(elapsed, 1e-9):7.0f} img/s"
     )
 
 
