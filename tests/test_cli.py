@@ -184,6 +184,9 @@ def test_a_second_ctrl_c_as_a_command_ends_lets_its_exit_hooks_finish(tmp_path):
     code = (
         "import atexit, os, pathlib, signal, time\n"
         "from tfrecord_pipe._core import program_exit\n"
+        # As Python sets it up when started from a shell: a parent that ignores SIGINT (a job
+        # run with `&`) has its children ignore it too, and the command then slept 30 s.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "def hook():\n"
         f"    pathlib.Path({str(ready)!r}).touch()\n"
         "    time.sleep(1.0)\n"
