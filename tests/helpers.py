@@ -37,6 +37,18 @@ IN_PROCESS = ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
 COMMAND = str(pathlib.Path(sys.executable).parent / "tfrecord-pipe")
 
 
+def open_under(folder) -> int:
+    """Files under `folder` this process holds open (other threads of a test worker open and
+    close files of their own meanwhile)."""
+    held = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held += os.readlink(f"/proc/self/fd/{fd}").startswith(f"{folder}{os.sep}")
+        except OSError:  # closed meanwhile
+            pass
+    return held
+
+
 def set_up_then(setup: str, command: list[str]) -> list[str]:
     """A command line that runs `setup` (Python, with os, resource and signal imported) in a
     fresh Python process, which then becomes `command` (exec): what `preexec_fn` does, without

@@ -17,7 +17,8 @@ from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import split_by_hash
 from tfrecord_pipe._core import images, naming, schema
 
-from helpers import COLOURS, IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways, write_image_folder
+from helpers import (COLOURS, IN_PROCESS, jpeg_bytes, open_under, run_cli, verified_both_ways,
+                     write_image_folder)
 
 
 def convert_(*argv):
@@ -457,18 +458,6 @@ def test_reading_ahead_passes_over_what_cannot_be_read_without_waiting(tmp_path)
             pass  # none read: each closed at the end
         assert _outcome(ahead.read, str(tmp_path / "ok.jpg")) == b"x" * 10  # after: afresh
     assert open_under(tmp_path) == open_before
-
-
-def open_under(folder) -> int:
-    """Files under `folder` this process holds open (other threads of a test worker open and
-    close files of their own meanwhile)."""
-    held = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            held += os.readlink(f"/proc/self/fd/{fd}").startswith(f"{folder}{os.sep}")
-        except OSError:  # closed meanwhile
-            pass
-    return held
 
 
 def test_files_read_ahead_are_each_read_once_from_many_threads(tmp_path):

@@ -5,7 +5,6 @@ end with the same bytes (Dataflow retries failed bundles and may run a slow one 
 import errno
 import hashlib
 import logging
-import os
 import pathlib
 import shutil
 import subprocess
@@ -33,7 +32,7 @@ from beam_jobs import (
 from beam_jobs.config import ConvertConfig
 from tfrecord_pipe._core import array_records, images, naming
 
-from helpers import IN_PROCESS, run_cli, write_image_folder
+from helpers import IN_PROCESS, open_under, run_cli, write_image_folder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ODD = ("truncated_jpeg.jpg", "hopper.png")
@@ -218,13 +217,13 @@ def test_writing_a_shard_twice_or_after_a_failed_try_gives_the_same_files(tmp_pa
         return real_read(entry, policy, label_offset, **how)
 
     monkeypatch.setattr(load, "read_record", fails_once)
-    open_before = len(os.listdir("/proc/self/fd"))
+    open_before = open_under(tmp_path)
     with pytest.raises(OSError, match="connection reset") as failed:
         list(writer.process(element, plans))
     assert not any(shard.exists() for shard in shards)
     # The sources it had opened ahead are closed, while its error is still held (by a
     # retrying runner, say).
-    assert len(os.listdir("/proc/self/fd")) == open_before and failed.value
+    assert open_under(tmp_path) == open_before and failed.value
     retried = list(writer.process(element, plans))
     assert [shard.read_bytes() for shard in shards] == first and retried == infos
     writer.teardown()
@@ -241,10 +240,10 @@ def test_a_shard_whose_write_fails_closes_the_sources_it_read_ahead(tmp_path, mo
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(record_writer.RecordWriter, "write", disk_full)
-    open_before = len(os.listdir("/proc/self/fd"))
+    open_before = open_under(tmp_path)
     with pytest.raises(OSError, match="No space left") as failed:
         shard_writer.write_shard(entries, "train", 0, 1, str(tmp_path / "temp"), config, None)
-    assert len(os.listdir("/proc/self/fd")) == open_before and failed.value
+    assert open_under(tmp_path) == open_before and failed.value
 
 
 def cli_without(modules: str, *commands: list[str]) -> subprocess.CompletedProcess:
