@@ -97,10 +97,22 @@ _CONTROL_PATH = "/_test/faults"
 
 
 def free_port() -> int:
-    """An unused TCP port on 127.0.0.1 (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, for a process started next to bind, that no other
+    process is given meanwhile. Not one the OS picks (bind to port 0): the OS hands that one
+    out again to the next process that binds port 0 (another worker's proxy, Gloo, a tf.data
+    service) as soon as it is released. So one below the range the OS picks from."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        lowest_picked = int(ports.read().split()[0])
+    draw = random.Random()  # (not the tests' seeded generator)
+    for _ in range(100):
+        port = draw.randrange(10_000, max(lowest_picked, 10_001))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use: another
+                continue
+        return port
+    raise RuntimeError(f"no free TCP port found between 10000 and {lowest_picked}")
 
 
 def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float = 30.0) -> None:

@@ -10,7 +10,6 @@ import json
 import os
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 
@@ -22,6 +21,7 @@ from tfrecord_pipe import reader
 from tfrecord_pipe._reading import hosts
 
 from dataset_factory import write_dataset
+from local_gcs import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", TF_CPP_MIN_LOG_LEVEL="2")
@@ -148,12 +148,6 @@ def test_the_multi_host_examples_write_each_line_whole(monkeypatch):
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, write_through=True))  # as `-u`
     jax_parallel.say("resumed at step 5")
     assert raw.calls == [b"resumed at step 5\n"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.slow  # a fresh process

@@ -128,3 +128,17 @@ def test_a_dead_emulator_fails_loudly(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="exited with code"):
         with local_gcs.LocalGcs(tmp_path):
             pass
+
+
+def test_a_port_for_a_server_to_bind_is_never_one_the_os_hands_out_meanwhile():
+    # A port picked by binding port 0 and released went to the next process binding port 0
+    # (another worker's proxy, Gloo, a tf.data service) before the emulator or JAX's
+    # coordinator, started next, could bind it.
+    import socket
+
+    lowest = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = local_gcs.free_port()
+        assert 10_000 <= port < lowest
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free
