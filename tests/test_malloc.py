@@ -1,5 +1,6 @@
 """Large freed buffers go back to the system, so a worker's memory does not creep up per image."""
 
+import os
 import subprocess
 import sys
 
@@ -30,8 +31,12 @@ print(rss_mib() - start)
 
 
 def held_mib(mode: str) -> int:
+    # glibc's defaults: a machine's own tuning (MALLOC_MMAP_THRESHOLD_=...) would hold "default"
+    # to other thresholds.
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("MALLOC_", "GLIBC_TUNABLES"))}  # fmt: skip
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True
+        [sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True, env=env
     )
     return int(result.stdout.strip())
 
