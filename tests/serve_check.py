@@ -31,3 +31,7 @@ def main(export_dir, *files):
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    # Without Python's teardown of what TensorFlow made (a CPU-second in each run of the
+    # suite's): everything is written and closed by now.
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(0)
