@@ -41,6 +41,8 @@ def scheme_problem(path: str, what: str) -> str | None:
     """Why no filesystem here reads the URL `path` (`what` names it in the message), or None
     for a local path or one Beam has a filesystem for (gs://; s3:// and others where their
     packages are installed). Beam's own error names a pip extra that does not help."""
+    if meant := paths.mistyped_url(path):
+        return paths.mistyped_said(what, path, meant)
     if not paths.is_remote(path):
         return None
     scheme = path.partition("://")[0].lower()

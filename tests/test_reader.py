@@ -697,3 +697,13 @@ def test_a_folder_with_brackets_in_its_name_is_read_as_named(tmp_path):
     for data in (str(tmp_path / "set[1]"), f"{tmp_path}/set[1]/validation-*"):
         ds = reader.make_input_fn(data, is_training=False, image_size=SIZE, batch_size=2)()
         assert real_labels(batches(ds)) == [0, 0], data
+
+
+def test_a_dataset_path_from_the_home_folder_is_read_as_the_shell_would(tmp_path, monkeypatch):
+    # "~/data" read "matched no files": only a shell expands ~.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_dataset(str(tmp_path / "ds"), {"train": [[0, 1]]})
+    input_fn = reader.make_input_fn("~/ds/", split="train", is_training=False, image_size=8,
+                                    batch_size=2)  # fmt: skip
+    assert input_fn.config.data == f"{tmp_path}/ds/"
+    assert next(iter(input_fn()))[1].numpy().tolist() == [0, 1]

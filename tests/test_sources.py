@@ -706,6 +706,32 @@ def test_a_url_no_filesystem_here_reads_is_refused_saying_what_to_give(tmp_path)
     assert ran.returncode == 2 and f"'file://{tmp_path}' is a file:// URL" in ran.stderr
 
 
+def test_a_mistyped_url_is_refused_naming_the_url_meant_not_taken_for_a_folder(tmp_path):
+    # `convert imgs gs:/bucket/x` wrote the dataset into ./gs:/bucket/x and said "Converted
+    # into gs:/bucket/x", exit 0; the reader said only that gs:/bucket/ds matched no files.
+    from beam_jobs import finalise
+    from tfrecord_pipe import grain, reader
+
+    src = write_image_folder(tmp_path / "src", per_label=1)
+    for typed, meant in (("gs:/bucket/x", "gs://bucket/x"), ("gs:bucket/x", "gs://bucket/x"),
+                         ("gs//bucket/x", "gs://bucket/x"), ("S3:/b/x", "s3://b/x")):  # fmt: skip
+        said = f"OUT '{typed}' is not a URL \\(did you mean {meant}\\?\\)"
+        with pytest.raises(ValueError, match=said):
+            finalise.check_output(ConvertConfig(source=str(src), output=typed))
+    with pytest.raises(ValueError, match=r"SRC 'gs:/b/imgs' is not a URL \(did you mean gs://b/"):
+        resolved("gs:/b/imgs")
+    for tool in ("inspect", "bench"):
+        ran = run_cli(tool, "gs:/b/ds")
+        assert ran.returncode == 2 and "did you mean gs://b/ds?" in ran.stderr, ran.stderr
+    ran = run_cli("verify", src, "gs:/b/ds")
+    assert ran.returncode == 2 and "did you mean gs://b/ds?" in ran.stderr, ran.stderr
+    with pytest.raises(ValueError, match="'gs:/b/ds/' is not a URL \\(did you mean gs://b/ds/"):
+        reader.make_input_fn("gs:/b/ds/", is_training=False, image_size=8, batch_size=2)
+    with pytest.raises(ValueError, match="'gs:/b/ds' is not a URL"):
+        grain.make_dataset("gs:/b/ds", is_training=False, image_size=8, batch_size=2)
+    assert not os.path.exists("gs:")  # nothing written where the test runs
+
+
 def test_split_named_folders_holding_images_themselves_are_told_to_be_listed(tmp_path):
     # Kaggle's dogs-vs-cats: train/cat.0.jpg beside test1/. The error offered --layout
     # labels, which made "train" and "test1" the classes, with verify passing.

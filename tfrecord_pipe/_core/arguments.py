@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 
+from tfrecord_pipe._core import paths as _paths
+
 _BOOLS = (bool, np.bool_)
 
 
@@ -38,11 +40,16 @@ def text(name: str, value, optional: bool = False) -> str | None:
 
 
 def path(name: str, value) -> str:
-    """A path: a str or an os.PathLike (`pathlib.Path`), as a str."""
+    """A path: a str or an os.PathLike (`pathlib.Path`), as a str, with `~` expanded (the
+    shell expands it on a command line; `"~/data"` read "matched no files"). A mistyped URL
+    (`gs:/bucket/x`) is refused."""
     if isinstance(value, os.PathLike):
         value = os.fspath(value)  # (a PathLike of bytes gives bytes: refused)
-    return _typed(name, value, False, isinstance(value, str), "a path (a str or a pathlib.Path)",
-                  str)  # fmt: skip
+    value = _typed(name, value, False, isinstance(value, str), "a path (a str or a pathlib.Path)",
+                   str)  # fmt: skip
+    if meant := _paths.mistyped_url(value):
+        raise ValueError(_paths.mistyped_said(name, value, meant))
+    return os.path.expanduser(value) if value.startswith("~") else value
 
 
 def _typed(name: str, value, optional: bool, right: bool, wanted: str, stored: type):

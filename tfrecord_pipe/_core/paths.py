@@ -14,6 +14,26 @@ import re
 _SCHEME = re.compile(r"^[a-zA-Z][-+.a-zA-Z0-9]*://")  # the pattern Beam's FileSystems uses
 
 
+# A scheme this tool reads, mistyped: `gs:/bucket/x`, `gs:bucket/x` and `gs//bucket/x` are
+# local paths (a folder named "gs:" or "gs"), and a conversion wrote its dataset there.
+_MISTYPED = re.compile(r"^(gs|s3|gcs|hdfs|https?|file):(?!//)/?|^(gs|s3)//", re.IGNORECASE)
+
+
+def mistyped_url(path: str) -> str | None:
+    """The URL `path` was meant to be, where it begins with a mistyped scheme (`gs:/b/x`,
+    `gs:b/x`, `gs//b/x`); None otherwise."""
+    typo = _MISTYPED.match(path)
+    if typo is None:
+        return None
+    return f"{(typo.group(1) or typo.group(2)).lower()}://{path[typo.end():].lstrip('/')}"
+
+
+def mistyped_said(what: str, path: str, meant: str) -> str:
+    """The refusal of a path with a mistyped scheme (`mistyped_url`)."""
+    return (f"{what} {path!r} is not a URL (did you mean {meant}?): as given it is a local "
+            f"path, under a folder named {path.split('/')[0]!r}.")  # fmt: skip
+
+
 def is_remote(path: str) -> bool:
     """Whether `path` names a filesystem by scheme (gs://bucket/x) rather than local disk."""
     return bool(_SCHEME.match(path))

@@ -224,6 +224,8 @@ def _check_writable_png(path: str) -> None:
 
 def _require_path(path: str) -> None:
     """A clear error for a path that does not exist (patterns are checked by what they match)."""
+    if meant := paths.mistyped_url(path):  # (`gs:/b/x`: a local folder named "gs:")
+        raise ValueError(paths.mistyped_said("The path", path, meant))
     import tensorflow as tf
 
     if any(char in path for char in "*?["):
@@ -250,10 +252,10 @@ def _require_path_without_tensorflow(path: str) -> None:
     (some 700 MB a process)."""
     from beam_jobs import storage
 
-    if any(char in path for char in "*?["):
-        return
     if problem := storage.scheme_problem(path, "The path"):
         raise ValueError(problem)
+    if any(char in path for char in "*?["):
+        return
     try:
         there = os.path.exists(path) if not paths.is_remote(path) else (
             storage.exists(path) or any(storage.children(path)))  # fmt: skip
