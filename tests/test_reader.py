@@ -418,9 +418,12 @@ def test_a_shard_holding_records_past_its_count_stops_evaluation_naming_it(tmp_p
             writer.write(record)
     ds = reader.make_input_fn(str(folder), is_training=False, image_size=SIZE,
                               batch_size=batch_size)()  # fmt: skip
+    # Not "truncated": a file with more records is most likely a dataset converted again
+    # while it was read (a helper's trial: `convert --overwrite` beside a reader).
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"validation-00000-of-00002\.tfrecord: read 4 records, the manifest "
-                             "lists 3"):  # fmt: skip
+                       match=r"with more records than listed .*validation-00000-of-00002\.tfrecord: "
+                             r"read 4 records, the manifest lists 3 \(another file by its name, "
+                             "or the dataset converted again"):  # fmt: skip
         batches(ds)
     # skip_corrupt keeps the records listed, and says so once.
     ds = reader.make_input_fn(str(folder), is_training=False, image_size=SIZE,

@@ -135,14 +135,18 @@ def _miscounted(filename, seen, expected, is_end, skip_corrupt):
     with skip_corrupt): an error unless the count is the manifest's; with skip_corrupt, one
     warning, at the first record past the count or at the end of a short file."""
     complete = tf.logical_and(is_end, tf.equal(seen, expected))
+    more = seen > expected  # not a cut file: read while a conversion replaced the dataset?
     problem = tf.strings.join(
         [
-            "Corrupt or truncated TFRecord file ",
+            tf.where(more, "TFRecord file with more records than listed ",
+                     "Corrupt or truncated TFRecord file "),
             filename,
             ": read ",
             tf.strings.as_string(seen),
             " records, the manifest lists ",
             tf.strings.as_string(expected),
+            tf.where(more, " (another file by its name, or the dataset converted again while "
+                           "it was read: read it again once the conversion is done)", ""),
         ]
     )
     if skip_corrupt:
