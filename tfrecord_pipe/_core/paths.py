@@ -16,7 +16,7 @@ _SCHEME = re.compile(r"^[a-zA-Z][-+.a-zA-Z0-9]*://")  # the pattern Beam's FileS
 
 # A scheme this tool reads, mistyped: `gs:/bucket/x`, `gs:bucket/x` and `gs//bucket/x` are
 # local paths (a folder named "gs:" or "gs"), and a conversion wrote its dataset there.
-_MISTYPED = re.compile(r"^(gs|s3|gcs|hdfs|https?|file):(?!//)/?|^(gs|s3)//", re.IGNORECASE)
+_MISTYPED = re.compile(r"^(gs|s3|gcs|hdfs|https?):(?!//)/?|^(gs|s3)//", re.IGNORECASE)
 
 
 def mistyped_url(path: str) -> str | None:
