@@ -1187,3 +1187,38 @@ def test_hosts_sharing_one_backup_folder_each_resume(folder, tmp_path):
                                          r"holds tfrecord_pipe_position.host-00000-of-00002"
                                          r".json.*another number of hosts"):  # fmt: skip
         restored(0, 1)
+
+
+@pytest.mark.slow  # Keras fit, three times
+def test_two_runs_writing_one_backup_folder_stop_and_leave_it_unresumable(folder, tmp_path):
+    # A helper's trial: run B started 1.5 s after run A, in A's backup folder, and both
+    # trained; resumed, B took A's weights and A's steps as its own, without a word.
+    from tfrecord_pipe import distribute
+
+    train_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4, seed=3)
+
+    def started():
+        model = small_model()
+        backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=1,
+                                                     delete_checkpoint=False)  # fmt: skip
+        resume = distribute.FitResume(backup, steps_per_epoch=3)
+        return model, [backup, resume], resume.restore(model, train_fn)
+
+    first, second = started(), started()  # the second's record replaces the first's
+    # Each stops at its first save. (The second's fit began from the first's save: Keras's
+    # restore at fit's start, which is how the saves mix.)
+    for (model, callbacks, data), said, steps in (
+        (first, r"\S+ pid \d+ replaced this run's record", 1),
+        (second, r"the other found the two runs' saves mixed \(the runs of ", 2),
+    ):  # fmt: skip
+        with pytest.raises(RuntimeError, match=f"Another run writes the backup in .*: {said}"):
+            model.fit(data, epochs=2, steps_per_epoch=3, verbose=0, callbacks=callbacks)
+        assert int(model.optimizer.iterations.numpy()) == steps
+    with pytest.raises(ValueError, match="Two runs wrote the backup in .* at once"):
+        started()
+    # One run at a time in the folder, each after the other ended, resumes as ever.
+    shutil.rmtree(tmp_path / "backup")
+    model, callbacks, data = started()
+    model.fit(data, epochs=1, steps_per_epoch=3, verbose=0, callbacks=callbacks)
+    model, callbacks, data = started()
+    assert callbacks[1].restored_steps == 3

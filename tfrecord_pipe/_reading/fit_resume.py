@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import uuid
 
 import tensorflow as tf
@@ -33,6 +34,9 @@ from tfrecord_pipe._reading import distribute, epochs, held_term, seeded
 log = logging.getLogger(__name__)
 
 FACTS_NAME = "tfrecord_pipe_position.json"  # in the backup's folder: what its steps mean
+# Kept in that file beside the settings, never compared: which run writes the backup, or that
+# two did (`_still_ours`).
+_RUN, _BY, _CONFLICT = "run", "written_by", "conflict"
 
 
 def facts_name(context) -> str:
@@ -92,6 +96,8 @@ class FitResume(tf.keras.callbacks.Callback):
         self._restored_into = None
         self._first_epoch: int | None = None  # the epoch fit must start at; checked once
         self._left_in_epoch = 0  # steps of the interrupted epoch still to run, then its end
+        self._facts_path: str | None = None  # this run's record, with its id
+        self._run = self._by = ""
 
     def restore(self, model, input_fn, strategy: tf.distribute.Strategy | None = None):
         """Restores `model` from the backup (nothing happens on a first run) and returns the
@@ -166,6 +172,12 @@ class FitResume(tf.keras.callbacks.Callback):
                         f"{path}, which says what the backup's steps mean, is damaged ({err}): "
                         f"the backup cannot be resumed safely. {start_afresh}"
                     ) from None
+        if self.restored_steps and isinstance(saved, dict) and saved.get(_CONFLICT):
+            raise ValueError(
+                f"Two runs wrote the backup in {folder} at once ({saved[_CONFLICT]}): its "
+                f"weights and steps may be either's, so it cannot be resumed safely. "
+                f"{start_afresh} Give each run a backup folder of its own."
+            )
         if self.restored_steps and not isinstance(saved, dict):
             stem, suffix = os.path.splitext(FACTS_NAME)
             others = sorted(other for other in tf.io.gfile.listdir(folder)
@@ -184,19 +196,43 @@ class FitResume(tf.keras.callbacks.Callback):
                 f"mean: {name} is missing ({why}), so its position may mean other batches. "
                 f"{start_afresh}"
             )
-        said = epochs.differences(saved or {}, facts)
+        settings = {k: v for k, v in (saved or {}).items() if k not in (_RUN, _BY, _CONFLICT)}
+        said = epochs.differences(settings, facts)
         if self.restored_steps and said:
             raise ValueError(
                 epochs.other_records(f"The backup in {self.backup.backup_dir}", said)
                 + " (or delete that folder to train from the start)"
             )
-        tf.io.gfile.makedirs(folder)
-        # A kill while it is written leaves the file as it was; hosts sharing the folder
-        # each write a part of their own, into a file of their own.
-        part = f"{path}.part-{uuid.uuid4().hex[:12]}"
-        with tf.io.gfile.GFile(part, "w") as f:
-            f.write(json.dumps(facts, sort_keys=True))
-        tf.io.gfile.rename(part, path, overwrite=True)
+        self._run, self._by = uuid.uuid4().hex, f"{socket.gethostname()} pid {os.getpid()}"
+        self._facts_path = path
+        _write_whole(path, {**facts, _RUN: self._run, _BY: self._by})
+
+    def _still_ours(self) -> None:
+        """After a save: the backup's record still names this run. Another run started in
+        the same folder writes its own record, and the two runs' saves then mix: resumed, a
+        run took the other's weights and steps as its own (a helper's trial). Both runs stop
+        at their next save, and the backup is marked so that no run resumes from it."""
+        path = self._facts_path
+        try:
+            with tf.io.gfile.GFile(path) as f:
+                now = json.loads(f.read())
+        except (tf.errors.OpError, ValueError):
+            now = None
+        if isinstance(now, dict) and now.get(_RUN) == self._run:
+            return
+        now = now if isinstance(now, dict) else {}
+        if now.get(_CONFLICT):
+            said = f"the other found the two runs' saves mixed ({now[_CONFLICT]})"
+        else:
+            said = f"{now.get(_BY, 'another run')} replaced this run's record of it"
+            mixed = f"the runs of {self._by} and {now.get(_BY, 'another')}"
+            _write_whole(path, {_CONFLICT: mixed})
+        self._let_go()
+        raise RuntimeError(
+            f"Another run writes the backup in {self.backup.backup_dir}: {said}. This run "
+            "stops, and no run will resume from that backup: give each run a backup folder "
+            "of its own, and delete this one."
+        )
 
     def on_train_begin(self, logs=None):
         if self._restored_into is None or self.model is not self._restored_into:
@@ -295,6 +331,8 @@ class FitResume(tf.keras.callbacks.Callback):
         self._end_if_asked(save=True)
 
     def on_train_batch_end(self, batch, logs=None):
+        if _saved_at_the_last_step(self.backup):
+            self._still_ours()
         if self._left_in_epoch and batch + 1 >= self._left_in_epoch:
             # The interrupted epoch's last step: end it here, as the first run did. A stop
             # another callback asks for (now or at the epoch's end) stays asked for.
@@ -306,6 +344,8 @@ class FitResume(tf.keras.callbacks.Callback):
         self._end_if_asked(save=False)
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.backup.save_freq == "epoch":
+            self._still_ours()
         if self.model.stop_training is _CUT:
             self.model.stop_training = False  # only the epoch ended; training goes on
         self._let_go()
@@ -316,6 +356,16 @@ class FitResume(tf.keras.callbacks.Callback):
 
 _ENDS_UNSAVED = ("SIGTERM as an epoch ends: ending without a save (a save there would skip "
                  "the epoch's end on the restart, which goes on from the last backup)")  # fmt: skip
+
+
+def _write_whole(path: str, record: dict) -> None:
+    """`record` as the JSON file `path`, replaced whole: a kill while it is written leaves the
+    file as it was (hosts sharing the folder each write a part of their own)."""
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    part = f"{path}.part-{uuid.uuid4().hex[:12]}"
+    with tf.io.gfile.GFile(part, "w") as f:
+        f.write(json.dumps(record, sort_keys=True))
+    tf.io.gfile.rename(part, path, overwrite=True)
 
 
 def _saved_at_the_last_step(backup) -> bool:
