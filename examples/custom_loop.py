@@ -164,4 +164,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from examples import command
+
+    command.run(main)

@@ -136,4 +136,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from examples import command
+
+    command.run(main)

@@ -72,4 +72,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from examples import command
+
+    command.run(main)

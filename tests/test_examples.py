@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from preloaded import python as preloaded_python
 from tfrecord_pipe._reading import tensorflow_start
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -43,3 +44,16 @@ def test_the_demo_converts_trains_evaluates_exports_and_predicts_and_survives_a_
     assert not noise, done.stderr
     assert (tmp_path / "demo" / "export" / "saved_model.pb").exists()
     assert not (tmp_path / "demo" / "backup").exists(), "a finished run leaves no backup"
+
+
+@pytest.mark.slow  # processes that load TensorFlow or JAX
+@pytest.mark.parametrize("example", ["custom_loop", "grain_loop", "jax_loop"])
+def test_an_example_given_a_folder_that_is_no_dataset_says_so_in_one_line(example, tmp_path):
+    # A user's mistake (a changed --batch_size on resume, the images' folder for the
+    # dataset) ended in a traceback above the library's one-line refusal (a helper's trial).
+    work = [str(tmp_path / "work")] if example == "grain_loop" else []
+    done = subprocess.run(preloaded_python("-m", f"examples.{example}", str(tmp_path), *work),
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1].startswith(f"error: {tmp_path}"), done.stderr[-2000:]
