@@ -1190,7 +1190,9 @@ def test_hosts_sharing_one_backup_folder_each_resume(folder, tmp_path):
 
 
 @pytest.mark.slow  # Keras fit, three times
-def test_two_runs_writing_one_backup_folder_stop_and_leave_it_unresumable(folder, tmp_path):
+def test_two_runs_writing_one_backup_folder_stop_and_leave_it_unresumable(
+    folder, tmp_path, monkeypatch
+):
     # A helper's trial: run B started 1.5 s after run A, in A's backup folder, and both
     # trained; resumed, B took A's weights and A's steps as its own, without a word.
     from tfrecord_pipe import distribute
@@ -1216,9 +1218,16 @@ def test_two_runs_writing_one_backup_folder_stop_and_leave_it_unresumable(folder
         assert int(model.optimizer.iterations.numpy()) == steps
     with pytest.raises(ValueError, match="Two runs wrote the backup in .* at once"):
         started()
-    # One run at a time in the folder, each after the other ended, resumes as ever.
+    # One run at a time in the folder, each after the other ended, resumes as ever; a
+    # storage that fails the check is no sign of another run.
     shutil.rmtree(tmp_path / "backup")
     model, callbacks, data = started()
-    model.fit(data, epochs=1, steps_per_epoch=3, verbose=0, callbacks=callbacks)
+
+    def storage_fails(path):
+        raise tf.errors.UnavailableError(None, None, "503 from the bucket")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fit_resume, "_read_record", storage_fails)
+        model.fit(data, epochs=1, steps_per_epoch=3, verbose=0, callbacks=callbacks)
     model, callbacks, data = started()
     assert callbacks[1].restored_steps == 3

@@ -214,10 +214,13 @@ class FitResume(tf.keras.callbacks.Callback):
         at their next save, and the backup is marked so that no run resumes from it."""
         path = self._facts_path
         try:
-            with tf.io.gfile.GFile(path) as f:
-                now = json.loads(f.read())
-        except (tf.errors.OpError, ValueError):
+            now = _read_record(path)
+        except (tf.errors.NotFoundError, ValueError):  # removed, or not ours (written whole)
             now = None
+        except tf.errors.OpError as err:  # the storage failed: no sign of another run
+            log.warning("Could not read %s to check that no other run writes the backup (%s); "
+                        "checked again at the next save.", path, err.message)  # fmt: skip
+            return
         if isinstance(now, dict) and now.get(_RUN) == self._run:
             return
         now = now if isinstance(now, dict) else {}
@@ -356,6 +359,12 @@ class FitResume(tf.keras.callbacks.Callback):
 
 _ENDS_UNSAVED = ("SIGTERM as an epoch ends: ending without a save (a save there would skip "
                  "the epoch's end on the restart, which goes on from the last backup)")  # fmt: skip
+
+
+def _read_record(path: str):
+    """The JSON file `path`, read."""
+    with tf.io.gfile.GFile(path) as f:
+        return json.loads(f.read())
 
 
 def _write_whole(path: str, record: dict) -> None:
