@@ -3,6 +3,7 @@ array-record packages: the tf.data reader's semantics (every record once per epo
 and exact, resumable, padded evaluation, this host's share) and its evaluation pixels."""
 
 import json
+import logging
 import os
 import pathlib
 import re
@@ -285,6 +286,17 @@ def test_a_number_of_epochs_ends_every_host_at_the_same_step(both):
     next(batches)
     with pytest.raises(ValueError, match="num_epochs: saved 1, here 3"):
         iter(train(both, num_epochs=3)).set_state(batches.get_state())
+
+
+def test_a_global_batch_larger_than_the_split_is_warned_of(both, caplog):
+    count = grain.find_split(str(both), "train").num_examples
+    said = "every global batch holds some records more than once"
+    with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._grain.pipeline"):
+        train(both, batch_size=count // 2, host_index=0, host_count=2)
+        assert said not in caplog.text
+        train(both, batch_size=count // 2 + 1, host_index=1, host_count=2)
+    assert f"Training global batches of {2 * (count // 2 + 1)} ({count // 2 + 1} a host x 2)" in caplog.text
+    assert said in caplog.text
 
 
 def test_what_the_grain_path_cannot_read_is_refused_with_what_to_do(both, tmp_path):

@@ -286,6 +286,22 @@ def test_training_shares_of_uneven_totals_are_warned_of(tmp_path, caplog, counts
     assert caplog.text.count("their shares hold") == int(warned)
 
 
+@pytest.mark.parametrize("seed", [None, 3])
+def test_a_training_batch_larger_than_the_share_is_warned_of(tmp_path, caplog, seed):
+    # Batches of 8 from 6 records: every batch held records twice, and nothing said so.
+    folder = str(tmp_path / "ds")
+    write_dataset(folder, {"train": [[0, 1, 2], [3, 4, 5]]}, labels=tuple(f"c{i}" for i in range(6)))
+    with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.file_share"):
+        for batch in (6, 8):
+            input_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE,
+                                            batch_size=batch, seed=seed)  # fmt: skip
+            input_fn()
+    assert caplog.text.count("every batch holds some records more than once") == 1
+    assert "Training batches of 8 from this input pipeline's 6 records of split 'train'" in (
+        caplog.text
+    )
+
+
 def test_padded_evaluation_of_a_pattern_on_several_hosts_gives_advice_that_works(tmp_path):
     # It said "or use eval_remainder='drop'", which several hosts refuse, and "replicas".
     folder = tmp_path / "ds"

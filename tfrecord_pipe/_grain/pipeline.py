@@ -19,6 +19,7 @@ the weights is the mean over the records.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import sys
 import threading
@@ -33,6 +34,8 @@ from tfrecord_pipe._grain.source import Keyed, Split, find_split, grain_module, 
 # Threads that make batches ahead of the one being used, in each process (OpenCV decodes
 # and resizes without the GIL); each holds one batch.
 DEFAULT_THREADS = 4
+
+log = logging.getLogger(__name__)
 
 
 def _label(record: schema.ImageRecord, split: Split) -> np.int32:
@@ -203,6 +206,13 @@ def _training(records, split, seed, num_epochs, index, count, batch_size):
         window = images.random_window(record.height, record.width, rng)
         return _Planned(record, window, bool(rng.random() < 0.5), _label(record, split), key)
 
+    if len(records) < count * batch_size:
+        log.warning(
+            "Training global batches of %d (%d a host x %d) from split %r's %d records: "
+            "every global batch holds some records more than once. Give a batch_size of at "
+            "most %d a host, or train on more records.", count * batch_size, batch_size, count,
+            split.name, len(records), len(records) // count,
+        )  # fmt: skip
     stream = records.shuffle(seed=seed).repeat(num_epochs).random_map(choices, seed=seed)
     if num_epochs is not None:  # whole global batches only: every host stops at the same step
         window = count * batch_size

@@ -195,6 +195,19 @@ def _warn_once(key: tuple, message: str, *args) -> None:
         log.warning(message, *args)
 
 
+def warn_of_repeats_in_a_batch(split: dataset.Split, share: PipelineShare, batch: int) -> None:
+    """Training repeats the records: with fewer in a pipeline's share than a batch, every
+    batch holds some of them twice or more, which a user would not guess from a loss."""
+    records = share.num_examples
+    if records and records < batch:
+        _warn_once(
+            ("batch", split.files, records, batch),
+            "Training batches of %d from this input pipeline's %d records of split %r: every "
+            "batch holds some records more than once. Give a batch_size of at most %d a "
+            "pipeline, or train on more records.", batch, records, split.name, records,
+        )  # fmt: skip
+
+
 def _warn_of_uneven_shares(split: dataset.Split, num_pipelines: int) -> None:
     """Each pipeline goes round its own share: dealt whole files of unequal totals, the
     records of a small share are trained on more often than those of a large one."""

@@ -101,6 +101,8 @@ def build_dataset(
             f"split {source.split.name!r}: no batch would come (evaluate would return nothing). "
             "Use eval_remainder='pad' (the default), or a smaller batch."
         )
+    if config.is_training:
+        file_share.warn_of_repeats_in_a_batch(source.split, share, batch)
     if start_batches < 0:
         raise ValueError(f"start_batches must be >= 0, got {start_batches}")
     if config.seeded:
