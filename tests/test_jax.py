@@ -24,7 +24,15 @@ from dataset_factory import write_dataset
 from local_gcs import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def environment(**changed) -> dict:
+    """The environment of a test's process, made when it starts: with the TMPDIR the
+    session set (`conftest`) after this module was imported."""
+    return dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+                TF_CPP_MIN_LOG_LEVEL="2", **changed)  # fmt: skip
+
+
 LABELS = tuple(f"item{i:02d}" for i in range(13))  # one label per record: a record's identity
 SHARDS = [[0, 1, 2], [3, 4], [5, 6, 7], [8, 9], [10, 11, 12]]
 
@@ -159,8 +167,8 @@ def test_a_tensorflow_program_is_not_taken_for_a_jax_one_because_tensorflow_impo
         "import jax; jax.devices()\n"
         "print('started', hosts.jax_in_use())\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environment(), timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "imported True False" in done.stdout  # TensorFlow imported jax: still not JAX's
     assert "started True" in done.stdout
@@ -175,7 +183,7 @@ def test_two_jax_hosts_read_disjoint_files_that_cover_the_split(numbered):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=ENV,
+            env=environment(),
         )  # fmt: skip
         for i in range(2)
     ]
@@ -201,7 +209,7 @@ def test_keras_on_jax_and_plain_jax_learn_from_the_reader_and_export(tmp_path):
     write_dataset(colours, {"train": [[0, 1, 2] * 5] * 4, "validation": [[0, 1, 2, 0, 1], [2, 1]]})
     done = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "jax_run.py"), colours, str(tmp_path / "work")],
-        capture_output=True, text=True, env=ENV, timeout=600,
+        capture_output=True, text=True, env=environment(), timeout=600,
     )  # fmt: skip
     result = result_of(done)
     example, keras_run, jax_run = result["example"], result["keras"], result["jax"]
@@ -227,7 +235,7 @@ def test_the_grain_example_on_two_hosts_trains_one_model_and_resumes_together(tm
     # (jax_loop shares examples/jax_parallel.py; its hosts' shares are tested above.)
     # Unbuffered, as under `python -u` (and on CI, whose environment sets it): print's line and
     # its newline then go out apart, and Gloo's bytes once landed between them.
-    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "PYTHONUNBUFFERED": "1"}
+    env = environment(XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONUNBUFFERED="1")
     work = tmp_path / "work"
     grain_args = [str(tmp_path / "grain"), str(work), "--batch_size", "4", "--save_every", "5"]
     from beam_jobs import convert  # the Grain example reads ArrayRecord shards
