@@ -204,7 +204,7 @@ def test_labels_no_record_holds_or_none_of_train_are_said_by_both_engines(
     assert "labels with" not in capsys.readouterr().out
 
 
-def test_labels_validation_lacks_are_said(tmp_path, capsys):
+def test_labels_an_evaluation_split_lacks_are_said(tmp_path, capsys):
     # Evaluation reads validation: a class with no record there has no accuracy measured,
     # and nothing said so. A labels file names the classes, and does not change that.
     for split, labels in (("train", RGB), ("validation", RGB[:2])):
@@ -220,6 +220,14 @@ def test_labels_validation_lacks_are_said(tmp_path, capsys):
                         "Evaluation, which reads it, never measures them: give it images of "
                         "them (a larger --validation_fraction, or files in their validation "
                         "folders or lines)."]  # fmt: skip
+    # Imagenette's and ImageNet's split folder is `val`: it said nothing there (a new user's
+    # trial).
+    (tmp_path / "src" / "validation").rename(tmp_path / "src" / "val")
+    convert.run([str(tmp_path / "src"), str(tmp_path / "val")])
+    said = [line for line in capsys.readouterr().out.splitlines() if "labels with" in line]
+    assert said == [f"WARNING: labels with no record in split val: {RGB[2]!r}. An evaluation "
+                    "of it never measures them: give it images of them (files in their val "
+                    "folders or lines)."]  # fmt: skip
 
 
 @pytest.mark.slow

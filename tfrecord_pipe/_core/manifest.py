@@ -395,20 +395,27 @@ class Manifest:
         return said
 
     def _unmeasured_labels(self) -> list[str]:
-        """What to say of labels train holds and validation, which evaluation reads, does
-        not: whoever named the labels, a model is never measured on them."""
-        train, validation = (self.splits.get(name) for name in (naming.TRAIN, naming.VALIDATION))
-        if not (train and validation and any(validation.label_counts)):
-            return []
-        unmeasured = [label for label, taught, held
-                      in zip(self.labels, train.label_counts, validation.label_counts)
-                      if taught and not held]  # fmt: skip
-        if not unmeasured:
-            return []
-        return [f"labels with no record in split {naming.VALIDATION}: "
-                f"{messages.some(unmeasured, 10, ascii)}. Evaluation, which reads it, never "
-                "measures them: give it images of them (a larger --validation_fraction, or "
-                "files in their validation folders or lines)."]  # fmt: skip
+        """What to say of labels train holds and a split that evaluation reads does not
+        (validation, or a split folder's `val`, `test`): whoever named the labels, a model
+        is never measured on them there."""
+        train = self.splits.get(naming.TRAIN)
+        said = []
+        for name, held in self.splits.items():
+            if not train or name == naming.TRAIN or not any(held.label_counts):
+                continue
+            unmeasured = [label for label, taught, there
+                          in zip(self.labels, train.label_counts, held.label_counts)
+                          if taught and not there]  # fmt: skip
+            if not unmeasured:
+                continue
+            who = "Evaluation, which reads it," if name == naming.VALIDATION else (
+                "An evaluation of it")  # fmt: skip
+            more = "a larger --validation_fraction, or " if name == naming.VALIDATION else ""
+            said.append(f"labels with no record in split {name}: "
+                        f"{messages.some(unmeasured, 10, ascii)}. {who} never measures them: "
+                        f"give it images of them ({more}files in their {name} folders or "
+                        "lines).")  # fmt: skip
+        return said
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
