@@ -101,9 +101,10 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
     temp_dir = paths.join(config.output, f"{finalise.TEMP_PREFIX}{run_id}")
     started = time.monotonic()
     # A template writes nothing into the output now: no claim to hold.
+    replaced = None  # the dataset this run replaces (--overwrite)
     with contextlib.nullcontext() if template else claim.Claim(config.output, run_id) as held:
         if held is not None:
-            _clear_under_claim(config, held)
+            replaced = _clear_under_claim(config, held)
         LOG.info("Converting %s (%s) into %s", config.source,
                  sources.layout_said(config, args.csv_header), config.output)  # fmt: skip
         waits = not (template or no_wait)
@@ -140,7 +141,8 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
         if (lost := held.lost()) is not None:
             raise JobFailedError(str(lost))
     found = finalise.read_manifest(config.output)
-    print(finalise.summary_line(found, config.output, time.monotonic() - started), flush=True)
+    print(finalise.summary_line(found, config.output, time.monotonic() - started, replaced),
+          flush=True)  # fmt: skip
     return found
 
 
@@ -259,16 +261,18 @@ class JobFailedError(RuntimeError):
     """The job itself failed (storage, workers): nothing was finalised."""
 
 
-def _clear_under_claim(config: ConvertConfig, held: claim.Claim) -> None:
-    """Under the output's claim: checks it again, and removes what killed runs left."""
+def _clear_under_claim(config: ConvertConfig, held: claim.Claim) -> manifest.Manifest | None:
+    """Under the output's claim: checks it again, and removes what killed runs left; returns
+    the manifest of the dataset there (that `--overwrite` replaces)."""
     if held.taken_over is not None:
         LOG.warning("Took over the claim on %s of %s, which had stopped renewing it.",
                     config.output, held.taken_over)  # fmt: skip
-    finalise.check_output(config)  # what is there now, that no other run can change
+    there = finalise.check_output(config)  # what is there now, that no other run can change
     removed = finalise.clear_leftovers(config.output)
     if removed:
         LOG.warning("Removed %d temporary folder(s) left by runs that did not finish: %s",
                     len(removed), ", ".join(removed))  # fmt: skip
+    return there
 
 
 def _read_labels(path: str) -> tuple[str, ...]:

@@ -498,10 +498,12 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
     )
 
 
-def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
+def summary_line(result: manifest.Manifest, out: str, seconds: float,
+                 replaced: manifest.Manifest | None = None) -> str:  # fmt: skip
     """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`
     (the formats after OUT where they are not TFRecord alone), then a `WARNING:` line for
-    each of the dataset's warnings (`Manifest.warnings`)."""
+    each of the dataset's warnings (`Manifest.warnings`), and for each split of the dataset
+    it `replaced` that it lacks."""
     parts = [
         f"{name}: {info.num_examples} in {messages.counted(len(info.shard_lengths), 'shard')}"
         for name, info in result.splits.items()
@@ -515,4 +517,25 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float) -> str:
         " (" + " and ".join(f".{f}" for f in formats) + " files)")  # fmt: skip
     line = (f"Converted into {out}{files} in {seconds:.1f} s: " + "; ".join(parts)
             + f"; {rejected}.")  # fmt: skip
-    return "\n".join([line, *(f"WARNING: {warning}" for warning in result.warnings(out))])
+    warnings = [*result.warnings(out), *_splits_gone(result, replaced)]
+    return "\n".join([line, *(f"WARNING: {warning}" for warning in warnings)])
+
+
+def _splits_gone(result: manifest.Manifest, replaced: manifest.Manifest | None) -> list[str]:
+    """What to say of the splits of the dataset replaced that the new one lacks: the tour's
+    `--overwrite` to add a format, with `--validation_fraction` left out, lost validation
+    without a word (a new user's trial), and evaluation then had nothing to read."""
+    if replaced is None:
+        return []
+    gone = [name for name, info in replaced.splits.items()
+            if info.num_examples and name not in result.splits]  # fmt: skip
+    if not gone:
+        return []
+    fraction = replaced.conversion.get("validation_fraction")
+    again = (f" (it was converted with --validation_fraction {fraction}: give it again)"
+             if naming.VALIDATION in gone and fraction else "")  # fmt: skip
+    return [
+        "the dataset this replaced had split(s) "
+        + ", ".join(f"{name} ({replaced.splits[name].num_examples} records)" for name in gone)
+        + f", which this one has not{again}."
+    ]

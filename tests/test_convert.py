@@ -118,6 +118,23 @@ def test_an_existing_dataset_is_refused_and_overwrite_leaves_no_old_shards(tmp_p
         sorted(p.name for p in out.glob("train-*")))
 
 
+def test_an_overwrite_that_loses_a_split_says_so(tmp_path, capsys):
+    # The README's tour converted again with --overwrite to add a format, and without
+    # --validation_fraction: validation was gone, without a word (a new user's trial).
+    src = make_folder(tmp_path / "src", per_label=4, odd=())
+    out = tmp_path / "out"
+    first = run(src, out, "--validation_fraction", 0.3)
+    capsys.readouterr()
+    run(src, out, "--overwrite", "--formats", "tfrecord,array_record")
+    said = [line for line in capsys.readouterr().out.splitlines() if "WARNING" in line]
+    held = first.splits["validation"].num_examples
+    assert said == [f"WARNING: the dataset this replaced had split(s) validation ({held} "
+                    "records), which this one has not (it was converted with "
+                    "--validation_fraction 0.3: give it again)."]  # fmt: skip
+    run(src, out, "--overwrite")  # the same splits as the dataset it replaces
+    assert "WARNING" not in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_csv_with_split_column_relative_paths_and_a_labels_file(tmp_path):
     make_folder(tmp_path / "images", per_label=3, odd=())

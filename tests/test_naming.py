@@ -53,3 +53,13 @@ def test_a_manifest_may_list_its_splits_shard_names_and_no_path():
                         ("train", "validation-00000-of-00001.tfrecord"), ("x.y", "xzy-00000-of-00001"),
                         ("../up", "../up-00000-of-00001.tfrecord"), ("a\\b", "a\\b-00000-of-00001")):
         assert naming.manifest_split_problem(split, [name]) is not None, (split, name)
+
+
+def test_a_missing_validation_split_says_how_to_convert_one():
+    # A dataset converted without --validation_fraction has no validation split: "pass
+    # split= one of those" offered train alone, to evaluate on what was trained on.
+    said = naming.no_such_split("ds", "validation", ["train"])
+    assert said.startswith("ds has no split 'validation'; it has ['train']: pass split=")
+    assert "convert again with --validation_fraction" in said
+    assert "convert again" not in naming.no_such_split("ds", "validation", ["train", "val"])
+    assert "convert again" not in naming.no_such_split("ds", "test", ["train"])

@@ -64,7 +64,12 @@ def split_of(name: str) -> str | None:
 def no_such_split(dataset: str, split: str, splits) -> str:
     """What to say when a reader asks `dataset` for a split it does not have (Imagenette's
     and ImageNet's validation split is `val`, the folder's name)."""
-    return f"{dataset} has no split {split!r}; it has {sorted(splits)}: pass split= one of those."
+    said = f"{dataset} has no split {split!r}; it has {sorted(splits)}: pass split= one of those."
+    if split == VALIDATION and not VALIDATION_LIKE & set(splits):
+        # Evaluation's default, where only train was converted (most often)
+        said += (" Or, to evaluate on images held out of training, convert again with "
+                 "--validation_fraction (0.1 holds out a tenth) or validation folders.")  # fmt: skip
+    return said
 
 
 def manifest_split_problem(split: str, files) -> str | None:
