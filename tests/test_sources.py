@@ -170,6 +170,16 @@ def test_a_flat_split_beside_labelled_ones_is_converted_with_its_images_rejected
                       "val/ILSVRC2012_val_00000001.JPEG": None}  # fmt: skip
 
 
+def test_a_label_folders_own_sub_folders_are_part_of_it(tmp_path):
+    # As docs/conversion.md says, and Keras's image_dataset_from_directory does.
+    for relpath in ("cats/1.jpg", "cats/kittens/2.jpg", "cats/a/b/3.jpg", "dogs/4.jpg"):
+        (tmp_path / "in" / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / relpath).write_bytes(jpeg_bytes())
+    listed = {s.relpath: s.label for s in sources.list_sources(resolved(tmp_path / "in"))}
+    assert listed == {"cats/1.jpg": "cats", "cats/kittens/2.jpg": "cats",
+                      "cats/a/b/3.jpg": "cats", "dogs/4.jpg": "dogs"}  # fmt: skip
+
+
 def test_a_label_named_like_a_split_among_others_is_refused_with_what_to_pass(tmp_path):
     # It used to switch to split folders, reject every image and exit 0 with nothing written.
     write_image_folder(tmp_path / "src", per_label=1, labels=("train", "cats", "dogs"))
