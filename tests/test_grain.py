@@ -374,6 +374,11 @@ def test_worker_processes_give_the_batches_of_one_process_and_resume(both):
     resumed.set_state(state)
     assert [next(resumed)[2].tolist() for _ in range(3)] == later
     assert seen + later == keys_batches(train(both), 6)
+    # The same batches, but another shape of state: it said "reads other batches".
+    with pytest.raises(ValueError, match="saved with worker_count=2, and Grain's state of 0 "
+                                         "worker process.es. has another shape: resume with "
+                                         "worker_count=2"):  # fmt: skip
+        iter(train(both)).set_state(state)
     records = grain.find_split(str(both), "validation").num_examples
     evaluation = list(grain.make_dataset(str(both), is_training=False, batch_size=4,
                                          image_size=SIZE, worker_count=3, host_index=0,

@@ -710,7 +710,7 @@ def test_a_state_from_another_cycle_length_is_refused_naming_it(folder):
      (dict(host_index=0, host_count=1), "fingerprint: saved"),
      (dict(seed=6), "seed: saved 5, here 6; fingerprint: saved"),
      (dict(shuffle_buffer=8), "shuffle_window: saved 12, here 8; fingerprint: saved"),
-     (dict(batch_size=2), "batch_size: saved 2, here 1")],
+     (dict(batch_size=2), "batch_size \\(this host's\\): saved 2, here 1")],
 )  # fmt: skip
 @pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_state_from_other_hosts_shuffle_seed_or_batch_is_refused_naming_it(folder, other, said):
@@ -720,8 +720,9 @@ def test_a_state_from_other_hosts_shuffle_seed_or_batch_is_refused_naming_it(fol
     next(batches)
     state = batches.get_state()
     elsewhere = reader.make_input_fn(folder, **{**settings, **other}).numpy_batches()
-    with pytest.raises(ValueError, match=f"reads other records \\(.*{said}"):
+    with pytest.raises(ValueError, match=f"reads other records \\(.*{said}") as refused:
         elsewhere.set_state(state)
+    assert str(refused.value).endswith("or leave it out: the input starts at its first batch.")
     with pytest.raises(ValueError, match="Not a tfrecord-pipe position state"):
         elsewhere.set_state({"batches": 3})
     same = reader.make_input_fn(folder, **settings).numpy_batches()
@@ -916,14 +917,17 @@ def test_the_resumable_distributed_iterator_restores_and_refuses_other_settings(
     assert [next(fresh)[2].numpy().tolist() for _ in range(5)] == reference[7:12]
     # Other settings, at another step or at the same one, are refused, naming what differs.
     for other, steps, said in ((dict(seed=6), 0, "seed: saved 5, here 6; fingerprint"),
-                               (dict(batch_size=8), 0, "batch_size: saved 4, here 8"),
+                               (dict(batch_size=8), 0, "batch_size \\(a replica's\\): saved 4, here 8"),
                                (dict(seed=6), 4, "seed: saved 5, here 6")):  # fmt: skip
         elsewhere = make(**other)
         for _ in range(steps):
             next(elsewhere)
         tf.train.Checkpoint(iterator=elsewhere).read(path)
-        with pytest.raises(ValueError, match=f"reads other records \\({said}"):
+        with pytest.raises(ValueError, match=f"reads other records \\({said}") as refused:
             next(elsewhere)
+        assert str(refused.value).endswith(
+            "or make a new distribute.resumable_iterator (the rest of the checkpoint is "
+            "restored): it starts at its first batch.")  # fmt: skip
 
 
 def small_model(steps_per_execution=1):
@@ -1121,7 +1125,8 @@ def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp
     with pytest.raises(ValueError, match="multiples of steps_per_execution=2"):
         resumed(small_model(steps_per_execution=2), run="e")
     other = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2, seed=3)
-    with pytest.raises(ValueError, match="batch_size: saved 4, here 2"):
+    with pytest.raises(ValueError, match="batch_size \\(a replica's\\): saved 4, here 2.*"
+                                         "saved with, or delete that folder to train from"):
         resumed(small_model(), data_fn=other, run="e")
     other = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4, seed=3,
                                  shuffle_buffer=5)  # fmt: skip

@@ -79,6 +79,13 @@ class ResumableBatches(_GrainIterator):
             for key, value in self._settings.items()
             if _as_json(saved.get(key)) != _as_json(value)
         ]
+        workers = saved.get("worker_count"), self._settings["worker_count"]
+        if len(differ) == 1 and workers[0] != workers[1]:
+            raise ValueError(
+                f"This state was saved with worker_count={workers[0]!r}, and Grain's state of "
+                f"{workers[1]} worker process(es) has another shape: resume with "
+                f"worker_count={workers[0]!r} (the batches are the same whatever the count)."
+            )
         if differ:
             raise ValueError(
                 "This state was saved by a pipeline that reads other batches ("

@@ -140,12 +140,12 @@ def fingerprint(layout: Layout) -> str:
 # (start_batches), finds a count that is not the place of the records that come: an error.
 _COUNT_BITS = 40
 _FINGERPRINT_BITS = 22
-def other_records(saved: str, what: str) -> str:
-    """The refusal of a position saved by a pipeline that reads other records."""
+def other_records(saved: str, what: str, afresh: str = "start the input afresh") -> str:
+    """The refusal of a position saved by a pipeline that reads other records; `afresh`: how
+    the caller's input starts again from its first batch."""
     return (
         f"{saved} was saved by a pipeline that reads other records ({what}), so its position "
-        "means nothing here. Restore it with the settings it was saved with, or start the "
-        "input afresh."
+        f"means nothing here. Restore it with the settings it was saved with, or {afresh}."
     )
 
 
@@ -154,13 +154,16 @@ def other_records(saved: str, what: str) -> str:
 NAMED_ONLY = ("seed", "dataset", "shuffle_window", "cycle_length")
 
 
-def differences(saved: dict, here: dict) -> str:
+def differences(saved: dict, here: dict, batch_of: str = "a replica's") -> str:
     """The settings of a saved position's record that differ from `here`'s, in words ("" for
     none); one only named (NAMED_ONLY) counts where the record has it (records of 0.4 and
-    before do not)."""
+    before do not). The record's batch_size is `batch_of` one replica or host: named so,
+    since the same global batch over another count of them differs too."""
     differ = [name for name in here
               if (name in saved or name not in NAMED_ONLY) and saved.get(name) != here[name]]  # fmt: skip
-    return "; ".join(f"{name}: saved {saved.get(name)}, here {here[name]}" for name in differ)
+    named = {"batch_size": f"batch_size ({batch_of})"}
+    return "; ".join(f"{named.get(name, name)}: saved {saved.get(name)}, here {here[name]}"
+                     for name in differ)  # fmt: skip
 
 
 EPOCH_MISMATCH = (

@@ -200,8 +200,8 @@ class FitResume(tf.keras.callbacks.Callback):
         said = epochs.differences(settings, facts)
         if self.restored_steps and said:
             raise ValueError(
-                epochs.other_records(f"The backup in {self.backup.backup_dir}", said)
-                + " (or delete that folder to train from the start)"
+                epochs.other_records(f"The backup in {self.backup.backup_dir}", said,
+                                     "delete that folder to train from the start")  # fmt: skip
             )
         self._run, self._by = uuid.uuid4().hex, f"{socket.gethostname()} pid {os.getpid()}"
         self._facts_path = path

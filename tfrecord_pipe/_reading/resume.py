@@ -118,9 +118,11 @@ class BatchIterator:
                 f"version {VERSION}."
             )
         here = self._pipeline()
-        said = epochs.differences(state, here)
+        said = epochs.differences(state, here, batch_of="this host's")
         if said:
-            raise ValueError(epochs.other_records("This position state", said))
+            raise ValueError(epochs.other_records(
+                "This position state", said,
+                "leave it out: the input starts at its first batch"))  # fmt: skip
         batches = state.get("batches")
         if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
             raise ValueError(f"A position state with batches={batches!r}")
@@ -219,7 +221,10 @@ class DistributedIterator(tf.Module):
         step is counted as it is taken, so a checkpoint between calls holds the exact
         position, however many steps a call took."""
         if int(self.fingerprint.numpy()) != self._fingerprint:
-            raise ValueError(epochs.other_records("This input's checkpoint", self._differences()))
+            raise ValueError(epochs.other_records(
+                "This input's checkpoint", self._differences(),
+                "make a new distribute.resumable_iterator (the rest of the checkpoint is "
+                "restored): it starts at its first batch"))  # fmt: skip
         steps, held = int(self.steps.numpy()), self._held
         # Restored, or a step failed inside a call (TensorFlow's iterator may have gone past
         # it, uncounted): start again from the count.
