@@ -153,6 +153,22 @@ def test_verify_catches_a_source_in_neither_shards_nor_rejected(converted_copy):
     assert done.returncode == 1
     lost = "green/999.jpg: listed but in no shard and not in rejected/ (lost, or added to the"
     assert f"{lost} source since)" in done.stdout
+    # A page of such lines where another folder is given: the one that explains them.
+    converted_from = dataset.read_manifest(str(out)).conversion["source"]
+    assert done.stdout.rstrip().endswith(f"The manifest says this dataset was converted from "
+                                         f"{converted_from}: is that the folder meant?")  # fmt: skip
+
+
+def test_the_source_a_dataset_was_converted_from_is_told_only_where_another_is_given(
+    converted, tmp_path, monkeypatch
+):
+    found = dataset.read_manifest(str(converted[1]))
+    found = dataclasses.replace(found, conversion={**found.conversion, "source": "photos/"})
+    monkeypatch.chdir(tmp_path)
+    for same in ("photos", "photos/", str(tmp_path / "photos")):
+        assert verify_rules.converted_from(found, same) == ""
+    assert verify_rules.converted_from(found, "sp") == "photos/"
+    assert verify_rules.converted_from(found, "gs://b/photos") == "photos/"
 
 
 def test_verify_redoes_the_conversion_with_its_recorded_configuration(tmp_path):
@@ -550,7 +566,10 @@ def test_decode_decodes_every_record_as_the_reader_does(converted_copy):
 
     beam = verify_job.run(str(src), str(out), ["--runner", "DirectRunner", *IN_PROCESS],
                           decode=True)  # fmt: skip
-    assert [line for line in decoded.stdout.splitlines()[1:]] == [f"  {p}" for p in beam.problems]
+    lines = decoded.stdout.splitlines()
+    assert lines[1:-1] == [f"  {p}" for p in beam.problems]
+    # The sources are a copy: both say where the manifest says they were.
+    assert lines[-1] == str(beam).splitlines()[-1] and "converted from" in lines[-1]
 
 
 def test_a_shard_that_is_a_fifo_is_a_problem_not_a_hang(converted_copy):

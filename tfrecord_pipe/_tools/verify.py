@@ -139,6 +139,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
         problems=tuple(problems.kept),
         num_problems=problems.count,
         decoded=decode,
+        converted_from=rules.converted_from(found, source),
     )
 
 

@@ -156,6 +156,7 @@ def _report(found, source: str, written: dict, descriptions: list[str]) -> rules
         rejected=totals.get("rejected", 0),
         problems=tuple(rules.first_problems(ranked)),
         num_problems=len(here) + written["num_problems"],
+        converted_from=rules.converted_from(found, source),
     )
 
 

@@ -22,11 +22,12 @@ import dataclasses
 import hashlib
 import json
 import operator
+import os
 from collections.abc import Iterable
 
 from beam_jobs import duplicates, outcome
 from beam_jobs.source_file import SourceFile
-from tfrecord_pipe._core import images, manifest, messages, naming, schema
+from tfrecord_pipe._core import images, manifest, messages, naming, paths, schema
 
 MAX_PROBLEMS_KEPT = 1000  # problems listed in full; beyond that only counted
 # What the readers of shards, rejection files and sources yield: (kind, value) with kind one
@@ -54,6 +55,7 @@ class VerifyReport:
     problems: tuple[str, ...]
     num_problems: int
     decoded: bool = False
+    converted_from: str = ""  # the source the manifest names, where SRC is another
 
     @property
     def ok(self) -> bool:
@@ -72,7 +74,19 @@ class VerifyReport:
         lines += [f"  {problem}" for problem in self.problems]
         if self.num_problems > len(self.problems):
             lines.append(f"  ... and {self.num_problems - len(self.problems)} more")
+        if self.converted_from:  # a page of problems may come of another folder given
+            lines.append(f"The manifest says this dataset was converted from "
+                         f"{self.converted_from}: is that the folder meant?")  # fmt: skip
         return "\n".join(lines)
+
+
+def converted_from(found: manifest.Manifest, source: str) -> str:
+    """The source the manifest names, where it is not `source`'s place; else ""."""
+    recorded = found.conversion.get("source")
+    if not isinstance(recorded, str) or paths.folder(recorded) == paths.folder(source):
+        return ""
+    local = not (paths.is_remote(recorded) or paths.is_remote(source))
+    return "" if local and os.path.abspath(recorded) == os.path.abspath(source) else recorded
 
 
 def first_problems(ranked: Iterable[tuple[int, str]]) -> list[str]:
