@@ -532,8 +532,9 @@ def _splits_gone(result: manifest.Manifest, replaced: manifest.Manifest | None) 
     if not gone:
         return []
     fraction = replaced.conversion.get("validation_fraction")
+    given = result.conversion.get("validation_fraction")
     again = (f" (it was converted with --validation_fraction {fraction}: give it again)"
-             if naming.VALIDATION in gone and fraction else "")  # fmt: skip
+             if naming.VALIDATION in gone and fraction and not given else "")  # fmt: skip
     return [
         "the dataset this replaced had split(s) "
         + ", ".join(f"{name} ({replaced.splits[name].num_examples} records)" for name in gone)

@@ -375,8 +375,8 @@ def test_worker_processes_give_the_batches_of_one_process_and_resume(both):
     assert [next(resumed)[2].tolist() for _ in range(3)] == later
     assert seen + later == keys_batches(train(both), 6)
     # The same batches, but another shape of state: it said "reads other batches".
-    with pytest.raises(ValueError, match="saved with worker_count=2, and Grain's state of 0 "
-                                         "worker process.es. has another shape: resume with "
+    with pytest.raises(ValueError, match="saved with worker_count=2, here 0: Grain's state "
+                                         "has another shape for each count. Resume with "
                                          "worker_count=2"):  # fmt: skip
         iter(train(both)).set_state(state)
     records = grain.find_split(str(both), "validation").num_examples

@@ -1,6 +1,7 @@
 """reader.py: the TPU-ready pipeline, on small datasets in the real on-disk format."""
 
 import collections
+import functools
 import logging
 import os
 import pathlib
@@ -287,19 +288,41 @@ def test_training_shares_of_uneven_totals_are_warned_of(tmp_path, caplog, counts
 
 
 @pytest.mark.parametrize("seed", [None, 3])
-def test_a_training_batch_larger_than_the_share_is_warned_of(tmp_path, caplog, seed):
+def test_a_training_step_drawing_more_than_the_share_is_warned_of(tmp_path, caplog, seed):
     # Batches of 8 from 6 records: every batch held records twice, and nothing said so.
     folder = str(tmp_path / "ds")
     write_dataset(folder, {"train": [[0, 1, 2], [3, 4, 5]]}, labels=tuple(f"c{i}" for i in range(6)))
+    said = "every step holds some of them more than once"
+    make = functools.partial(reader.make_input_fn, folder, is_training=True, image_size=SIZE,
+                             seed=seed)  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.file_share"):
-        for batch in (6, 8):
-            input_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE,
-                                            batch_size=batch, seed=seed)  # fmt: skip
-            input_fn()
-    assert caplog.text.count("every batch holds some records more than once") == 1
-    assert "Training batches of 8 from this input pipeline's 6 records of split 'train'" in (
-        caplog.text
-    )
+        make(batch_size=6)()
+        make(batch_size=6)(tf.distribute.InputContext(1, 0, 2))  # 3 for each of 2 replicas
+        assert said not in caplog.text
+        make(batch_size=8)()
+        make(batch_size=8)()  # (once a process)
+    assert caplog.text.count(said) == 1
+    assert ("Each training step draws 8 records (1 x 8) from this input pipeline's 6 records "
+            "of split 'train': every step holds some of them more than once. Give a batch_size "
+            "of at most 6, or train on more records.") in caplog.text  # fmt: skip
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.file_share"):
+        # One pipeline feeding 2 replicas a batch of 4 each: 8 records a step (a reviewer).
+        make(batch_size=8)(tf.distribute.InputContext(1, 0, 2))
+        # Two pipelines of 3 records each: the global batch of 16 takes 8 from each.
+        make(batch_size=16)(tf.distribute.InputContext(2, 0, 2))
+    assert "draws 8 records (2 x 4) from this input pipeline's 6 records" in caplog.text
+    assert "Give a batch_size of at most 6, or" in caplog.text
+    assert ("draws 8 records (1 x 8) from this input pipeline's 3 records of split 'train': "
+            "every step holds some of them more than once. Give a batch_size of at most 6,"
+            ) in caplog.text  # fmt: skip
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.file_share"):
+        # A batch given by the caller (TPUEstimator's params) is a replica's.
+        reader.build_dataset(make(batch_size=2).config, tf.distribute.InputContext(1, 0, 3),
+                             batch_size=4)  # fmt: skip
+    assert "draws 12 records (3 x 4) from this input pipeline's 6 records" in caplog.text
+    assert "Give a batch of at most 2 a replica, or" in caplog.text
 
 
 def test_padded_evaluation_of_a_pattern_on_several_hosts_gives_advice_that_works(tmp_path):

@@ -722,7 +722,7 @@ def test_a_state_from_other_hosts_shuffle_seed_or_batch_is_refused_naming_it(fol
     elsewhere = reader.make_input_fn(folder, **{**settings, **other}).numpy_batches()
     with pytest.raises(ValueError, match=f"reads other records \\(.*{said}") as refused:
         elsewhere.set_state(state)
-    assert str(refused.value).endswith("or leave it out: the input starts at its first batch.")
+    assert str(refused.value).endswith("or do not set it: the input starts at its first batch.")
     with pytest.raises(ValueError, match="Not a tfrecord-pipe position state"):
         elsewhere.set_state({"batches": 3})
     same = reader.make_input_fn(folder, **settings).numpy_batches()
@@ -926,8 +926,8 @@ def test_the_resumable_distributed_iterator_restores_and_refuses_other_settings(
         with pytest.raises(ValueError, match=f"reads other records \\({said}") as refused:
             next(elsewhere)
         assert str(refused.value).endswith(
-            "or make a new distribute.resumable_iterator (the rest of the checkpoint is "
-            "restored): it starts at its first batch.")  # fmt: skip
+            "or make a new distribute.resumable_iterator, outside that checkpoint (the rest "
+            "of it is restored): it starts at its first batch.")  # fmt: skip
 
 
 def small_model(steps_per_execution=1):
@@ -1125,7 +1125,7 @@ def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp
     with pytest.raises(ValueError, match="multiples of steps_per_execution=2"):
         resumed(small_model(steps_per_execution=2), run="e")
     other = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2, seed=3)
-    with pytest.raises(ValueError, match="batch_size \\(a replica's\\): saved 4, here 2.*"
+    with pytest.raises(ValueError, match="batch_size \\(this host's\\): saved 4, here 2.*"
                                          "saved with, or delete that folder to train from"):
         resumed(small_model(), data_fn=other, run="e")
     other = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4, seed=3,

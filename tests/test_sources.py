@@ -178,6 +178,12 @@ def test_a_label_folders_own_sub_folders_are_part_of_it(tmp_path):
     listed = {s.relpath: s.label for s in sources.list_sources(resolved(tmp_path / "in"))}
     assert listed == {"cats/1.jpg": "cats", "cats/kittens/2.jpg": "cats",
                       "cats/a/b/3.jpg": "cats", "dogs/4.jpg": "dogs"}  # fmt: skip
+    (tmp_path / "in").rename(tmp_path / "train")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "train").rename(tmp_path / "in" / "train")
+    listed = {s.relpath: (s.label, s.split)
+              for s in sources.list_sources(resolved(tmp_path / "in"))}  # fmt: skip
+    assert listed["train/cats/kittens/2.jpg"] == listed["train/cats/a/b/3.jpg"] == ("cats", "train")
 
 
 def test_a_label_named_like_a_split_among_others_is_refused_with_what_to_pass(tmp_path):

@@ -165,10 +165,14 @@ def test_the_source_a_dataset_was_converted_from_is_told_only_where_another_is_g
     found = dataset.read_manifest(str(converted[1]))
     found = dataclasses.replace(found, conversion={**found.conversion, "source": "photos/"})
     monkeypatch.chdir(tmp_path)
-    for same in ("photos", "photos/", str(tmp_path / "photos")):
+    # A relative path was relative to where convert ran: any folder of that name may be it.
+    for same in ("photos", "photos/", str(tmp_path / "photos"), "/elsewhere/photos/"):
         assert verify_rules.converted_from(found, same) == ""
-    assert verify_rules.converted_from(found, "sp") == "photos/"
-    assert verify_rules.converted_from(found, "gs://b/photos") == "photos/"
+    for other in ("sp", "gs://b/photos", "/elsewhere/myphotos"):
+        assert verify_rules.converted_from(found, other) == "photos/"
+    found = dataclasses.replace(found, conversion={**found.conversion, "source": "/data/photos"})
+    assert verify_rules.converted_from(found, "/data/photos/") == ""
+    assert verify_rules.converted_from(found, "/elsewhere/photos") == "/data/photos"
 
 
 def test_verify_redoes_the_conversion_with_its_recorded_configuration(tmp_path):

@@ -399,9 +399,11 @@ class Manifest:
         (validation, or a split folder's `val`, `test`): whoever named the labels, a model
         is never measured on them there."""
         train = self.splits.get(naming.TRAIN)
+        if not train:
+            return []
         said = []
         for name, held in self.splits.items():
-            if not train or name == naming.TRAIN or not any(held.label_counts):
+            if name == naming.TRAIN or not any(held.label_counts):
                 continue
             unmeasured = [label for label, taught, there
                           in zip(self.labels, train.label_counts, held.label_counts)

@@ -68,7 +68,8 @@ def no_such_split(dataset: str, split: str, splits) -> str:
     if split == VALIDATION and not VALIDATION_LIKE & set(splits):
         # Evaluation's default, where only train was converted (most often)
         said += (" Or, to evaluate on images held out of training, convert again with "
-                 "--validation_fraction (0.1 holds out a tenth) or validation folders.")  # fmt: skip
+                 "--validation_fraction (0.1 holds out a tenth), or with split folders a "
+                 "validation folder beside train.")  # fmt: skip
     return said
 
 

@@ -206,13 +206,6 @@ def _training(records, split, seed, num_epochs, index, count, batch_size):
         window = images.random_window(record.height, record.width, rng)
         return _Planned(record, window, bool(rng.random() < 0.5), _label(record, split), key)
 
-    if len(records) < count * batch_size:
-        log.warning(
-            "Training global batches of %d (%d a host x %d) from split %r's %d records: "
-            "every global batch holds some records more than once. Give a batch_size of at "
-            "most %d a host, or train on more records.", count * batch_size, batch_size, count,
-            split.name, len(records), len(records) // count,
-        )  # fmt: skip
     stream = records.shuffle(seed=seed).repeat(num_epochs).random_map(choices, seed=seed)
     if num_epochs is not None:  # whole global batches only: every host stops at the same step
         window = count * batch_size
@@ -223,6 +216,13 @@ def _training(records, split, seed, num_epochs, index, count, batch_size):
                 "no batch at all. Give a smaller batch_size or more epochs."
             )
         stream = stream[: len(stream) // window * window]
+    if len(records) < count * batch_size:
+        log.warning(
+            "Training global batches of %d (%d a host x %d) from split %r's %d records: "
+            "every global batch holds some records more than once. Give a batch_size of at "
+            "most %d a host, or train on more records.", count * batch_size, batch_size, count,
+            split.name, len(records), len(records) // count,
+        )  # fmt: skip
     return stream[index::count]
 
 

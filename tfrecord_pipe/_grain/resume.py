@@ -82,8 +82,8 @@ class ResumableBatches(_GrainIterator):
         workers = saved.get("worker_count"), self._settings["worker_count"]
         if len(differ) == 1 and workers[0] != workers[1]:
             raise ValueError(
-                f"This state was saved with worker_count={workers[0]!r}, and Grain's state of "
-                f"{workers[1]} worker process(es) has another shape: resume with "
+                f"This state was saved with worker_count={workers[0]!r}, here {workers[1]!r}: "
+                "Grain's state has another shape for each count. Resume with "
                 f"worker_count={workers[0]!r} (the batches are the same whatever the count)."
             )
         if differ:

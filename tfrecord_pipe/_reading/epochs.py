@@ -176,6 +176,7 @@ MISMATCH = other_records(
     "This input pipeline's checkpoint",
     "another dataset, seed, host count, batch or shuffle setting, or a stream built from "
     "another start: build it with start_batches=0, the checkpoint holds the position",
+    "restore the checkpoint without the iterator: one not restored starts at its first batch",
 )
 
 

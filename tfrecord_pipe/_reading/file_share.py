@@ -195,17 +195,25 @@ def _warn_once(key: tuple, message: str, *args) -> None:
         log.warning(message, *args)
 
 
-def warn_of_repeats_in_a_batch(split: dataset.Split, share: PipelineShare, batch: int) -> None:
-    """Training repeats the records: with fewer in a pipeline's share than a batch, every
-    batch holds some of them twice or more, which a user would not guess from a loss."""
-    records = share.num_examples
-    if records and records < batch:
-        _warn_once(
-            ("batch", split.files, records, batch),
-            "Training batches of %d from this input pipeline's %d records of split %r: every "
-            "batch holds some records more than once. Give a batch_size of at most %d a "
-            "pipeline, or train on more records.", batch, records, split.name, records,
-        )  # fmt: skip
+def warn_of_repeats_in_a_step(split: dataset.Split, share: PipelineShare, batch: int,
+                              input_context, global_batch: bool) -> None:  # fmt: skip
+    """Training repeats the records: with fewer in a pipeline's share than a step draws from
+    it (a batch for each replica it feeds), every step holds some of them twice or more,
+    which a user would not guess from a loss. `global_batch`: the batch came from the
+    config's global batch_size (else from the caller, a replica's)."""
+    records, replicas = share.num_examples, replicas_per_pipeline(input_context)
+    if not records or records >= batch * replicas:
+        return
+    if global_batch:
+        advice = f"a batch_size of at most {records * pipeline_position(input_context)[0]}"
+    else:
+        advice = f"a batch of at most {max(1, records // replicas)} a replica"
+    _warn_once(
+        ("batch", split.files, records, batch, replicas),
+        "Each training step draws %d records (%d x %d) from this input pipeline's %d records "
+        "of split %r: every step holds some of them more than once. Give %s, or train on "
+        "more records.", batch * replicas, replicas, batch, records, split.name, advice,
+    )  # fmt: skip
 
 
 def _warn_of_uneven_shares(split: dataset.Split, num_pipelines: int) -> None:

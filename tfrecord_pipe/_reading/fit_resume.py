@@ -150,13 +150,15 @@ class FitResume(tf.keras.callbacks.Callback):
         else:
             data = distribute.distribute(strategy, pipeline, start_steps=self.restored_steps)
             context = contexts[0]
-        self._keep_facts(_facts(config, context, self.steps_per_epoch), facts_name(context))
+        self._keep_facts(_facts(config, context, self.steps_per_epoch), facts_name(context),
+                         batch_of="a replica's" if strategy is not None else "this host's")
         return data
 
-    def _keep_facts(self, facts: dict, name: str) -> None:
+    def _keep_facts(self, facts: dict, name: str, batch_of: str) -> None:
         """Refuses a backup saved with other settings, or whose settings are lost (their file
         removed, damaged, or never written: a backup made before FitResume was used);
-        records these beside a new one, replaced whole, in this host's file `name`."""
+        records these beside a new one, replaced whole, in this host's file `name`.
+        `batch_of`: whose batch the facts' batch_size is."""
         folder = self.backup.backup_dir
         path = os.path.join(folder, name)
         start_afresh = f"Delete {folder} to train from the start."
@@ -197,7 +199,7 @@ class FitResume(tf.keras.callbacks.Callback):
                 f"{start_afresh}"
             )
         settings = {k: v for k, v in (saved or {}).items() if k not in (_RUN, _BY, _CONFLICT)}
-        said = epochs.differences(settings, facts)
+        said = epochs.differences(settings, facts, batch_of)
         if self.restored_steps and said:
             raise ValueError(
                 epochs.other_records(f"The backup in {self.backup.backup_dir}", said,

@@ -102,7 +102,8 @@ def build_dataset(
             "Use eval_remainder='pad' (the default), or a smaller batch."
         )
     if config.is_training:
-        file_share.warn_of_repeats_in_a_batch(source.split, share, batch)
+        file_share.warn_of_repeats_in_a_step(source.split, share, batch, input_context,
+                                             global_batch=batch_size is None)  # fmt: skip
     if start_batches < 0:
         raise ValueError(f"start_batches must be >= 0, got {start_batches}")
     if config.seeded:

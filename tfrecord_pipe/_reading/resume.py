@@ -122,7 +122,7 @@ class BatchIterator:
         if said:
             raise ValueError(epochs.other_records(
                 "This position state", said,
-                "leave it out: the input starts at its first batch"))  # fmt: skip
+                "do not set it: the input starts at its first batch"))  # fmt: skip
         batches = state.get("batches")
         if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
             raise ValueError(f"A position state with batches={batches!r}")
@@ -223,8 +223,8 @@ class DistributedIterator(tf.Module):
         if int(self.fingerprint.numpy()) != self._fingerprint:
             raise ValueError(epochs.other_records(
                 "This input's checkpoint", self._differences(),
-                "make a new distribute.resumable_iterator (the rest of the checkpoint is "
-                "restored): it starts at its first batch"))  # fmt: skip
+                "make a new distribute.resumable_iterator, outside that checkpoint (the rest of "
+                "it is restored): it starts at its first batch"))  # fmt: skip
         steps, held = int(self.steps.numpy()), self._held
         # Restored, or a step failed inside a call (TensorFlow's iterator may have gone past
         # it, uncounted): start again from the count.

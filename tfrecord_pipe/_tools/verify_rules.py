@@ -47,7 +47,8 @@ FILES, INPUTS = 0, 1
 class VerifyReport:
     """Attributes: sources listed; records read; rejected lines read; problems (the first
     MAX_PROBLEMS_KEPT); num_problems in all; decoded: every record's image was decoded with
-    TensorFlow too (`--decode`)."""
+    TensorFlow too (`--decode`); converted_from: the source the manifest names, where the
+    one given may be another ("" else)."""
 
     sources: int
     records: int
@@ -55,7 +56,7 @@ class VerifyReport:
     problems: tuple[str, ...]
     num_problems: int
     decoded: bool = False
-    converted_from: str = ""  # the source the manifest names, where SRC is another
+    converted_from: str = ""
 
     @property
     def ok(self) -> bool:
@@ -81,12 +82,24 @@ class VerifyReport:
 
 
 def converted_from(found: manifest.Manifest, source: str) -> str:
-    """The source the manifest names, where it is not `source`'s place; else ""."""
+    """The source the manifest names, where it may not be `source`; else ""."""
     recorded = found.conversion.get("source")
-    if not isinstance(recorded, str) or paths.folder(recorded) == paths.folder(source):
+    if not isinstance(recorded, str) or _maybe_the_same(recorded, source):
         return ""
-    local = not (paths.is_remote(recorded) or paths.is_remote(source))
-    return "" if local and os.path.abspath(recorded) == os.path.abspath(source) else recorded
+    return recorded
+
+
+def _maybe_the_same(recorded: str, source: str) -> bool:
+    """Whether `source` may be the folder `recorded` named. A relative path was relative to
+    where the conversion ran, unknown here: any folder by that path's end may be it."""
+    if paths.folder(recorded) == paths.folder(source):
+        return True
+    if paths.is_remote(recorded) or paths.is_remote(source):
+        return False
+    given = os.path.abspath(os.path.expanduser(source))
+    if os.path.isabs(recorded):
+        return os.path.normpath(recorded) == given
+    return (os.sep + given).endswith(os.sep + os.path.normpath(recorded))
 
 
 def first_problems(ranked: Iterable[tuple[int, str]]) -> list[str]:
