@@ -141,7 +141,12 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
         if (lost := held.lost()) is not None:
             raise JobFailedError(str(lost))
     found = finalise.read_manifest(config.output)
-    print(finalise.summary_line(found, config.output, time.monotonic() - started, replaced),
+    also = finalise.splits_gone(found, replaced)
+    if empty := sources.empty_label_folders(config, found.labels):
+        also.append(f"label folders holding no file, so no labels of this dataset: "
+                    f"{messages.some(empty, 10, ascii)}. Images put there later make labels "
+                    "of them, and shift the indices of the labels after them.")  # fmt: skip
+    print(finalise.summary_line(found, config.output, time.monotonic() - started, also),
           flush=True)  # fmt: skip
     return found
 

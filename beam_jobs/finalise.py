@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Iterable
 
 from beam_jobs import claim, storage, summary
 from beam_jobs.config import ConvertConfig
@@ -499,11 +500,11 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
 
 
 def summary_line(result: manifest.Manifest, out: str, seconds: float,
-                 replaced: manifest.Manifest | None = None) -> str:  # fmt: skip
+                 also: Iterable[str] = ()) -> str:  # fmt: skip
     """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`
     (the formats after OUT where they are not TFRecord alone), then a `WARNING:` line for
-    each of the dataset's warnings (`Manifest.warnings`), and for each split of the dataset
-    it `replaced` that it lacks."""
+    each of the dataset's warnings (`Manifest.warnings`), and for each of `also` (what the
+    launcher found beside it)."""
     parts = [
         f"{name}: {info.num_examples} in {messages.counted(len(info.shard_lengths), 'shard')}"
         for name, info in result.splits.items()
@@ -517,11 +518,11 @@ def summary_line(result: manifest.Manifest, out: str, seconds: float,
         " (" + " and ".join(f".{f}" for f in formats) + " files)")  # fmt: skip
     line = (f"Converted into {out}{files} in {seconds:.1f} s: " + "; ".join(parts)
             + f"; {rejected}.")  # fmt: skip
-    warnings = [*result.warnings(out), *_splits_gone(result, replaced)]
+    warnings = [*result.warnings(out), *also]
     return "\n".join([line, *(f"WARNING: {warning}" for warning in warnings)])
 
 
-def _splits_gone(result: manifest.Manifest, replaced: manifest.Manifest | None) -> list[str]:
+def splits_gone(result: manifest.Manifest, replaced: manifest.Manifest | None) -> list[str]:
     """What to say of the splits of the dataset replaced that the new one lacks: the tour's
     `--overwrite` to add a format, with `--validation_fraction` left out, lost validation
     without a word (a new user's trial), and evaluation then had nothing to read."""

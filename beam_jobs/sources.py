@@ -178,6 +178,28 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
     )
 
 
+def empty_label_folders(config: ConvertConfig, labels) -> list[str]:
+    """The local label folders (SRC/<label>, SRC/<split>/<label>) that hold no file at any
+    depth, and so are no label: a folder whose every file was rejected is one, and keeps its
+    index, so an empty folder's silence read as if it were one too (a new user's trial).
+    Hidden folders (`.ipynb_checkpoints`) are left out."""
+    root = config.source_root
+    if config.layout == "csv" or paths.is_remote(root):
+        return []
+    if config.layout == "splits":
+        places = [(split, paths.join(root, split)) for split in sorted(storage.children(root)[0])]
+    else:
+        places = [("", root)]
+    found = []
+    for split, folder in places:
+        for name in sorted(storage.children(folder)[0] - set(labels)):
+            if not name.startswith(".") and not any(
+                files for _, _, files in os.walk(os.path.join(folder, name))
+            ):
+                found.append(f"{split}/{name}" if split else name)
+    return found
+
+
 def _refuse_fraction(config: ConvertConfig, because: str) -> None:
     """--validation_fraction where no input's split is drawn would be ignored."""
     if config.validation_fraction > 0:

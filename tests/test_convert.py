@@ -135,6 +135,27 @@ def test_an_overwrite_that_loses_a_split_says_so(tmp_path, capsys):
     assert "WARNING" not in capsys.readouterr().out
 
 
+def test_label_folders_holding_no_file_are_said_to_be_no_labels(tmp_path, capsys):
+    # A folder whose files were all rejected is a label and warned of; an empty one was
+    # silently none (a new user's trial).
+    src = make_folder(tmp_path / "src", per_label=2, odd=())
+    for empty in ("purple", "nested/inner", ".ipynb_checkpoints"):
+        (src / empty).mkdir(parents=True)
+    found = run(src, tmp_path / "out")
+    assert found.labels == ("blue", "green", "red")
+    said = [line for line in capsys.readouterr().out.splitlines() if "WARNING" in line]
+    assert said == ["WARNING: label folders holding no file, so no labels of this dataset: "
+                    "'nested', 'purple'. Images put there later make labels of them, and "
+                    "shift the indices of the labels after them."]  # fmt: skip
+    splits = tmp_path / "splits"
+    (splits / "validation" / "red").mkdir(parents=True)
+    (splits / "validation" / "red" / "0.jpg").write_bytes((src / "red" / "000.jpg").read_bytes())
+    src.rename(splits / "train")
+    run(splits, tmp_path / "out2")
+    said = [line for line in capsys.readouterr().out.splitlines() if "holding no file" in line]
+    assert "'train/nested', 'train/purple'. Images" in said[0]
+
+
 @pytest.mark.slow
 def test_csv_with_split_column_relative_paths_and_a_labels_file(tmp_path):
     make_folder(tmp_path / "images", per_label=3, odd=())
