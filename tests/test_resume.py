@@ -574,7 +574,8 @@ def test_a_position_on_a_dataset_converted_again_from_other_images_is_refused(tm
     convert.run(args)
     again = json.loads((out / "manifest.json").read_text())["splits"]["train"]
     assert again["shard_lengths"] == shard_lengths["shard_lengths"]  # the counts say nothing
-    with pytest.raises(ValueError, match="reads other records \\(dataset: saved"):
+    with pytest.raises(ValueError, match="reads other records \\(dataset \\(converted again "
+                                         "from other inputs, or another one\\): saved"):
         make().numpy_batches().set_state(state)
     restored = iter(make()())
     with pytest.raises(tf.errors.InvalidArgumentError, match="reads other records"):

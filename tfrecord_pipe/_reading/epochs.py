@@ -161,7 +161,9 @@ def differences(saved: dict, here: dict, batch_of: str = "a replica's") -> str:
     since the same global batch over another count of them differs too."""
     differ = [name for name in here
               if (name in saved or name not in NAMED_ONLY) and saved.get(name) != here[name]]  # fmt: skip
-    named = {"batch_size": f"batch_size ({batch_of})"}
+    # Names that say what changed where the values are digests or per-replica numbers.
+    named = {"batch_size": f"batch_size ({batch_of})",
+             "dataset": "dataset (converted again from other inputs, or another one)"}
     return "; ".join(f"{named.get(name, name)}: saved {saved.get(name)}, here {here[name]}"
                      for name in differ)  # fmt: skip
 
