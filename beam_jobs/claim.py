@@ -26,13 +26,14 @@ import time
 import uuid
 
 from beam_jobs import storage
-from tfrecord_pipe._core import naming, paths
+from tfrecord_pipe._core import messages, naming, paths
 
 LOG = logging.getLogger(__name__)
 
 CLAIM_NAME = naming.CLAIM_NAME
 RENEW_EVERY_S = 30.0
 STALE_AFTER_S = 300.0  # ten renewals missed: the run that holds it is gone
+GIVE_UP_WAIT_S = 5.0  # a failed run's wait for a renewal in flight, and its try to give up
 # A job launched without waiting holds the claim itself: nobody renews it, and its last step
 # gives it up. This long, so that a day-long job keeps it; a job that failed keeps it too,
 # until then, or until the claim file is removed (the busy error says so).
@@ -120,9 +121,18 @@ class Claim:
 
     def __exit__(self, kind, *_) -> None:
         self._stop.set()
-        self._renewer.join()
+        # A renewal in flight ends within its retries; a run that failed (a storage outage,
+        # most often) does not wait that long for it.
+        self._renewer.join(None if kind is None else GIVE_UP_WAIT_S)
         if not self._handed_over or kind is not None:  # a launch that failed keeps no claim
-            self._store.release(self._me)
+            try:
+                self._store.release(self._me)
+            except Exception as err:  # noqa: BLE001 - any storage's: the claim expires
+                LOG.warning(
+                    "Could not give up the claim %s (%s): a run on this machine takes it over "
+                    "at once, one elsewhere %.0f s after this run's last sign of life.",
+                    self.path, messages.one_line(err), self._me.lease_s,
+                )  # fmt: skip
 
     @property
     def run(self) -> str:
@@ -172,8 +182,9 @@ class Claim:
             try:
                 self._me = dataclasses.replace(self._me, renewed=time.time())
                 self._store.renew(self._me)
-            except Exception:  # a missed renewal is not fatal: ten in a row are
-                LOG.warning("Could not renew the claim %s", self.path, exc_info=True)
+            except Exception as err:  # a missed renewal is not fatal: ten in a row are
+                LOG.warning("Could not renew the claim %s (%s); trying again in %.0f s",
+                            self.path, messages.one_line(err), RENEW_EVERY_S)  # fmt: skip
 
 
 def _lost(store, run: str) -> str | None:
@@ -356,8 +367,9 @@ class _GcsClaim:
     def release(self, holder: Holder) -> None:
         from google.api_core import exceptions
 
-        try:
-            self._blob.delete(if_generation_match=self._generation)
+        try:  # briefly: a claim not given up expires, and the run is ending
+            self._blob.delete(if_generation_match=self._generation, timeout=GIVE_UP_WAIT_S,
+                              retry=storage.gcs_retry().with_timeout(GIVE_UP_WAIT_S))
         except (exceptions.PreconditionFailed, exceptions.NotFound):
             LOG.warning("The claim %s was not ours any more when the run ended", self._blob.name)
 

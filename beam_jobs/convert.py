@@ -121,18 +121,25 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
                                        run=run_id if no_wait else None,
                                        claimed_by=None if template else run_id)  # fmt: skip
         except Exception as err:
+            # In an outage the storage that failed the job fails each look at what it left
+            # too, after minutes of retries each (eight minutes in all, in a helper's trial):
+            # none is taken.
+            outage = storage.is_outage(err)
             # Lost while this run was stopped (Ctrl-Z, a suspended VM): what failed may be
             # the other run's doing (it removed this one's temporary folder).
-            lost = held.lost() if held is not None else None
+            lost = held.lost() if held is not None and not outage else None
             if lost is not None:
                 raise JobFailedError(str(lost)) from err
             if isinstance(err, (ValueError, FileNotFoundError, FileExistsError)):
                 raise  # bad input found while listing: its message says what to do
-            said = finalise.nothing_written(temp_dir)  # the job's last step found no dataset
+            try:  # the job's last step found no dataset?
+                said = None if outage else finalise.nothing_written(temp_dir)
+            except Exception as look:  # the storage failed this look too
+                said, outage = None, storage.is_outage(look)
             if said is not None:
                 raise finalise.NothingWrittenError(said) from None
             raise JobFailedError(_failed(config, temp_dir, err, args.verbose,
-                                         launch.local_engine)) from err
+                                         launch.local_engine, outage)) from err
         if not waits:
             _say_launched(config, template, result)
             return None
@@ -170,14 +177,20 @@ def _disk_full(output: str, err: Exception) -> str:
 
 
 def _failed(config: ConvertConfig, temp_dir: str, err: Exception, verbose: bool,
-            local_engine_ran: bool) -> str:  # fmt: skip
+            local_engine_ran: bool, outage: bool = False) -> str:  # fmt: skip
     """What a failed job left, and what to do (`local_engine_ran`: on this machine, with its
-    sorts where `_disk_full` says)."""
+    sorts where `_disk_full` says; `outage`: the storage failed, and cannot be asked)."""
     what = f"The conversion job failed ({type(err).__name__}: {messages.one_line(err)})."
     if local_engine_ran and messages.disk_full(err):
         what += " " + _disk_full(config.output, err)
     if not verbose:
         what += " (--verbose shows the traceback.)"
+    if outage:
+        return (
+            f"{what} The storage, or the network to it, failed. Run the same command again "
+            f"once it answers: it removes what this run left and converts again (had this "
+            f"run begun to finalise, {config.output} holds no dataset until then)."
+        )
     try:
         written, began = finalise.written(temp_dir), finalise.began(temp_dir)
     except Exception:  # the storage that failed the job may fail this look too

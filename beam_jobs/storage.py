@@ -103,7 +103,13 @@ def children(root: str) -> tuple[set[str], set[str]]:
         prefix = f"{prefix}/" if prefix else ""
         blobs = gcs_client().list_blobs(bucket, prefix=prefix, delimiter="/", retry=gcs_retry())
         files = {blob.name[len(prefix) :] for blob in blobs if blob.name != prefix}
-        return {name[len(prefix) :].rstrip("/") for name in blobs.prefixes}, files
+        folders = {name[len(prefix) :].rstrip("/") for name in blobs.prefixes}
+        if not files and not folders and prefix and gcs_client().bucket(bucket).blob(
+            prefix[:-1]).exists(retry=gcs_retry()):  # fmt: skip
+            # An object by that name: a dataset written "into" it lay beside it, under
+            # NAME/ (`convert imgs gs://b/ds/manifest.json`, in a helper's trial).
+            raise NotADirectoryError(f"{root} is a file, not a folder")
+        return folders, files
     # Other filesystems: a whole listing; Beam's filesystems have no cheaper way.
     parts = [entry.relpath.split("/") for entry in listing.walk(root)]
     return {p[0] for p in parts if len(p) > 1}, {p[0] for p in parts if len(p) == 1}
@@ -168,6 +174,8 @@ def is_outage(err: BaseException) -> bool:
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
+        if getattr(err, "outage", False) is True:  # a worker's, told on its way back
+            return True
         for module_name, names in _OUTAGE_ERRORS:
             module = sys.modules.get(module_name)
             kinds = tuple(getattr(module, name) for name in names if hasattr(module, name))

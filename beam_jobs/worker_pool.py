@@ -23,7 +23,7 @@ from concurrent import futures
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import connection as connection_lib
 
-from beam_jobs import fork_server, malloc, spill
+from beam_jobs import fork_server, malloc, spill, storage
 from tfrecord_pipe._core import parent_watch, paths
 
 IN_FLIGHT = 4  # tasks per worker submitted ahead, so none waits for the next
@@ -426,9 +426,10 @@ class WorkerError(RuntimeError):
     itself may not survive the trip back: one that pickle cannot rebuild broke the pool,
     and a worker's FileNotFoundError or ValueError read as bad input, exit 2.)"""
 
-    def __init__(self, message: str, worker_traceback: str = ""):
-        super().__init__(message, worker_traceback)
+    def __init__(self, message: str, worker_traceback: str = "", outage: bool = False):
+        super().__init__(message, worker_traceback, outage)
         self.worker_traceback = worker_traceback
+        self.outage = outage  # the storage failed (`storage.is_outage`, in the worker)
 
     def __str__(self) -> str:
         return self.args[0]
@@ -442,6 +443,7 @@ def in_worker(task):
         try:
             return task(*args)
         except Exception as err:
-            raise WorkerError(f"{type(err).__name__}: {err}", traceback.format_exc()) from None
+            raise WorkerError(f"{type(err).__name__}: {err}", traceback.format_exc(),
+                              storage.is_outage(err)) from None  # fmt: skip
 
     return run

@@ -386,6 +386,12 @@ def test_full_run_from_gs_to_gs(gcs, tmp_path):
     assert sorted(r.filename for r in records) == sorted(
         str(p.relative_to(src)) for p in src.rglob("*.jpg") if "truncated" not in p.name)
     assert not tf.io.gfile.glob(out + "/.tmp-*/*")
+    # An object for the output: a dataset went under manifest.json/, inside this one, and
+    # exit 0 (a helper's trial); a local file is refused the same way.
+    for file in (f"{out}/manifest.json", f"{out}/{result.splits['train'].files[0]}"):
+        with pytest.raises(ValueError, match=f"{file} is a file, not a folder: the output must "):
+            run(src, file)
+    assert not bucket.blob("convert-out/manifest.json/manifest.json").exists()
 
 
 def test_a_missing_bucket_is_one_line_naming_it(gcs, tmp_path):

@@ -8,6 +8,7 @@ libraries' (google-cloud-storage for the job, TensorFlow's filesystem for readin
 verify's own resumption of a shard read; docs/conversion.md, "What we guarantee".
 """
 
+import contextlib
 import http.client
 import urllib.request
 
@@ -127,6 +128,42 @@ def test_a_storage_that_fails_every_read_stops_the_job_rather_than_reject_its_in
     assert "It is not rejected" in str(failed.value) and not (out / "manifest.json").exists()
 
 
+def test_an_outage_mid_run_ends_the_conversion_in_one_error_line(gcs, tmp_path, monkeypatch,
+                                                                 capsys, caplog):  # fmt: skip
+    # With the storage gone after the claim was taken, the failed job asked whether it had
+    # lost its claim, whether it had written anything, whether it had begun to finalise, and
+    # gave the claim up: a storage call each, retried two minutes each (eight minutes, in a
+    # helper's trial), and the last one's error escaped as a traceback.
+    from apache_beam.io.gcp import gcsio_retry
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    from beam_jobs import storage as storage_lib
+
+    src = write_image_folder(tmp_path / "src", per_label=1, odd=())
+    monkeypatch.setattr(gcsio_retry, "get_retry", lambda options: DEFAULT_RETRY.with_timeout(1.0))
+    monkeypatch.setattr(DEFAULT_RETRY, "_timeout", 1.0)
+    monkeypatch.setattr(storage_lib, "GCS_RETRY_S", 1.0)
+    storage_lib.gcs_retry.cache_clear()
+    outage, start_job = contextlib.ExitStack(), convert._run_pipeline
+
+    def in_an_outage(*args, **kwargs):  # the claim is taken: the storage goes away
+        outage.enter_context(gcs.faults(error_rate=1.0))
+        return start_job(*args, **kwargs)
+
+    monkeypatch.setattr(convert, "_run_pipeline", in_an_outage)
+    try:
+        with gcs.exported(), outage:
+            code = convert.main([str(src), gcs.url("outage-out"), "--runner", "DirectRunner"])
+    finally:
+        storage_lib.gcs_retry.cache_clear()
+    said = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in said, said[-3000:]
+    [error] = [line for line in said.splitlines() if line.startswith("error:")]
+    assert ("The storage, or the network to it, failed. Run the same command again once it "
+            "answers") in error, said[-3000:]  # fmt: skip
+    assert "Could not give up the claim" in caplog.text  # (it expires)
+
+
 def test_an_outage_is_told_from_a_file_that_cannot_be_read():
     from google.api_core import exceptions as cloud
     from requests import exceptions as http
@@ -155,6 +192,13 @@ def test_an_outage_is_told_from_a_file_that_cannot_be_read():
                 IsADirectoryError(21, "a folder")):  # fmt: skip
         decided = outcome.decide(source, {"cat"}, images.ImagePolicy(), failing(err))
         assert decided.reason == images.UNREADABLE, err
+    # A worker's error comes back as text: whether it was an outage comes with it.
+    from beam_jobs import worker_pool
+
+    for err, was in ((outage, True), (cloud.NotFound("404"), False)):
+        with pytest.raises(worker_pool.WorkerError) as back:
+            worker_pool.in_worker(failing(err))()
+        assert storage_lib.is_outage(back.value) is was
 
 
 def test_the_local_engine_reading_gs_inputs_once_on_a_flaky_storage_loses_nothing(gcs, tmp_path):
