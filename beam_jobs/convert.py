@@ -272,7 +272,17 @@ def _cloud_errors_said_plainly(what: str):
         cloud = sys.modules.get("google.api_core.exceptions")
         if cloud is None or not isinstance(err, cloud.GoogleAPIError):
             raise
-        raise ConnectionError(f"Cannot reach {what}: {messages.one_line(err)}") from err
+        said = messages.one_line(err)
+        # A bucket that is not there, or not to these credentials: a 404 naming /b/NAME/o.
+        if isinstance(err, cloud.NotFound) and (bucket := _BUCKET_IN_URL.search(said)):
+            raise ConnectionError(
+                f"Bucket gs://{bucket.group(1)} does not exist, or these credentials cannot "
+                f"see it: check its name ({what}). ({said})"
+            ) from err
+        raise ConnectionError(f"Cannot reach {what}: {said}") from err
+
+
+_BUCKET_IN_URL = re.compile(r"/b/([^/?\s]+)/o(?:[?\s:]|$)")  # a listing's, not an object's
 
 
 class JobFailedError(RuntimeError):

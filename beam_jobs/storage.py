@@ -45,7 +45,10 @@ def scheme_problem(path: str, what: str) -> str | None:
         return paths.mistyped_said(what, path, meant)
     if not paths.is_remote(path):
         return None
-    scheme = path.partition("://")[0].lower()
+    given, _, rest = path.partition("://")
+    scheme = given.lower()
+    if given != scheme:  # Beam's filesystems know schemes in lower case alone
+        return (f"{what} {path!r}: write its scheme in lower case ({scheme}://{rest}).")
     if scheme == "file":
         return (f"{what} {path!r} is a file:// URL: give it as a local path "
                 f"({path[len('file://'):] or '/'}), without file://.")  # fmt: skip

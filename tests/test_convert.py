@@ -398,8 +398,13 @@ def test_a_missing_bucket_is_one_line_naming_it(gcs, tmp_path):
     # The cloud client's error, not its pages of traceback; a local job never imports it.
     ran = run_cli("convert", "gs://no-such-bucket/src", tmp_path / "out")
     assert ran.returncode == 2
-    assert ran.stderr.startswith("error: Cannot reach gs://no-such-bucket/src or ")
+    assert ran.stderr.startswith("error: Bucket gs://no-such-bucket does not exist, or these "
+                                 "credentials cannot see it: check its name (gs://no-such-"
+                                 "bucket/src or ")  # fmt: skip
     assert "404" in ran.stderr and ran.stderr.count("\n") == 1
+    src = make_folder(tmp_path / "src", per_label=1, odd=())
+    ran = run_cli("convert", src, "gs://no-such-bucket/out")  # (a helper's trial)
+    assert ran.returncode == 2 and "Bucket gs://no-such-bucket does not exist" in ran.stderr
 
 
 @pytest.mark.slow

@@ -718,6 +718,10 @@ def test_a_url_no_filesystem_here_reads_is_refused_saying_what_to_give(tmp_path)
         resolved("file:///data")
     with pytest.raises(ValueError, match="OUT 'ftp://host/out': nothing here reads ftp://"):
         finalise.check_output(ConvertConfig(source=str(tmp_path), output="ftp://host/out"))
+    # It said Beam's Cloud Storage filesystem was not installed (a helper's trial).
+    with pytest.raises(ValueError, match=r"SRC 'GS://b/imgs': write its scheme in lower case "
+                                         r"\(gs://b/imgs\)\.$"):  # fmt: skip
+        resolved("GS://b/imgs")
     ran = run_cli("verify", f"file://{tmp_path}", tmp_path / "out")
     assert ran.returncode == 2 and f"'file://{tmp_path}' is a file:// URL" in ran.stderr
 
