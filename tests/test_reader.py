@@ -589,6 +589,13 @@ def test_reads_a_dataset_on_gcs(gcs):
     assert sum(len(labels) for _, labels in batches(train, 4)) == 8
     evaluation = reader.make_input_fn(folder, is_training=False, image_size=SIZE, batch_size=2)()
     assert sorted(real_labels(batches(evaluation))) == [0, 1, 2]
+    # Without its manifest (a conversion stopped as it finalised): it said "an empty folder"
+    # of a folder holding shards (a helper's trial), as it was never listed.
+    tf.io.gfile.remove(f"{folder}/manifest.json")
+    with pytest.raises(ValueError, match="holds no manifest.json: not a finished tfrecord-pipe "
+                                         "dataset. If a conversion into it was stopped, run it "
+                                         "again"):  # fmt: skip
+        reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2)()
 
 
 def test_image_fn_replaces_the_preprocessing_and_is_checked(dataset):

@@ -178,9 +178,17 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
             for name, info in found.splits.items()
         }
         return Dataset(path, False, splits, found.compression, found, chosen)
+    if tf.io.gfile.isdir(folder) and paths.is_remote(folder):
+        # Not listed (a listing of a bucket's folder pages through all it holds): every case
+        # said. It said "an empty folder" of one holding a stopped conversion's files.
+        raise ValueError(
+            f"{path} holds no {naming.MANIFEST_NAME}: not a finished tfrecord-pipe dataset. If "
+            "a conversion into it was stopped, run it again (it clears what was left); if it "
+            f"holds images, convert them first; to read shards anyway, pass a file pattern "
+            f"such as {paths.join(folder, 'train-*')}, and the label offset."
+        )
     if tf.io.gfile.isdir(folder):
-        # Local folders only: a listing of a bucket's folder pages through all it holds.
-        children = [] if paths.is_remote(folder) else _children(folder)
+        children = _children(folder)
         unfinished = [name for name, kind in children
                       if kind == FOLDER and name.startswith(naming.TEMP_PREFIX)]  # fmt: skip
         if unfinished and (naming.CLAIM_NAME, FILE) in children:
