@@ -596,6 +596,13 @@ def test_reads_a_dataset_on_gcs(gcs):
                                          "dataset. If a conversion into it was stopped, run it "
                                          "again"):  # fmt: skip
         reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2)()
+    # An outage is no missing dataset: it was a FileNotFoundError (a helper's trial).
+    with gcs.faults(error_rate=1.0), pytest.raises(ConnectionError, match="did not answer"):
+        reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=2)()
+    from tfrecord_pipe._reading.dataset import unreachable
+
+    forbidden = tf.errors.PermissionDeniedError(None, None, "403")
+    assert isinstance(unreachable("gs://b/ds", forbidden), FileNotFoundError)
 
 
 def test_image_fn_replaces_the_preprocessing_and_is_checked(dataset):

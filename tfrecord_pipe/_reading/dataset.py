@@ -155,14 +155,15 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
     Raises:
       ValueError: a folder without a manifest, a pattern that matches nothing, or no shards in
         `file_format`; the message says what to pass instead.
-      FileNotFoundError: a bucket that cannot be reached.
+      FileNotFoundError: a bucket that does not exist, or is not ours to read.
+      ConnectionError: the storage did not answer (an outage): not a missing dataset.
     """
     path = arguments.path("path", path)
     folder = paths.folder(path)
     try:
         is_dataset = tf.io.gfile.exists(paths.join(folder, naming.MANIFEST_NAME))
-    except tf.errors.OpError as err:  # a bucket that does not exist, or is not ours to read
-        raise FileNotFoundError(f"Cannot reach {path}: {err.message}") from err
+    except tf.errors.OpError as err:
+        raise unreachable(path, err) from err
     if is_dataset:
         found = read_manifest(folder)
         chosen = _chosen(path, found.file_formats, file_format)
@@ -433,3 +434,17 @@ def write_manifest(folder: str, manifest: manifest_lib.Manifest) -> None:
     for name, text in manifest_lib.files_of(manifest):
         with tf.io.gfile.GFile(paths.join(folder, name), "w") as f:
             f.write(text)
+
+
+# TensorFlow's errors of a storage that did not answer, by name (retries given up).
+_OUTAGES = ("UnavailableError", "DeadlineExceededError", "AbortedError",
+            "ResourceExhaustedError")  # fmt: skip
+
+
+def unreachable(path: str, err) -> OSError:
+    """The error for a storage path TensorFlow could not look at: an outage is no missing
+    dataset (a caller's `except FileNotFoundError` took one for it: a helper's trial)."""
+    if type(err).__name__ in _OUTAGES:
+        return ConnectionError(f"Cannot reach {path}: the storage did not answer "
+                               f"({err.message}). Try again once it answers.")  # fmt: skip
+    return FileNotFoundError(f"Cannot reach {path}: {err.message}")

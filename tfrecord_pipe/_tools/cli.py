@@ -230,10 +230,12 @@ def _require_path(path: str) -> None:
 
     if any(char in path for char in "*?["):
         return
+    from tfrecord_pipe._reading import dataset
+
     try:
         exists = tf.io.gfile.exists(path)
-    except tf.errors.OpError as err:  # an unreachable or forbidden bucket
-        raise FileNotFoundError(f"Cannot reach {path}: {err.message}") from err
+    except tf.errors.OpError as err:  # an unreachable or forbidden bucket, or an outage
+        raise dataset.unreachable(path, err) from err
     if not exists:
         raise _not_there(path)
 
