@@ -11,6 +11,7 @@ import errno
 import functools
 import logging
 import os
+import re
 import resource
 import shutil
 import stat
@@ -49,6 +50,9 @@ def scheme_problem(path: str, what: str) -> str | None:
     scheme = given.lower()
     if given != scheme:  # Beam's filesystems know schemes in lower case alone
         return (f"{what} {path!r}: write its scheme in lower case ({scheme}://{rest}).")
+    if "//" in rest.rstrip("/"):  # an empty folder name: objects named so are no one's intent
+        meant = f"{scheme}://{re.sub('/+', '/', rest)}"
+        return (f"{what} {path!r} has an empty folder name ('//'): did you mean {meant}?")
     if scheme == "file":
         return (f"{what} {path!r} is a file:// URL: give it as a local path "
                 f"({path[len('file://'):] or '/'}), without file://.")  # fmt: skip

@@ -722,6 +722,9 @@ def test_a_url_no_filesystem_here_reads_is_refused_saying_what_to_give(tmp_path)
     with pytest.raises(ValueError, match=r"SRC 'GS://b/imgs': write its scheme in lower case "
                                          r"\(gs://b/imgs\)\.$"):  # fmt: skip
         resolved("GS://b/imgs")
+    with pytest.raises(ValueError, match=r"SRC 'gs://b//imgs' has an empty folder name \('//'\): "
+                                         r"did you mean gs://b/imgs\?"):  # fmt: skip
+        resolved("gs://b//imgs")  # it said "No files found" (a helper's trial)
     ran = run_cli("verify", f"file://{tmp_path}", tmp_path / "out")
     assert ran.returncode == 2 and f"'file://{tmp_path}' is a file:// URL" in ran.stderr
 
