@@ -18,6 +18,7 @@ from tfrecord_pipe._core import messages, progress
 
 POLL_S = 1.0  # how often the launcher sums the workers' reports
 RATE_AFTER_S = 0.5  # a rate is shown once it is measured over this long
+STALLED_AFTER_S = 20.0  # no count moved this long: said on the line
 
 
 def report(folder: str, worker: str, seen: int, rejected: int, written: int = 0,
@@ -57,6 +58,7 @@ class ProgressLine:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._started = time.monotonic()
         self._writing_since: float | None = None  # the local engine's second phase
+        self._counts, self._moved = None, self._started  # the counts last seen to move
 
     def __enter__(self):
         self._thread.start()
@@ -71,7 +73,16 @@ class ProgressLine:
         while not self._stop.wait(POLL_S):
             counts = totals(self._folder)
             if counts[0] or counts[4]:
-                self._line.update(self._text(*counts))
+                self._line.update(self._shown(counts, time.monotonic()))
+
+    def _shown(self, counts: tuple[int, ...], now: float) -> str:
+        """The line, and how long no count has moved once that is STALLED_AFTER_S: a storage
+        that stopped answering showed `0/s` for minutes and no more (a helper's trial)."""
+        if counts != self._counts:
+            self._counts, self._moved = counts, now
+        still = now - self._moved
+        return self._text(*counts) + (
+            f"; nothing moved for {still:.0f} s" if still >= STALLED_AFTER_S else "")  # fmt: skip
 
     def _text(self, seen: int, rejected: int, written: int = 0, to_write: int = 0,
               listed: int = 0) -> str:  # fmt: skip

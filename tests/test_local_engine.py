@@ -631,3 +631,8 @@ def test_the_progress_line_counts_the_inputs_listed_until_they_are_loaded(tmp_pa
     assert shown.startswith("converting: 64 inputs loaded (1 rejected), ")
     assert line._text(1, 0).startswith("converting: 1 input loaded (0 rejected)")
     assert line._text(0, 0, listed=1) == "converting: 1 input listed"
+    # Counts that stop moving are said to (a storage gone showed "0/s" for minutes).
+    assert "moved" not in line._shown((64, 1, 0, 0, 5000), 100.0)
+    assert "moved" not in line._shown((64, 1, 0, 0, 5000), 119.0)
+    assert line._shown((64, 1, 0, 0, 5000), 125.0).endswith("/s; nothing moved for 25 s")
+    assert "moved" not in line._shown((65, 1, 0, 0, 5000), 126.0)
