@@ -159,6 +159,29 @@ def test_verify_catches_a_source_in_neither_shards_nor_rejected(converted_copy):
                                          f"{converted_from}: is that the folder meant?")  # fmt: skip
 
 
+def test_records_cut_into_shards_otherwise_than_the_converter_cuts_them_are_a_problem(
+    converted,
+):
+    # A helper moved records between shards and made the manifest agree: verify said OK,
+    # since the records' order was checked against the manifest's own shard lengths.
+    found = dataset.read_manifest(str(converted[1]))
+    assert verify_rules.shard_cut_problems(found) == []
+    train = found.splits["train"]
+    assert train.shard_lengths == (5, 5) and found.conversion["num_shards"] == 2
+
+    def forged(*lengths):
+        files = tuple(f"train-{i:05d}-of-{len(lengths):05d}.tfrecord" for i in range(len(lengths)))
+        cut = dataclasses.replace(train, shard_lengths=lengths, files=files, file_bytes=(),
+                                  shard_digests=())  # fmt: skip
+        return dataclasses.replace(found, splits={**found.splits, "train": cut})
+
+    assert verify_rules.shard_cut_problems(forged(4, 6)) == [
+        "split train: its shards hold [4, 6] records; the converter cuts 10 into 2 shards as "
+        "[5, 5]"]  # fmt: skip
+    assert verify_rules.shard_cut_problems(forged(4, 3, 3)) == [
+        "split train: 3 shards, where --num_shards 2 gives 2"]
+
+
 def test_the_source_a_dataset_was_converted_from_is_told_only_where_another_is_given(
     converted, tmp_path, monkeypatch
 ):
