@@ -128,6 +128,7 @@ def test_a_storage_that_fails_every_read_stops_the_job_rather_than_reject_its_in
     assert "It is not rejected" in str(failed.value) and not (out / "manifest.json").exists()
 
 
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_an_outage_mid_run_ends_the_conversion_in_one_error_line(gcs, tmp_path, monkeypatch,
                                                                  capsys, caplog):  # fmt: skip
     # With the storage gone after the claim was taken, the failed job asked whether it had
