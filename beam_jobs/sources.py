@@ -187,7 +187,7 @@ def empty_label_folders(config: ConvertConfig, labels) -> list[str]:
     if config.layout == "csv" or paths.is_remote(root):
         return []
     if config.layout == "splits":
-        places = [(split, paths.join(root, split)) for split in sorted(storage.children(root)[0])]
+        places = [(split, os.path.join(root, split)) for split in sorted(storage.children(root)[0])]
     else:
         places = [("", root)]
     found = []
