@@ -118,13 +118,24 @@ def run_cli(*args) -> Ran:
     return Ran(code, out.getvalue(), err.getvalue())
 
 
-def run_command(*args, env=None, timeout: float = 300) -> Ran:
-    """The installed `tfrecord-pipe` command in a new process, as a user runs it."""
+def run_command(*args, env=None, timeout: float = 300, preloaded: bool = False) -> Ran:
+    """The installed `tfrecord-pipe` command in a new process, as a user runs it.
+
+    `preloaded`: the command's module run in a process forked with TensorFlow imported
+    (tests/preloaded.py), 3 CPU-s less: for what the command does, not how it starts.
+    """
     done = subprocess.run(
-        [COMMAND, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-        env=dict(os.environ, **(env or {})),
+        command_line(*args, preloaded=preloaded), capture_output=True, text=True,
+        timeout=timeout, env=dict(os.environ, **(env or {})),
     )  # fmt: skip
     return Ran(done.returncode, done.stdout, done.stderr)
+
+
+def command_line(*args, preloaded: bool = False) -> list[str]:
+    """`tfrecord-pipe ARGS...` as a command line (see `run_command` for `preloaded`)."""
+    if preloaded:
+        return preloaded_python("-m", "tfrecord_pipe._tools.cli", *args)
+    return [COMMAND, *map(str, args)]
 
 
 def run_python(code: str, timeout: float = 120, env=None, preloaded: bool = False) -> Ran:

@@ -6,6 +6,11 @@ import tensorflow as tf
 from dataset_factory import write_dataset
 from helpers import run_cli, run_command
 
+# Records in a bare pattern's files (no manifest: counts unknown, so the shuffle buffer is not
+# capped at an epoch): a training pipeline fills its buffer of 10,000 by reading the files
+# again and again, and a file of one record took 5 CPU-s to fill it.
+SHUFFLE_FILL = 100
+
 
 @pytest.mark.slow
 def test_bench_prints_train_and_eval_next_to_the_ceiling(converted):
@@ -24,7 +29,8 @@ def test_bench_prints_train_and_eval_next_to_the_ceiling(converted):
 def test_bench_progress_in_a_log_is_plain_lines(converted):
     # stderr is a pipe here, as in a log file: no carriage returns, one last line per pipeline.
     _, out = converted
-    done = run_command("bench", out, "--seconds", "0.3", "--image_size", "16", "--batch_size", "2")
+    done = run_command("bench", out, "--seconds", "0.3", "--image_size", "16", "--batch_size", "2",
+                       preloaded=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr
     finals = [line for line in done.stderr.splitlines() if "img/s" in line]
@@ -51,7 +57,8 @@ def test_bench_on_records_it_cannot_read_is_one_error_line(tmp_path):
     other = tf.train.Example(features=tf.train.Features(feature={
         "image_raw": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"x"]))}))
     with tf.io.TFRecordWriter(str(tmp_path / "other.tfrecord")) as writer:
-        writer.write(other.SerializeToString())
+        for _ in range(SHUFFLE_FILL):
+            writer.write(other.SerializeToString())
     (tmp_path / "nothing.tfrecord").write_bytes(b"x\n")
     for name, said in (("other", "Feature: image/encoded (data type: string) is required"),
                        ("nothing", "gave no record: each is missing, empty, or")):  # fmt: skip
@@ -63,7 +70,7 @@ def test_bench_on_records_it_cannot_read_is_one_error_line(tmp_path):
 
 @pytest.mark.slow
 def test_bench_on_a_bare_pattern_needs_the_label_offset(tmp_path):
-    write_dataset(str(tmp_path), {"train": [[0, 1, 2, 0]]})
+    write_dataset(str(tmp_path), {"train": [[0, 1, 2, 0] * (SHUFFLE_FILL // 4)]})
     tf.io.gfile.remove(f"{tmp_path}/manifest.json")
     pattern = f"{tmp_path}/train-*"
     unknown = run_cli("bench", pattern, "--seconds", "0.2", "--batch_size", "2")

@@ -1,6 +1,7 @@
 """`tfrecord-pipe inspect` and inspection.py: what a dataset holds, for a person to look at."""
 
 import os
+import shlex
 import shutil
 import subprocess
 
@@ -13,7 +14,7 @@ from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import cli, inspection
 
 from dataset_factory import write_dataset
-from helpers import COMMAND, jpeg_bytes, run_cli, run_command
+from helpers import command_line, jpeg_bytes, run_cli, run_command
 
 
 def test_inspect_shows_splits_labels_sizes_and_rejections(converted):
@@ -153,7 +154,7 @@ def test_inspect_says_a_shard_replaced_by_a_fifo_is_no_file_and_never_blocks(con
     shard = out / dataset.read_manifest(str(out)).splits["train"].files[0]
     shard.unlink()
     os.mkfifo(shard)
-    done = run_command("inspect", out, "--check", timeout=120)
+    done = run_command("inspect", out, "--check", timeout=120, preloaded=True)
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"PROBLEM {shard}: missing, or not a file (the manifest lists it)" in done.stdout
     # Named by a pattern (as the error for a folder without a manifest says to), or by its own
@@ -367,9 +368,9 @@ def _records(out, files):
 def test_inspect_into_a_reader_that_stops_early_ends_quietly(converted):
     # `tfrecord-pipe inspect DS | head` ended with "error: [Errno 32] Broken pipe".
     _, out = converted
-    done = subprocess.run(["bash", "-c", f'"{COMMAND}" inspect "{out}" | true; '
-                           'exit "${PIPESTATUS[0]}"'], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    command = shlex.join(command_line("inspect", out, preloaded=True))
+    done = subprocess.run(["bash", "-c", f'{command} | true; exit "${{PIPESTATUS[0]}}"'],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 141 and "Broken pipe" not in done.stderr, done.stderr[-2000:]
 
 

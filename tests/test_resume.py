@@ -183,13 +183,14 @@ def test_the_iterator_checkpoints_as_a_small_position_and_restores_exactly(tmp_p
 
 
 CHAINS = [  # (shuffle_buffer, cycle_length, cuts): restored after each cut, then 12 batches on.
-    # On the stream before 0.5: with windows of 12 records (3 batches), where two saves fell
-    # in one window after the first, the third run read that window again, silently, until
-    # the epoch's position check; the next three read wrong batches until the epoch's key
-    # check stopped them; the last three raised a DataLossError.
-    (12, 2, (4, 1)), (12, 2, (7, 1)), (12, 2, (2, 1)), (12, 2, (4, 6)),
-    (1, 1, (12, 1, 1, 0)), (2, 1, (12, 12, 5, 1)), (2, 2, (6, 2, 14)),
-    (7, 1, (4, 2, 3, 14)), (2, 1, (4, 1, 11)), (1, 2, (14, 1, 2, 12)),
+    # Before 0.5, where two saves fell in one window of 12 records (3 batches) after the
+    # first, the stream read that window again, silently, until the epoch's position check
+    # (the second chain); the next two read wrong batches until the epoch's key check stopped
+    # them; the last two raised a DataLossError. (Ten chains until 0.5.0: four were dropped
+    # for the suite's time, keeping a chain of each way the stream failed.)
+    (12, 2, (4, 1)), (12, 2, (2, 1)),
+    (12, 2, (4, 6)), (1, 1, (12, 1, 1, 0)),
+    (7, 1, (4, 2, 3, 14)), (1, 2, (14, 1, 2, 12)),
 ]
 
 
@@ -212,7 +213,7 @@ def _chain_reference(folder, shuffle_buffer: int, cycle_length: int) -> list:
     return digests(_chain_dataset(folder, shuffle_buffer, cycle_length), longest)
 
 
-@pytest.mark.slow  # ten chains of restores, 2-6 s each
+@pytest.mark.slow  # six chains of restores, 1-3 CPU-s each
 @pytest.mark.parametrize("shuffle_buffer, cycle_length, cuts", CHAINS)
 def test_restored_and_saved_again_and_again_the_stream_reads_on_exactly(
     folder, tmp_path, shuffle_buffer, cycle_length, cuts
