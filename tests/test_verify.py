@@ -724,6 +724,24 @@ def test_a_manifest_that_disagrees_with_itself_is_a_problem(converted_copy):
     assert "manifest.json: record format 99, but this version reads format" in done.stdout
 
 
+def test_a_manifest_s_rejections_moved_to_another_reason_are_found_by_both_drivers(
+    converted_copy,
+):
+    # A helper's forgery: the total kept, one reason's count given to another. Verify checked
+    # the total only, and said OK.
+    src, out = converted_copy
+    found = dataset.read_manifest(str(out))
+    assert found.rejected_reasons == {"truncated": 1}
+    dataset.write_manifest(str(out), dataclasses.replace(found, rejected_reasons={"unreadable": 1}))
+    report = verified_both_ways(src, out)
+    assert report.problems == (
+        "manifest.json: counts 0 rejected as truncated, where rejected/ has 1 lines of that "
+        "reason (edited?)",
+        "manifest.json: counts 1 rejected as unreadable, where rejected/ has 0 lines of that "
+        "reason (edited?)",
+    ), report
+
+
 def test_each_source_is_checked_beside_its_record_and_its_image_hashed_once(
     converted, monkeypatch
 ):

@@ -83,6 +83,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     problems = join.Problems()
     problems.extend(reading.check_descriptions(dataset, found), FILES)
     problems.extend(reading.check_rejection_files(dataset, found), FILES)
+    problems.extend(reading.check_rejection_reasons(dataset, found), FILES)
     problems.extend(reading.check_stray_shards(dataset, found), FILES)
     problems.extend(reading.check_shard_sizes(dataset, found), FILES)
     problems.extend(reading.check_manifest(found), FILES)

@@ -72,6 +72,7 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False,
     # Checks of the dataset's small files, here, before minutes of job.
     descriptions = reading.check_descriptions(dataset, found)
     descriptions += reading.check_rejection_files(dataset, found)
+    descriptions += reading.check_rejection_reasons(dataset, found)
     descriptions += reading.check_stray_shards(dataset, found)
     descriptions += reading.check_shard_sizes(dataset, found)
     descriptions += reading.check_manifest(found)

@@ -166,6 +166,35 @@ def check_manifest(found: manifest.Manifest) -> list[str]:
     return problems
 
 
+def check_rejection_reasons(dataset: str, found: manifest.Manifest) -> list[str]:
+    """The manifest's count of each rejection reason is the count of rejected/'s lines of that
+    reason, where the totals agree: the totals are checked apart (`read_rejected`,
+    `check_manifest`), and only these counts were not (a helper's manifest that moved two
+    rejections from one reason to another verified). A manifest older than the reasons has
+    none."""
+    if not found.rejected_reasons:
+        return []
+    lines: collections.Counter = collections.Counter()
+    for split in sorted(found.splits):
+        path = paths.join(dataset, naming.rejected_name(split))
+        try:
+            if not storage.exists(path):
+                continue
+            for line in storage.read_lines(path):
+                if line.strip():
+                    lines[rejection_lib.Rejection.from_json(line).reason] += 1
+        except Exception:  # noqa: BLE001 - read_rejected says what is wrong with the file
+            return []
+    if sum(lines.values()) != sum(found.rejected_reasons.values()):
+        return []  # said by the checks of the totals
+    return [
+        f"{naming.MANIFEST_NAME}: counts {found.rejected_reasons.get(reason, 0)} rejected as "
+        f"{reason}, where {naming.REJECTED_DIR}/ has {lines[reason]} lines of that reason (edited?)"
+        for reason in sorted(set(lines) | set(found.rejected_reasons))
+        if lines[reason] != found.rejected_reasons.get(reason, 0)
+    ]
+
+
 def check_stray_shards(dataset: str, found: manifest.Manifest) -> list[str]:
     """No file named like a shard, or matched by a split's pattern (`train-*`), lies in the
     dataset's folder unlisted: a reader of that pattern, TFDS's or ours, would read it as
