@@ -282,6 +282,8 @@ def test_compressed_shards_read_back_with_gzip(tmp_path):
     shards = sorted((tmp_path / "out").glob("train-*"))
     assert shards and all(shard.name.endswith(".tfrecord.gz") for shard in shards)
     assert sum(len(read_records(shard)) for shard in shards) == 6
+    verified = run_cli("verify", src, tmp_path / "out")  # its compression is the one recorded
+    assert verified.returncode == 0, verified.stdout
 
 
 def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):

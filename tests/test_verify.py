@@ -717,11 +717,14 @@ def test_a_manifest_that_disagrees_with_itself_is_a_problem(converted_copy):
     written = json.loads(path.read_text())
     written["rejected_reasons"] = {"truncated": 5}  # the splits reject 1
     written["format_version"] = 99
+    written["conversion"]["compress"] = True  # its shards are not compressed
     path.write_text(json.dumps(written))
     done = run_cli("verify", src, out)
     assert done.returncode == 1
     assert "manifest.json: its rejection reasons count 5 rejected, its splits 1" in done.stdout
     assert "manifest.json: record format 99, but this version reads format" in done.stdout
+    assert ("manifest.json: compression '', but the conversion it records ran with compress "
+            "True (edited?)") in done.stdout  # fmt: skip
 
 
 def test_a_manifest_s_rejections_moved_to_another_reason_are_found_by_both_drivers(

@@ -142,8 +142,8 @@ def check_rejection_files(dataset: str, found: manifest.Manifest) -> list[str]:
 
 def check_manifest(found: manifest.Manifest) -> list[str]:
     """The manifest agrees with itself: its record format is this version's, its label offset
-    the one its conversion recorded, and its counts of rejection reasons add up to its
-    splits' rejections (a manifest older than the reasons has none)."""
+    and compression the ones its conversion recorded, and its counts of rejection reasons add
+    up to its splits' rejections (a manifest older than the reasons has none)."""
     problems = []
     if found.format_version != schema.FORMAT_VERSION:
         problems.append(
@@ -156,6 +156,12 @@ def check_manifest(found: manifest.Manifest) -> list[str]:
         problems.append(
             f"{naming.MANIFEST_NAME}: label_offset {found.label_offset}, but the conversion it "
             f"records wrote labels with {recorded!r} (edited?)"
+        )
+    compressed = found.conversion.get("compress")  # absent before 0.2
+    if isinstance(compressed, bool) and compressed != (found.compression == naming.GZIP):
+        problems.append(
+            f"{naming.MANIFEST_NAME}: compression {found.compression!r}, but the conversion it "
+            f"records ran with compress {compressed} (edited?)"
         )
     reasons = sum(found.rejected_reasons.values())
     if found.rejected_reasons and reasons != found.num_rejected:
