@@ -647,6 +647,7 @@ def test_records_out_of_the_converters_order_or_stray_shards_are_problems(conver
     shutil.copy(first_shard(out), out / f"{first_shard(out).name}.bak")
     (out / "validation-grid.png").write_bytes(b"")  # `inspect --grid` put there
     (out / "notes-train.txt").write_bytes(b"")  # no split's pattern reads it
+    (out / "train-00001-of-00009.tfrecord").mkdir()  # a pattern's reader fails on a folder
     done = run_cli("verify", src, out)
     assert done.returncode == 1
     assert f"shard {first_shard(out).name}: its records are not in the order" in done.stdout
@@ -654,7 +655,9 @@ def test_records_out_of_the_converters_order_or_stray_shards_are_problems(conver
     assert (f"{first_shard(out).name}.bak: the pattern train-* of split train reads it as part "
             "of the dataset, but the manifest does not list it") in done.stdout  # fmt: skip
     assert "validation-grid.png: the pattern validation-* of split validation" in done.stdout
-    assert "4 problems" in done.stdout  # nothing said twice (the shard's digest)
+    assert ("train-00001-of-00009.tfrecord/: a folder, which the pattern train-* of split train "
+            "matches (a reader of that pattern fails on it)") in done.stdout  # fmt: skip
+    assert "5 problems" in done.stdout  # nothing said twice (the shard's digest)
 
 
 @pytest.mark.slow  # over a second of CPU: out of the fast subset

@@ -204,13 +204,17 @@ def check_rejection_reasons(dataset: str, found: manifest.Manifest) -> list[str]
 def check_stray_shards(dataset: str, found: manifest.Manifest) -> list[str]:
     """No file named like a shard, or matched by a split's pattern (`train-*`), lies in the
     dataset's folder unlisted: a reader of that pattern, TFDS's or ours, would read it as
-    part of the dataset."""
+    part of the dataset. Nor a folder that such a pattern matches, which it cannot read."""
     listed = {name for info in found.splits.values() for name in info.all_files}
     try:
-        _, names = storage.children(dataset)
+        folders, names = storage.children(dataset)
     except Exception as err:  # noqa: BLE001 - any filesystem's error: said, not fatal
         return [f"{dataset} cannot be listed: {messages.one_line(err)}"]
     problems = []
+    for name in sorted(folders):
+        if split := next((s for s in sorted(found.splits) if name.startswith(f"{s}-")), None):
+            problems.append(f"{name}/: a folder, which the pattern {split}-* of split {split} "
+                            "matches (a reader of that pattern fails on it)")  # fmt: skip
     for name in sorted(set(names) - listed):
         if (split := naming.split_of(name)) is not None:
             problems.append(f"{name}: named like a shard of split {split}, but the manifest does "
