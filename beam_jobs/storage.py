@@ -103,7 +103,11 @@ def children(root: str) -> tuple[set[str], set[str]]:
             return set(), set()
         folders, files = set(), set()
         for child in os.scandir(root):
-            (folders if child.is_dir() else files).add(child.name)
+            try:
+                is_dir = child.is_dir()
+            except OSError:  # a link that cannot be followed (ELOOP): an entry, not a folder
+                is_dir = False
+            (folders if is_dir else files).add(child.name)
         return folders, files
     if root.startswith("gs://"):
         bucket, _, prefix = root[len("gs://") :].partition("/")

@@ -53,6 +53,20 @@ def test_a_pattern_of_files_from_several_folders_has_no_counts(tmp_path):
     assert found.compression == ""
 
 
+def test_a_link_in_a_loop_beside_the_shards_hides_none_of_them(tmp_path):
+    # Listing the folder raised ELOOP at the link, and the whole listing was dropped: every
+    # shard was "missing", and a pattern "matched no files" (a helper's trial).
+    write_dataset(str(tmp_path), {"train": [[0, 1], [2]]})
+    (tmp_path / "x1").symlink_to("x2")
+    (tmp_path / "x2").symlink_to("x1")
+    assert dataset.resolve(str(tmp_path)).splits["train"].record_counts == (2, 1)
+    assert len(dataset.resolve(f"{tmp_path}/train-*").files) == 2
+    # The job's listing (verify's check for stray shards, a conversion's output) raised there.
+    from beam_jobs import storage
+
+    assert storage.children(str(tmp_path))[1] >= {"x1", "x2", "manifest.json"}
+
+
 def test_files_named_otherwise_are_one_group(tmp_path):
     write_dataset(str(tmp_path), {"train": [[0]]})
     (tmp_path / "train-00000-of-00001.tfrecord").rename(tmp_path / "mine.tfrecord")

@@ -320,8 +320,7 @@ def _children(folder: str) -> list[tuple[str, str]]:
     per name."""
     if not paths.is_remote(folder):
         try:
-            return sorted((child.name, _kind_of(child.is_dir(), child.is_file()))
-                          for child in os.scandir(folder or "."))  # fmt: skip
+            return sorted((child.name, _entry_kind(child)) for child in os.scandir(folder or "."))
         except OSError:
             return []
     try:  # tf.io.gfile marks the "folders" of an object store with a trailing slash
@@ -333,6 +332,15 @@ def _children(folder: str) -> list[tuple[str, str]]:
 
 def _kind_of(is_dir: bool, is_file: bool) -> str:
     return FOLDER if is_dir else FILE if is_file else OTHER
+
+
+def _entry_kind(child: os.DirEntry) -> str:
+    """A listed entry's kind; OTHER for one that cannot be followed (a link in a loop raises
+    ELOOP), which hid the whole folder's listing: every shard beside it was "missing"."""
+    try:
+        return _kind_of(child.is_dir(), child.is_file())
+    except OSError:
+        return OTHER
 
 
 def _kind(path: str) -> str | None:
