@@ -404,3 +404,8 @@ def test_inspect_check_reads_a_dataset_on_gcs_as_on_disk(gcs, converted):
     done = run_cli("inspect", remote, "--check")
     assert done.returncode == 1, done.stdout
     assert f"{remote}/{name}: holds other inputs than the manifest lists" in done.stdout
+    # A --grid on a storage that does not answer: a traceback (a helper's trial).
+    with gcs.faults(error_rate=1.0):
+        done = run_cli("inspect", out, "--grid", f"{remote}/sheet.png")
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert len(done.errors) == 1 and "Cannot reach --grid gs://" in done.errors[0], done.stderr

@@ -186,7 +186,13 @@ def _inspect(args) -> int:
         _check_writable_png(args.grid)
         import tensorflow as tf
 
-        if tf.io.gfile.exists(args.grid) and not inspection.is_contact_sheet(args.grid):
+        from tfrecord_pipe._reading import dataset
+
+        try:  # (a traceback for a bucket that cannot be reached: a helper's trial)
+            taken = tf.io.gfile.exists(args.grid) and not inspection.is_contact_sheet(args.grid)
+        except tf.errors.OpError as err:
+            raise dataset.unreachable(f"--grid {args.grid}", err) from err
+        if taken:
             raise ValueError(f"--grid {args.grid}: a file of that name is there that does not "
                              "say inspect drew it (as sheets of 0.5.0 on do): give a new file "
                              "name, or remove it.")  # fmt: skip
