@@ -66,6 +66,7 @@ def test_bench_on_records_it_cannot_read_is_one_error_line(tmp_path):
                        "--seconds", "0.2", "--image_size", "8")  # fmt: skip
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert done.errors == [done.errors[0]] and said in done.errors[0], done.errors
+        assert "inspect --check" not in done.errors[0]  # it would find nothing wrong there
 
 
 @pytest.mark.slow
@@ -80,6 +81,14 @@ def test_bench_on_a_bare_pattern_needs_the_label_offset(tmp_path):
         "--label_offset", "1",
     )  # fmt: skip
     assert given.returncode == 0, given.stderr
+    # A shard cut short: inspect --check names the shard, and is pointed to.
+    [shard] = tmp_path.glob("train-*")
+    # (Cut inside a record's 12-byte header, TensorFlow ends the file there without a word.)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2 + 100])  # in a record
+    cut = run_cli("bench", pattern, "--seconds", "0.2", "--batch_size", "2", "--image_size", "16",
+                  "--label_offset", "1")  # fmt: skip
+    assert cut.returncode == 2 and "truncated record" in cut.errors[0], cut.errors
+    assert "`tfrecord-pipe inspect --check` names the shard" in cut.errors[0]
 
 
 @pytest.mark.slow

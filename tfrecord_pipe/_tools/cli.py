@@ -351,8 +351,11 @@ def _bench(args) -> int:
             data_service=args.data_service,
         )
     except tf.errors.OpError as err:  # another tool's records, a damaged shard: a traceback
-        raise ValueError(f"{args.path} cannot be read: {messages.one_line(err)} "
-                         "(`tfrecord-pipe inspect --check` names the shard)") from err  # fmt: skip
+        # inspect --check finds a damaged shard, not an image that does not decode: pointed
+        # to for those, it said OK (a helper's trial).
+        damaged = isinstance(err, tf.errors.DataLossError)
+        hint = " (`tfrecord-pipe inspect --check` names the shard)" if damaged else ""
+        raise ValueError(f"{args.path} cannot be read: {messages.one_line(err)}{hint}") from err
     served = f", training batches by the tf.data service at {args.data_service}"
     print(
         f"{args.path}: {args.image_size}x{args.image_size} {args.dtype}, batch {args.batch_size}, "
