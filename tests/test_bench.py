@@ -81,6 +81,11 @@ def test_bench_on_a_bare_pattern_needs_the_label_offset(tmp_path):
         "--label_offset", "1",
     )  # fmt: skip
     assert given.returncode == 0, given.stderr
+    small = run_cli(
+        "bench", pattern, "--seconds", "0.2", "--batch_size", "2", "--image_size", "16",
+        "--label_offset", "1", "--shuffle_buffer", "0",
+    )  # fmt: skip
+    assert small.returncode == 2 and "shuffle_buffer must be >= 1, got 0" in small.errors[0]
     # A shard cut short: inspect --check names the shard, and is pointed to.
     [shard] = tmp_path.glob("train-*")
     # (Cut inside a record's 12-byte header, TensorFlow ends the file there without a word.)

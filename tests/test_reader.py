@@ -254,6 +254,38 @@ def test_fewer_files_than_pipelines_shares_records_with_a_warning(tmp_path, capl
     assert all(seen), "a pipeline got nothing"
 
 
+@pytest.mark.parametrize("compression", ["", "GZIP"])
+def test_a_shuffle_buffer_too_large_for_the_machine_is_warned_of_before_it_fills(
+    tmp_path, caplog, monkeypatch, compression
+):
+    # A buffer of 10,000 photos of 9.6 MB filled a 24 GB machine: killed, without a word.
+    from tfrecord_pipe._reading import buffer_memory
+
+    folder = str(tmp_path / "ds")
+    write_dataset(folder, {"train": [[0, 1, 2] * 20]}, compression=compression)
+    files = reader.resolve_source(reader.ReaderConfig(folder)).split.files
+    record = len(next(iter(tf.data.TFRecordDataset(files[:1], compression))).numpy())
+    monkeypatch.setattr(buffer_memory, "_SAID", set())
+    logger = "tfrecord_pipe._reading.buffer_memory"
+    with caplog.at_level(logging.WARNING, logger=logger):
+        reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4)()
+    assert not caplog.records  # this machine holds 60 such records
+    memory = 50 * record  # a machine that does not (an epoch is the buffer: 60)
+    monkeypatch.setattr(buffer_memory, "machine_bytes", lambda: memory)
+    with caplog.at_level(logging.WARNING, logger=logger):
+        for _ in range(2):  # said once
+            reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4)()
+        reader.make_input_fn(folder, "train", is_training=False, image_size=SIZE, batch_size=4)()
+    [said] = [r.getMessage() for r in caplog.records]
+    assert said.startswith("The shuffle buffer of 60 records would hold about ")
+    assert f"Give shuffle_buffer={int(0.1 * memory // record)} or less" in said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=logger):  # as advised: no warning
+        reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4,
+                             shuffle_buffer=int(0.1 * memory // record))()  # fmt: skip
+    assert not caplog.records
+
+
 def test_empty_shards_deal_records_with_a_warning_that_says_so(tmp_path, caplog):
     # The warning said "5 files for 3 input pipelines ... write at least 3 shards".
     folder = str(tmp_path / "ds")

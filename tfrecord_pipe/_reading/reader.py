@@ -29,7 +29,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from tfrecord_pipe._core import arguments
-from tfrecord_pipe._reading import file_share, padded, parse, records, seeded, service
+from tfrecord_pipe._reading import buffer_memory, file_share, padded, parse, records, seeded, service
 from tfrecord_pipe._reading.reader_config import (
     ReaderConfig,
     Source,
@@ -104,6 +104,8 @@ def build_dataset(
     if config.is_training:
         file_share.warn_of_repeats_in_a_step(source.split, share, batch, input_context,
                                              global_batch=batch_size is None)  # fmt: skip
+        buffer_memory.warn_if_too_large(share.files, source.compression,
+                                        _shuffle_buffer(config, share))  # fmt: skip
     if start_batches < 0:
         raise ValueError(f"start_batches must be >= 0, got {start_batches}")
     if config.seeded:
@@ -223,10 +225,14 @@ def _records(config, source, share) -> tf.data.Dataset:
         serialized = one_pass(files).repeat()
     else:
         serialized = records.repeat_while_nonempty(one_pass(files), file_share.nothing_read(share))
-    # After the interleave: mixes records of different shards, not just shard order. A
-    # buffer larger than an epoch would only mix epochs and hold memory: cap it there.
-    buffer = min(config.shuffle_buffer, share.num_examples or config.shuffle_buffer)
-    return serialized.shuffle(buffer, seed=config.seed)
+    # After the interleave: mixes records of different shards, not just shard order.
+    return serialized.shuffle(_shuffle_buffer(config, share), seed=config.seed)
+
+
+def _shuffle_buffer(config, share) -> int:
+    """Records the training shuffle holds: a buffer larger than an epoch would only mix
+    epochs and hold memory, so it is capped there."""
+    return min(config.shuffle_buffer, share.num_examples or config.shuffle_buffer)
 
 
 def _file_reader(config, source, share):

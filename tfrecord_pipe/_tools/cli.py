@@ -120,6 +120,9 @@ storage, a worker); 2 bad input; 130 interrupted (Ctrl-C); 143 convert terminate
     bench.add_argument("--image_size", type=int, default=224,
                        help="side of the square images the pipelines make, in pixels")
     bench.add_argument("--batch_size", type=int, default=128, help="images per batch")
+    bench.add_argument("--shuffle_buffer", type=int,
+                       help="records the training pipeline shuffles in memory, as training "
+                       "sets it (default: the reader's, at most an epoch)")  # fmt: skip
     bench.add_argument(
         "--dtype",
         default="float32",
@@ -346,6 +349,7 @@ def _bench(args) -> int:
             args.seconds,
             image_size=args.image_size,
             batch_size=args.batch_size,
+            **({} if args.shuffle_buffer is None else {"shuffle_buffer": args.shuffle_buffer}),
             dtype=args.dtype,
             label_offset=args.label_offset,
             data_service=args.data_service,
