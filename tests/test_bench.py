@@ -124,6 +124,19 @@ def test_a_validation_split_without_records_is_benched_as_none_and_nan_seconds_r
     assert nan.returncode == 2 and "must be positive (and finite)" in nan.stderr
 
 
+@pytest.mark.slow
+def test_a_dataset_without_a_train_split_is_benched_by_a_pattern_as_advised(tmp_path):
+    # It was refused with the reader's advice, "pass split=", which bench has no flag for.
+    write_dataset(str(tmp_path), {"validation": [[0, 1] * 12]})
+    flags = ("--seconds", "0.2", "--image_size", "16", "--batch_size", "2")
+    refused = run_cli("bench", tmp_path, *flags)
+    assert refused.returncode == 2 and "has no split 'train' (it has ['validation'])" in \
+        refused.errors[0], refused.errors
+    assert refused.errors[0].endswith(f"as {tmp_path}/validation-*.")
+    advised = run_cli("bench", f"{tmp_path}/validation-*", *flags)
+    assert advised.returncode == 0, advised.stderr
+
+
 def test_a_time_shorter_than_a_batch_still_times_one():
     # `--seconds 1e-9` printed a table of zeros: no batch came within the time.
     from tfrecord_pipe._tools import bench

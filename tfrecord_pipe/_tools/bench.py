@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from tfrecord_pipe._core import naming, progress, schema
+from tfrecord_pipe._core import naming, paths, progress, schema
 from tfrecord_pipe._reading import dataset as dataset_lib
 from tfrecord_pipe import reader
 from tfrecord_pipe._reading import records
@@ -149,7 +149,14 @@ def bench(
     found = dataset_lib.resolve(path)  # once, for all three pipelines
     train_split = eval_split = None
     if not found.is_pattern:
-        train_split = naming.TRAIN if naming.TRAIN in found.splits else None
+        if naming.TRAIN not in found.splits:  # the reader's advice, split=, is no flag here
+            others = sorted(found.splits)
+            raise ValueError(
+                f"{path} has no split {naming.TRAIN!r} (it has {others}): bench times training "
+                f"on it. Give a pattern of a split's files instead, as "
+                f"{paths.join(path, others[0] + '-*') if others else 'DATASET/SPLIT-*'}."
+            )
+        train_split = naming.TRAIN
         # A validation split with no record (its inputs all rejected) is as good as none.
         validation = found.splits.get(naming.VALIDATION)
         eval_split = naming.VALIDATION if validation and validation.files else train_split
