@@ -17,7 +17,7 @@ from tfrecord_pipe import reader
 from tfrecord_pipe._reading import tpu_ready
 
 from dataset_factory import write_dataset
-from helpers import run_cli
+from helpers import run_cli, run_python
 
 SIZE = 24
 BATCH = 4
@@ -174,6 +174,33 @@ def test_an_unreachable_dispatcher_fails_at_once_saying_what_to_check(dataset, a
     address = address.format(port=_closed_port())
     with pytest.raises(ConnectionError, match="No tf.data service dispatcher at .*grpc://HOST:PORT"):
         reader.build_dataset(served_config(dataset, address))
+
+
+def test_a_dispatcher_that_never_answers_or_a_worker_is_refused_in_seconds(dataset, service):
+    # A port that accepts and never answers (a frozen dispatcher): bench hung, deaf to Ctrl-C.
+    # In a process of its own, as a regression would hang.
+    done = run_python(
+        "import socket\n"
+        "from tfrecord_pipe import reader\n"
+        "from tfrecord_pipe._reading import service\n"
+        "service.DISPATCHER_TIMEOUT_S = 1.0\n"
+        "frozen = socket.socket()\n"
+        "frozen.bind(('127.0.0.1', 0))\n"
+        "frozen.listen(8)\n"
+        "address = f'grpc://127.0.0.1:{frozen.getsockname()[1]}'\n"
+        f"config = reader.ReaderConfig({str(dataset)!r}, batch_size={BATCH}, image_size={SIZE}, "
+        "data_service=address)\n"
+        "try:\n"
+        "    reader.build_dataset(config)\n"
+        "except ConnectionError as err:\n"
+        "    print('REFUSED', err)\n",
+        timeout=60, preloaded=True,
+    )  # fmt: skip
+    assert "REFUSED The tf.data service dispatcher at 'grpc://127.0.0.1:" in done.stdout, done
+    assert "' did not answer within 1 s. Check that the address is the dispatcher's" in done.stdout
+    worker = f"grpc://{service[1][0]._address}"  # (TensorFlow says it no other way)
+    with pytest.raises(ConnectionError, match="is no dispatcher .*a worker's"):
+        reader.build_dataset(served_config(dataset, worker))
 
 
 @pytest.mark.slow

@@ -77,7 +77,12 @@ def served_batches(
 
 
 def check_dispatcher(address: str) -> None:
-    """Raises ConnectionError, saying what to check, unless the dispatcher accepts a connection."""
+    """Raises ConnectionError, saying what to check, unless a dispatcher answers at `address`.
+
+    TensorFlow waits for one without end, in silence, where nothing listens, and where what
+    listens never answers (a frozen dispatcher: `bench` hung, deaf to Ctrl-C, in a helper's
+    trial). So the dispatcher is asked its version, as TensorFlow's client first does.
+    """
     try:
         network.check_reachable(address, DISPATCHER_TIMEOUT_S)
     except (OSError, ValueError) as err:
@@ -86,6 +91,31 @@ def check_dispatcher(address: str) -> None:
             "grpc://HOST:PORT, check it is running and reachable from this machine, or leave "
             "data_service unset to make the batches here."
         ) from err
+    if problem := _unanswered(address):
+        raise ConnectionError(
+            f"The tf.data service dispatcher at {address!r} {problem}. Check that the address "
+            "is the dispatcher's and that it runs, or leave data_service unset to make the "
+            "batches here."
+        )
+
+
+def _unanswered(address: str) -> str | None:
+    """What is wrong with the dispatcher's answer to GetVersion; None where it answered."""
+    import grpc  # TensorFlow's own dependency
+
+    target = address.split("://", 1)[-1]
+    with grpc.insecure_channel(target) as channel:
+        ask = channel.unary_unary("/tensorflow.data.DispatcherService/GetVersion",
+                                  request_serializer=bytes, response_deserializer=bytes)  # fmt: skip
+        try:
+            ask(b"", timeout=DISPATCHER_TIMEOUT_S)  # an empty GetVersionRequest
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"did not answer within {DISPATCHER_TIMEOUT_S:g} s"
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return "is no dispatcher (it does not know a dispatcher's calls: a worker's?)"
+            return f"did not answer as a dispatcher ({err.code().name}: {err.details()})"
+    return None
 
 
 def streamed_batch(batch: int, image_bytes: int) -> int:
