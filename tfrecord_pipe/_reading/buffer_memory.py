@@ -9,6 +9,7 @@ small read, and enough to see a buffer that cannot fit.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import logging
 import os
@@ -46,9 +47,11 @@ def warn_if_too_large(files: tuple[str, ...], compression: str, buffer: int) -> 
     )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=64)
 def first_record_bytes(files: tuple[str, ...], compression: str) -> int | None:
     """The length of the first record of the first of `files`; None where it cannot be read
-    (no file, an empty one, a storage error: the pipeline says those itself)."""
+    (no file, an empty one, a storage error: the pipeline says those itself). Read once a
+    process for each list of files, however many training pipelines are built over it."""
     if not files:
         return None
     try:
