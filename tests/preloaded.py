@@ -2,7 +2,7 @@
 
 A new Python process pays about 6 CPU-seconds here to import TensorFlow, and the suite starts
 dozens that train, resume or hang on purpose. `python(*args)` is a command line that does what
-`python ARGS...` does, in a child forked from a server (one per test process, started at the
+`python ARGS...` does, in a child forked from a server (one per test process, started at its
 first call) that imported TensorFlow (and with it Keras, JAX and some 3,000 modules): the
 child takes the command's arguments, environment, working directory and standard streams;
 the command ends as the child ends (its exit code, or the signal that killed it: a run that
@@ -20,7 +20,9 @@ A command runs in a new interpreter instead, as `python ARGS...`, when its envir
 from the server's in a variable read as Python or TensorFlow starts (_READ_AT_START), when it
 has interpreter options, or when there is no server. So a test of what a process prints or
 does while it starts (the quiet start, the oneDNN choice) runs a new interpreter, as the
-commands in the README do.
+commands in the README do. A test whose commands all need other such variables (Keras on
+JAX, the hosts of a two-host JAX run) names their environment (`python(..., env=...)`) and
+gets a server of its own for it.
 """
 
 from __future__ import annotations
@@ -47,32 +49,41 @@ _PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, sign
 # The environment the server starts with: this process's when the tests were collected, not
 # one a test has patched since.
 _ENVIRONMENT_AT_IMPORT = dict(os.environ)
-_server = None
-# The name the server listens at, in Linux's abstract socket namespace (no file to remove);
-# None where it could not start.
-_server_name = None
+# The servers started, by the variables read at start they were started with: each is
+# [process, the name it listens at in Linux's abstract socket namespace (no file to remove),
+# or None where it could not start or has ended].
+_servers: dict[tuple, list] = {}
 
 
-def python(*args) -> list[str]:
-    """The command line of `python ARGS...`, run by a child of the server (started here at the
-    first call)."""
-    global _server_name
-    if _server is None:
-        _start_server()
-    elif _server_name is not None and _server.poll() is not None:
-        _server_name = None
-        _warn(f"the server ended ({_server.returncode})")
-    if _server_name is None:
+def python(*args, env=None) -> list[str]:
+    """The command line of `python ARGS...`, run by a child of a server (started here at the
+    first call that needs it).
+
+    `env`: the environment the command will be started with, where it differs from this
+    process's in what is read at start (KERAS_BACKEND=jax): a server started with it serves
+    every command given the same such variables, so that they too share one import. Without
+    it, a command whose environment differs so runs a new interpreter."""
+    start = _ENVIRONMENT_AT_IMPORT if env is None else dict(env)
+    key = tuple(sorted(_read_at_start(start).items()))
+    if key not in _servers:
+        _servers[key] = _start_server(start)
+    server = _servers[key]
+    if server[1] is not None and server[0].poll() is not None:
+        server[1] = None
+        _warn(f"the server ended ({server[0].returncode})")
+    if server[1] is None:
         return [sys.executable, *map(str, args)]
-    return [sys.executable, __file__, "--to", _server_name, *map(str, args)]
+    return [sys.executable, __file__, "--to", server[1], *map(str, args)]
 
 
 def stop() -> None:
-    """Ends the server, if one started, and waits for it (so that its children's CPU time is
+    """Ends the servers that started, and waits for them (so that their children's CPU time is
     counted in this process's)."""
-    if _server is not None and _server.poll() is None:
-        _server.stdin.close()
-        _server.wait(timeout=30)
+    for process, _ in _servers.values():
+        if process.poll() is None:
+            process.stdin.close()
+    for process, _ in _servers.values():
+        process.wait(timeout=30)
 
 
 def _warn(why) -> None:
@@ -81,23 +92,23 @@ def _warn(why) -> None:
     warnings.warn(f"no preloaded TensorFlow: each command starts a new Python ({why})")
 
 
-def _start_server() -> None:
+def _start_server(environment) -> list:
+    """[process, name] of a new server started with `environment`; name None where it failed."""
     import subprocess
     import tempfile
 
-    global _server, _server_name
     name = f"tfrecord-pipe-tests-{os.getpid()}-{os.urandom(4).hex()}"
     log = tempfile.TemporaryFile()
-    _server = subprocess.Popen(
+    server = subprocess.Popen(
         [sys.executable, __file__, "--serve", name], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=log, env={**_ENVIRONMENT_AT_IMPORT, **_SERVER_ONLY},
+        stdout=subprocess.PIPE, stderr=log, env={**environment, **_SERVER_ONLY},
     )  # fmt: skip
-    if _server.stdout.readline() == b"ready\n":
-        _server_name = name
-    else:
-        _server.wait()
-        log.seek(0)
-        _warn(log.read().decode(errors="replace")[-2000:])
+    if server.stdout.readline() == b"ready\n":
+        return [server, name]
+    server.wait()
+    log.seek(0)
+    _warn(log.read().decode(errors="replace")[-2000:])
+    return [server, None]
 
 
 def _fresh(args) -> None:

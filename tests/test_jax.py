@@ -22,6 +22,7 @@ from tfrecord_pipe._reading import hosts
 
 from dataset_factory import write_dataset
 from local_gcs import free_port
+from preloaded import python as preloaded_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -158,7 +159,7 @@ def test_the_multi_host_examples_write_each_line_whole(monkeypatch):
     assert raw.calls == [b"resumed at step 5\n"]
 
 
-@pytest.mark.slow  # a fresh process
+@pytest.mark.slow  # a process of its own: JAX started here would stay started
 def test_a_tensorflow_program_is_not_taken_for_a_jax_one_because_tensorflow_imports_jax():
     code = (
         "import sys, tensorflow as tf\n"
@@ -167,7 +168,7 @@ def test_a_tensorflow_program_is_not_taken_for_a_jax_one_because_tensorflow_impo
         "import jax; jax.devices()\n"
         "print('started', hosts.jax_in_use())\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    done = subprocess.run(preloaded_python("-c", code), capture_output=True, text=True,
                           env=environment(), timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "imported True False" in done.stdout  # TensorFlow imported jax: still not JAX's
@@ -179,7 +180,7 @@ def test_two_jax_hosts_read_disjoint_files_that_cover_the_split(numbered):
     address = f"127.0.0.1:{free_port()}"
     runs = [
         subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "jax_host.py"), numbered, address, str(i), "2"],
+            preloaded_python(ROOT / "tests" / "jax_host.py", numbered, address, i, 2),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -207,9 +208,10 @@ def test_two_jax_hosts_read_disjoint_files_that_cover_the_split(numbered):
 def test_keras_on_jax_and_plain_jax_learn_from_the_reader_and_export(tmp_path):
     colours = str(tmp_path / "colours")
     write_dataset(colours, {"train": [[0, 1, 2] * 5] * 4, "validation": [[0, 1, 2, 0, 1], [2, 1]]})
+    env = environment(KERAS_BACKEND="jax")
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "jax_run.py"), colours, str(tmp_path / "work")],
-        capture_output=True, text=True, env=environment(), timeout=600,
+        preloaded_python(ROOT / "tests" / "jax_run.py", colours, tmp_path / "work", env=env),
+        capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     result = result_of(done)
     example, keras_run, jax_run = result["example"], result["keras"], result["jax"]

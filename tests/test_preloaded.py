@@ -93,6 +93,15 @@ def test_a_command_needing_another_start_runs_a_new_python():
     assert ran(preloaded_python("-X", "utf8", "-c", code))[:2] == (0, "False\n")
 
 
+@pytest.mark.slow  # a second server imports TensorFlow, with Keras on JAX
+def test_commands_given_their_environment_share_a_server_started_with_it():
+    code = "import sys, keras; print(keras.backend.backend(), 'tensorflow' in sys.modules)"
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    first, again = (preloaded_python("-c", code, env=env) for _ in range(2))
+    assert first == again and first != preloaded_python("-c", code)  # one server for both
+    assert ran(first, env=env)[:2] == (0, "jax True\n")  # Keras on JAX, TensorFlow preloaded
+
+
 def gone(pid) -> bool:
     """Whether process `pid` has ended (waiting a minute at most)."""
     deadline = time.monotonic() + 60

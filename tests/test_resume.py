@@ -795,7 +795,7 @@ def killed_and_resumed(folder, workdirs, modes, steps, kill_at):
     def run_all(*extra):
         runs = [
             subprocess.Popen(preloaded_python(ROOT / "tests" / "resume_run.py", mode, folder,
-                                              workdir, steps, *extra),
+                                              workdir, steps, *extra, env=env),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for mode, workdir in zip(modes, workdirs)
         ]  # fmt: skip
@@ -858,9 +858,9 @@ def test_keras_fit_on_jax_killed_and_resumed_ends_with_the_uninterrupted_runs_we
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     whole.mkdir(), killed.mkdir()
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
-    command = [sys.executable, str(ROOT / "tests" / "resume_run.py"), "fit_jax", folder]
-    done = subprocess.run([*command, str(whole), "24"], capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
+    command = preloaded_python(ROOT / "tests" / "resume_run.py", "fit_jax", folder, whole, 24,
+                               env=env)  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     [printed] = killed_and_resumed(folder, [killed], ["fit_jax"], 24, 18)
     assert "RESTORED 16" in printed
