@@ -1,5 +1,6 @@
 """`tfrecord-pipe inspect` and inspection.py: what a dataset holds, for a person to look at."""
 
+import json
 import os
 import shlex
 import shutil
@@ -255,7 +256,31 @@ def test_without_a_label_offset_labels_show_as_stored_values(tmp_path):
     assert "no manifest.json" in unknown.stdout
     assert "green (stored 2)" in unknown.stdout and "(1)" not in unknown.stdout
     given = run_cli("inspect", f"{tmp_path}/train-*", "--label_offset", "1")
-    assert "green (1)" in given.stdout and "red (0)" in given.stdout
+    assert given.returncode == 0 and "green (1)" in given.stdout and "red (0)" in given.stdout
+    # An offset larger than the one written puts labels below 0: said, not drawn as "red (-1)"
+    # alone.
+    wrong = run_cli("inspect", f"{tmp_path}/train-*", "--label_offset", "2")
+    assert wrong.returncode == 1
+    assert ("1 record(s) read have a label below 0 with --label_offset 2 (the smallest stored "
+            "is 1)") in wrong.stdout + wrong.stderr  # fmt: skip
+
+
+def test_records_with_labels_outside_the_labels_file_are_a_problem(tmp_path):
+    write_dataset(str(tmp_path), {"train": [[0, 1, 2, 2]]})
+    described = json.loads((tmp_path / "manifest.json").read_text())
+    described["labels"] = ["red", "green"]  # as if edited, or converted again with fewer labels
+    (tmp_path / "manifest.json").write_text(json.dumps(described))
+    (tmp_path / "labels.txt").write_text("red\ngreen\n")
+    done = run_cli("inspect", tmp_path)
+    assert done.returncode == 1
+    assert "2 record(s) read have a label beyond the 2 of labels.txt" in done.stdout + done.stderr
+    described["labels"], described["label_offset"] = ["red", "green", "blue"], 2
+    (tmp_path / "manifest.json").write_text(json.dumps(described))
+    (tmp_path / "labels.txt").write_text("red\ngreen\nblue\n")
+    done = run_cli("inspect", tmp_path)
+    assert done.returncode == 1
+    assert ("1 record(s) read have a stored label below the manifest's label_offset 2"
+            in done.stdout + done.stderr)  # fmt: skip
 
 
 def test_sample_records_reports_keys_labels_and_sizes(tmp_path):

@@ -194,11 +194,13 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
     if sample is not None:
         serialized = serialized.take(sample)
     labels, heights, widths, read = collections.Counter(), [], [], 0
+    stored_labels = collections.Counter()
     try:
         for batch in serialized.batch(1024).map(lambda r: tf.io.parse_example(r, spec)):
             read += len(batch[schema.LABEL])
             for stored, text in zip(batch[schema.LABEL].numpy(), batch[schema.SYNSET].numpy()):
                 text = text.decode("utf-8", "replace")
+                stored_labels[int(stored)] += 1
                 labels[label_text(int(stored), text, offset, found.labels)] += 1
             heights.extend(int(h) for h in batch[schema.HEIGHT].numpy())
             widths.extend(int(w) for w in batch[schema.WIDTH].numpy())
@@ -210,6 +212,9 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
         at = f", at {culprit}" if culprit else ""
         problems.append(f"split {split.name}: reading a sample stopped after {read} records{at}: "
                         f"{messages.one_line(err)}")  # fmt: skip
+    if offset is not None and (said := _labels_out_of_range(split.name, stored_labels, offset,
+                                                           found)):  # fmt: skip
+        problems.append(said)
     if not read and sum(sizes) and not problems:  # TensorFlow reads a few stray bytes as none
         problems.append(f"split {split.name}: its {len(files)} file(s) hold {sum(sizes)} bytes "
                         "but no record: are they TFRecord files? (--check reads them whole)")  # fmt: skip
@@ -230,6 +235,26 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
         resized=len(resized),
         replaced=replaced,
     )
+
+
+def _labels_out_of_range(split: str, stored: collections.Counter, offset: int,
+                         found: dataset_lib.Dataset) -> str | None:  # fmt: skip
+    """What is wrong where stored labels less the offset fall outside 0..labels-1, or None.
+    Below 0, on a bare pattern, the offset given is the likelier fault than the records."""
+    below = sum(count for label, count in stored.items() if label < offset)
+    if below:
+        if found.manifest is None:
+            return (f"split {split}: {below} record(s) read have a label below 0 with "
+                    f"--label_offset {offset} (the smallest stored is {min(stored)}): give the "
+                    "offset the records were written with (tfrecord-pipe's is 1)")  # fmt: skip
+        return (f"split {split}: {below} record(s) read have a stored label below the "
+                f"manifest's label_offset {offset}: verify names them")  # fmt: skip
+    count = len(found.labels or ())
+    beyond = sum(n for label, n in stored.items() if count and label - offset >= count)
+    if beyond:
+        return (f"split {split}: {beyond} record(s) read have a label beyond the {count} of "
+                "labels.txt: verify names them")  # fmt: skip
+    return None
 
 
 def _first_unreadable(files: list[str], found, records_each: int) -> str | None:
