@@ -44,7 +44,7 @@ import tfrecord_pipe
 from beam_jobs import (claim, finalise, flags, local_engine, sources, storage, work_folder,
                        worker_pool, worker_progress)
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import manifest, messages, paths, program_exit
+from tfrecord_pipe._core import help_format, manifest, messages, paths, program_exit
 
 LOG = logging.getLogger("beam_jobs.convert")
 FLEX_LAUNCHER = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in a Flex Template's launcher container
@@ -70,7 +70,7 @@ def run(
     if strays := flags.stray_words(beam_args):
         raise ValueError(
             f"Unexpected argument {strays[0]!r}: convert takes SOURCE and OUTPUT, then flags "
-            "(a shell pattern such as data/* gives one argument per folder it matches)."
+            f"({help_format.EXPANDED_PATTERN})."
         )
     with flags.beam_logging(args.verbose):
         return _convert(args, beam_args, save_main_session)

@@ -166,6 +166,11 @@ def test_a_command_ends_though_a_library_left_a_thread_running(tmp_path, entry):
     (["convert", "src", "out", "--validation_fraction", "abc"],
      "error: argument --validation_fraction: invalid float value: 'abc'. `tfrecord-pipe convert "
      "--help` lists the options."),
+    # An unquoted pattern, expanded by the shell into its files.
+    (["inspect", "ds/train-00000-of-00002.tfrecord", "ds/train-00001-of-00002.tfrecord"],
+     "error: unrecognized arguments: ds/train-00001-of-00002.tfrecord. A shell pattern such as "
+     "data/train-* gives one argument per file or folder it matches: quote it, 'data/train-*', "
+     "for the command to read it. `tfrecord-pipe COMMAND --help` lists a command's options."),
 ])  # fmt: skip
 def test_a_mistyped_option_is_one_error_line_naming_the_closest(capsys, argv, said):
     # argparse printed its usage first (15 lines for convert), and no "did you mean".

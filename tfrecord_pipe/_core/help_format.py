@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import argparse
 
+# Said where a command got more paths than it takes: a shell expands an unquoted pattern.
+EXPANDED_PATTERN = ("a shell pattern such as data/train-* gives one argument per file or folder "
+                    "it matches: quote it, 'data/train-*', for the command to read it")
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Appends "(default: X)" to an option's help, unless there is none to show (an unset
@@ -39,6 +43,8 @@ class Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(given.lower(), sorted(flags_of(self)), n=1,
                                               cutoff=0.75)  # fmt: skip
             hint = f" Did you mean {close[0]}?" if close else ""
+            if not given.startswith("-"):
+                hint = f" {EXPANDED_PATTERN[0].upper()}{EXPANDED_PATTERN[1:]}."
         commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
         listed = f"`{self.prog} COMMAND --help` lists a command's" if commands else (
             f"`{self.prog} --help` lists the")  # fmt: skip

@@ -332,7 +332,7 @@ def _check_verify_order(args) -> None:
 
     if strays := flags.stray_words(args.beam_args):
         raise ValueError(f"Unexpected argument {strays[0]!r}: verify takes SRC and OUT, then "
-                         "flags.")  # fmt: skip
+                         f"flags ({help_format.EXPANDED_PATTERN}).")  # fmt: skip
 
 
 def _bench(args) -> int:
