@@ -70,7 +70,7 @@ def test_bench_on_records_it_cannot_read_is_one_error_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_on_a_bare_pattern_needs_the_label_offset(tmp_path):
+def test_bench_on_a_bare_pattern_needs_the_label_offset(tmp_path, caplog):
     write_dataset(str(tmp_path), {"train": [[0, 1, 2, 0] * (SHUFFLE_FILL // 4)]})
     tf.io.gfile.remove(f"{tmp_path}/manifest.json")
     pattern = f"{tmp_path}/train-*"
@@ -81,6 +81,12 @@ def test_bench_on_a_bare_pattern_needs_the_label_offset(tmp_path):
         "--label_offset", "1",
     )  # fmt: skip
     assert given.returncode == 0, given.stderr
+    assert "Padded evaluation" not in caplog.text  # a training script's note: bench takes no loss
+    # An offset larger than the records were written with: refused before the ceiling is timed.
+    wrong = run_cli("bench", pattern, "--seconds", "5", "--batch_size", "2", "--image_size", "16",
+                    "--label_offset", "2")  # fmt: skip
+    assert wrong.returncode == 2 and "Label below 0" in wrong.errors[0], wrong.errors
+    assert "ceiling" not in wrong.stderr
     small = run_cli(
         "bench", pattern, "--seconds", "0.2", "--batch_size", "2", "--image_size", "16",
         "--label_offset", "1", "--shuffle_buffer", "0",
