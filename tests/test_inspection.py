@@ -265,6 +265,19 @@ def test_without_a_label_offset_labels_show_as_stored_values(tmp_path):
             "is 1)") in wrong.stdout + wrong.stderr  # fmt: skip
 
 
+def test_a_damaged_shard_leaves_the_others_histograms_drawn(tmp_path):
+    # One shard cut in a record stopped the whole sample: no label or size histogram at all.
+    write_dataset(str(tmp_path), {"train": [[0] * 6, [1, 2] * 3, [2] * 6]})
+    cut = tmp_path / "train-00001-of-00003.tfrecord"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2 + 100])  # inside a record
+    done = run_cli("inspect", tmp_path)
+    assert done.returncode == 1
+    assert f"at {cut}: " in done.stdout and "(the histograms are of the other 2 shard(s))" in done.stdout
+    drawn = [line.split() for line in done.stdout.splitlines() if "█" in line]
+    assert sorted((words[0], words[-1]) for words in drawn if "(" in words[1]) == [
+        ("blue", "6"), ("red", "6")]  # the first and third shards' labels  # fmt: skip
+
+
 def test_records_with_labels_outside_the_labels_file_are_a_problem(tmp_path):
     write_dataset(str(tmp_path), {"train": [[0, 1, 2, 2]]})
     described = json.loads((tmp_path / "manifest.json").read_text())

@@ -189,29 +189,27 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
                 problems.append(f"{path}: holds other inputs than the manifest lists, or in "
                                 "another order (another shard's copy, or swapped with one?); "
                                 "verify names them")  # fmt: skip
-    spec = records.parse_spec(schema.LABEL, schema.SYNSET, schema.HEIGHT, schema.WIDTH)
-    serialized = _spread(files, found)
-    if sample is not None:
-        serialized = serialized.take(sample)
-    labels, heights, widths, read = collections.Counter(), [], [], 0
-    stored_labels = collections.Counter()
+    sampled = _Sample()
     try:
-        for batch in serialized.batch(1024).map(lambda r: tf.io.parse_example(r, spec)):
-            read += len(batch[schema.LABEL])
-            for stored, text in zip(batch[schema.LABEL].numpy(), batch[schema.SYNSET].numpy()):
-                text = text.decode("utf-8", "replace")
-                stored_labels[int(stored)] += 1
-                labels[label_text(int(stored), text, offset, found.labels)] += 1
-            heights.extend(int(h) for h in batch[schema.HEIGHT].numpy())
-            widths.extend(int(w) for w in batch[schema.WIDTH].numpy())
+        sampled.read_from(files, found, sample, offset)
     except tf.errors.OpError as err:
         culprit = None
         if isinstance(err, tf.errors.DataLossError) and found.file_format == naming.TFRECORD:
-            per_file = -(-(sample if sample is not None else read + 1) // len(files)) + 1
+            per_file = -(-(sample if sample is not None else sampled.read + 1) // len(files)) + 1
             culprit = _first_unreadable(files, found, per_file)
         at = f", at {culprit}" if culprit else ""
-        problems.append(f"split {split.name}: reading a sample stopped after {read} records{at}: "
-                        f"{messages.one_line(err)}")  # fmt: skip
+        said = (f"split {split.name}: reading a sample stopped after {sampled.read} records{at}: "
+                f"{messages.one_line(err)}")  # fmt: skip
+        if culprit and len(files) > 1:  # the other shards' sample, for the histograms
+            sampled = _Sample()
+            try:
+                sampled.read_from([f for f in files if f != culprit], found, sample, offset)
+                said += f" (the histograms are of the other {len(files) - 1} shard(s))"
+            except tf.errors.OpError:  # another one damaged too: none drawn
+                sampled = _Sample()
+        problems.append(said)
+    labels, heights, widths, read = sampled.labels, sampled.heights, sampled.widths, sampled.read
+    stored_labels = sampled.stored_labels
     if offset is not None and (said := _labels_out_of_range(split.name, stored_labels, offset,
                                                            found)):  # fmt: skip
         problems.append(said)
@@ -235,6 +233,33 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
         resized=len(resized),
         replaced=replaced,
     )
+
+
+@dataclasses.dataclass
+class _Sample:
+    """What a sample of a split's records shows: labels (as shown, and as stored), sizes."""
+
+    labels: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    stored_labels: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    heights: list = dataclasses.field(default_factory=list)
+    widths: list = dataclasses.field(default_factory=list)
+    read: int = 0
+
+    def read_from(self, files, found, sample, offset) -> None:
+        """Reads up to `sample` records (None: all) spread over `files`; raises OpError where
+        one cannot be read (what was read so far is kept)."""
+        spec = records.parse_spec(schema.LABEL, schema.SYNSET, schema.HEIGHT, schema.WIDTH)
+        serialized = _spread(files, found)
+        if sample is not None:
+            serialized = serialized.take(sample)
+        for batch in serialized.batch(1024).map(lambda r: tf.io.parse_example(r, spec)):
+            self.read += len(batch[schema.LABEL])
+            for stored, text in zip(batch[schema.LABEL].numpy(), batch[schema.SYNSET].numpy()):
+                text = text.decode("utf-8", "replace")
+                self.stored_labels[int(stored)] += 1
+                self.labels[label_text(int(stored), text, offset, found.labels)] += 1
+            self.heights.extend(int(h) for h in batch[schema.HEIGHT].numpy())
+            self.widths.extend(int(w) for w in batch[schema.WIDTH].numpy())
 
 
 def _labels_out_of_range(split: str, stored: collections.Counter, offset: int,
