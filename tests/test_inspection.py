@@ -70,6 +70,30 @@ def test_the_grid_says_each_records_label_split_and_file(converted, tmp_path):
     assert {where.split(" ")[0] for _, where in captions} == set(found.splits)
 
 
+def test_the_grid_draws_records_of_cloud_tpu_s_layout_and_names_an_image_it_cannot(tmp_path):
+    # imagenet_to_gcs.py's records (no sha256 key, a filename, no manifest): the grid asked
+    # for every key of this project's format, and drew none.
+    def example(encoded, label):
+        feature = {"image/encoded": encoded, "image/class/label": label,
+                   "image/class/synset": b"n0144%d" % label, "image/filename": b"x%d.JPEG" % label}
+        return tf.train.Example(features=tf.train.Features(feature={
+            key: tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+            if isinstance(value, int) else tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+            for key, value in feature.items()})).SerializeToString()  # fmt: skip
+
+    with tf.io.TFRecordWriter(str(tmp_path / "train-00000-of-00001")) as writer:
+        for label in (1, 2):
+            writer.write(example(jpeg_bytes(40, 30, (200, 30, 30)), label))
+    captions = inspection.contact_sheet(f"{tmp_path}/train-*", str(tmp_path / "grid.png"),
+                                        label_offset=1)  # fmt: skip
+    assert captions == [("n01441 (0)", "train x1.JPEG"), ("n01442 (1)", "train x2.JPEG")]
+    with tf.io.TFRecordWriter(str(tmp_path / "train-00000-of-00001")) as writer:
+        writer.write(example(b"not an image", 1))
+    with pytest.raises(ValueError, match="an image of .*train-00000-of-00001 \\(x1.JPEG\\) does "
+                                         "not decode"):  # fmt: skip
+        inspection.contact_sheet(f"{tmp_path}/train-*", str(tmp_path / "grid.png"), label_offset=1)
+
+
 def test_inspect_check_catches_a_manifest_that_disagrees_with_a_shard(converted_copy):
     _, out = converted_copy
     found = dataset.read_manifest(str(out))

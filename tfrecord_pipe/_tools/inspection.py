@@ -547,14 +547,17 @@ def contact_sheet(
     try:
         spread = _spread(_present(found), found, with_path=True)
         for shard, serialized in spread.take(count):
-            record = schema.decode_example(serialized.numpy(), label_offset=0)  # stored labels
-            image = _thumbnail(Image.open(io.BytesIO(record.encoded)).convert("RGB"), thumb)
+            encoded, stored, text, filename = _tile_fields(serialized.numpy())
+            try:
+                image = _thumbnail(Image.open(io.BytesIO(encoded)).convert("RGB"), thumb)
+            except (OSError, ValueError, Image.DecompressionBombError) as err:
+                shown = f" ({filename})" if filename else ""
+                raise ValueError(f"Cannot draw {path}: an image of {shard.numpy().decode()}"
+                                 f"{shown} does not decode: {err}") from err  # fmt: skip
             split = naming.split_of(shard.numpy().decode()) or "?"
-            caption = (
-                label_text(record.label_index, record.label_text, offset, found.labels),
-                f"{split} {paths.basename(record.filename)}",
-            )
-            tiles.append((image, caption))
+            label = "no label" if stored is None else label_text(stored, text, offset,
+                                                                  found.labels)  # fmt: skip
+            tiles.append((image, (label, f"{split} {paths.basename(filename)}")))
     except tf.errors.OpError as err:
         raise ValueError(
             f"Cannot draw {path}: reading its shards stopped after {len(tiles)} records: "
@@ -583,6 +586,26 @@ def contact_sheet(
     except tf.errors.OpError as err:
         raise ValueError(f"Cannot write the contact sheet {output}: {messages.one_line(err)}")
     return [caption for _, caption in tiles]
+
+
+def _tile_fields(serialized: bytes) -> tuple[bytes, int | None, str, str]:
+    """(image bytes, stored label or None, label text, file name) of a record: what a tile
+    shows, from any record with an image (Cloud TPU's scripts' write no sha256 key, and a
+    record without a label or name is drawn without them)."""
+    features = schema.parse_features(serialized)
+
+    def single(key, kind):
+        found_kind, values = features.get(key, (None, []))
+        return values[0] if found_kind == kind and len(values) == 1 else None
+
+    encoded = single(schema.ENCODED, schema.BYTES)
+    if encoded is None:
+        raise ValueError(f"A record holds no single {schema.ENCODED} to draw (its keys: "
+                         f"{sorted(features)}); is it an image record?")  # fmt: skip
+    text, name = (bytes(single(key, schema.BYTES) or b"").decode("utf-8", "replace")
+                  for key in (schema.SYNSET, schema.FILENAME))  # fmt: skip
+    stored = single(schema.LABEL, schema.INT64)
+    return bytes(encoded), None if stored is None else int(stored), text, name
 
 
 def drawn_caption(caption: tuple[str, str], width: int) -> tuple[str, str]:
