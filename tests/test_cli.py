@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -78,6 +79,24 @@ def test_ctrl_c_while_tensorflow_loads_exits_130_in_one_line(converted, monkeypa
     done = run_cli("inspect", converted[1])
     assert done.returncode == 130
     assert done.stderr.strip() == "error: interrupted."
+
+
+def test_ctrl_c_while_tensorflow_probes_its_devices_keeps_its_noise_held_back(monkeypatch, capfd):
+    # The held-back start-up lines (CUDA not found, oneDNN's note) all came out on a Ctrl-C,
+    # as for a failed start, above the one line the command ends with.
+    import tensorflow as tf
+
+    from tfrecord_pipe._reading import tensorflow_start
+
+    def probing():
+        os.write(2, b"I0000 00:00:1.0 7 cudart_stub.cc:31] Could not find cuda drivers\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tf.config, "list_physical_devices", probing)
+    capfd.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        tensorflow_start.start()
+    assert capfd.readouterr().err == ""
 
 
 def test_no_command_is_bad_input():

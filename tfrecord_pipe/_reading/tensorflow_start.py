@@ -44,6 +44,9 @@ def start(verbose: bool = False) -> None:
             tf.config.list_physical_devices()  # where the CUDA probing prints
             tf.get_logger().setLevel("ERROR")
             failed = False
+        except KeyboardInterrupt:  # Ctrl-C as it loads: the command ends, and nothing failed
+            failed = False
+            raise
         finally:
             os.dup2(kept, 2)
             os.close(kept)
