@@ -68,9 +68,9 @@ def run(
     args, beam_args = flags.parse(parser, argv)
     flags.check_beam_flags(beam_args, parser)
     if strays := flags.stray_words(beam_args):
+        hint = f" ({help_format.EXPANDED_FOLDERS})" if help_format.expanded(strays[0]) else ""
         raise ValueError(
-            f"Unexpected argument {strays[0]!r}: convert takes SOURCE and OUTPUT, then flags "
-            f"({help_format.EXPANDED_PATTERN})."
+            f"Unexpected argument {strays[0]!r}: convert takes SOURCE and OUTPUT, then flags{hint}."
         )
     with flags.beam_logging(args.verbose):
         return _convert(args, beam_args, save_main_session)

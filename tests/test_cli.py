@@ -69,6 +69,21 @@ def test_help_lists_the_commands():
         assert command in result.stdout
 
 
+def test_an_unquoted_pattern_s_files_are_said_to_need_quotes(tmp_path, capsys):
+    # The shell gave the command the pattern's files: "unrecognized arguments" alone.
+    from tfrecord_pipe._tools import cli
+
+    files = [tmp_path / f"train-0000{n}-of-00002.tfrecord" for n in range(2)]
+    for file in files:
+        file.write_bytes(b"")
+    with pytest.raises(SystemExit):
+        cli.main(["inspect", *map(str, files)])
+    assert capsys.readouterr().err == (
+        f"error: unrecognized arguments: {files[1]}. A shell pattern such as data/train-* gives "
+        "one argument per file it matches: quote it, 'data/train-*', for the command to read it. "
+        "`tfrecord-pipe COMMAND --help` lists a command's options.\n")
+
+
 def test_ctrl_c_while_tensorflow_loads_exits_130_in_one_line(converted, monkeypatch):
     from tfrecord_pipe._reading import tensorflow_start
 
@@ -185,11 +200,10 @@ def test_a_command_ends_though_a_library_left_a_thread_running(tmp_path, entry):
     (["convert", "src", "out", "--validation_fraction", "abc"],
      "error: argument --validation_fraction: invalid float value: 'abc'. `tfrecord-pipe convert "
      "--help` lists the options."),
-    # An unquoted pattern, expanded by the shell into its files.
-    (["inspect", "ds/train-00000-of-00002.tfrecord", "ds/train-00001-of-00002.tfrecord"],
-     "error: unrecognized arguments: ds/train-00001-of-00002.tfrecord. A shell pattern such as "
-     "data/train-* gives one argument per file or folder it matches: quote it, 'data/train-*', "
-     "for the command to read it. `tfrecord-pipe COMMAND --help` lists a command's options."),
+    # A value given to a switch: no path, so no word of shell patterns.
+    (["inspect", "ds", "--check", "yes"],
+     "error: unrecognized arguments: yes. `tfrecord-pipe COMMAND --help` lists a command's "
+     "options."),
 ])  # fmt: skip
 def test_a_mistyped_option_is_one_error_line_naming_the_closest(capsys, argv, said):
     # argparse printed its usage first (15 lines for convert), and no "did you mean".

@@ -303,8 +303,12 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     # the dataset was written into the second folder, among its images.
     (tmp_path / "pets" / "cat").mkdir(parents=True)
     with pytest.raises(ValueError, match="Unexpected argument 'out': convert takes SOURCE and "
-                                         "OUTPUT, then flags"):  # fmt: skip
+                                         "OUTPUT, then flags.$"):  # fmt: skip
         run(src, tmp_path / "pets", "out")
+    with pytest.raises(ValueError, match="Unexpected argument '.*cat': convert takes SOURCE and "
+                                         "OUTPUT, then flags \\(a shell pattern such as data/\\* "
+                                         "gives one argument per folder"):  # fmt: skip
+        run(src, tmp_path / "pets", tmp_path / "pets" / "cat")
     with pytest.raises(ValueError, match="Unexpected argument '0.2'"):  # its flag left out
         run(src, tmp_path / "out", "0.2")
     # A negative value was taken for a flag ("Unknown flag -1"); as a value, Beam's runner

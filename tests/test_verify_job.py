@@ -152,7 +152,9 @@ def test_bad_flags_are_refused_before_anything_runs(converted, tmp_path, monkeyp
     for after in (["--runner", "DirectRunner"], ["--runner=DirectRunner", "--save_main_session"]):
         stray = run_cli("verify", src, out, *after, "extra")
         assert stray.returncode == 2 and "Unexpected argument 'extra'" in stray.stderr
-        assert "quote it, 'data/train-*'" in stray.stderr
+        assert "shell pattern" not in stray.stderr  # a word, no path
+    folders = run_cli("verify", src, out, tmp_path)  # `verify data/* ...`: a third folder
+    assert folders.returncode == 2 and "gives one argument per folder it matches" in folders.stderr
     workers = run_cli("verify", src, out, "--direct_num_workers", "-1")  # an IndexError in Beam
     assert workers.returncode == 2 and "--direct_num_workers -1: give how many" in workers.stderr
     template = run_cli("verify", src, out, *LOCAL, "--template_location", "t.json")

@@ -6,9 +6,21 @@ from __future__ import annotations
 
 import argparse
 
-# Said where a command got more paths than it takes: a shell expands an unquoted pattern.
-EXPANDED_PATTERN = ("a shell pattern such as data/train-* gives one argument per file or folder "
-                    "it matches: quote it, 'data/train-*', for the command to read it")
+# Said where a command got more paths than it takes (the stray word is a path that exists):
+# a shell expands an unquoted pattern. The readers read a pattern themselves, quoted; the
+# conversion's and verify's SOURCE is one folder or list, taken as written.
+EXPANDED_PATTERN = ("a shell pattern such as data/train-* gives one argument per file it "
+                    "matches: quote it, 'data/train-*', for the command to read it")
+EXPANDED_FOLDERS = ("a shell pattern such as data/* gives one argument per folder it matches; "
+                    "give the one folder above them")
+
+
+def expanded(word: str) -> bool:
+    """Whether a stray `word` may be one of the paths a shell pattern expanded into: one that
+    exists (a value given to a switch, a flag's value left without its flag, are not)."""
+    import os
+
+    return not word.startswith("-") and os.path.exists(word)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -43,7 +55,7 @@ class Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(given.lower(), sorted(flags_of(self)), n=1,
                                               cutoff=0.75)  # fmt: skip
             hint = f" Did you mean {close[0]}?" if close else ""
-            if not given.startswith("-"):
+            if expanded(given):
                 hint = f" {EXPANDED_PATTERN[0].upper()}{EXPANDED_PATTERN[1:]}."
         commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
         listed = f"`{self.prog} COMMAND --help` lists a command's" if commands else (

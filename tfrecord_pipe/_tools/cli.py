@@ -331,8 +331,9 @@ def _check_verify_order(args) -> None:
     from beam_jobs import flags
 
     if strays := flags.stray_words(args.beam_args):
+        hint = f" ({help_format.EXPANDED_FOLDERS})" if help_format.expanded(strays[0]) else ""
         raise ValueError(f"Unexpected argument {strays[0]!r}: verify takes SRC and OUT, then "
-                         f"flags ({help_format.EXPANDED_PATTERN}).")  # fmt: skip
+                         f"flags{hint}.")  # fmt: skip
 
 
 def _bench(args) -> int:
