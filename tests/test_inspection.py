@@ -285,8 +285,11 @@ def test_without_a_label_offset_labels_show_as_stored_values(tmp_path):
     # alone.
     wrong = run_cli("inspect", f"{tmp_path}/train-*", "--label_offset", "2")
     assert wrong.returncode == 1
-    assert ("1 record(s) read have a label below 0 with --label_offset 2 (the smallest stored "
-            "is 1)") in wrong.stdout + wrong.stderr  # fmt: skip
+    assert ("1 record(s) read have a label below 0 with --label_offset 2: the smallest stored "
+            "is 1, so the offset they were written with is at most 1 (tfrecord-pipe's is 1)"
+            ) in wrong.stdout + wrong.stderr  # fmt: skip
+    negative = run_cli("inspect", f"{tmp_path}/train-*", "--label_offset", "-3")
+    assert negative.errors == ["error: label_offset must be >= 0, got -3"], negative.errors
 
 
 def test_a_damaged_shard_leaves_the_others_histograms_drawn(tmp_path):
@@ -307,13 +310,11 @@ def test_records_with_labels_outside_the_labels_file_are_a_problem(tmp_path):
     described = json.loads((tmp_path / "manifest.json").read_text())
     described["labels"] = ["red", "green"]  # as if edited, or converted again with fewer labels
     (tmp_path / "manifest.json").write_text(json.dumps(described))
-    (tmp_path / "labels.txt").write_text("red\ngreen\n")
     done = run_cli("inspect", tmp_path)
     assert done.returncode == 1
-    assert "2 record(s) read have a label beyond the 2 of labels.txt" in done.stdout + done.stderr
+    assert "2 record(s) read have a label beyond the manifest's 2 labels" in done.stdout
     described["labels"], described["label_offset"] = ["red", "green", "blue"], 2
     (tmp_path / "manifest.json").write_text(json.dumps(described))
-    (tmp_path / "labels.txt").write_text("red\ngreen\nblue\n")
     done = run_cli("inspect", tmp_path)
     assert done.returncode == 1
     assert ("1 record(s) read have a stored label below the manifest's label_offset 2"

@@ -389,6 +389,8 @@ def label_offset(found: Dataset, given: int | None) -> int:
     Raises:
       ValueError: `given` disagrees with the manifest, or there is no manifest and no `given`.
     """
+    if given is not None and given < 0:  # (stored labels are 0 or more; none is below)
+        raise ValueError(f"label_offset must be >= 0, got {given}")
     if found.manifest is not None:
         if given is not None and given != found.manifest.label_offset:
             raise ValueError(

@@ -210,9 +210,8 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
         problems.append(said)
     labels, heights, widths, read = sampled.labels, sampled.heights, sampled.widths, sampled.read
     stored_labels = sampled.stored_labels
-    if offset is not None and (said := _labels_out_of_range(split.name, stored_labels, offset,
-                                                           found)):  # fmt: skip
-        problems.append(said)
+    if offset is not None:
+        problems += _labels_out_of_range(split.name, stored_labels, offset, found)
     if not read and sum(sizes) and not problems:  # TensorFlow reads a few stray bytes as none
         problems.append(f"split {split.name}: its {len(files)} file(s) hold {sum(sizes)} bytes "
                         "but no record: are they TFRecord files? (--check reads them whole)")  # fmt: skip
@@ -263,23 +262,24 @@ class _Sample:
 
 
 def _labels_out_of_range(split: str, stored: collections.Counter, offset: int,
-                         found: dataset_lib.Dataset) -> str | None:  # fmt: skip
-    """What is wrong where stored labels less the offset fall outside 0..labels-1, or None.
-    Below 0, on a bare pattern, the offset given is the likelier fault than the records."""
-    below = sum(count for label, count in stored.items() if label < offset)
-    if below:
+                         found: dataset_lib.Dataset) -> list[str]:  # fmt: skip
+    """What is wrong where stored labels less the offset fall outside 0..labels-1. Below 0,
+    on a bare pattern, the offset given is the likelier fault than the records."""
+    said = []
+    if below := sum(count for label, count in stored.items() if label < offset):
         if found.manifest is None:
-            return (f"split {split}: {below} record(s) read have a label below 0 with "
-                    f"--label_offset {offset} (the smallest stored is {min(stored)}): give the "
-                    "offset the records were written with (tfrecord-pipe's is 1)")  # fmt: skip
-        return (f"split {split}: {below} record(s) read have a stored label below the "
-                f"manifest's label_offset {offset}: verify names them")  # fmt: skip
+            usual = " (tfrecord-pipe's is 1)" if min(stored) >= 1 else ""
+            said.append(f"split {split}: {below} record(s) read have a label below 0 with "
+                        f"--label_offset {offset}: the smallest stored is {min(stored)}, so the "
+                        f"offset they were written with is at most {min(stored)}{usual}")  # fmt: skip
+        else:
+            said.append(f"split {split}: {below} record(s) read have a stored label below the "
+                        f"manifest's label_offset {offset}: verify names them")  # fmt: skip
     count = len(found.labels or ())
-    beyond = sum(n for label, n in stored.items() if count and label - offset >= count)
-    if beyond:
-        return (f"split {split}: {beyond} record(s) read have a label beyond the {count} of "
-                "labels.txt: verify names them")  # fmt: skip
-    return None
+    if beyond := sum(n for label, n in stored.items() if count and label - offset >= count):
+        said.append(f"split {split}: {beyond} record(s) read have a label beyond the "
+                    f"manifest's {count} labels: verify names them")  # fmt: skip
+    return said
 
 
 def _first_unreadable(files: list[str], found, records_each: int) -> str | None:
