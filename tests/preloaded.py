@@ -2,9 +2,10 @@
 
 A new Python process pays about 6 CPU-seconds here to import TensorFlow, and the suite starts
 dozens that train, resume or hang on purpose. `python(*args)` is a command line that does what
-`python ARGS...` does, in a child forked from a server (one per test process, started at its
-first call) that imported TensorFlow (and with it Keras, JAX and some 3,000 modules): the
-child takes the command's arguments, environment, working directory and standard streams;
+`python ARGS...` does, in a child forked from a server (one per test process and set of
+variables read at start, started at the first call that needs it) that imported TensorFlow
+(and with it Keras, JAX and some 3,000 modules): the child takes the command's arguments,
+environment, working directory and standard streams;
 the command ends as the child ends (its exit code, or the signal that killed it: a run that
 kills itself with SIGKILL is seen so); signals sent to the command reach the child, and the
 server kills the child when the command ends, SIGKILL included. What is not a fresh
@@ -84,6 +85,7 @@ def stop() -> None:
             process.stdin.close()
     for process, _ in _servers.values():
         process.wait(timeout=30)
+        process.stdout.close()
 
 
 def _warn(why) -> None:
@@ -103,11 +105,12 @@ def _start_server(environment) -> list:
         [sys.executable, __file__, "--serve", name], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=log, env={**environment, **_SERVER_ONLY},
     )  # fmt: skip
-    if server.stdout.readline() == b"ready\n":
-        return [server, name]
-    server.wait()
-    log.seek(0)
-    _warn(log.read().decode(errors="replace")[-2000:])
+    with log:
+        if server.stdout.readline() == b"ready\n":
+            return [server, name]
+        server.wait()
+        log.seek(0)
+        _warn(log.read().decode(errors="replace")[-2000:])
     return [server, None]
 
 

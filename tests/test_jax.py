@@ -168,8 +168,9 @@ def test_a_tensorflow_program_is_not_taken_for_a_jax_one_because_tensorflow_impo
         "import jax; jax.devices()\n"
         "print('started', hosts.jax_in_use())\n"
     )
-    done = subprocess.run(preloaded_python("-c", code), capture_output=True, text=True,
-                          env=environment(), timeout=120)  # fmt: skip
+    env = environment()
+    done = subprocess.run(preloaded_python("-c", code, env=env), capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "imported True False" in done.stdout  # TensorFlow imported jax: still not JAX's
     assert "started True" in done.stdout
@@ -180,7 +181,8 @@ def test_two_jax_hosts_read_disjoint_files_that_cover_the_split(numbered):
     address = f"127.0.0.1:{free_port()}"
     runs = [
         subprocess.Popen(
-            preloaded_python(ROOT / "tests" / "jax_host.py", numbered, address, i, 2),
+            preloaded_python(ROOT / "tests" / "jax_host.py", numbered, address, i, 2,
+                             env=environment()),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
