@@ -12,7 +12,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
