@@ -124,10 +124,6 @@ def train(strategy, dataset_dir: str, backup_dir: str, config: TrainConfig) -> t
     )
     resume = distribute.FitResume(backup, steps_per_epoch=steps)
     data = resume.restore(model, input_fn, strategy)  # after a kill: weights and position
-    if resume.restored_steps:
-        epoch, step = divmod(resume.restored_steps, steps)
-        print(f"      resumed from {backup_dir} after step {resume.restored_steps} "
-              f"(epoch {epoch + 1}, step {step} of {steps})")  # fmt: skip
     model.fit(
         data,
         epochs=config.epochs,

@@ -1057,7 +1057,7 @@ def test_sigterm_as_an_epoch_ends_ends_the_run_without_a_save_and_keeps_the_back
 
 
 @pytest.mark.slow  # Keras fit, a dozen times
-def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp_path):
+def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp_path, capsys):
     from tfrecord_pipe import distribute
 
     train_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4, seed=3)
@@ -1076,9 +1076,13 @@ def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp
     model = small_model()
     resumed(model, epochs=1)  # the backup saved after step 3, the epoch's last
     model = small_model()
+    capsys.readouterr()
     resume, history = resumed(model)
     # Keras's own restore would run epoch 0 again (the backup's file says epoch 0).
     assert resume.restored_steps == 3
+    # Said in the run's log: Keras shows the resumed epoch as a whole one.
+    assert f"FitResume: resumed from {tmp_path / 'a'} after step 3 (epoch 2, step 0 of 3)" in \
+        capsys.readouterr().out  # fmt: skip
     assert len(history.history["loss"]) == 2 and int(model.optimizer.iterations.numpy()) == 9
     # A second fit of the same model in this process is a run of its own, whatever steps its
     # optimizer took before.
@@ -1147,6 +1151,13 @@ def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp
     facts.write_bytes(kept)
     _, history = resumed(small_model(), run="e")  # and as it was, it resumes
     assert not list((tmp_path / "e").glob("*.part-*"))
+    # A model without its input shape (the README's Sequential had none): Keras's refusal said
+    # "before you call fit()", which had not been called.
+    unbuilt = tf.keras.Sequential([tf.keras.layers.GlobalAveragePooling2D(),
+                                   tf.keras.layers.Dense(3)])  # fmt: skip
+    unbuilt.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match="Build the model before FitResume.restore"):
+        resumed(unbuilt, run="g")
     with pytest.raises(RuntimeError, match="before fit"):
         backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "f"), save_freq=3)
         small_model().fit(train_fn(), epochs=1, steps_per_epoch=3, verbose=0,

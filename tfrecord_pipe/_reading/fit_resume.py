@@ -120,6 +120,12 @@ class FitResume(tf.keras.callbacks.Callback):
         if optimizer is None:
             raise ValueError("Compile the model before FitResume.restore (its optimizer counts "
                              "the steps trained)")  # fmt: skip
+        if not model.built:  # Keras's own refusal names fit, which the caller has not called
+            raise ValueError(
+                "Build the model before FitResume.restore, which restores the backup into its "
+                "weights: give it its input shape (tf.keras.Input((size, size, 3)) as its first "
+                "layer), or call model.build((None, size, size, 3))."
+            )
         _check_counts_steps(optimizer)
         # Steps the model had before this run (a model trained or loaded before) are not this
         # run's: only what the backup adds is.
@@ -133,6 +139,11 @@ class FitResume(tf.keras.callbacks.Callback):
             self.backup.on_train_begin()
         self._restored_into = model
         self.restored_steps = _steps(optimizer) - before
+        if self.restored_steps:  # in the run's log, where Keras's own restore says nothing
+            epoch, step = divmod(self.restored_steps, self.steps_per_epoch)
+            print(f"FitResume: resumed from {self.backup.backup_dir} after step "
+                  f"{self.restored_steps} (epoch {epoch + 1}, step {step} of "
+                  f"{self.steps_per_epoch})", flush=True)  # fmt: skip
 
         contexts = []
 
