@@ -113,9 +113,14 @@ def test_a_split_too_small_to_time_gets_a_warning_not_a_ratio(tmp_path):
     (eval_row,) = [line for line in small.stdout.splitlines() if line.startswith("| eval")]
     assert "too small to time" in eval_row
     assert "WARNING: a pass of eval is only 3 batch(es)" in small.stdout
+    assert "(or a smaller --batch_size)" in small.stdout  # 24 records: batches of 1 would do
     enough = run_cli("bench", tmp_path, *flags, "--batch_size", "1")  # a pass: 24 batches
     (eval_row,) = [line for line in enough.stdout.splitlines() if line.startswith("| eval")]
     assert eval_row.endswith("x |") and "WARNING" not in enough.stdout
+    # Fewer records than batches a pass needs: no batch size helps, and none is advised.
+    write_dataset(str(tmp_path / "tiny"), {"train": [[0, 1] * 10], "validation": [[0, 1] * 3]})
+    tiny = run_cli("bench", tmp_path / "tiny", *flags, "--batch_size", "1")
+    assert "Bench a split of at least 20 batches: it holds 6." in tiny.stdout, tiny.stdout
 
 
 @pytest.mark.slow

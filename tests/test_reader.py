@@ -333,26 +333,28 @@ def test_a_training_step_drawing_more_than_the_share_is_warned_of(tmp_path, capl
         make(batch_size=8)()
         make(batch_size=8)()  # (once a process)
     assert caplog.text.count(said) == 1
-    assert ("Each training step draws 8 records (1 x 8) from this input pipeline's 6 records "
-            "of split 'train': every step holds some of them more than once. Give a batch_size "
-            "of at most 6, or train on more records.") in caplog.text  # fmt: skip
+    assert ("Each training step draws 8 records (1 replica(s) x 8) from this input pipeline's "
+            "6 records of split 'train': every step holds some of them more than once. Give a "
+            "batch_size of at most 6, or train on more records.") in caplog.text  # fmt: skip
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.file_share"):
         # One pipeline feeding 2 replicas a batch of 4 each: 8 records a step (a reviewer).
         make(batch_size=8)(tf.distribute.InputContext(1, 0, 2))
         # Two pipelines of 3 records each: the global batch of 16 takes 8 from each.
         make(batch_size=16)(tf.distribute.InputContext(2, 0, 2))
-    assert "draws 8 records (2 x 4) from this input pipeline's 6 records" in caplog.text
+    assert "draws 8 records (2 replica(s) x 4) from this input pipeline's 6 records" in \
+        caplog.text  # fmt: skip
     assert "Give a batch_size of at most 6, or" in caplog.text
-    assert ("draws 8 records (1 x 8) from this input pipeline's 3 records of split 'train': "
-            "every step holds some of them more than once. Give a batch_size of at most 6,"
-            ) in caplog.text  # fmt: skip
+    assert ("draws 8 records (1 replica(s) x 8) from this input pipeline's 3 records of split "
+            "'train': every step holds some of them more than once. Give a batch_size of at "
+            "most 6,") in caplog.text  # fmt: skip
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tfrecord_pipe._reading.file_share"):
         # A batch given by the caller (TPUEstimator's params) is a replica's.
         reader.build_dataset(make(batch_size=2).config, tf.distribute.InputContext(1, 0, 3),
                              batch_size=4)  # fmt: skip
-    assert "draws 12 records (3 x 4) from this input pipeline's 6 records" in caplog.text
+    assert "draws 12 records (3 replica(s) x 4) from this input pipeline's 6 records" in \
+        caplog.text  # fmt: skip
     assert "Give a batch of at most 2 a replica, or" in caplog.text
 
 

@@ -210,9 +210,9 @@ def warn_of_repeats_in_a_step(split: dataset.Split, share: PipelineShare, batch:
         advice = f"a batch of at most {max(1, records // replicas)} a replica"
     _warn_once(
         ("batch", split.files, records, batch, replicas),
-        "Each training step draws %d records (%d x %d) from this input pipeline's %d records "
-        "of split %r: every step holds some of them more than once. Give %s, or train on "
-        "more records.", batch * replicas, replicas, batch, records, split.name, advice,
+        "Each training step draws %d records (%d replica(s) x %d) from this input pipeline's "
+        "%d records of split %r: every step holds some of them more than once. Give %s, or "
+        "train on more records.", batch * replicas, replicas, batch, records, split.name, advice,
     )  # fmt: skip
 
 

@@ -33,12 +33,14 @@ MIN_PASS_BATCHES = 20
 @dataclasses.dataclass(frozen=True)
 class Measurement:
     """Attributes: name; images delivered in the timed part; seconds it took; the batches in
-    one whole pass, when the dataset ended (evaluation) during the run, else None."""
+    one whole pass, when the dataset ended (evaluation) during the run, else None; the
+    images in that pass."""
 
     name: str
     images: int
     seconds: float
     pass_batches: int | None = None
+    pass_images: int | None = None
 
     @property
     def too_short(self) -> bool:
@@ -86,20 +88,23 @@ def measure(
     """
     line = progress.StatusLine() if show_progress else None
     iterator = iter(dataset)
-    in_pass, pass_batches = 0, None
+    in_pass, in_pass_images, pass_batches, pass_images = 0, 0, None, None
 
     def next_element():
-        nonlocal iterator, in_pass, pass_batches
+        nonlocal iterator, in_pass, in_pass_images, pass_batches, pass_images
         try:
             element = next(iterator)
         except StopIteration:
             pass_batches = in_pass if pass_batches is None else min(pass_batches, in_pass)
-            iterator, in_pass = iter(dataset), 0  # another full pass, its start-up included
+            pass_images = in_pass_images if pass_images is None else min(pass_images,
+                                                                         in_pass_images)  # fmt: skip
+            iterator, in_pass, in_pass_images = iter(dataset), 0, 0  # its start-up included
             element = next(iterator, None)
             if element is None:
                 raise ValueError(f"The {name} pipeline gives no batch at all: is the split "
                                  "smaller than one batch? Give a smaller --batch_size.")  # fmt: skip
         in_pass += 1
+        in_pass_images += images_in(element)
         return element
 
     for _ in range(WARMUP_BATCHES):
@@ -114,7 +119,7 @@ def measure(
             line.update(_progress_text(name, elapsed, seconds, images))
     if line:
         line.finish(_progress_text(name, elapsed, seconds, images))
-    return Measurement(name, images, elapsed, pass_batches)
+    return Measurement(name, images, elapsed, pass_batches, pass_images)
 
 
 def _progress_text(name: str, elapsed: float, seconds: float, images: int) -> str:
@@ -210,10 +215,13 @@ def render(results: list[Measurement]) -> str:
         ratio = f"{result.images_per_s / ceiling:.2f}x" if ceiling else "-"
         if result.too_short:
             ratio = "too small to time"
+            # A smaller batch helps only where the split holds enough records.
+            smaller = " (or a smaller --batch_size)" if result.pass_images is None or \
+                result.pass_images >= MIN_PASS_BATCHES else f": it holds {result.pass_images}"  # fmt: skip
             warnings.append(
                 f"WARNING: a pass of {result.name} is only {result.pass_batches} batch(es), so "
                 "restarting it, not reading, sets its rate. Bench a split of at least "
-                f"{MIN_PASS_BATCHES} batches (or a smaller --batch_size)."
+                f"{MIN_PASS_BATCHES} batches{smaller}."
             )
         lines.append(f"| {result.name} | {result.images_per_s:.0f} | {ratio} |")
     return "\n".join(lines + warnings)
