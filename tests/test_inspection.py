@@ -94,6 +94,15 @@ def test_the_grid_draws_records_of_cloud_tpu_s_layout_and_names_an_image_it_cann
         inspection.contact_sheet(f"{tmp_path}/train-*", str(tmp_path / "grid.png"), label_offset=1)
 
 
+def test_a_grid_of_fewer_records_than_shards_shows_every_split(tmp_path):
+    # One record from each shard in turn, shards listed split by split: 24 of 55 train shards
+    # and 6 validation ones drew train alone (a new user's trial).
+    write_dataset(str(tmp_path), {"train": [[0]] * 30, "validation": [[1]] * 5})
+    captions = inspection.contact_sheet(str(tmp_path), str(tmp_path / "grid.png"), count=12)
+    splits = [where.split()[0] for _, where in captions]
+    assert splits.count("validation") == 5 and splits.count("train") == 7
+
+
 def test_inspect_check_catches_a_manifest_that_disagrees_with_a_shard(converted_copy):
     _, out = converted_copy
     found = dataset.read_manifest(str(out))

@@ -333,8 +333,12 @@ def _holds_other_inputs(path: str, split: str, found) -> bool:
 
 
 def _present(found: dataset_lib.Dataset) -> list[str]:
-    """The shard files that are there (a missing one is a problem `summarize` reports)."""
-    return [file for split in found.splits.values() for file in split.without_missing().files]
+    """The shard files that are there (a missing one is a problem `summarize` reports), the
+    splits' taken in turn (a first shard of each, then a second, ...): a sample of fewer
+    records than shards, one from each, then shows every split."""
+    splits = [split.without_missing().files for split in found.splits.values()]
+    return [files[i] for i in range(max(map(len, splits), default=0))
+            for files in splits if i < len(files)]  # fmt: skip
 
 
 def _spread(files, found, with_path: bool = False) -> tf.data.Dataset:
