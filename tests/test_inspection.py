@@ -25,6 +25,8 @@ def test_inspect_shows_splits_labels_sizes_and_rejections(converted):
     text = done.stdout
     assert "3 labels, label_offset 1" in text
     assert "train:" in text and "validation:" in text and "in 2 shards" in text
+    sizes = sum(f.stat().st_size for f in out.glob("train-*"))  # small: KiB, not "0.0 MiB"
+    assert f"in 2 shards, {sizes / 1024:.1f} KiB (shards " in text
     assert "counts checked against the shards: OK" in text
     assert "blue (0)" in text and "red (2)" in text and "█" in text  # name (0-based index)
     # Every record's label, counted by the converter: no sample read for them.

@@ -474,6 +474,9 @@ def _compression(found: manifest_lib.Manifest, file_format: str) -> str:
 
 
 def _mb(num_bytes: int) -> str:
+    """MiB, or KiB below a tenth of one (a small dataset's shards were all "0.0 MiB")."""
+    if num_bytes < (1 << 20) // 10:
+        return f"{num_bytes / 1024:.1f} KiB"
     return f"{num_bytes / (1 << 20):.1f} MiB"
 
 
