@@ -100,13 +100,13 @@ def check_output(config: ConvertConfig, again: bool = False) -> manifest.Manifes
         written(folder) for folder in leftovers
     ):  # killed after its manifest, a run told "run the same command again" met the line below
         raise FileExistsError(
-            f"{out} already holds a dataset, written whole by a run that was stopped as it "
+            f"OUTPUT {out} already holds a dataset, written whole by a run that was stopped as it "
             f"cleaned up ({naming.MANIFEST_NAME}, written last, is there): `tfrecord-pipe "
             "verify SRC OUT` proves it. Pass --overwrite to convert again."
         )
     if found and not config.overwrite:
         raise FileExistsError(
-            f"{out} already holds a dataset (found {messages.some(found)}). "
+            f"OUTPUT {out} already holds a dataset (found {messages.some(found)}). "
             "Choose an empty folder, or pass --overwrite to replace it."
         )
     # No dataset, but a file of the user's by a name the dataset writes (labels.txt, most
