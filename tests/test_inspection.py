@@ -76,12 +76,15 @@ def test_the_grid_draws_records_of_cloud_tpu_s_layout_and_names_an_image_it_cann
     # imagenet_to_gcs.py's records (no sha256 key, a filename, no manifest): the grid asked
     # for every key of this project's format, and drew none.
     def example(encoded, label):
-        feature = {"image/encoded": encoded, "image/class/label": label,
-                   "image/class/synset": b"n0144%d" % label, "image/filename": b"x%d.JPEG" % label}
+        def feature(value):
+            if isinstance(value, int):
+                return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+        features = {"image/encoded": encoded, "image/class/label": label,
+                    "image/class/synset": b"n0144%d" % label, "image/filename": b"x%d.JPEG" % label}
         return tf.train.Example(features=tf.train.Features(feature={
-            key: tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-            if isinstance(value, int) else tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-            for key, value in feature.items()})).SerializeToString()  # fmt: skip
+            key: feature(value) for key, value in features.items()})).SerializeToString()
 
     with tf.io.TFRecordWriter(str(tmp_path / "train-00000-of-00001")) as writer:
         for label in (1, 2):
@@ -310,7 +313,8 @@ def test_a_damaged_shard_leaves_the_others_histograms_drawn(tmp_path):
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2 + 100])  # inside a record
     done = run_cli("inspect", tmp_path)
     assert done.returncode == 1
-    assert f"at {cut}: " in done.stdout and "(the histograms are of the other 2 shard(s))" in done.stdout
+    assert f"at {cut}: " in done.stdout
+    assert "(the histograms are of the other 2 shard(s))" in done.stdout
     drawn = [line.split() for line in done.stdout.splitlines() if "█" in line]
     assert sorted((words[0], words[-1]) for words in drawn if "(" in words[1]) == [
         ("blue", "6"), ("red", "6")]  # the first and third shards' labels  # fmt: skip
