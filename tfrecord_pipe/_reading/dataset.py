@@ -389,8 +389,8 @@ def label_offset(found: Dataset, given: int | None) -> int:
     Raises:
       ValueError: `given` disagrees with the manifest, or there is no manifest and no `given`.
     """
-    if given is not None and given < 0:  # (stored labels are 0 or more; none is below)
-        raise ValueError(f"label_offset must be >= 0, got {given}")
+    if problem := label_offset_problem(given):
+        raise ValueError(problem)
     if found.manifest is not None:
         if given is not None and given != found.manifest.label_offset:
             raise ValueError(
@@ -406,6 +406,11 @@ def label_offset(found: Dataset, given: int | None) -> int:
             "tfrecord-pipe or the Cloud TPU scripts (labels start at 1), 0 for 0-based labels."
         )
     return given
+
+
+def label_offset_problem(given: int | None) -> str | None:
+    """What is wrong with a given label offset, or None: stored labels are 0 or more."""
+    return f"label_offset must be >= 0, got {given}" if given is not None and given < 0 else None
 
 
 def label_names(path: str) -> tuple[str, ...]:

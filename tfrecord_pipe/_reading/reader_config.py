@@ -135,8 +135,8 @@ class ReaderConfig:
             problems.append(f"image_size must be in 1..{MAX_IMAGE_SIZE}, got {self.image_size}")
         if preprocess.dtype_problem(self.dtype):
             problems.append(preprocess.dtype_problem(self.dtype))
-        if self.label_offset is not None and self.label_offset < 0:
-            problems.append(f"label_offset must be >= 0, got {self.label_offset}")
+        if problem := dataset_lib.label_offset_problem(self.label_offset):
+            problems.append(problem)
         if self.num_classes is not None and self.num_classes < 1:
             problems.append(f"num_classes must be >= 1, got {self.num_classes}")
         if self.compression is not None and self.compression not in naming.COMPRESSIONS:

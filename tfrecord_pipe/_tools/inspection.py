@@ -191,7 +191,7 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
                                 "verify names them")  # fmt: skip
     sampled = _Sample()
     try:
-        sampled.read_from(files, found, sample, offset)
+        sampled.read_from(files, found, sample)
     except tf.errors.OpError as err:
         culprit = None
         if isinstance(err, tf.errors.DataLossError) and found.file_format == naming.TFRECORD:
@@ -203,13 +203,16 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
         if culprit and len(files) > 1:  # the other shards' sample, for the histograms
             sampled = _Sample()
             try:
-                sampled.read_from([f for f in files if f != culprit], found, sample, offset)
+                sampled.read_from([f for f in files if f != culprit], found, sample)
                 said += f" (the histograms are of the other {len(files) - 1} shard(s))"
             except tf.errors.OpError:  # another one damaged too: none drawn
                 sampled = _Sample()
         problems.append(said)
-    labels, heights, widths, read = sampled.labels, sampled.heights, sampled.widths, sampled.read
-    stored_labels = sampled.stored_labels
+    heights, widths, read = sampled.heights, sampled.widths, sampled.read
+    labels, stored_labels = collections.Counter(), collections.Counter()
+    for (stored, text), count in sampled.labels.items():
+        labels[label_text(stored, text, offset, found.labels)] += count
+        stored_labels[stored] += count
     if offset is not None:
         problems += _labels_out_of_range(split.name, stored_labels, offset, found)
     if not read and sum(sizes) and not problems:  # TensorFlow reads a few stray bytes as none
@@ -236,15 +239,14 @@ def _split_summary(split, found, sample, check_counts, offset) -> SplitSummary:
 
 @dataclasses.dataclass
 class _Sample:
-    """What a sample of a split's records shows: labels (as shown, and as stored), sizes."""
+    """What a sample of a split's records shows: (stored label, label text) counts, sizes."""
 
     labels: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    stored_labels: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     heights: list = dataclasses.field(default_factory=list)
     widths: list = dataclasses.field(default_factory=list)
     read: int = 0
 
-    def read_from(self, files, found, sample, offset) -> None:
+    def read_from(self, files, found, sample) -> None:
         """Reads up to `sample` records (None: all) spread over `files`; raises OpError where
         one cannot be read (what was read so far is kept)."""
         spec = records.parse_spec(schema.LABEL, schema.SYNSET, schema.HEIGHT, schema.WIDTH)
@@ -254,9 +256,7 @@ class _Sample:
         for batch in serialized.batch(1024).map(lambda r: tf.io.parse_example(r, spec)):
             self.read += len(batch[schema.LABEL])
             for stored, text in zip(batch[schema.LABEL].numpy(), batch[schema.SYNSET].numpy()):
-                text = text.decode("utf-8", "replace")
-                self.stored_labels[int(stored)] += 1
-                self.labels[label_text(int(stored), text, offset, found.labels)] += 1
+                self.labels[int(stored), text.decode("utf-8", "replace")] += 1
             self.heights.extend(int(h) for h in batch[schema.HEIGHT].numpy())
             self.widths.extend(int(w) for w in batch[schema.WIDTH].numpy())
 
