@@ -20,7 +20,7 @@ import math
 import statistics
 
 import tensorflow as tf
-from PIL import Image, ImageDraw, PngImagePlugin
+from PIL import Image, ImageDraw, PngImagePlugin, UnidentifiedImageError
 
 from tfrecord_pipe._core import manifest as manifest_lib
 from tfrecord_pipe._core import messages, naming, paths, schema
@@ -559,8 +559,10 @@ def contact_sheet(
                 image = _thumbnail(Image.open(io.BytesIO(encoded)).convert("RGB"), thumb)
             except (OSError, ValueError, Image.DecompressionBombError) as err:
                 shown = f" ({filename})" if filename else ""
+                why = ("no image format Pillow knows" if isinstance(err, UnidentifiedImageError)
+                       else err)  # (its own words name a BytesIO object)  # fmt: skip
                 raise ValueError(f"Cannot draw {path}: an image of {shard.numpy().decode()}"
-                                 f"{shown} does not decode: {err}") from err  # fmt: skip
+                                 f"{shown} does not decode: {why}") from err  # fmt: skip
             split = naming.split_of(shard.numpy().decode()) or "?"
             label = "no label" if stored is None else label_text(stored, text, offset,
                                                                   found.labels)  # fmt: skip
