@@ -2,6 +2,7 @@
 overwrite replaces exactly the old dataset; what killed runs left is cleared and said."""
 
 import logging
+import re
 import shutil
 import signal
 import subprocess
@@ -338,7 +339,7 @@ def test_a_temporary_folder_that_cannot_be_read_counts_as_files_not_a_crash(tmp_
     leftover = out / f"{finalise.TEMP_PREFIX}abc"
     leftover.mkdir()
     (leftover / finalise.PLAN_NAME).write_text("{damaged")
-    with pytest.raises(FileExistsError, match="already holds a dataset"):
+    with pytest.raises(FileExistsError, match=f"^OUTPUT {re.escape(str(out))} already holds "):
         convert_(src, out, "--num_shards", 1)
     result = convert_(src, out, "--num_shards", 1, "--overwrite")
     assert result.splits["train"].num_examples == 9 and not leftover.exists()
