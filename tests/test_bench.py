@@ -16,7 +16,7 @@ SHUFFLE_FILL = 100
 def test_bench_prints_train_and_eval_next_to_the_ceiling(converted):
     _, out = converted
     sizes = ("--image_size", "32", "--batch_size", "4")
-    done = run_cli("bench", out, "--seconds", "1", *sizes, "--dtype", "uint8")
+    done = run_cli("bench", out, "--seconds", "0.3", *sizes, "--dtype", "uint8")
     assert done.returncode == 0, done.stderr
     assert "32x32 uint8, batch 4" in done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]

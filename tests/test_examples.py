@@ -17,12 +17,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_the_demo_converts_trains_evaluates_exports_and_predicts_and_survives_a_kill(tmp_path):
-    env = {name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"}
-    command = [sys.executable, "-m", "examples.demo", "--out", str(tmp_path / "demo")]
-    # Preempted: killed with SIGKILL once training has backed itself up.
+    args = ("-m", "examples.demo", "--out", str(tmp_path / "demo"))
+    # Preempted: killed with SIGKILL once training has backed itself up. (Forked with
+    # TensorFlow imported: only the run that finishes is checked for how it starts.)
     backed_up = tmp_path / "demo" / "backup" / "training_metadata.json"
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        first = subprocess.Popen(preloaded_python(*args), cwd=ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT)  # fmt: skip
         deadline = time.monotonic() + 300
         while not backed_up.exists() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -30,7 +31,9 @@ def test_the_demo_converts_trains_evaluates_exports_and_predicts_and_survives_a_
         first.wait()
     assert backed_up.exists(), (tmp_path / "first.log").read_text()[-4000:]
 
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    env = {name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     out = done.stdout
     assert re.search(r"resumed from \S+ after step [1-9]\d* \(epoch \d+, step \d+ of 12\)", out), out

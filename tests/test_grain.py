@@ -26,6 +26,7 @@ from tfrecord_pipe._grain import images
 from tfrecord_pipe._reading import preprocess
 
 from helpers import IN_PROCESS, run_python, write_image_folder
+from preloaded import python as preloaded_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -481,11 +482,12 @@ def keys_batches(input_, steps) -> list[list[int]]:
 def test_the_grain_example_killed_and_run_again_ends_with_the_uninterrupted_parameters(
     both, tmp_path
 ):
-    def command(work):
-        return [sys.executable, "-m", "examples.grain_loop", str(both), str(work),
-                "--steps", "40", "--batch_size", "4", "--save_every", "5"]  # fmt: skip
-
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+
+    def command(work):  # forked with the imports done: the runs, not their start, are tested
+        return preloaded_python("-m", "examples.grain_loop", both, work, "--steps", "40",
+                                "--batch_size", "4", "--save_every", "5", env=env)  # fmt: skip
+
     whole = subprocess.run(command(tmp_path / "whole"), cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=300)  # fmt: skip
     assert whole.returncode == 0, whole.stderr[-2000:]
