@@ -9,6 +9,8 @@ tfrecord,array_record`). Every `--save_every` steps the parameters and the itera
 `get_state()` go to WORK_DIR together, in one file put in place at once (one a host: each
 keeps its own input's position); a run started again (after a kill, a preemption) loads them
 and takes the next batch, so its final parameters are those of a run that was never stopped.
+One run a host uses WORK_DIR at a time: a second one started there (launched twice, a
+scheduler's retry) is refused while the first runs, as their saves would mix.
 Each host's batch goes in as its part of one global batch over every device
 (`examples/jax_parallel.py`), so every host keeps the same parameters. The model is
 examples/mlp.py's small MLP.
@@ -17,9 +19,11 @@ examples/mlp.py's small MLP.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import json
 import os
+import zipfile
 
 import jax
 import numpy as np
@@ -41,6 +45,29 @@ def checkpoint_names(step: int | None = None) -> tuple[str, str, str]:
     return f"{host}.step-{step or 0:09d}.npz", f"{host}.step-*.npz", f"checkpoint.host-*-{count}.*"
 
 
+def found(work_dir: str, pattern: str) -> list[str]:
+    """The files of WORK_DIR that `pattern` matches, sorted. The folder's name is taken as
+    written: `run [1]` or `exp[12]` as a pattern matched other folders' checkpoints (a run
+    resumed another's) or none (a preempted run started again from step 0)."""
+    return sorted(glob.glob(os.path.join(glob.escape(work_dir), pattern)))
+
+
+def hold(work_dir: str):
+    """This host's hold on WORK_DIR for the run (an open lock file: the system lets go of it
+    when the process ends, killed too); refused where another run holds it."""
+    name = "run.lock" if jax.process_count() == 1 else f"run.host-{jax.process_index():05d}.lock"
+    lock = open(os.path.join(work_dir, name), "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ValueError(
+            f"another run is training in {work_dir} (it holds {name}): their saves "
+            "would mix. Wait for it to end, or give another WORK_DIR."
+        ) from None
+    return lock
+
+
 def save(work_dir: str, step: int, params: dict, state: dict) -> None:
     """The step, parameters and input position in one file, put in place whole; on several
     hosts, this host's one before it is kept (the one all hosts may have)."""
@@ -51,20 +78,19 @@ def save(work_dir: str, step: int, params: dict, state: dict) -> None:
         file.flush()
         os.fsync(file.fileno())
     os.replace(path + ".part", path)
-    for old in sorted(glob.glob(os.path.join(work_dir, pattern)))[:-2]:
+    for old in found(work_dir, pattern)[:-2]:
         os.remove(old)
 
 
 def restore(work_dir: str):
     """(step, params, input state) of the last checkpoint every host has, or None."""
     _, pattern, this_run = checkpoint_names()
-    mine = sorted(glob.glob(os.path.join(work_dir, pattern)))
-    run = set(glob.glob(os.path.join(work_dir, this_run)))
-    others = {path for path in glob.glob(os.path.join(work_dir, "checkpoint*.npz"))
-              if path not in run}  # fmt: skip
+    mine = found(work_dir, pattern)
+    run = set(found(work_dir, this_run))
+    others = {path for path in found(work_dir, "checkpoint*.npz") if path not in run}
     if others and not run:
-        raise SystemExit(
-            f"error: {work_dir} holds checkpoints of a run on another number of hosts "
+        raise ValueError(
+            f"{work_dir} holds checkpoints of a run on another number of hosts "
             f"({os.path.basename(min(others))}): its input positions mean nothing here. "
             "Resume on as many hosts, or give another WORK_DIR."
         )
@@ -74,17 +100,31 @@ def restore(work_dir: str):
         common = set.intersection(*({int(s) for s in row if s >= 0} for row in every))
         if not common:
             if any(int(s) >= 0 for s in np.ravel(every)):
-                raise SystemExit(
-                    f"error: the hosts' checkpoints in {work_dir} have no step in common: "
+                raise ValueError(
+                    f"the hosts' checkpoints in {work_dir} have no step in common: "
                     "give another WORK_DIR to train from the start."
                 )
             return None
         mine = [os.path.join(work_dir, checkpoint_names(max(common))[0])]
     if not mine:
         return None
-    with np.load(mine[-1]) as saved:
-        params = {name: saved[name] for name in saved.files if name not in ("step", "input")}
-        return int(saved["step"]), params, json.loads(str(saved["input"]))
+    try:
+        with np.load(mine[-1]) as saved:
+            params = {name: saved[name] for name in saved.files if name not in ("step", "input")}
+            return int(saved["step"]), params, json.loads(str(saved["input"]))
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
+        raise ValueError(
+            f"the checkpoint {mine[-1]} cannot be read ({type(err).__name__}: {err}), "
+            "damaged since it was saved whole. Delete it to go on from this run's checkpoint "
+            "before it, if it has one, else from the start; or give another WORK_DIR."
+        ) from None
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def main(argv=None) -> dict:
@@ -93,7 +133,7 @@ def main(argv=None) -> dict:
     parser.add_argument("work_dir")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch_size", type=int, default=32, help="this host's batch")
-    parser.add_argument("--save_every", type=int, default=20)
+    parser.add_argument("--save_every", type=positive, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=0, help="Grain worker processes")
     parser.add_argument("--eval_split", default="validation", help="the split to evaluate on")
@@ -102,7 +142,11 @@ def main(argv=None) -> dict:
     jax_parallel.start(args)  # before make_dataset, which asks JAX for this host's place
     parallel = jax_parallel.DataParallel()
     parallel.check_host_batch(args.batch_size, "--batch_size")
+    if os.path.exists(args.work_dir) and not os.path.isdir(args.work_dir):
+        raise ValueError(f"WORK_DIR {args.work_dir} is a file: give a folder (it is made "
+                         "where missing).")  # fmt: skip
     os.makedirs(args.work_dir, exist_ok=True)
+    held = hold(args.work_dir)
     options = dict(image_size=mlp.IMAGE_SIZE, dtype="uint8", batch_size=args.batch_size)
     train = grain.make_dataset(args.dataset_dir, is_training=True, seed=args.seed,
                                worker_count=args.workers, **options)  # fmt: skip
@@ -124,6 +168,7 @@ def main(argv=None) -> dict:
         if step % args.save_every == 0 or step == args.steps:
             save(args.work_dir, step, params, batches.get_state())
             jax_parallel.say(f"step {step:4d}: loss {float(value):.3f} (saved)")
+    held.close()
 
     right = seen = 0
     for batch in evaluation:

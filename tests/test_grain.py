@@ -2,6 +2,7 @@
 array-record packages: the tf.data reader's semantics (every record once per epoch, seeded
 and exact, resumable, padded evaluation, this host's share) and its evaluation pixels."""
 
+import fcntl
 import json
 import logging
 import os
@@ -507,3 +508,39 @@ def test_the_grain_example_killed_and_run_again_ends_with_the_uninterrupted_para
     final = [line for line in whole.stdout.splitlines() if line.startswith("parameters")]
     assert final and final == [line for line in again.stdout.splitlines()
                                if line.startswith("parameters")]  # fmt: skip
+
+
+@pytest.mark.slow  # the Grain example, nine times (forked with its imports done)
+def test_the_grain_example_resumes_its_own_work_dir_alone_and_says_what_is_wrong(both, tmp_path):
+    # A helper's trial (helper-59): a WORK_DIR with glob characters resumed another run's
+    # checkpoint ("exp[1]" matched exp1/) or never its own ("run [1]"); two runs in one
+    # WORK_DIR mixed their saves; a damaged checkpoint, a file for WORK_DIR or --save_every 0
+    # ended in a traceback.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+
+    def run(work, steps, *more):
+        return subprocess.run(
+            preloaded_python("-m", "examples.grain_loop", both, work, "--steps", steps,
+                             "--batch_size", "4", "--save_every", "5", *more, env=env),
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    def refused(done, *said):
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert all(part in done.stderr.splitlines()[-1] for part in said), done.stderr[-2000:]
+
+    other, work = tmp_path / "exp1", tmp_path / "exp[1]"
+    assert run(other, 5).returncode == 0
+    first = run(work, 10)
+    assert first.returncode == 0 and "resumed" not in first.stdout, first.stdout
+    again = run(work, 15)
+    assert again.returncode == 0 and "resumed at step 10" in again.stdout, again.stdout
+    # A run already training there holds WORK_DIR: a second one is refused.
+    with open(work / "run.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        refused(run(work, 20), f"another run is training in {work}", "another WORK_DIR")
+    checkpoint = work / "checkpoint.npz"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:200])
+    refused(run(work, 20), f"the checkpoint {checkpoint} cannot be read", "Delete it")
+    refused(run(tmp_path / "new", 5, "--save_every", "0"), "--save_every", "must be 1 or more")
+    refused(run(checkpoint, 5), f"WORK_DIR {checkpoint} is a file")
