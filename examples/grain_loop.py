@@ -151,15 +151,24 @@ def main(argv=None) -> dict:
     train = grain.make_dataset(args.dataset_dir, is_training=True, seed=args.seed,
                                worker_count=args.workers, **options)  # fmt: skip
     # Built before training: a dataset without a validation split says so now.
-    evaluation = grain.make_dataset(args.dataset_dir, split=args.eval_split, is_training=False,
-                                    **options)  # fmt: skip
+    try:
+        evaluation = grain.make_dataset(args.dataset_dir, split=args.eval_split,
+                                        is_training=False, **options)  # fmt: skip
+    except ValueError as err:
+        raise ValueError(f"{err} (Here: --eval_split.)") from None
     classes = grain.find_split(args.dataset_dir, "train").num_classes
     batches = iter(train)
     step, params = 0, mlp.init(jax.random.PRNGKey(args.seed), classes)
     saved = restore(args.work_dir)
     if saved is not None:
         step, params, state = saved
-        batches.set_state(state)
+        try:
+            batches.set_state(state)
+        except ValueError as err:  # the library's words: its settings, as make_dataset names them
+            raise ValueError(
+                f"{err} Here: the flags of the run that saved it in {args.work_dir} (--batch_size, "
+                "--seed, --workers), or another WORK_DIR to train from the start."
+            ) from None
         jax_parallel.say(f"resumed at step {step}")
     params = parallel.replicate(params)
     while step < args.steps:

@@ -30,10 +30,17 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 def start(args: argparse.Namespace) -> None:
     """Joins the hosts when asked to; says where this process is."""
     if args.distributed or args.coordinator:
-        jax.distributed.initialize(
-            coordinator_address=args.coordinator, num_processes=args.num_processes,
-            process_id=args.process_id,
-        )  # fmt: skip
+        try:
+            jax.distributed.initialize(
+                coordinator_address=args.coordinator, num_processes=args.num_processes,
+                process_id=args.process_id,
+            )  # fmt: skip
+        except ValueError as err:  # JAX's "coordinator_address should be defined."
+            raise ValueError(
+                f"{err} --distributed joins hosts JAX finds by itself (Cloud TPU, Slurm); "
+                "elsewhere give --coordinator HOST:PORT --num_processes N --process_id I, or "
+                "leave --distributed out to train on this host alone."
+            ) from None
     say(f"JAX on {jax.device_count()} device(s), host {jax.process_index()} of "
         f"{jax.process_count()}")  # fmt: skip
 

@@ -535,6 +535,12 @@ def test_the_grain_example_resumes_its_own_work_dir_alone_and_says_what_is_wrong
     assert first.returncode == 0 and "resumed" not in first.stdout, first.stdout
     again = run(work, 15)
     assert again.returncode == 0 and "resumed at step 10" in again.stdout, again.stdout
+    # In the example's words: its flags, and how to start afresh.
+    refused(run(work, 20, "--batch_size", "2"), "batch_size: saved 4, here 2",
+            "--batch_size, --seed, --workers), or another WORK_DIR")  # fmt: skip
+    refused(run(work, 20, "--eval_split", "tests"), "no split 'tests'", "(Here: --eval_split.)")
+    refused(run(tmp_path / "new", 5, "--distributed"), "coordinator_address",
+            "--coordinator HOST:PORT", "leave --distributed out")  # fmt: skip
     # A run already training there holds WORK_DIR: a second one is refused.
     with open(work / "run.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -544,3 +550,17 @@ def test_the_grain_example_resumes_its_own_work_dir_alone_and_says_what_is_wrong
     refused(run(work, 20), f"the checkpoint {checkpoint} cannot be read", "Delete it")
     refused(run(tmp_path / "new", 5, "--save_every", "0"), "--save_every", "must be 1 or more")
     refused(run(checkpoint, 5), f"WORK_DIR {checkpoint} is a file")
+
+
+def test_a_split_of_no_records_is_refused_saying_where_its_inputs_went(tmp_path):
+    write_image_folder(tmp_path / "src" / "train", per_label=2)
+    (tmp_path / "src" / "validation" / "red").mkdir(parents=True)
+    (tmp_path / "src" / "validation" / "red" / "cut.jpg").write_bytes(b"\xff\xd8\xff")
+    out = tmp_path / "out"
+    convert.run([str(tmp_path / "src"), str(out), "--formats", "tfrecord,array_record",
+                 *IN_PROCESS])  # fmt: skip
+    with pytest.raises(ValueError, match="'validation' of .* has no records: every input was "
+                                         "rejected \\(rejected/rejected-validation.jsonl says "
+                                         "why\\). Read another split."):  # fmt: skip
+        grain.make_dataset(str(out), split="validation", is_training=False, image_size=16,
+                           batch_size=1)  # fmt: skip
