@@ -19,10 +19,12 @@ examples/mlp.py's small MLP.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import glob
 import json
 import os
+import sys
 import zipfile
 
 import jax
@@ -53,10 +55,15 @@ def found(work_dir: str, pattern: str) -> list[str]:
 
 
 def hold(work_dir: str):
-    """This host's hold on WORK_DIR for the run (an open lock file: the system lets go of it
-    when the process ends, killed too); refused where another run holds it."""
+    """This host's hold on WORK_DIR for the run: an open lock file, which the system lets go
+    of when the process ends (killed too); refused where another run holds it. Where the
+    folder takes no lock (read-only, for a run that only evaluates; a file system without
+    locks), a warning and a run without one, as before there was a lock."""
     name = "run.lock" if jax.process_count() == 1 else f"run.host-{jax.process_index():05d}.lock"
-    lock = open(os.path.join(work_dir, name), "a")
+    try:
+        lock = open(os.path.join(work_dir, name), "a")
+    except OSError as err:
+        return _unheld(work_dir, err)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -65,7 +72,16 @@ def hold(work_dir: str):
             f"another run is training in {work_dir} (it holds {name}): their saves "
             "would mix. Wait for it to end, or give another WORK_DIR."
         ) from None
+    except OSError as err:  # ENOLCK, EOPNOTSUPP: no locks there
+        lock.close()
+        return _unheld(work_dir, err)
     return lock
+
+
+def _unheld(work_dir: str, err: OSError) -> contextlib.nullcontext:
+    print(f"warning: no lock on {work_dir} ({err.strerror}): a second run started there "
+          "would not be refused.", file=sys.stderr)  # fmt: skip
+    return contextlib.nullcontext()
 
 
 def save(work_dir: str, step: int, params: dict, state: dict) -> None:
@@ -113,10 +129,11 @@ def restore(work_dir: str):
             params = {name: saved[name] for name in saved.files if name not in ("step", "input")}
             return int(saved["step"]), params, json.loads(str(saved["input"]))
     except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
+        then = ("the run then starts from step 0" if jax.process_count() == 1 else
+                "the hosts then go on from a step they all still have, or say there is none")
         raise ValueError(
             f"the checkpoint {mine[-1]} cannot be read ({type(err).__name__}: {err}), "
-            "damaged since it was saved whole. Delete it to go on from this run's checkpoint "
-            "before it, if it has one, else from the start; or give another WORK_DIR."
+            f"damaged since it was saved whole. Delete it ({then}), or give another WORK_DIR."
         ) from None
 
 
@@ -145,8 +162,11 @@ def main(argv=None) -> dict:
     if os.path.exists(args.work_dir) and not os.path.isdir(args.work_dir):
         raise ValueError(f"WORK_DIR {args.work_dir} is a file: give a folder (it is made "
                          "where missing).")  # fmt: skip
-    os.makedirs(args.work_dir, exist_ok=True)
-    held = hold(args.work_dir)
+    try:
+        os.makedirs(args.work_dir, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"WORK_DIR {args.work_dir} cannot be made ({err.strerror}): give a "
+                         "folder that can be written.") from None  # fmt: skip
     options = dict(image_size=mlp.IMAGE_SIZE, dtype="uint8", batch_size=args.batch_size)
     train = grain.make_dataset(args.dataset_dir, is_training=True, seed=args.seed,
                                worker_count=args.workers, **options)  # fmt: skip
@@ -154,30 +174,30 @@ def main(argv=None) -> dict:
     try:
         evaluation = grain.make_dataset(args.dataset_dir, split=args.eval_split,
                                         is_training=False, **options)  # fmt: skip
-    except ValueError as err:
-        raise ValueError(f"{err} (Here: --eval_split.)") from None
+    except ValueError as err:  # the library names its argument; the example's flag is this
+        raise ValueError(str(err).replace("pass split=", "pass --eval_split")) from None
     classes = grain.find_split(args.dataset_dir, "train").num_classes
     batches = iter(train)
     step, params = 0, mlp.init(jax.random.PRNGKey(args.seed), classes)
-    saved = restore(args.work_dir)
-    if saved is not None:
-        step, params, state = saved
-        try:
-            batches.set_state(state)
-        except ValueError as err:  # the library's words: its settings, as make_dataset names them
-            raise ValueError(
-                f"{err} Here: the flags of the run that saved it in {args.work_dir} (--batch_size, "
-                "--seed, --workers), or another WORK_DIR to train from the start."
-            ) from None
-        jax_parallel.say(f"resumed at step {step}")
-    params = parallel.replicate(params)
-    while step < args.steps:
-        params, value = mlp.train_step(params, *parallel.global_batch(*next(batches)))
-        step += 1
-        if step % args.save_every == 0 or step == args.steps:
-            save(args.work_dir, step, params, batches.get_state())
-            jax_parallel.say(f"step {step:4d}: loss {float(value):.3f} (saved)")
-    held.close()
+    with hold(args.work_dir):
+        saved = restore(args.work_dir)
+        if saved is not None:
+            step, params, state = saved
+            try:
+                batches.set_state(state)
+            except ValueError as err:  # in the library's terms: say the example's
+                flags = ("Run with the flags that saved it (--batch_size, --seed, --workers), "
+                         "or give" if isinstance(state, dict) and "settings" in state else "Give")
+                raise ValueError(f"{err} (The checkpoint in {args.work_dir}.) {flags} another "
+                                 "WORK_DIR to train from the start.") from None  # fmt: skip
+            jax_parallel.say(f"resumed at step {step}")
+        params = parallel.replicate(params)
+        while step < args.steps:
+            params, value = mlp.train_step(params, *parallel.global_batch(*next(batches)))
+            step += 1
+            if step % args.save_every == 0 or step == args.steps:
+                save(args.work_dir, step, params, batches.get_state())
+                jax_parallel.say(f"step {step:4d}: loss {float(value):.3f} (saved)")
 
     right = seen = 0
     for batch in evaluation:

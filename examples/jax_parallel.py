@@ -36,11 +36,12 @@ def start(args: argparse.Namespace) -> None:
                 process_id=args.process_id,
             )  # fmt: skip
         except ValueError as err:  # JAX's "coordinator_address should be defined."
-            raise ValueError(
-                f"{err} --distributed joins hosts JAX finds by itself (Cloud TPU, Slurm); "
-                "elsewhere give --coordinator HOST:PORT --num_processes N --process_id I, or "
-                "leave --distributed out to train on this host alone."
-            ) from None
+            how = ("--coordinator needs --num_processes N and --process_id I beside it"
+                   if args.coordinator else
+                   "--distributed joins hosts JAX finds by itself (Cloud TPU, Slurm); elsewhere "
+                   "give --coordinator HOST:PORT --num_processes N --process_id I, or leave "
+                   "--distributed out to train on this host alone")  # fmt: skip
+            raise ValueError(f"{err} {how}.") from None
     say(f"JAX on {jax.device_count()} device(s), host {jax.process_index()} of "
         f"{jax.process_count()}")  # fmt: skip
 
@@ -67,9 +68,9 @@ class DataParallel:
         """This host's batch is split over its devices: it must divide evenly."""
         devices = jax.local_device_count()
         if batch % devices:
-            raise SystemExit(
-                f"error: {what} gives this host batches of {batch}, which do not divide among "
-                f"its {devices} devices: use a multiple of {devices}."
+            raise ValueError(
+                f"{what} gives this host batches of {batch}, which do not divide among its "
+                f"{devices} devices: use a multiple of {devices}."
             )
 
     def global_batch(self, *local_arrays) -> tuple[jax.Array, ...]:

@@ -2,7 +2,6 @@
 array-record packages: the tf.data reader's semantics (every record once per epoch, seeded
 and exact, resumable, padded evaluation, this host's share) and its evaluation pixels."""
 
-import fcntl
 import json
 import logging
 import os
@@ -518,12 +517,13 @@ def test_the_grain_example_resumes_its_own_work_dir_alone_and_says_what_is_wrong
     # ended in a traceback.
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
 
-    def run(work, steps, *more):
-        return subprocess.run(
-            preloaded_python("-m", "examples.grain_loop", both, work, "--steps", steps,
-                             "--batch_size", "4", "--save_every", "5", *more, env=env),
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+    def command(work, steps, *more, python=("-m", "examples.grain_loop")):
+        return preloaded_python(*python, both, work, "--steps", steps, "--batch_size", "4",
+                                "--save_every", "5", *more, env=env)  # fmt: skip
+
+    def run(*args, **python):
+        return subprocess.run(command(*args, **python), cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
 
     def refused(done, *said):
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -537,19 +537,38 @@ def test_the_grain_example_resumes_its_own_work_dir_alone_and_says_what_is_wrong
     assert again.returncode == 0 and "resumed at step 10" in again.stdout, again.stdout
     # In the example's words: its flags, and how to start afresh.
     refused(run(work, 20, "--batch_size", "2"), "batch_size: saved 4, here 2",
-            "--batch_size, --seed, --workers), or another WORK_DIR")  # fmt: skip
-    refused(run(work, 20, "--eval_split", "tests"), "no split 'tests'", "(Here: --eval_split.)")
+            "Run with the flags that saved it (--batch_size, --seed, --workers), or give another")
+    refused(run(work, 20, "--eval_split", "tests"), "no split 'tests'",
+            "pass --eval_split one of those")  # fmt: skip
     refused(run(tmp_path / "new", 5, "--distributed"), "coordinator_address",
             "--coordinator HOST:PORT", "leave --distributed out")  # fmt: skip
-    # A run already training there holds WORK_DIR: a second one is refused.
-    with open(work / "run.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    # While a run trains there (it has saved), a second one is refused; killed, it lets go.
+    training = subprocess.Popen(command(work, 10**6, "--save_every", "1"), cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+    try:
+        assert any("(saved)" in line for line in training.stdout), training.stderr.read()
         refused(run(work, 20), f"another run is training in {work}", "another WORK_DIR")
+    finally:
+        training.kill()
+        training.communicate(timeout=60)  # (ends as the run ends: it holds the pipes)
+    done = run(work, 1)  # it has gone past step 1: it evaluates alone
+    assert done.returncode == 0 and "resumed at step" in done.stdout, done.stderr[-2000:]
+    # Where the folder takes no lock (a file system without them), a word, and the run.
+    no_locks = ("import errno, fcntl, runpy, sys\n"
+                "def flock(*_):\n    raise OSError(errno.ENOLCK, 'No locks available')\n"
+                "fcntl.flock = flock\nsys.argv[0] = 'grain_loop'\n"
+                "runpy.run_module('examples.grain_loop', run_name='__main__')")  # fmt: skip
+    unlocked = run(tmp_path / "unlocked", 5, python=("-c", no_locks))
+    assert unlocked.returncode == 0, unlocked.stderr[-2000:]
+    assert "warning: no lock on" in unlocked.stderr and "(saved)" in unlocked.stdout
     checkpoint = work / "checkpoint.npz"
     checkpoint.write_bytes(checkpoint.read_bytes()[:200])
-    refused(run(work, 20), f"the checkpoint {checkpoint} cannot be read", "Delete it")
+    refused(run(work, 20), f"the checkpoint {checkpoint} cannot be read",
+            "Delete it (the run then starts from step 0)")  # fmt: skip
     refused(run(tmp_path / "new", 5, "--save_every", "0"), "--save_every", "must be 1 or more")
     refused(run(checkpoint, 5), f"WORK_DIR {checkpoint} is a file")
+    refused(run(checkpoint / "below", 5), f"WORK_DIR {checkpoint / 'below'} cannot be made")
 
 
 def test_a_split_of_no_records_is_refused_saying_where_its_inputs_went(tmp_path):
@@ -559,8 +578,9 @@ def test_a_split_of_no_records_is_refused_saying_where_its_inputs_went(tmp_path)
     out = tmp_path / "out"
     convert.run([str(tmp_path / "src"), str(out), "--formats", "tfrecord,array_record",
                  *IN_PROCESS])  # fmt: skip
+    rejected = out / "rejected" / "rejected-validation.jsonl"
+    assert "cut.jpg" in rejected.read_text()
     with pytest.raises(ValueError, match="'validation' of .* has no records: every input was "
-                                         "rejected \\(rejected/rejected-validation.jsonl says "
-                                         "why\\). Read another split."):  # fmt: skip
+                                         f"rejected \\({re.escape(str(rejected))} says why\\)"):
         grain.make_dataset(str(out), split="validation", is_training=False, image_size=16,
                            batch_size=1)  # fmt: skip

@@ -275,3 +275,11 @@ def test_the_grain_example_on_two_hosts_trains_one_model_and_resumes_together(tm
     # end where the run never stopped did.
     (work / "checkpoint.host-00001-of-00002.step-000000010.npz").unlink()
     assert on_two_hosts("grain_loop", grain_args) == ["resumed at step 5", *first]
+    # A host's batch its two devices cannot share: one line, exit 2, as the example's other
+    # refusals (it exited 1).
+    odd = subprocess.run([sys.executable, "-m", "examples.grain_loop", *grain_args[:2],
+                          "--batch_size", "3"], cwd=ROOT, capture_output=True, text=True, env=env,
+                         timeout=300)  # fmt: skip
+    assert odd.returncode == 2 and odd.stderr.splitlines()[-1] == (
+        "error: --batch_size gives this host batches of 3, which do not divide among its 2 "
+        "devices: use a multiple of 2."), odd.stderr[-2000:]  # fmt: skip

@@ -83,7 +83,7 @@ def find_split(data: str, split: str) -> Split:
     if not info.num_examples:
         raise ValueError(
             f"Split {split!r} of {data} has no records: every input was rejected "
-            f"({naming.rejected_name(split)} says why). Read another split."
+            f"({os.path.join(data, naming.rejected_name(split))} says why)."
         )
     files = tuple(os.path.join(data, name) for name in info.array_record_files)
     missing = [file for file in files if not os.path.exists(file)]
