@@ -906,10 +906,10 @@ def test_the_resumable_distributed_iterator_restores_and_refuses_other_settings(
     from tfrecord_pipe import distribute
 
     strategy = tf.distribute.get_strategy()
-    settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=5, with_keys=True)
-    make = lambda **other: distribute.resumable_iterator(  # noqa: E731
-        strategy, reader.make_input_fn(folder, **{**settings, **other})
-    )
+
+    def make(**other):
+        return distribute.resumable_iterator(strategy, seeded_fn(folder, **other))
+
     reference = [keys for keys, _, _ in fn_stream(folder)[:12]]  # the plain dataset's
     iterator = make()
     for _ in range(4):
