@@ -90,7 +90,8 @@ class ResumableBatches(_GrainIterator):
             raise ValueError(
                 "This state was saved by a pipeline that reads other batches ("
                 + "; ".join(differ)
-                + "). Resume with the settings it was saved with."
+                + "). Resume with the settings it was saved with, or start afresh: a new "
+                "iterator, without this state, starts at its first batch."
             )
         self._iterator.set_state(state["grain"])
 
