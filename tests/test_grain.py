@@ -533,7 +533,14 @@ def test_the_grain_example_resumes_its_own_work_dir_alone_and_says_what_is_wrong
         assert all(part in done.stderr.splitlines()[-1] for part in said), done.stderr[-2000:]
 
     other, work = tmp_path / "exp1", tmp_path / "exp[1]"
-    assert run(other, 5).returncode == 0
+    # (exp1's run on a file system without locks: a word, and the run.)
+    no_locks = ("import errno, fcntl, runpy, sys\n"
+                "def flock(*_):\n    raise OSError(errno.ENOLCK, 'No locks available')\n"
+                "fcntl.flock = flock\nsys.argv[0] = 'grain_loop'\n"
+                "runpy.run_module('examples.grain_loop', run_name='__main__')")  # fmt: skip
+    unlocked = run(other, 5, python=("-c", no_locks))
+    assert unlocked.returncode == 0, unlocked.stderr[-2000:]
+    assert "warning: no lock on" in unlocked.stderr and "(saved)" in unlocked.stdout
     first = run(work, 10)
     assert first.returncode == 0 and "resumed" not in first.stdout, first.stdout
     again = run(work, 15)
@@ -557,14 +564,6 @@ def test_the_grain_example_resumes_its_own_work_dir_alone_and_says_what_is_wrong
         training.communicate(timeout=60)  # (ends as the run ends: it holds the pipes)
     done = run(work, 1)  # it has gone past step 1: it evaluates alone
     assert done.returncode == 0 and "resumed at step" in done.stdout, done.stderr[-2000:]
-    # Where the folder takes no lock (a file system without them), a word, and the run.
-    no_locks = ("import errno, fcntl, runpy, sys\n"
-                "def flock(*_):\n    raise OSError(errno.ENOLCK, 'No locks available')\n"
-                "fcntl.flock = flock\nsys.argv[0] = 'grain_loop'\n"
-                "runpy.run_module('examples.grain_loop', run_name='__main__')")  # fmt: skip
-    unlocked = run(tmp_path / "unlocked", 5, python=("-c", no_locks))
-    assert unlocked.returncode == 0, unlocked.stderr[-2000:]
-    assert "warning: no lock on" in unlocked.stderr and "(saved)" in unlocked.stdout
     checkpoint = work / "checkpoint.npz"
     checkpoint.write_bytes(checkpoint.read_bytes()[:200])
     refused(run(work, 20), f"the checkpoint {checkpoint} cannot be read",
