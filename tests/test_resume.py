@@ -509,25 +509,32 @@ def test_a_checkpoint_restored_into_other_settings_is_refused(folder, tmp_path):
             tf.train.Checkpoint(iterator=restored).read(path)
 
 
+def host_pipeline(folder, seed=7, cycle_length=2, host=0):
+    """Host `host` of 2's seeded training pipeline, windows of one record."""
+    config = reader.ReaderConfig(folder, is_training=True, image_size=SIZE, batch_size=4,
+                                 seed=seed, cycle_length=cycle_length, shuffle_buffer=1)  # fmt: skip
+    return reader.build_dataset(config, tf.distribute.InputContext(2, host, 2))
+
+
+@pytest.fixture(scope="module")
+def host_checkpoint(folder, tmp_path_factory):
+    """A checkpoint of `host_pipeline(folder)`'s iterator after 2 batches."""
+    iterator = iter(host_pipeline(folder))
+    for _ in range(2):
+        next(iterator)
+    return tf.train.Checkpoint(iterator=iterator).write(str(tmp_path_factory.mktemp("host") / "it"))
+
+
 @pytest.mark.parametrize("other", [dict(seed=8), dict(cycle_length=1), dict(host=1)])
 @pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_checkpoint_restored_into_another_order_of_files_is_refused_in_words(
-    folder, tmp_path, other
+    folder, host_checkpoint, other
 ):
     # Another seed, cycle_length or host opens other files where the saved state names
     # offsets: TensorFlow's restore refused first, with "corrupted record at ..." (as if a
     # shard were damaged) or a state not found. The restore now stops before reopening any.
-    def pipeline(seed=7, cycle_length=2, host=0):
-        config = reader.ReaderConfig(folder, is_training=True, image_size=SIZE, batch_size=4,
-                                     seed=seed, cycle_length=cycle_length, shuffle_buffer=1)  # fmt: skip
-        context = tf.distribute.InputContext(2, host, 2)
-        return reader.build_dataset(config, context)
-
-    iterator = iter(pipeline())
-    for _ in range(2):
-        next(iterator)
-    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "it"))
-    restored = iter(pipeline(**other))
+    path = host_checkpoint
+    restored = iter(host_pipeline(folder, **other))
     with pytest.raises(tf.errors.InvalidArgumentError, match="reads other records"):
         tf.train.Checkpoint(iterator=restored).read(path)
 
@@ -712,6 +719,19 @@ def test_a_state_from_another_cycle_length_is_refused_naming_it(folder):
         elsewhere.set_state(batches.get_state())
 
 
+# Host 1 of 2's seeded training input.
+HOST_1 = dict(is_training=True, image_size=SIZE, batch_size=4, seed=5, host_index=1, host_count=2)
+
+
+@functools.lru_cache
+def host_1_state(folder) -> tuple[dict, list]:
+    """(the numpy_batches state of HOST_1 after one batch, the next batch's labels), made once."""
+    batches = reader.make_input_fn(folder, **HOST_1).numpy_batches()
+    next(batches)
+    state = batches.get_state()
+    return state, next(batches)[1].tolist()
+
+
 @pytest.mark.parametrize(
     "other, said",
     [(dict(host_index=0), "host: saved \\[1, 2\\], here \\[0, 2\\]"),
@@ -722,27 +742,27 @@ def test_a_state_from_another_cycle_length_is_refused_naming_it(folder):
 )  # fmt: skip
 @pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_a_state_from_other_hosts_shuffle_seed_or_batch_is_refused_naming_it(folder, other, said):
-    settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=5, host_index=1,
-                    host_count=2)  # fmt: skip
-    batches = reader.make_input_fn(folder, **settings).numpy_batches()
-    next(batches)
-    state = batches.get_state()
-    elsewhere = reader.make_input_fn(folder, **{**settings, **other}).numpy_batches()
+    state, _ = host_1_state(folder)
+    elsewhere = reader.make_input_fn(folder, **{**HOST_1, **other}).numpy_batches()
     with pytest.raises(ValueError, match=f"reads other records \\(.*{said}") as refused:
         elsewhere.set_state(state)
     assert str(refused.value).endswith("or do not set it: the input starts at its first batch.")
     with pytest.raises(ValueError, match="Not a tfrecord-pipe position state"):
         elsewhere.set_state({"batches": 3})
-    same = reader.make_input_fn(folder, **settings).numpy_batches()
+    # A state saved before the seed was named in it is refused where it would read other
+    # records (and resumes where it was saved: below).
+    with pytest.raises(ValueError, match="reads other records"):
+        elsewhere.set_state({name: value for name, value in state.items() if name != "seed"})
+
+
+@pytest.mark.slow  # over a second of CPU: out of the fast subset
+def test_a_state_saved_before_the_seed_was_named_in_it_resumes_where_it_was_saved(folder):
+    state, following = host_1_state(folder)
+    same = reader.make_input_fn(folder, **HOST_1).numpy_batches()
     with pytest.raises(ValueError, match="A position state with batches=True"):
         same.set_state({**state, "batches": True})
-    # A state saved before the seed was named in it resumes where it was saved, and is
-    # refused where it would read other records.
-    older = {name: value for name, value in state.items() if name != "seed"}
-    same.set_state(older)
-    assert next(same)[1].tolist() == next(batches)[1].tolist()
-    with pytest.raises(ValueError, match="reads other records"):
-        elsewhere.set_state(older)
+    same.set_state({name: value for name, value in state.items() if name != "seed"})
+    assert next(same)[1].tolist() == following
 
 
 @pytest.mark.parametrize(
