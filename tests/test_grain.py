@@ -480,16 +480,23 @@ def keys_batches(input_, steps) -> list[list[int]]:
     return [next(batches)[2].tolist() for _ in range(steps)]
 
 
+def grain_loop(dataset, work, steps, *more, python=("-m", "examples.grain_loop")):
+    """(the command line of examples/grain_loop.py on `dataset`, batches of 4 and a save every
+    5 steps, its environment). Forked with the imports done: the runs, not their start, are
+    tested. `python`: how the example is run (`-c CODE` for one run with something patched)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    return preloaded_python(*python, dataset, work, "--steps", steps, "--batch_size", "4",
+                            "--save_every", "5", *more, env=env), env  # fmt: skip
+
+
 @pytest.mark.slow
 def test_the_grain_example_killed_and_run_again_ends_with_the_uninterrupted_parameters(
     both, tmp_path
 ):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    def command(work):
+        return grain_loop(both, work, 40)[0]
 
-    def command(work):  # forked with the imports done: the runs, not their start, are tested
-        return preloaded_python("-m", "examples.grain_loop", both, work, "--steps", "40",
-                                "--batch_size", "4", "--save_every", "5", env=env)  # fmt: skip
-
+    env = grain_loop(both, tmp_path, 40)[1]
     whole = subprocess.run(command(tmp_path / "whole"), cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=300)  # fmt: skip
     assert whole.returncode == 0, whole.stderr[-2000:]
@@ -518,15 +525,10 @@ def test_the_grain_example_resumes_its_own_work_dir_alone_and_says_what_is_wrong
     # checkpoint ("exp[1]" matched exp1/) or never its own ("run [1]"); two runs in one
     # WORK_DIR mixed their saves; a damaged checkpoint, a file for WORK_DIR or --save_every 0
     # ended in a traceback.
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-
-    def command(work, steps, *more, python=("-m", "examples.grain_loop")):
-        return preloaded_python(*python, both, work, "--steps", steps, "--batch_size", "4",
-                                "--save_every", "5", *more, env=env)  # fmt: skip
-
     def run(*args, **python):
-        return subprocess.run(command(*args, **python), cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
+        command, env = grain_loop(both, *args, **python)
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
 
     def refused(done, *said):
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -553,9 +555,9 @@ def test_the_grain_example_resumes_its_own_work_dir_alone_and_says_what_is_wrong
     refused(run(tmp_path / "new", 5, "--distributed"), "coordinator_address",
             "--coordinator HOST:PORT", "leave --distributed out")  # fmt: skip
     # While a run trains there (it has saved), a second one is refused; killed, it lets go.
-    training = subprocess.Popen(command(work, 10**6, "--save_every", "1"), cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
+    command, env = grain_loop(both, work, 10**6, "--save_every", "1")
+    training = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert any("(saved)" in line for line in training.stdout), training.stderr.read()
         refused(run(work, 20), f"another run is training in {work}", "another WORK_DIR")
