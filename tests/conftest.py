@@ -13,6 +13,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # JAX on the CPU, which the suite's checks are written for: otherwise each process that starts
 # JAX (a dozen or more a run) first looks for GPU and TPU plugins, 0.5 CPU-s on this machine.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Keras on TensorFlow, which the suite's Keras tests are written for (the tests of Keras on
+# JAX set it themselves): a shell's KERAS_BACKEND=jax, or a ~/.keras/keras.json saying jax,
+# would move every one of them to JAX.
+os.environ["KERAS_BACKEND"] = "tensorflow"
 # JAX programs compiled once for the whole run, not again in each process that runs them (the
 # killed and resumed runs, the hosts of a two-host run): a third of such a process's CPU.
 # Made by the first process (pytest's, or xdist's controller); its workers inherit it.
