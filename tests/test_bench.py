@@ -107,7 +107,7 @@ def test_a_split_too_small_to_time_gets_a_warning_not_a_ratio(tmp_path):
     # An evaluation pass of one to three padded batches used to print 0.10-0.36x, which reads
     # as a slow reader; it is the pipeline starting again.
     write_dataset(str(tmp_path), {"train": [[0, 1] * 10], "validation": [[0, 1] * 12]})
-    flags = ("--seconds", "0.3", "--image_size", "16")
+    flags = ("--seconds", "0.1", "--image_size", "16")
     small = run_cli("bench", tmp_path, *flags, "--batch_size", "8")  # a pass: 3 batches
     assert small.returncode == 0, small.stderr
     (eval_row,) = [line for line in small.stdout.splitlines() if line.startswith("| eval")]
