@@ -139,6 +139,36 @@ def test_neither_the_core_nor_the_job_loads_tensorflow_and_public_modules_load_w
     assert done.stdout.split() == ["False", "tfrecord_pipe.reader", "tfrecord_pipe.schema"]
 
 
+def test_the_core_works_with_its_own_dependencies_alone():
+    # `pip install tfrecord-pipe` installs Pillow and google-crc32c alone (pyproject.toml),
+    # and the core is documented to need no more: it imported numpy (for numpy's bool, in its
+    # checks of arguments), and `import tfrecord_pipe.images` failed there. Here the packages
+    # of the extras cannot be imported.
+    import subprocess
+    import sys
+
+    code = """
+import importlib.abc, io, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {"numpy", "tensorflow", "apache_beam", "jax", "grain"}:
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Absent())
+from PIL import Image
+from tfrecord_pipe import images, manifest, schema
+jpeg = io.BytesIO()
+Image.new("CMYK", (40, 30), (10, 20, 30, 40)).save(jpeg, "JPEG")
+stored = images.normalise(jpeg.getvalue())
+record = schema.ImageRecord(stored.encoded, stored.height, stored.width, 0, "cat", "a.jpg",
+                            "0" * 64)
+again = schema.decode_example(schema.serialize(record, label_offset=1), label_offset=1)
+print(again == record, again.height, again.width, manifest.parse_labels("cat\\ndog\\n", "x"))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().split(maxsplit=3) == ["True", "30", "40", "('cat', 'dog')"], done.stdout
+
+
 def test_no_module_of_the_job_hides_a_library_when_run_as_a_script():
     # The Flex Template runs beam_jobs/convert.py as a script: its folder comes first on
     # sys.path, and a beam_jobs/packaging.py hid the `packaging` that Beam imports.

@@ -596,6 +596,10 @@ def test_config_errors_list_every_problem():
         "Invalid ReaderConfig: batch_size must be an int or None, got 2.5 (float); image_size "
         "must be an int, got '32' (str); seed must be an int or None, got True (bool)")
     assert type(reader.ReaderConfig(data="x", batch_size=np.int64(8)).batch_size) is int  # JSON
+    # numpy's bools are bools: a flag, and not a count.
+    assert reader.ReaderConfig(data="x", is_training=np.True_).is_training is True
+    with pytest.raises(ValueError, match="batch_size must be an int or None, got np.True_"):
+        reader.ReaderConfig(data="x", batch_size=np.True_)
     # `is_training="no"` was taken as True, and a list as the split failed as unhashable.
     with pytest.raises(ValueError) as caught:
         reader.make_input_fn("x", is_training="no", split=["train"], color_jitter="0.1")

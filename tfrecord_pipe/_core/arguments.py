@@ -10,29 +10,33 @@ import dataclasses
 import functools
 import numbers
 import os
-
-import numpy as np
+import sys
 
 from tfrecord_pipe._core import paths as _paths
 
-_BOOLS = (bool, np.bool_)
+
+def _is_bool(value) -> bool:
+    """True or False, numpy's too. The core needs Pillow alone (`pip install tfrecord-pipe`
+    installs no numpy), and a numpy value exists only where numpy has been imported."""
+    numpy = sys.modules.get("numpy")
+    return isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_))
 
 
 def count(name: str, value, optional: bool = False) -> int | None:
     """An int or a numpy int (not a bool, a float or a str)."""
-    is_count = isinstance(value, numbers.Integral) and not isinstance(value, _BOOLS)
+    is_count = isinstance(value, numbers.Integral) and not _is_bool(value)
     return _typed(name, value, optional, is_count, "an int", int)
 
 
 def number(name: str, value, optional: bool = False) -> float | None:
     """A real number (an int too; not a bool or a str)."""
-    is_number = isinstance(value, numbers.Real) and not isinstance(value, _BOOLS)
+    is_number = isinstance(value, numbers.Real) and not _is_bool(value)
     return _typed(name, value, optional, is_number, "a number", float)
 
 
 def flag(name: str, value, optional: bool = False) -> bool | None:
     """True or False (a numpy bool too)."""
-    return _typed(name, value, optional, isinstance(value, _BOOLS), "True or False", bool)
+    return _typed(name, value, optional, _is_bool(value), "True or False", bool)
 
 
 def text(name: str, value, optional: bool = False) -> str | None:
