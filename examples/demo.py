@@ -1,4 +1,4 @@
-"""`make demo`: the whole flow on generated images, on local disk, in a few minutes.
+"""`make demo`: the whole flow on generated images, on local disk, in about a minute.
 
 1. Generates a labelled folder of shape images (circles, squares, triangles), one file corrupt.
 2. Runs examples/train.py on it: the Beam conversion job, Keras fit under the strategy the
