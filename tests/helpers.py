@@ -153,6 +153,19 @@ def run_python(code: str, timeout: float = 120, env=None, preloaded: bool = Fals
     return Ran(done.returncode, done.stdout, done.stderr)
 
 
+def without(*packages: str) -> str:
+    """Python code that, run first, makes `packages` (and their modules) fail to import as
+    they do where they are not installed: an install without an extra, in this environment."""
+    return f"""
+import importlib.abc, sys
+class _Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {set(packages)!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, _Absent())
+"""
+
+
 def verified_both_ways(source, dataset, *beam_args):
     """`verify`'s report on this machine, once the Beam pipeline's (`verify_job`, on the local
     runner, with `beam_args` too) is shown to say the same: the same totals and problems; and

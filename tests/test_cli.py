@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import COMMAND, jpeg_bytes, run_cli, run_command, run_python
+from helpers import COMMAND, jpeg_bytes, run_cli, run_command, run_python, without
 
 
 @pytest.mark.slow
@@ -59,6 +59,34 @@ def test_convert_on_a_missing_folder_exits_2_with_one_clear_line(tmp_path):
     result = run_cli("convert", tmp_path / "empty", "")  # said "error:  holds the input folder"
     assert result.returncode == 2 and result.errors == [
         "error: OUTPUT is empty: give a folder (local or gs://)."], result.errors  # fmt: skip
+
+
+def test_a_command_needing_an_extra_not_installed_says_which_in_one_line(converted, tmp_path):
+    # `pip install tfrecord-pipe` installs neither TensorFlow nor Beam: inspect and bench, and
+    # Beam's runners, ended in a traceback ("No module named 'tensorflow'"). A local convert
+    # and verify need neither.
+    src, out = converted
+
+    def run(*args):
+        code = without("tensorflow", "apache_beam") + (
+            f"sys.argv = ['tfrecord-pipe', *{[str(arg) for arg in args]!r}]\n"
+            "from tfrecord_pipe._tools import cli\ncli.run()")  # fmt: skip
+        return run_python(code)
+
+    for args, needed, extra in (
+        (("inspect", out), "TensorFlow", "reader"),
+        (("convert", src, tmp_path / "beam", "--runner", "DirectRunner"), "Apache Beam", "beam"),
+        (("verify", src, out, "--runner", "DirectRunner"), "Apache Beam", "beam"),
+    ):
+        done = run(*args)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
+        assert done.errors == [
+            f"error: this command needs {needed}, which is not installed here: pip install "
+            f"'tfrecord-pipe[{extra}]' (in a clone: pip install -c constraints.txt '.[{extra}]'; "
+            "make install installs every extra)."
+        ]
+    assert run("convert", src, tmp_path / "local").returncode == 0
+    assert run("verify", src, tmp_path / "local").returncode == 0
 
 
 @pytest.mark.slow

@@ -147,13 +147,10 @@ def test_the_core_works_with_its_own_dependencies_alone():
     import subprocess
     import sys
 
-    code = """
-import importlib.abc, io, sys
-class Absent(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in {"numpy", "tensorflow", "apache_beam", "jax", "grain"}:
-            raise ModuleNotFoundError(f"No module named {name!r}")
-sys.meta_path.insert(0, Absent())
+    from helpers import without
+
+    code = without("numpy", "tensorflow", "apache_beam", "jax", "grain") + """
+import io
 from PIL import Image
 from tfrecord_pipe import images, manifest, schema
 jpeg = io.BytesIO()

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Callable, NoReturn
 
+from tfrecord_pipe._core import extras
+
 INTERRUPTED = 130  # a command's exit on Ctrl-C, as a shell gives it
 
 GRACE_S = 5.0  # what other threads get to end once the command is done
@@ -24,14 +26,22 @@ HOOKS_S = 10.0  # and then the exit hooks (the workers' fork server's end waits 
 
 
 def run(main: Callable[[], int | None]) -> NoReturn:
-    """Runs a command's `main` and exits with its code (130 on Ctrl-C, saying so), however it
-    ends: an exception leaves through Python's own report, with code 1."""
+    """Runs a command's `main` and exits with its code (130 on Ctrl-C, saying so; 2 with one
+    line where a package it needs is not installed), however it ends: any other exception
+    leaves through Python's own report, with code 1."""
     try:
         code = main()
     except SystemExit as done:  # argparse's --help and errors
         code = done.code
     except KeyboardInterrupt:  # before main's own handling (its imports)
         code = interrupted()
+    except ModuleNotFoundError as err:
+        said = extras.missing(err.name)
+        if said is None:
+            _cut_short_if_stuck(1)
+            raise
+        print(f"error: {said}", file=sys.stderr)
+        code = 2
     except BaseException:
         _cut_short_if_stuck(1)
         raise
