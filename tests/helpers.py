@@ -155,13 +155,15 @@ def run_python(code: str, timeout: float = 120, env=None, preloaded: bool = Fals
 
 def without(*packages: str) -> str:
     """Python code that, run first, makes `packages` (and their modules) fail to import as
-    they do where they are not installed: an install without an extra, in this environment."""
+    they do where they are not installed (ModuleNotFoundError naming the package): an install
+    without an extra, in this environment."""
     return f"""
 import importlib.abc, sys
 class _Absent(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in {set(packages)!r}:
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+            raise ModuleNotFoundError(f"No module named {{name.split('.')[0]!r}}",
+                                      name=name.split(".")[0])
 sys.meta_path.insert(0, _Absent())
 """
 

@@ -67,8 +67,8 @@ def test_a_command_needing_an_extra_not_installed_says_which_in_one_line(convert
     # and verify need neither.
     src, out = converted
 
-    def run(*args):
-        code = without("tensorflow", "apache_beam") + (
+    def run(*args, absent=("tensorflow", "apache_beam")):
+        code = without(*absent) + (
             f"sys.argv = ['tfrecord-pipe', *{[str(arg) for arg in args]!r}]\n"
             "from tfrecord_pipe._tools import cli\ncli.run()")  # fmt: skip
         return run_python(code)
@@ -87,6 +87,14 @@ def test_a_command_needing_an_extra_not_installed_says_which_in_one_line(convert
         ]
     assert run("convert", src, tmp_path / "local").returncode == 0
     assert run("verify", src, tmp_path / "local").returncode == 0
+    # ArrayRecord shards without array-record: the job failed at its first shard, saying to
+    # run it again.
+    done = run("convert", src, tmp_path / "ar", "--formats", "array_record", absent=["array_record"])
+    assert done.returncode == 2 and done.errors == [
+        "error: ArrayRecord files need the array-record package: pip install "
+        "'tfrecord-pipe[grain]' (or 'tfrecord-pipe[beam]' for the conversion job)."
+    ], done.stderr[-2000:]
+    assert not (tmp_path / "ar").exists()
 
 
 @pytest.mark.slow

@@ -18,16 +18,25 @@ from collections.abc import Iterator
 UNCOMPRESSED = "group_size:1,uncompressed"
 COMPRESSED = "group_size:1,zstd:3"
 _BATCH = 256  # records read at once when reading a file through
+_MISSING = ("ArrayRecord files need the array-record package: pip install "
+            "'tfrecord-pipe[grain]' (or 'tfrecord-pipe[beam]' for the conversion job).")  # fmt: skip
+
+
+def require() -> None:
+    """Raises ValueError, saying what to install, where the array-record package is missing:
+    a job that writes ArrayRecord files on this machine is refused before it starts, not
+    failed at its first shard (with advice to run it again)."""
+    try:
+        import array_record  # noqa: F401 - the package alone: its library loads where used
+    except ImportError:
+        raise ValueError(_MISSING) from None
 
 
 def _module():
     try:
         from array_record.python import array_record_module
     except ImportError as err:
-        raise ImportError(
-            "ArrayRecord files need the array-record package: pip install "
-            "'tfrecord-pipe[grain]' (or 'tfrecord-pipe[beam]' for the conversion job)."
-        ) from err
+        raise ImportError(_MISSING) from err
     return array_record_module
 
 
