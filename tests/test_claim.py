@@ -58,6 +58,17 @@ def test_a_claim_of_a_run_that_died_is_taken_over_and_said(tmp_path, holder):
         assert held.taken_over is not None
 
 
+def test_a_conversion_into_a_dead_runs_claimed_folder_converts_saying_it_took_the_claim(
+    tmp_path, caplog
+):
+    src = write_image_folder(tmp_path / "src", per_label=1)
+    write_claim(tmp_path / "out", pid=dead_pid())
+    convert.run([str(src), str(tmp_path / "out"), *IN_PROCESS])
+    assert "Took over the claim on" in caplog.text and "which had stopped renewing it" in caplog.text
+    assert (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "out" / claim.CLAIM_NAME).exists()
+
+
 def test_a_live_claim_on_another_machine_is_respected(tmp_path):
     write_claim(tmp_path / "out", host="another-machine", pid=1)
     with pytest.raises(claim.OutputBusyError, match="host another-machine"):

@@ -236,7 +236,7 @@ def test_a_user_s_file_by_a_dataset_s_name_is_kept_and_a_stopped_finalise_s_repl
         return write_bytes(path, *args, **kwargs)
 
     monkeypatch.setattr(finalise.storage, "write_bytes", stopped_at_the_manifest)
-    with pytest.raises(Exception, match="stopped"):
+    with pytest.raises(convert.JobFailedError, match="stopped"):
         convert.run([str(src), str(out), *IN_PROCESS])
     assert (out / "labels.txt").exists() and not (out / naming.MANIFEST_NAME).exists()
     monkeypatch.undo()
@@ -258,7 +258,7 @@ def test_a_run_stopped_as_it_cleaned_up_left_a_whole_dataset_and_the_rerun_says_
         raise OSError("stopped")
 
     monkeypatch.setattr(finalise, "_clean_up", stopped)
-    with pytest.raises(Exception, match="stopped"):
+    with pytest.raises(convert.JobFailedError, match="stopped"):
         convert.run([str(src), str(out), *IN_PROCESS])
     monkeypatch.setattr(finalise, "_clean_up", clean_up)
     with pytest.raises(FileExistsError, match=r"already holds a dataset, written whole by a "
@@ -318,6 +318,8 @@ def test_a_conversion_that_ignores_sigint_keeps_ignoring_it_and_main_runs_in_a_t
     deadline = time.monotonic() + 60
     while not (out / claim.CLAIM_NAME).exists() and time.monotonic() < deadline:
         time.sleep(0.02)
+    # Sent while it converts, not to a process that has ended (which would prove nothing).
+    assert (out / claim.CLAIM_NAME).exists() and ignoring.poll() is None
     ignoring.send_signal(signal.SIGINT)
     _, stderr = ignoring.communicate(timeout=120)
     assert ignoring.returncode == 0 and (out / naming.MANIFEST_NAME).exists(), stderr[-2000:]

@@ -23,9 +23,12 @@ def test_a_rejection_line_reads_back_and_what_is_not_one_is_refused():
     line = Rejection("/in/red/a.jpg", "red/a.jpg", "train", "truncated", "cut short")
     assert Rejection.from_json(line.to_json()) == line
     assert Rejection.from_json('{"path": "p", "split": "s", "reason": "r"}').relpath == "p"
-    for text in ('{"reason": "truncated"}', "[1, 2]", '{"path": 1, "split": "s", "reason": "r"}',
-                 "[" * 100_000, "not json"):  # fmt: skip
-        with pytest.raises(ValueError):
+    for text, said in (('{"reason": "truncated"}', "no text path, split"),
+                       ("[1, 2]", "not a JSON object"),
+                       ('{"path": 1, "split": "s", "reason": "r"}', "no text path$"),
+                       ("[" * 100_000, "nested too deeply"),
+                       ("not json", "Expecting value")):  # fmt: skip
+        with pytest.raises(ValueError, match=said):
             Rejection.from_json(text)
 
 

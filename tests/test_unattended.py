@@ -69,7 +69,7 @@ def killed_after_moving(monkeypatch, config: ConvertConfig) -> None:
         raise OSError("worker lost after the moves")
 
     monkeypatch.setattr(finalise, "_move", dies_after_moving)
-    with pytest.raises(Exception, match="worker lost after the moves"):
+    with pytest.raises(OSError, match="worker lost after the moves"):
         launch(config)
     monkeypatch.setattr(finalise, "_move", real_move)
 
@@ -136,7 +136,7 @@ def test_finalising_again_changes_no_byte_and_a_failed_finalise_finishes_when_ru
         real_write(path, data, mime_type)
 
     monkeypatch.setattr(storage, "write_bytes", dies_at_the_manifest)
-    with pytest.raises(Exception, match="worker lost"):
+    with pytest.raises(OSError, match="worker lost"):
         launch(config)
     monkeypatch.setattr(storage, "write_bytes", real_write)
     assert not (out / naming.MANIFEST_NAME).exists()  # no manifest over a half-finished folder
@@ -319,7 +319,7 @@ def test_a_finalise_cut_short_in_its_clean_up_finishes_it_and_gives_up_the_claim
     monkeypatch.setattr(storage, "delete_folder", lost_while_deleting)
     monkeypatch.setattr(claim, "give_up", lambda folder, run: None)  # as if lost before it
     config = config_for(src, out, num_shards=2)
-    with pytest.raises(Exception, match="worker lost in the clean-up"):
+    with pytest.raises(OSError, match="worker lost in the clean-up"):
         launch(config, run=held.run)
     monkeypatch.undo()
     assert (out / naming.MANIFEST_NAME).exists() and (out / claim.CLAIM_NAME).exists()

@@ -106,7 +106,7 @@ def test_what_cannot_travel_fails_its_task_and_the_pool_goes_on():
         assert pool.submit(abs, -3).result(timeout=60) == 3
 
 
-def test_a_worker_whose_launcher_is_gone_ends_quietly(monkeypatch):
+def test_a_worker_whose_launcher_is_gone_ends_quietly(monkeypatch, capfd):
     # With the fork server killed under `verify`, each worker's answer met a closed pipe, and
     # its report of that failure too: a traceback printed twice before the one-line error.
     import multiprocessing
@@ -116,6 +116,7 @@ def test_a_worker_whose_launcher_is_gone_ends_quietly(monkeypatch):
     launcher.send((len, ([1, 2],)))
     launcher.close()  # gone before the answer
     worker_pool._serve(worker, None, "fork", None, ())  # returns, raising nothing
+    assert capfd.readouterr() == ("", "")  # and printing nothing
 
 
 def test_a_callback_that_submits_as_the_pool_breaks_is_told_and_nothing_waits():
