@@ -61,7 +61,8 @@ def test_convert_on_a_missing_folder_exits_2_with_one_clear_line(tmp_path):
         "error: OUTPUT is empty: give a folder (local or gs://)."], result.errors  # fmt: skip
 
 
-def test_a_command_needing_an_extra_not_installed_says_which_in_one_line(converted, tmp_path):
+@pytest.mark.slow  # a dozen commands in new processes
+def test_a_command_needing_a_package_not_installed_says_which_in_one_line(converted, tmp_path):
     # `pip install tfrecord-pipe` installs neither TensorFlow nor Beam: inspect and bench, and
     # Beam's runners, ended in a traceback ("No module named 'tensorflow'"). A local convert
     # and verify need neither.
@@ -88,13 +89,18 @@ def test_a_command_needing_an_extra_not_installed_says_which_in_one_line(convert
     assert run("convert", src, tmp_path / "local").returncode == 0
     assert run("verify", src, tmp_path / "local").returncode == 0
     # ArrayRecord shards without array-record: the job failed at its first shard, saying to
-    # run it again.
-    done = run("convert", src, tmp_path / "ar", "--formats", "array_record", absent=["array_record"])
-    assert done.returncode == 2 and done.errors == [
-        "error: ArrayRecord files need the array-record package: pip install "
-        "'tfrecord-pipe[grain]' (or 'tfrecord-pipe[beam]' for the conversion job)."
-    ], done.stderr[-2000:]
-    assert not (tmp_path / "ar").exists()
+    # run it again; verify took each shard for lost, and reported every input missing.
+    said = ["error: ArrayRecord files need the array-record package: pip install "
+            "'tfrecord-pipe[grain]' (or 'tfrecord-pipe[beam]' for the conversion job)."]
+    arrays = tmp_path / "arrays"
+    done = run("convert", src, arrays, "--formats", "array_record", absent=["array_record"])
+    assert done.returncode == 2 and done.errors == said, done.stderr[-2000:]
+    assert not arrays.exists()
+    assert run("convert", src, arrays, "--formats", "array_record").returncode == 0
+    for args in (("verify", src, arrays), ("verify", src, arrays, "--runner", "DirectRunner"),
+                 ("inspect", arrays, "--check")):  # fmt: skip
+        done = run(*args, absent=["array_record"])
+        assert done.returncode == 2 and done.errors == said, done.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import tensorflow as tf
 from PIL import Image, ImageDraw, PngImagePlugin, UnidentifiedImageError
 
 from tfrecord_pipe._core import manifest as manifest_lib
-from tfrecord_pipe._core import messages, naming, paths, schema
+from tfrecord_pipe._core import array_records, messages, naming, paths, schema
 from tfrecord_pipe._reading import dataset as dataset_lib
 from tfrecord_pipe._reading import records
 
@@ -142,6 +142,8 @@ def summarize(
       ValueError: nothing to inspect at `path`; the message says what was expected.
     """
     found = dataset_lib.resolve(path, file_format)
+    if found.file_format == naming.ARRAY_RECORD:  # else each split "stopped after 0 records"
+        array_records.require()
     offset = _offset(found, label_offset)
     splits = tuple(
         _split_summary(split, found, sample, check_counts, offset)
@@ -549,6 +551,8 @@ def contact_sheet(
       The captions drawn, a (label, "split file name") pair per record.
     """
     found = dataset_lib.resolve(path, file_format)
+    if found.file_format == naming.ARRAY_RECORD:  # else each split "stopped after 0 records"
+        array_records.require()
     offset = _offset(found, label_offset)
     tiles = []
     try:

@@ -79,6 +79,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
       worker_pool.WorkerError: a worker failed (a bug: the rules never raise for a record).
     """
     found = reading.read_conversion(dataset, source)
+    reading.require_readers(found)
     config = reading.source_config(source, dataset, found)
     problems = join.Problems()
     problems.extend(reading.check_descriptions(dataset, found), FILES)

@@ -68,6 +68,8 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False,
     config = reading.source_config(source, dataset, found)
     given = PipelineOptions(beam_args)
     local = flags.runs_here(given)
+    if local:  # (remote workers install what they need)
+        reading.require_readers(found)
     temp_location = _check_options(given, local)
     # Checks of the dataset's small files, here, before minutes of job.
     descriptions = reading.check_descriptions(dataset, found)
