@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 from beam_jobs import listing
-from tfrecord_pipe._core import images, messages, paths
+from tfrecord_pipe._core import extras, images, messages, paths
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def scheme_problem(path: str, what: str) -> str | None:
     except Exception:  # noqa: BLE001 - Beam says ValueError or BeamIOError, by scheme
         if scheme == "gs":  # Beam's GCS module did not import
             return (f"{what} {path!r}: Beam's Cloud Storage filesystem is not installed "
-                    "here: pip install \"apache-beam[gcp]\" (make install does).")  # fmt: skip
+                    f"here: {extras.how_to_install('beam')}.")  # fmt: skip
         return (f"{what} {path!r}: nothing here reads {scheme}:// URLs. Local paths and gs:// "
                 "are read (other object stores with Beam's filesystem for them installed); "
                 "download or copy the files to one of those first.")  # fmt: skip

@@ -153,11 +153,13 @@ def run_python(code: str, timeout: float = 120, env=None, preloaded: bool = Fals
     return Ran(done.returncode, done.stdout, done.stderr)
 
 
-def without(*packages: str) -> str:
-    """Python code that, run first, makes `packages` (and their modules) fail to import as
-    they do where they are not installed (ModuleNotFoundError naming the package): an install
-    without an extra, in this environment."""
-    return f"""
+def without(folder: pathlib.Path, *packages: str) -> dict:
+    """The environment of a Python process, and of every Python it starts (the workers' fork
+    server too), in which `packages` (and their modules) fail to import as they do where they
+    are not installed (ModuleNotFoundError naming the package): an install without an extra,
+    in this environment. A `sitecustomize` module in `folder` does it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(f"""
 import importlib.abc, sys
 class _Absent(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -165,7 +167,8 @@ class _Absent(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {{name.split('.')[0]!r}}",
                                       name=name.split(".")[0])
 sys.meta_path.insert(0, _Absent())
-"""
+""")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
 
 
 def verified_both_ways(source, dataset, *beam_args):

@@ -69,13 +69,13 @@ def test_a_command_needing_a_package_not_installed_says_which_in_one_line(conver
     src, out = converted
 
     def run(*args, absent=("tensorflow", "apache_beam")):
-        code = without(*absent) + (
-            f"sys.argv = ['tfrecord-pipe', *{[str(arg) for arg in args]!r}]\n"
-            "from tfrecord_pipe._tools import cli\ncli.run()")  # fmt: skip
-        return run_python(code)
+        code = (f"import sys\nsys.argv = ['tfrecord-pipe', *{[str(arg) for arg in args]!r}]\n"
+                "from tfrecord_pipe._tools import cli\ncli.run()")  # fmt: skip
+        return run_python(code, env=without(tmp_path / "-".join(absent), *absent))
 
     for args, needed, extra in (
         (("inspect", out), "TensorFlow", "reader"),
+        (("verify", src, out, "--decode"), "TensorFlow", "reader"),  # the workers decode
         (("convert", src, tmp_path / "beam", "--runner", "DirectRunner"), "Apache Beam", "beam"),
         (("verify", src, out, "--runner", "DirectRunner"), "Apache Beam", "beam"),
     ):
@@ -91,7 +91,8 @@ def test_a_command_needing_a_package_not_installed_says_which_in_one_line(conver
     # ArrayRecord shards without array-record: the job failed at its first shard, saying to
     # run it again; verify took each shard for lost, and reported every input missing.
     said = ["error: ArrayRecord files need the array-record package: pip install "
-            "'tfrecord-pipe[grain]' (or 'tfrecord-pipe[beam]' for the conversion job)."]
+            "'tfrecord-pipe[grain]' (in a clone: pip install -c constraints.txt '.[grain]'; "
+            "make install installs every extra)."]
     arrays = tmp_path / "arrays"
     done = run("convert", src, arrays, "--formats", "array_record", absent=["array_record"])
     assert done.returncode == 2 and done.errors == said, done.stderr[-2000:]

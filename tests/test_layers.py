@@ -139,17 +139,18 @@ def test_neither_the_core_nor_the_job_loads_tensorflow_and_public_modules_load_w
     assert done.stdout.split() == ["False", "tfrecord_pipe.reader", "tfrecord_pipe.schema"]
 
 
-def test_the_core_works_with_its_own_dependencies_alone():
+def test_the_core_works_with_its_own_dependencies_alone(tmp_path):
     # `pip install tfrecord-pipe` installs Pillow and google-crc32c alone (pyproject.toml),
     # and the core is documented to need no more: it imported numpy (for numpy's bool, in its
     # checks of arguments), and `import tfrecord_pipe.images` failed there. Here the packages
     # of the extras cannot be imported.
+    import os
     import subprocess
     import sys
 
     from helpers import without
 
-    code = without("numpy", "tensorflow", "apache_beam", "jax", "grain") + """
+    code = """
 import io
 from PIL import Image
 from tfrecord_pipe import images, manifest, schema
@@ -161,7 +162,9 @@ record = schema.ImageRecord(stored.encoded, stored.height, stored.width, 0, "cat
 again = schema.decode_example(schema.serialize(record, label_offset=1), label_offset=1)
 print(again == record, again.height, again.width, manifest.parse_labels("cat\\ndog\\n", "x"))
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    extras = ("numpy", "tensorflow", "apache_beam", "jax", "grain", "cv2", "array_record")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, **without(tmp_path, *extras)))  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().split(maxsplit=3) == ["True", "30", "40", "('cat', 'dog')"], done.stdout
 

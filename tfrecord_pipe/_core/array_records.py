@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from tfrecord_pipe._core import extras
+
 UNCOMPRESSED = "group_size:1,uncompressed"
 COMPRESSED = "group_size:1,zstd:3"
 _BATCH = 256  # records read at once when reading a file through
-_MISSING = ("ArrayRecord files need the array-record package: pip install "
-            "'tfrecord-pipe[grain]' (or 'tfrecord-pipe[beam]' for the conversion job).")  # fmt: skip
+# (The beam extra has array-record too, for the conversion job.)
+_MISSING = f"ArrayRecord files need the array-record package: {extras.how_to_install('grain')}."
 
 
 def require() -> None:
@@ -27,7 +29,7 @@ def require() -> None:
     a job that writes ArrayRecord files on this machine is refused before it starts, not
     failed at its first shard (with advice to run it again)."""
     try:
-        import array_record  # noqa: F401 - the package alone: its library loads where used
+        _module()  # (its library too: an empty package beside a broken one is not enough)
     except ImportError:
         raise ValueError(_MISSING) from None
 

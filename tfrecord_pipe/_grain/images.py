@@ -23,7 +23,7 @@ import threading
 import numpy as np
 from PIL import Image
 
-from tfrecord_pipe._core import crops
+from tfrecord_pipe._core import crops, extras
 
 _SCALE = np.asarray([1 / s for s in crops.STDDEV_RGB], np.float32)
 _SHIFT = np.asarray([-m / s for m, s in zip(crops.MEAN_RGB, crops.STDDEV_RGB)], np.float32)
@@ -131,8 +131,7 @@ def _cv2():
         import cv2
     except ImportError as err:
         raise ImportError(
-            "The Grain path decodes with OpenCV: install the grain extra (pip install -c "
-            "constraints.txt '.[grain]' in the clone)."
+            f"The Grain path decodes with OpenCV: {extras.how_to_install('grain')}."
         ) from err
     return cv2
 

@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 import os
 
-from tfrecord_pipe._core import array_records, naming
+from tfrecord_pipe._core import array_records, extras, naming
 from tfrecord_pipe._core import manifest as manifest_lib
 
 
@@ -18,8 +18,7 @@ def grain_module():
         import grain
     except ImportError as err:
         raise ImportError(
-            "The Grain path needs Grain and array-record: install the grain extra (pip install "
-            "-c constraints.txt '.[grain]' in the clone)."
+            f"The Grain path needs Grain and array-record: {extras.how_to_install('grain')}."
         ) from err
     return grain
 

@@ -19,7 +19,7 @@ import math
 import os
 import sys
 
-from tfrecord_pipe._core import help_format, messages, naming, paths, program_exit
+from tfrecord_pipe._core import extras, help_format, messages, naming, paths, program_exit
 from tfrecord_pipe._reading import tensorflow_start
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
@@ -286,6 +286,8 @@ def _verify(args) -> int:
         flags.check_beam_flags(args.beam_args, args.own_flags, whose="verify's")
     _require_path_without_tensorflow(args.source)
     _require_path_without_tensorflow(args.dataset)
+    if args.decode:  # loaded by the workers: said here, not as each one fails to start
+        extras.require("tensorflow")
     if not args.beam_args:
         from concurrent.futures.process import BrokenProcessPool
 
