@@ -286,8 +286,8 @@ def _verify(args) -> int:
         flags.check_beam_flags(args.beam_args, args.own_flags, whose="verify's")
     _require_path_without_tensorflow(args.source)
     _require_path_without_tensorflow(args.dataset)
-    if args.decode:  # loaded by the workers: said here, not as each one fails to start
-        extras.require("tensorflow")
+    if args.decode and not args.beam_args:  # this machine's workers load it (Dataflow's
+        extras.require("tensorflow")  # install it): said here, not as each fails to start
     if not args.beam_args:
         from concurrent.futures.process import BrokenProcessPool
 
