@@ -167,6 +167,15 @@ print(again == record, again.height, again.width, manifest.parse_labels("cat\\nd
                           env=dict(os.environ, **without(tmp_path, *extras)))  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().split(maxsplit=3) == ["True", "30", "40", "('cat', 'dog')"], done.stdout
+    # The Grain path there says which extra it needs ("No module named 'numpy'" said nothing).
+    done = subprocess.run([sys.executable, "-c", "from tfrecord_pipe import grain"],
+                          capture_output=True, text=True,
+                          env=dict(os.environ, **without(tmp_path, *extras)))  # fmt: skip
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+        "ImportError: The Grain path needs the grain extra: pip install 'tfrecord-pipe[grain]' "
+        "(in a clone: pip install -c constraints.txt '.[grain]'; make install installs every "
+        "extra)."
+    ), done.stderr[-2000:]
 
 
 def test_no_module_of_the_job_hides_a_library_when_run_as_a_script():
