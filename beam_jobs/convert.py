@@ -44,7 +44,7 @@ import tfrecord_pipe
 from beam_jobs import (claim, finalise, flags, local_engine, sources, storage, work_folder,
                        worker_pool, worker_progress)
 from beam_jobs.config import ConvertConfig
-from tfrecord_pipe._core import (array_records, help_format, manifest, messages, naming, paths,
+from tfrecord_pipe._core import (array_records, help_format, manifest, messages, paths,
                                  program_exit)
 
 LOG = logging.getLogger("beam_jobs.convert")
@@ -86,8 +86,8 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
         config = sources.resolve_layout(flags.config_from_args(args))
         finalise.check_output(config)
         fixed_labels = _read_labels(config.labels_file) if config.labels_file else None
-    if local and naming.ARRAY_RECORD in config.formats:  # written by this machine's workers
-        array_records.require()
+    if local:  # written by this machine's workers
+        array_records.require(config.formats)
     if args.no_wait and local:
         raise ValueError("--no_wait is for a runner that runs the job elsewhere (Dataflow); "
                          "the local runner runs it in this process.")  # fmt: skip

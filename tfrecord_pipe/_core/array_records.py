@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tfrecord_pipe._core import extras
+from tfrecord_pipe._core import extras, naming
 
 UNCOMPRESSED = "group_size:1,uncompressed"
 COMPRESSED = "group_size:1,zstd:3"
@@ -24,10 +24,13 @@ _BATCH = 256  # records read at once when reading a file through
 _MISSING = f"ArrayRecord files need the array-record package: {extras.how_to_install('grain')}."
 
 
-def require() -> None:
-    """Raises ValueError, saying what to install, where the array-record package is missing:
-    a job that writes ArrayRecord files on this machine is refused before it starts, not
-    failed at its first shard (with advice to run it again)."""
+def require(formats) -> None:
+    """Raises ValueError, saying what to install, where `formats` (naming.FILE_FORMATS) hold
+    ArrayRecord and the array-record package is missing: a job that writes or reads such
+    shards on this machine is refused before it starts. Found at its first shard, it failed
+    saying to run it again, verify took every shard for lost, inspect gave a traceback."""
+    if naming.ARRAY_RECORD not in formats:
+        return
     try:
         _module()  # (its library too: an empty package beside a broken one is not enough)
     except ImportError:

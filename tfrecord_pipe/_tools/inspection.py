@@ -119,6 +119,14 @@ class DatasetSummary:
         ]
 
 
+def _resolved(path: str, file_format: str | None) -> dataset_lib.Dataset:
+    """What `path` holds, refused where this machine cannot read its shards (else each split
+    "stopped after 0 records", or a traceback)."""
+    found = dataset_lib.resolve(path, file_format)
+    array_records.require((found.file_format,))
+    return found
+
+
 def summarize(
     path: str,
     sample: int | None = DEFAULT_SAMPLE,
@@ -141,9 +149,7 @@ def summarize(
     Raises:
       ValueError: nothing to inspect at `path`; the message says what was expected.
     """
-    found = dataset_lib.resolve(path, file_format)
-    if found.file_format == naming.ARRAY_RECORD:  # else each split "stopped after 0 records"
-        array_records.require()
+    found = _resolved(path, file_format)
     offset = _offset(found, label_offset)
     splits = tuple(
         _split_summary(split, found, sample, check_counts, offset)
@@ -550,9 +556,7 @@ def contact_sheet(
     Returns:
       The captions drawn, a (label, "split file name") pair per record.
     """
-    found = dataset_lib.resolve(path, file_format)
-    if found.file_format == naming.ARRAY_RECORD:  # else each split "stopped after 0 records"
-        array_records.require()
+    found = _resolved(path, file_format)
     offset = _offset(found, label_offset)
     tiles = []
     try:

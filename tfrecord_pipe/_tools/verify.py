@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 
 from beam_jobs import csv_lists, load, sources, spill, work_folder, worker_pool
 from beam_jobs.source_file import SourceFile
-from tfrecord_pipe._core import manifest, messages, progress
+from tfrecord_pipe._core import array_records, manifest, messages, progress
 from tfrecord_pipe._tools import verify_beside
 from tfrecord_pipe._tools import verify_join as join
 from tfrecord_pipe._tools import verify_reading as reading
@@ -79,7 +79,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
       worker_pool.WorkerError: a worker failed (a bug: the rules never raise for a record).
     """
     found = reading.read_conversion(dataset, source)
-    reading.require_readers(found)
+    array_records.require(found.file_formats)  # shards read here
     config = reading.source_config(source, dataset, found)
     problems = join.Problems()
     problems.extend(reading.check_descriptions(dataset, found), FILES)

@@ -24,7 +24,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from beam_jobs import csv_lists, flags, pipeline, storage, worker_wheel
-from tfrecord_pipe._core import manifest, messages, paths
+from tfrecord_pipe._core import array_records, manifest, messages, paths
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools.verify import WORK_PREFIX
 from tfrecord_pipe._tools import verify_rules as rules
@@ -69,7 +69,7 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False,
     given = PipelineOptions(beam_args)
     local = flags.runs_here(given)
     if local:  # (remote workers install what they need)
-        reading.require_readers(found)
+        array_records.require(found.file_formats)
     temp_location = _check_options(given, local)
     # Checks of the dataset's small files, here, before minutes of job.
     descriptions = reading.check_descriptions(dataset, found)

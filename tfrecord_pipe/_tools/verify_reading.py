@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 
 from beam_jobs import finalise, record_reader, shard_plan, storage
-from tfrecord_pipe._core import array_records, manifest, messages, naming, paths, schema
+from tfrecord_pipe._core import manifest, messages, naming, paths, schema
 from tfrecord_pipe._core import rejection as rejection_lib
 from tfrecord_pipe._tools.verify_rules import (
     COUNT,
@@ -224,14 +224,6 @@ def check_stray_shards(dataset: str, found: manifest.Manifest) -> list[str]:
             problems.append(f"{name}: the pattern {split}-* of split {split} reads it as part of "
                             "the dataset, but the manifest does not list it")  # fmt: skip
     return problems
-
-
-def require_readers(found: manifest.Manifest) -> None:
-    """Raises ValueError, saying what to install, where this machine cannot read every format
-    the dataset's shards are in: without array-record each ArrayRecord shard read as lost,
-    and verify reported every input missing (after retrying each shard)."""
-    if naming.ARRAY_RECORD in found.file_formats:
-        array_records.require()
 
 
 def check_shard_sizes(dataset: str, found: manifest.Manifest) -> list[str]:
