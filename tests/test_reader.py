@@ -716,6 +716,26 @@ def test_a_missing_shard_fails_at_once_naming_it_or_is_skipped_when_asked(tmp_pa
         reader.make_input_fn(str(folder), **options)()
 
 
+@pytest.mark.parametrize("damage", ["cut", "missing"])
+def test_seeded_training_on_damaged_shards_is_not_told_to_skip_them(converted_copy, damage):
+    # Its error said "pass skip_corrupt=True", which a seeded config then refused (a
+    # reviewer): the advice given is one the pipeline takes.
+    folder = converted_copy[1]
+    shard = folder / "train-00001-of-00002.tfrecord"
+    if damage == "cut":
+        shard.write_bytes(shard.read_bytes()[:-5])
+    else:
+        shard.unlink()
+    options = dict(is_training=True, image_size=SIZE, batch_size=2)
+    with pytest.raises(ValueError) as refused:
+        reader.make_input_fn(str(folder), seed=1, **options)()
+    assert "train-00001-of-00002.tfrecord" in str(refused.value)
+    assert "cannot go on without them (skip_corrupt=True needs seed=None)" in str(refused.value)
+    assert "pass skip_corrupt=True" not in str(refused.value)
+    with pytest.raises(ValueError, match="pass skip_corrupt=True") as refused:
+        reader.make_input_fn(str(folder), **options)()
+    reader.make_input_fn(str(folder), skip_corrupt=True, **options)()  # the advice, taken
+
 def test_hosts_whose_copies_lack_other_shards_skip_them_in_the_same_steps(tmp_path):
     # Each host with its own copy (local disks), one copy lacking a shard, skip_corrupt: each
     # host dealt the files of its own copy, so they took 4 and 3 steps (a pod waits for ever

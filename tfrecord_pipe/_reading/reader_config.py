@@ -248,6 +248,16 @@ class Source:
     num_classes: int | None
 
 
+def _without_them(config: ReaderConfig, advice: str) -> str:
+    """The end of an error over damaged shards: `advice` (skip_corrupt) where this pipeline
+    could take it; seeded training cannot (`ReaderConfig` refuses the pair), so there the
+    way without them is said as it is."""
+    if config.seeded:
+        return ("; seeded training reads every record of its epochs, so it cannot go on "
+                "without them (skip_corrupt=True needs seed=None).")
+    return advice
+
+
 def resolve_source(config: ReaderConfig, found: dataset_lib.Dataset | None = None) -> Source:
     """The files `config` reads and the facts that go with them.
 
@@ -273,16 +283,16 @@ def resolve_source(config: ReaderConfig, found: dataset_lib.Dataset | None = Non
             raise ValueError(
                 f"{len(chosen.missing)} shard file(s) of split {split!r} that the manifest of "
                 f"{config.data} lists are missing (or not files): "
-                f"{', '.join(chosen.missing[:3])}. Restore them, or pass skip_corrupt=True to "
-                "read without them."
+                f"{', '.join(chosen.missing[:3])}. Restore them"
+                + _without_them(config, ", or pass skip_corrupt=True to read without them.")
             )
         cut = found.manifest.splits[split].size_problems(paths.folder(config.data),
                                                          found.file_format)  # fmt: skip
         if cut and not config.skip_corrupt:
             raise ValueError(
                 manifest_lib.sizes_said(cut, f"shard file(s) of split {split!r} of {config.data}")
-                + f" (`tfrecord-pipe inspect {config.data} --check` checks every shard); or "
-                "pass skip_corrupt=True to read what they hold."
+                + f" (`tfrecord-pipe inspect {config.data} --check` checks every shard)"
+                + _without_them(config, "; or pass skip_corrupt=True to read what they hold.")
             )
         if cut:
             log.warning("skip_corrupt: reading split %r with %d shard file(s) not of the size "
