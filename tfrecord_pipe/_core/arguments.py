@@ -109,6 +109,19 @@ class Invalid(ValueError):
         return type(self), (self.title, self.problems)
 
 
+def json_values(value):
+    """A state a program saved and gave back, with the types JSON gives: saved another way
+    (orbax, msgpack, YAML), its numbers and lists come back as numpy values or tuples, which
+    compare unequal to the same numbers and lists (and JSON cannot write)."""
+    if isinstance(value, dict):
+        return {key: json_values(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_values(item) for item in value]
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):  # numbers, arrays
+        return json_values(value.tolist())
+    return value
+
+
 def refuse(title: str, problems) -> None:
     """Raises Invalid(title, problems) where there is any problem."""
     if problems:

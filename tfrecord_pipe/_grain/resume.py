@@ -4,9 +4,7 @@ than silently resumed."""
 
 from __future__ import annotations
 
-import json
-
-from tfrecord_pipe._core import manifest
+from tfrecord_pipe._core import arguments, manifest
 from tfrecord_pipe._grain.source import Split
 
 try:  # A Grain iterator, so that Grain's and Orbax's checkpointing take it as one.
@@ -77,7 +75,7 @@ class ResumableBatches(_GrainIterator):
         differ = [
             f"{_SAID.get(key, key)}: saved {saved.get(key)!r}, here {value!r}"
             for key, value in self._settings.items()
-            if _as_json(saved.get(key)) != _as_json(value)
+            if arguments.json_values(saved.get(key)) != arguments.json_values(value)
         ]
         workers = saved.get("worker_count"), self._settings["worker_count"]
         if len(differ) == 1 and workers[0] != workers[1]:
@@ -98,7 +96,3 @@ class ResumableBatches(_GrainIterator):
 
 # A setting named in words where its key alone does not say what changed.
 _SAID = {"records": "records (the dataset: its shards, their counts and which inputs they hold)"}
-
-
-def _as_json(value):
-    return json.loads(json.dumps(value))

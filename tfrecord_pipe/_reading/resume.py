@@ -26,7 +26,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfrecord_pipe._core import messages
+from tfrecord_pipe._core import arguments, messages
 from tfrecord_pipe._reading import epochs, file_share, seeded
 
 FORMAT = "tfrecord-pipe/position"
@@ -112,6 +112,7 @@ class BatchIterator:
         """
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise ValueError(f"Not a tfrecord-pipe position state: {str(state)[:200]}")
+        state = arguments.json_values(state)
         if state.get("version") != VERSION:
             raise ValueError(
                 f"A position state of version {state.get('version')}; this tfrecord-pipe reads "
@@ -125,7 +126,10 @@ class BatchIterator:
                 "do not set it: the input starts at its first batch"))  # fmt: skip
         batches = state.get("batches")
         if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
-            raise ValueError(f"A position state with batches={batches!r}")
+            raise ValueError(
+                f"A position state with batches={batches!r}: it is the count of batches given "
+                "out, a whole number >= 0. Restore the state get_state() gave, as it was saved."
+            )
         self._given = batches
         self._iterator = None
 
