@@ -80,7 +80,7 @@ def decide(
         if storage.is_outage(err):
             raise storage.StorageFailed(
                 f"Cannot read {source.path}: the storage failed, not the file "
-                f"({messages.one_line(err)}). It is not rejected: run the job again "
+                f"({messages.one_line(err)[:200]}). It is not rejected: run the job again "
                 "when the storage answers."
             ) from err
         return Outcome(reason=images.UNREADABLE, detail=f"cannot read: {err}")

@@ -103,6 +103,7 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
                 where = f"CSV list {config.source} line {number}: its path"
                 if problem := storage.scheme_problem(cells[0], where):
                     raise ValueError(problem)
+                storage.reach(cells[0], where)
                 schemes.add(scheme)
             data_lines += 1
             if converting and (problem := column_problem(cells, number, line, config.source)):

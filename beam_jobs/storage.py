@@ -196,6 +196,32 @@ def is_outage(err: BaseException) -> bool:
     return False
 
 
+def reach(path: str, what: str) -> None:
+    """Asks the storage of the remote file `path` (`what` names it) once, before a job reads
+    it there: without credentials, or with no network, the job's reads failed only after two
+    minutes of silent retries (Beam's GCS reads connect anonymously), where a source folder on
+    gs:// is refused at once. The file's own answer (missing, no access) is the job's to
+    judge: it rejects that input, naming it.
+
+    Raises:
+      ConnectionError: no credentials, or the storage did not answer (its retries said).
+    """
+    if not path.startswith("gs://"):
+        return  # (other stores: their filesystems' own errors)
+    bucket, _, name = path[len("gs://") :].partition("/")
+    blob = gcs_client().bucket(bucket).blob(name)  # (no credentials: said)
+    try:
+        blob.exists(retry=gcs_retry())
+    except Exception as err:
+        if not is_outage(err):
+            log.debug("%s: %s (the job judges the file)", path, messages.one_line(err))
+            return
+        raise ConnectionError(
+            f"{what} {path}: Cloud Storage cannot be reached ({messages.one_line(err)[:300]}). "
+            "Check the network, then run the command again."
+        ) from err
+
+
 NO_CREDENTIALS = (
     "No Google Cloud credentials to reach gs://: run `gcloud auth application-default login`, "
     "or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file."

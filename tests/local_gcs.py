@@ -85,12 +85,15 @@ class Faults:
         itself took effect, as when a connection breaks on the way back).
       delay_s: added before each relayed request.
       seed: for the draws.
+      spared: the first requests, relayed untouched (a storage that fails after a job's first
+        look at it).
     """
 
     error_rate: float = 0.0
     reset_rate: float = 0.0
     delay_s: float = 0.0
     seed: int = 0
+    spared: int = 0
 
 
 _CONTROL_PATH = "/_test/faults"
@@ -435,6 +438,7 @@ class _Proxy(http.server.ThreadingHTTPServer):
         self.finished_uploads: dict[str, tuple] = {}  # upload_id -> the final answer
         self._random = random.Random(0)
         self._random_lock = threading.Lock()
+        self._spared = 0
         self._dealt = {"error": 0, "reset": 0, "reset_media": 0}
 
     def set_faults(self, faults: Faults) -> dict[str, int]:
@@ -442,6 +446,7 @@ class _Proxy(http.server.ThreadingHTTPServer):
         with self._random_lock:
             self.faults = faults
             self._random = random.Random(faults.seed)
+            self._spared = 0
             dealt, self._dealt = self._dealt, {"error": 0, "reset": 0, "reset_media": 0}
         return dealt
 
@@ -452,6 +457,9 @@ class _Proxy(http.server.ThreadingHTTPServer):
     def draw_fault(self) -> str | None:
         """"error", "reset" or None for the next request, by the configured rates."""
         with self._random_lock:
+            if self._spared < self.faults.spared:
+                self._spared += 1
+                return None
             draw = self._random.random()
         if draw < self.faults.error_rate:
             return "error"

@@ -119,7 +119,8 @@ def test_a_storage_that_fails_every_read_stops_the_job_rather_than_reject_its_in
     monkeypatch.setattr(gcsio_retry, "get_retry", lambda options: DEFAULT_RETRY.with_timeout(1.0))
     monkeypatch.setattr(DEFAULT_RETRY, "_timeout", 1.0)
     out = tmp_path / "out"
-    with gcs.exported(), gcs.faults(error_rate=1.0) as dealt:
+    # The launcher's look at the first line's storage answered; then nothing does.
+    with gcs.exported(), gcs.faults(error_rate=1.0, spared=1) as dealt:
         with pytest.raises(convert.JobFailedError) as failed:
             # Beam's runner, in this process (where the shorter retries are): the local
             # engine's workers fail the job the same way, by the same `outcome.decide`.
@@ -128,6 +129,46 @@ def test_a_storage_that_fails_every_read_stops_the_job_rather_than_reject_its_in
     assert "the storage failed, not the file" in str(failed.value), str(failed.value)
     assert "It is not rejected" in str(failed.value) and not (out / "manifest.json").exists()
 
+
+def test_a_list_of_gs_images_out_of_reach_is_refused_before_the_job(gcs, tmp_path, monkeypatch,
+                                                                     caplog):  # fmt: skip
+    # Its reads connected anonymously (Beam's GCS reads) and each failed after two minutes of
+    # silent retries, where a source folder on gs:// is refused at once (a helper's trial);
+    # then the error was cut off mid-sentence ("It is not rejected: run )").
+    from beam_jobs import storage as storage_lib
+
+    image = sorted(write_image_folder(tmp_path / "src", per_label=1, odd=()).rglob("*.jpg"))[0]
+    listed = tmp_path / "list.csv"
+    listed.write_text(f"{image},cat\n{gcs.url('missing/b.jpg')},dog\n")
+    out = tmp_path / "out"
+    monkeypatch.setattr(storage_lib, "GCS_RETRY_S", 1.0)
+    storage_lib.gcs_retry.cache_clear()
+    try:
+        with gcs.exported(), gcs.faults(error_rate=1.0) as dealt:
+            with pytest.raises(ConnectionError) as refused:
+                convert.run([str(listed), str(out), *IN_PROCESS])
+    finally:
+        storage_lib.gcs_retry.cache_clear()
+    assert sum(dealt.values()) and not out.exists()  # refused before the output was claimed
+    assert str(refused.value).startswith(
+        f"CSV list {listed} line 2: its path {gcs.url('missing/b.jpg')}: Cloud Storage cannot "
+        "be reached (")  # fmt: skip
+    assert str(refused.value).endswith("Check the network, then run the command again.")
+    said = [r.getMessage() for r in caplog.records if r.name == "beam_jobs.storage"]
+    assert said and said[0].startswith("Cloud Storage did not answer; retrying for up to 1 s")
+    # Without credentials (nor the test GCS, to which a client needs none): said at once, as
+    # for a source folder on gs://.
+    no_credentials = {"GOOGLE_APPLICATION_CREDENTIALS": "", "CLOUDSDK_CONFIG": str(tmp_path),
+                      "NO_GCE_CHECK": "true", "STORAGE_EMULATOR_HOST": ""}  # fmt: skip
+    ran = run_command("convert", listed, out, env=no_credentials, preloaded=True)
+    assert ran.returncode == 2 and not out.exists(), ran.stderr[-2000:]
+    assert ran.stderr.strip().splitlines()[-1].startswith(
+        "error: No Google Cloud credentials to reach gs://"), ran.stderr[-2000:]  # fmt: skip
+    # The storage answers: a missing object is the job's to reject, naming it.
+    with gcs.exported():
+        result = convert.run([str(listed), str(out), *IN_PROCESS])
+    assert [sum(info.num_examples for info in result.splits.values()),
+            sum(info.rejected for info in result.splits.values())] == [1, 1]
 
 @pytest.mark.slow  # over a second of CPU: out of the fast subset
 def test_an_outage_mid_run_ends_the_conversion_in_one_error_line(gcs, tmp_path, monkeypatch,
