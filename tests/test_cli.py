@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,6 +104,50 @@ def test_a_command_needing_a_package_not_installed_says_which_in_one_line(conver
         done = run(*args, absent=["array_record"])
         assert done.returncode == 2 and done.errors == said, done.stderr[-2000:]
 
+
+# Root reads whatever a file's mode says: a command of the tests run as root gets that right
+# dropped (util-linux's setpriv), as a user without it runs.
+AS_A_USER = [] if os.geteuid() else [
+    "setpriv", "--bounding-set=-dac_override,-dac_read_search",
+    "--inh-caps=-dac_override,-dac_read_search",
+]  # fmt: skip
+DENIED = "Permission denied. This user may not read or write it: give them the right to " \
+         "(chmod, chown), or give another path."  # fmt: skip
+
+
+@pytest.mark.slow  # commands in new processes
+def test_a_file_or_folder_this_user_may_not_read_is_said_in_one_line(converted, tmp_path):
+    # A CSV list, a labels file or a source folder this user may not read ended in a
+    # traceback (a helper's trial).
+    src, _ = converted
+    listed, labels, folder = tmp_path / "list.csv", tmp_path / "labels.txt", tmp_path / "src"
+    listed.write_text(f"{next(src.rglob('*.jpg'))},red\n")
+    labels.write_text("red\ngreen\nblue\n")
+    shutil.copytree(src, folder)
+    out = tmp_path / "out"
+    for path, args in ((listed, [listed, out]), (labels, [src, out, "--labels_file", labels]),
+                       (folder, [folder, out])):  # fmt: skip
+        path.chmod(0)
+        done = subprocess.run([*AS_A_USER, COMMAND, "convert", *map(str, args)],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stderr == f"error: {path}: {DENIED}\n" and not out.exists()
+        path.chmod(0o755)
+
+
+@pytest.mark.slow  # a command in a new process
+def test_tensorflow_s_permission_error_is_said_in_one_line():
+    # `inspect` of a dataset whose manifest this user may not read: TensorFlow's error, whose
+    # message names the path, ended in a traceback (a helper's trial).
+    done = run_python(
+        "import tensorflow as tf\n"
+        "from tfrecord_pipe._core import program_exit\n"
+        "def main():\n"
+        "    raise tf.errors.PermissionDeniedError(None, None, 'ds/manifest.json; Permission denied')\n"
+        "program_exit.run(main)\n",
+        preloaded=True,
+    )
+    assert done.returncode == 2 and done.stderr == f"error: ds/manifest.json; {DENIED}\n"
 
 @pytest.mark.slow
 def test_help_lists_the_commands():

@@ -28,7 +28,8 @@ HOOKS_S = 10.0  # and then the exit hooks (the workers' fork server's end waits 
 def run(main: Callable[[], int | None]) -> NoReturn:
     """Runs a command's `main` and exits with its code (130 on Ctrl-C, saying so; 2 with one
     line where a package it needs is not installed), however it ends: any other exception
-    leaves through Python's own report, with code 1."""
+    leaves through Python's own report, with code 1, but a path this user may not read or
+    write, said in one line, code 2."""
     try:
         code = main()
     except SystemExit as done:  # argparse's --help and errors
@@ -42,10 +43,31 @@ def run(main: Callable[[], int | None]) -> NoReturn:
             raise
         print(f"error: {said}", file=sys.stderr)
         code = 2
-    except BaseException:
-        _cut_short_if_stuck(1)
-        raise
+    except BaseException as err:
+        said = _denied(err)
+        if said is None:
+            _cut_short_if_stuck(1)
+            raise
+        print(f"error: {said}", file=sys.stderr)
+        code = 2
     leave(code)
+
+
+def _denied(err: BaseException) -> str | None:
+    """A file or folder this user may not read or write (Python's error, or TensorFlow's
+    for a path it opened), in words; None for any other error. Whichever step met it, its
+    message names the path, and a traceback says nothing more."""
+    if isinstance(err, PermissionError):
+        where = f"{err.filename}: " if err.filename else ""
+        said = f"{where}{err.strerror or err}"
+    elif type(err).__name__ == "PermissionDeniedError" and type(err).__module__.startswith(
+        "tensorflow"
+    ):  # (TensorFlow's message names the path: "o1/manifest.json; Permission denied")
+        said = getattr(err, "message", None) or str(err)
+    else:
+        return None
+    return (f"{said}. This user may not read or write it: give them the right to (chmod, "
+            "chown), or give another path.")  # fmt: skip
 
 
 @contextlib.contextmanager
