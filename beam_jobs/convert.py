@@ -152,6 +152,10 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
             raise JobFailedError(str(lost))
     found = finalise.read_manifest(config.output)
     also = finalise.splits_gone(found, replaced)
+    if stray := finalise.stray_files(config.output, found):
+        also.append(f"{config.output} holds files that are not this dataset's where its "
+                    f"readers look: {'; '.join(stray[:3])}. Move them out of it: until then "
+                    "`tfrecord-pipe verify` fails on them.")  # fmt: skip
     if empty := sources.empty_label_folders(config, found.labels):
         also.append(f"label folders holding no file, so no labels of this dataset: "
                     f"{messages.some(empty, 10, ascii)}. Images put there later make labels "

@@ -499,6 +499,32 @@ def _manifest(config: ConvertConfig, written: summary.Summary, version: str) -> 
     )
 
 
+def stray_files(dataset: str, found: manifest.Manifest) -> list[str]:
+    """The files in the dataset's folder named like a shard, or matched by a split's pattern
+    (`train-*`), that the manifest does not list, said: a reader of that pattern, TFDS's or
+    ours, would read them as part of the dataset. And the folders such a pattern matches,
+    which it cannot read. (verify reports them; a conversion warns of them.)"""
+    listed = {name for info in found.splits.values() for name in info.all_files}
+    try:
+        folders, names = storage.children(dataset)
+    except Exception as err:  # noqa: BLE001 - any filesystem's error: said, not fatal
+        return [f"{dataset} cannot be listed: {messages.one_line(err)}"]
+    problems = []
+    for name in sorted(folders):
+        if split := next((s for s in sorted(found.splits) if name.startswith(f"{s}-")), None):
+            problems.append(f"{name}/: a folder, which the pattern {split}-* of split {split} "
+                            "matches (a reader of that pattern fails on it)")  # fmt: skip
+    for name in sorted(set(names) - listed):
+        if (split := naming.split_of(name)) is not None:
+            problems.append(f"{name}: named like a shard of split {split}, but the manifest does "
+                            "not list it (a file pattern would read it as part of the dataset)")  # fmt: skip
+        elif split := next((s for s in sorted(found.splits) if name.startswith(f"{s}-")), None):
+            # train-copy.tfrecord, a shard's .bak: read as records by the pattern `train-*`
+            problems.append(f"{name}: the pattern {split}-* of split {split} reads it as part of "
+                            "the dataset, but the manifest does not list it")  # fmt: skip
+    return problems
+
+
 def summary_line(result: manifest.Manifest, out: str, seconds: float,
                  also: Iterable[str] = ()) -> str:  # fmt: skip
     """`Converted into OUT in 5.1 s: train: 98 in 2 shards; ...; 1 rejected (truncated 1).`

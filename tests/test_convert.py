@@ -135,6 +135,26 @@ def test_an_overwrite_that_loses_a_split_says_so(tmp_path, capsys):
     assert "WARNING" not in capsys.readouterr().out
 
 
+def test_a_file_the_split_patterns_read_in_the_output_is_warned_of_as_verify_reports_it(
+    tmp_path, capsys
+):
+    # The conversion took train-notes.txt in its output folder in silence, and verify then
+    # failed on the fresh dataset: a reader of train-* reads it (a helper's trial).
+    src = make_folder(tmp_path / "src", per_label=2, odd=())
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train-notes.txt").write_text("my notes")
+    run(src, out)
+    said = [line for line in capsys.readouterr().out.splitlines() if "WARNING" in line]
+    assert said == [f"WARNING: {out} holds files that are not this dataset's where its readers "
+                    "look: train-notes.txt: the pattern train-* of split train reads it as part "
+                    "of the dataset, but the manifest does not list it. Move them out of it: "
+                    "until then `tfrecord-pipe verify` fails on them."]  # fmt: skip
+    assert (out / "train-notes.txt").read_text() == "my notes"
+    (out / "train-notes.txt").rename(tmp_path / "notes.txt")
+    run(src, out, "--overwrite")
+    assert "WARNING" not in capsys.readouterr().out
+
 def test_label_folders_holding_no_file_are_said_to_be_no_labels(tmp_path, capsys):
     # A folder whose files were all rejected is a label and warned of; an empty one was
     # silently none (a new user's trial).

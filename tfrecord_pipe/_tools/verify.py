@@ -28,7 +28,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 
-from beam_jobs import csv_lists, load, sources, spill, work_folder, worker_pool
+from beam_jobs import csv_lists, finalise, load, sources, spill, work_folder, worker_pool
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import array_records, manifest, messages, progress
 from tfrecord_pipe._tools import verify_beside
@@ -85,7 +85,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
     problems.extend(reading.check_descriptions(dataset, found), FILES)
     problems.extend(reading.check_rejection_files(dataset, found), FILES)
     problems.extend(reading.check_rejection_reasons(dataset, found), FILES)
-    problems.extend(reading.check_stray_shards(dataset, found), FILES)
+    problems.extend(finalise.stray_files(dataset, found), FILES)
     problems.extend(reading.check_shard_sizes(dataset, found), FILES)
     problems.extend(reading.check_manifest(found), FILES)
     processes = processes or worker_pool.processes()

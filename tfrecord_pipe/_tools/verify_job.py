@@ -23,7 +23,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from beam_jobs import csv_lists, flags, pipeline, storage, worker_wheel
+from beam_jobs import csv_lists, finalise, flags, pipeline, storage, worker_wheel
 from tfrecord_pipe._core import array_records, manifest, messages, paths
 from tfrecord_pipe._tools import verify_reading as reading
 from tfrecord_pipe._tools.verify import WORK_PREFIX
@@ -75,7 +75,7 @@ def run(source: str, dataset: str, beam_args: list[str], decode: bool = False,
     descriptions = reading.check_descriptions(dataset, found)
     descriptions += reading.check_rejection_files(dataset, found)
     descriptions += reading.check_rejection_reasons(dataset, found)
-    descriptions += reading.check_stray_shards(dataset, found)
+    descriptions += finalise.stray_files(dataset, found)
     descriptions += reading.check_shard_sizes(dataset, found)
     descriptions += reading.check_manifest(found)
     extras = worker_wheel.WORKER_EXTRAS + (("reader",) if decode else ())

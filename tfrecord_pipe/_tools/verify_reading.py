@@ -201,31 +201,6 @@ def check_rejection_reasons(dataset: str, found: manifest.Manifest) -> list[str]
     ]
 
 
-def check_stray_shards(dataset: str, found: manifest.Manifest) -> list[str]:
-    """No file named like a shard, or matched by a split's pattern (`train-*`), lies in the
-    dataset's folder unlisted: a reader of that pattern, TFDS's or ours, would read it as
-    part of the dataset. Nor a folder that such a pattern matches, which it cannot read."""
-    listed = {name for info in found.splits.values() for name in info.all_files}
-    try:
-        folders, names = storage.children(dataset)
-    except Exception as err:  # noqa: BLE001 - any filesystem's error: said, not fatal
-        return [f"{dataset} cannot be listed: {messages.one_line(err)}"]
-    problems = []
-    for name in sorted(folders):
-        if split := next((s for s in sorted(found.splits) if name.startswith(f"{s}-")), None):
-            problems.append(f"{name}/: a folder, which the pattern {split}-* of split {split} "
-                            "matches (a reader of that pattern fails on it)")  # fmt: skip
-    for name in sorted(set(names) - listed):
-        if (split := naming.split_of(name)) is not None:
-            problems.append(f"{name}: named like a shard of split {split}, but the manifest does "
-                            "not list it (a file pattern would read it as part of the dataset)")  # fmt: skip
-        elif split := next((s for s in sorted(found.splits) if name.startswith(f"{s}-")), None):
-            # train-copy.tfrecord, a shard's .bak: read as records by the pattern `train-*`
-            problems.append(f"{name}: the pattern {split}-* of split {split} reads it as part of "
-                            "the dataset, but the manifest does not list it")  # fmt: skip
-    return problems
-
-
 def check_shard_sizes(dataset: str, found: manifest.Manifest) -> list[str]:
     """Each local shard file of another size than the manifest lists (readers refuse it)."""
     return [problem for info in found.splits.values() for problem in info.size_problems(dataset)]
