@@ -245,7 +245,9 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
     parts = entry.relpath.split("/")
     if config.layout == "splits":
         root = config.source_root
-        if len(parts) < 2:
+        # (A split folder that could not be listed, or a link to one listed already, is an
+        # entry with its problem: rejected with it.)
+        if len(parts) < 2 and entry.problem is None:
             raise ValueError(
                 f"{entry.path} is not inside a split folder, but {root} holds split folders "
                 f"({root}/train/<label>/...): move it into one, or out of that folder."
@@ -259,8 +261,7 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
     if not _is_utf8(entry.relpath):
         return _not_utf8(entry, label, split)
     if label and naming.label_problem(label):
-        shown = entry.path if entry.path.isprintable() else repr(entry.path)  # one line, always
-        check_label(label, f"{shown}: its", "rename the folder")
+        check_label(label, f"{messages.printable(entry.path)}: its", "rename the folder")
     return SourceFile(entry.path, entry.relpath, label, split, entry.problem)
 
 

@@ -461,6 +461,18 @@ def test_the_rejections_shown_say_how_many_more_there_are_and_where():
     assert lines[after] == "  ... and 8 more, in ds/rejected"
 
 
+def test_names_holding_characters_that_do_not_print_are_shown_escaped():
+    # A file named "evil\x1b[2J\x1b[31mred.jpg" cleared the terminal and turned it red, as
+    # the rejection inspect showed (a helper's trial); a bare pattern's labels are the
+    # records' own.
+    rows = ({"path": "cat/evil\x1b[2Jred.jpg", "reason": "not_an_image", "error": "not\rone"},)
+    summary = inspection.DatasetSummary("ds", False, None, (), {"not_an_image": 1}, rows)
+    lines = inspection.render(summary).splitlines()
+    assert "  'cat/evil\\x1b[2Jred.jpg': not_an_image: 'not\\rone'" in lines
+    assert inspection._histogram({"cat\x1b[31m": 2, "dog": 1})[0].startswith(
+        "    'cat\\x1b[31m' ")  # fmt: skip
+    assert all(line.isprintable() for line in lines)
+
 @pytest.mark.slow  # the GCS emulator
 def test_inspect_check_reads_a_dataset_on_gcs_as_on_disk(gcs, converted):
     # The count (one traced function for every shard) and the digest of inputs both read

@@ -234,6 +234,20 @@ def test_symlinks_broken_links_and_fifos_in_a_folder_conversion(tmp_path):
     assert run_cli("verify", src, tmp_path / "out").returncode == 0
 
 
+def test_a_split_folder_linking_to_a_listed_one_is_rejected_as_a_duplicate(tmp_path):
+    # The job stopped: "src/validation is not inside a split folder, but src holds split
+    # folders ... move it into one" (a helper's trial).
+    src = tmp_path / "src"
+    write_image_folder(src / "train", per_label=2, labels=("green", "red"))
+    (src / "validation").symlink_to("train")
+    out = tmp_path / "out"
+    result = convert_(src, out)
+    assert result.splits["train"].num_examples == 4
+    assert result.rejected_reasons == {images.DUPLICATE: 1}
+    assert [(line["path"], line["error"]) for line in rejected_lines(out)] == [
+        (f"{src}/validation", "a link to a folder listed already (train); not followed again")]
+    assert run_cli("verify", src, out).returncode == 0
+
 def can_open(path: str) -> bool:
     """Whether this process may open `path` (root without CAP_SYSLOG may not open /proc/kmsg,
     although its mode says it may; opening reads nothing)."""

@@ -69,6 +69,13 @@ def quoted(text: str, most: int = 100) -> str:
     return repr(text) if len(text) <= most else f"{text[:most]!r}..."
 
 
+def printable(text: str) -> str:
+    """`text` as a terminal can show it in one line: itself, or, where a character of it does
+    not print (a file name may hold anything: "\\x1b[2J" clears the screen), as `repr` writes
+    it."""
+    return text if text.isprintable() else repr(text)
+
+
 # A full disk or quota: the error itself, or a worker's carried back as its text.
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _DISK_FULL_ERRNO = r"\[Errno (?:%s)\]" % "|".join(map(str, _DISK_FULL))

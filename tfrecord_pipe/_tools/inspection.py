@@ -460,7 +460,8 @@ def render(summary: DatasetSummary) -> str:
             reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(summary.rejected.items()))
             lines.append(f"rejected: {sum(summary.rejected.values())} ({reasons})")
             for row in summary.rejected_examples:
-                lines.append(f"  {row.get('path')}: {row.get('reason')}: {row.get('error')}")
+                path, error = (messages.printable(str(row.get(key))) for key in ("path", "error"))
+                lines.append(f"  {path}: {row.get('reason')}: {error}")
             if (more := sum(summary.rejected.values()) - len(summary.rejected_examples)) > 0:
                 where = paths.join(summary.path, naming.REJECTED_DIR)
                 lines.append(f"  ... and {more} more, in {where}")
@@ -500,9 +501,11 @@ def _histogram(counts: dict, sort_by_count: bool = True, most: int | None = None
     items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if sort_by_count else list(counts.items())
     items, rest = (items, []) if most is None else (items[:most], items[most:])
     top = max(counts.values())
-    width = max(len(str(key)) for key, _ in items)
+    keys = [messages.printable(str(key)) for key, _ in items]  # (a bare pattern's labels)
+    width = max(map(len, keys))
     lines = [
-        f"    {str(key):<{width}} {'█' * max(1, round(_BAR * n / top))} {n}" for key, n in items
+        f"    {key:<{width}} {'█' * max(1, round(_BAR * n / top))} {n}"
+        for key, (_, n) in zip(keys, items)
     ]
     if rest:
         low, high = min(n for _, n in rest), max(n for _, n in rest)
