@@ -55,6 +55,10 @@ def check_output(config: ConvertConfig, again: bool = False) -> manifest.Manifes
     if problem := storage.scheme_problem(config.output, "OUT"):
         raise ValueError(problem)
     out = paths.folder(config.output)
+    root = config.source_root
+    if config.layout != "csv" and paths.is_inside(out, root) and paths.is_inside(root, out):
+        raise ValueError(f"OUTPUT {out} is the input folder: write the dataset to a folder of "
+                         "its own, outside the images.")  # fmt: skip
     if config.layout != "csv" and paths.is_inside(out, config.source_root):
         raise ValueError(
             f"{out} is inside the input folder {config.source_root}: every file there is an "
@@ -283,16 +287,19 @@ def finalise(
     result = _manifest(config, job, version)
     if not any(info.num_examples for info in result.splits.values()):
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(result.rejected_reasons.items()))
+        first = _first_rejection(temp_dir)
         said = (
             f"No record was written: all {result.num_rejected} inputs were rejected "
             f"({reasons}). The reasons are in {paths.join(temp_dir, naming.REJECTED_DIR)} (the "
-            f"next conversion into {out} removes it){_first_rejection(temp_dir)}."
+            f"next conversion into {out} removes it){first}."
         )
         if config.layout == "csv" and images.UNREADABLE in result.rejected_reasons:
             folder = config.source_root
             folder = folder if paths.is_remote(folder) else os.path.abspath(folder or ".")
             said += (f" The paths of a CSV list are taken from its own folder ({folder}), or "
                      "are absolute.")  # fmt: skip
+            if "\\" in first:  # a list written on Windows: `images\cat\1.jpg`
+                said += " A \\ is part of a file's name here: write folders with / between them."
         if set(result.rejected_reasons) == {images.UNKNOWN_LABEL} and result.labels:
             said += (f" Each line of {config.labels_file} is one whole label, as the inputs "
                      f"give it; its first line is {result.labels[0]!r}.")  # fmt: skip

@@ -98,20 +98,31 @@ def parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, li
     """(our options, Beam's flags) of a command line; SOURCE and OUTPUT given either way, and
     switches also as `--compress=true` / `=false` (a Flex Template passes every parameter as
     --name=value)."""
-    args, beam_args = parser.parse_known_args(_as_given(parser, argv))
+    as_given = _as_given(parser, argv)
+    args, beam_args = parser.parse_known_args(as_given)
     for name in ("source", "output"):
         given, flag = getattr(args, name), getattr(args, f"{name}_flag")
         if given is not None and flag is not None:
             raise ValueError(f"{name.upper()} is given twice ({given}, and --{name} {flag}).")
         if given is None and flag is None:
+            # `convert -photos out`: argparse took the path for a flag it does not know.
+            dashed = next((arg for arg in beam_args if arg[:1] == "-" and arg[:2] != "--"), None)
             raise ValueError(
                 f"No {name.upper()}: give SOURCE and OUTPUT (or --source and --output)."
-            )
+                + (f" {dashed} was read as a flag: give a path that starts with '-' as "
+                   f"./{dashed}, or after --." if dashed else "")
+            )  # fmt: skip
         value = given if given is not None else flag
         if not value.strip():  # "" named no folder, and a message about it showed nothing
             what = "an image folder or a CSV list" if name == "source" else "a folder"
             raise ValueError(f"{name.upper()} is empty: give {what} (local or gs://).")
         setattr(args, name, value)
+    end = as_given.index("--") if "--" in as_given else len(as_given)
+    if args.num_shards is not None and any(
+        arg.partition("=")[0] == "--shard_mb" for arg in as_given[:end]
+    ):  # (it was ignored, in silence)
+        raise ValueError("--num_shards and --shard_mb both given: --shard_mb only chooses the "
+                         "number of shards where --num_shards does not. Give one of them.")
     return args, beam_args
 
 

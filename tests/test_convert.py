@@ -319,6 +319,13 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     for flag, value in (("--shard_mb", "1e-9"), ("--max_file_mb", "nan")):  # (was shard_bytes)
         with pytest.raises(ValueError, match=f"^{flag} must be a positive number of MiB, a byte"):
             run(src, tmp_path / "out", flag, value)
+    # --shard_mb was ignored where --num_shards was given, in silence; a path starting with
+    # "-" was taken for a flag, and the error said only "No OUTPUT" (a helper's trial).
+    with pytest.raises(ValueError, match="^--num_shards and --shard_mb both given: "):
+        run(src, tmp_path / "out", "--num_shards", 2, "--shard-mb=5")
+    with pytest.raises(ValueError, match="^No OUTPUT: .* -out was read as a flag: give a path "
+                                         "that starts with '-' as ./-out, or after --.$"):  # fmt: skip
+        run(src, "-out")
     # A shell pattern's folders (`convert data/* out`): Beam dropped `out` with a warning, and
     # the dataset was written into the second folder, among its images.
     (tmp_path / "pets" / "cat").mkdir(parents=True)
@@ -343,6 +350,8 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     with pytest.raises(ValueError, match="is inside the input folder"):
         run(src, src / "dataset")
     assert not (src / "dataset").exists()
+    with pytest.raises(ValueError, match="^OUTPUT .*/src is the input folder: "):  # ("src is
+        run(src, f"{src}/")  # inside the input folder src", a helper's trial)
     (tmp_path / "away").mkdir()  # a folder elsewhere, reached through a link in the input
     os.symlink(tmp_path / "away", src / "away")
     with pytest.raises(ValueError, match="is inside the input folder"):
@@ -357,7 +366,7 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     with pytest.raises(FileNotFoundError, match="Labels file .* does not exist"):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     (tmp_path / "labels.txt").write_text("red\nblue\nred\n")
-    with pytest.raises(ValueError, match=r"more than once: \['red'\]"):
+    with pytest.raises(ValueError, match=r"more than once: \['red'\]. List each label once, "):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     # A class-index file (`0,red`) rejected every input `unknown_label`, saying nothing of why.
     (tmp_path / "labels.txt").write_text("0,red\n1\tblue\n2 green\n")

@@ -102,6 +102,12 @@ def test_a_run_that_writes_no_record_fails_and_leaves_no_manifest(tmp_path):
     assert f"the first: {tmp_path / '000bec18'} (unreadable: " in done.errors[0]
     assert done.errors[0].endswith(f"The paths of a CSV list are taken from its own folder "
                                    f"({tmp_path}), or are absolute.")  # fmt: skip
+    # A list written on Windows (a helper's trial): no hint said why every file was missing.
+    (tmp_path / "windows.csv").write_text("src\\red\\a.jpg,red\n")
+    done = run_cli("convert", tmp_path / "windows.csv", tmp_path / "win-out", *IN_PROCESS)
+    assert done.returncode == 2 and done.errors[0].endswith(
+        "or are absolute. A \\ is part of a file's name here: write folders with / between "
+        "them.")  # fmt: skip
     # ImageNet's LOC_synset_mapping.txt ("n01440764 tench, Tinca tinca") as the labels file.
     (tmp_path / "synsets.txt").write_text("n01440764 tench, Tinca tinca\nred\n")
     (tmp_path / "syn" / "n01440764").mkdir(parents=True)

@@ -566,7 +566,8 @@ def parse_labels(text: str, path: str) -> tuple[str, ...]:
     """
     labels = tuple(line.strip() for line in text.splitlines() if line.strip())
     if duplicates := _repeated(labels):
-        raise ValueError(f"{path} lists these labels more than once: {duplicates}")
+        raise ValueError(f"{path} lists these labels more than once: {duplicates}. List each "
+                         "label once, one a line, in the order of their indices.")  # fmt: skip
     if not labels:
         raise ValueError(f"{path} lists no labels")
     return labels
