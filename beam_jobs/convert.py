@@ -86,6 +86,8 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
         config = sources.resolve_layout(flags.config_from_args(args))
         finalise.check_output(config)
         fixed_labels = _read_labels(config.labels_file) if config.labels_file else None
+        if fixed_labels:
+            sources.refuse_labels_alike(config, fixed_labels)
     if local:  # written by this machine's workers
         array_records.require(config.formats)
     if args.no_wait and local:

@@ -201,6 +201,27 @@ def empty_label_folders(config: ConvertConfig, labels) -> list[str]:
     return found
 
 
+def refuse_labels_alike(config: ConvertConfig, labels: tuple[str, ...]) -> None:
+    """Refuses label folders that the labels file lists in another form (case, Unicode form,
+    invisible characters): each of their images would be rejected `unknown_label`, naming a
+    label that prints the same as one listed (a helper's trial)."""
+    if config.layout == "csv":
+        return
+    root = config.source_root
+    splits = sorted(storage.children(root)[0]) if config.layout == "splits" else [None]
+    folders = {name for split in splits
+               for name in storage.children(paths.join(root, split) if split else root)[0]
+               if not name.startswith(".")}  # fmt: skip
+    if alike := naming.alike_to(folders, labels):
+        said = "; ".join(f"folder {ascii(name)}, listed as {ascii(listed)}" for name, listed in alike)
+        raise ValueError(
+            f"Label folders that {config.labels_file} lists in another form (case, Unicode "
+            f"form or invisible characters: {said}): their images would be rejected as of no "
+            "listed label. Write each line of the labels file as the folder's name is written, "
+            "or rename the folder."
+        )
+
+
 def _refuse_fraction(config: ConvertConfig, because: str) -> None:
     """--validation_fraction where no input's split is drawn would be ignored."""
     if config.validation_fraction > 0:

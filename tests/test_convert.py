@@ -382,6 +382,25 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     assert not (tmp_path / "out").exists()
 
 
+def test_label_folders_a_labels_file_lists_in_another_form_are_refused_before_the_job(tmp_path):
+    # A folder named 'café' as macOS writes it (e and a combining accent) beside a labels
+    # file's 'café' typed as one character: its images were rejected `unknown_label`, naming
+    # a label that printed the same as the one listed (a helper's trial).
+    decomposed, composed = "cafe\u0301", "caf\u00e9"
+    for split, label in (("train", decomposed), ("train", "Red"), ("validation", "red")):
+        (tmp_path / "src" / split / label).mkdir(parents=True)
+        (tmp_path / "src" / split / label / "a.jpg").write_bytes(jpeg_bytes(8, 8))
+    (tmp_path / "labels.txt").write_text(f"{composed}\nred\n")
+    with pytest.raises(ValueError, match=(
+        "^Label folders that .*labels.txt lists in another form .*: folder 'Red', listed as "
+        "'red'; folder 'cafe\\\\u0301', listed as 'caf\\\\xe9'\\): their images would")):
+        run(tmp_path / "src", tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "src" / "train" / "Red").rename(tmp_path / "src" / "train" / "red")
+    (tmp_path / "labels.txt").write_text(f"{decomposed}\nred\n")
+    found = run(tmp_path / "src", tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
+    assert found.labels == (decomposed, "red") and found.num_rejected == 0
+
 def test_a_link_in_the_input_to_the_output_or_a_folder_holding_it_is_refused_both_ways(tmp_path):
     # The output given by its own path, a link in the input leading to it: the job listed its
     # claim (and, run again, its old shards) as inputs, and verify failed the dataset.

@@ -147,6 +147,15 @@ def look_alike(names) -> str:
     return "; ".join(" / ".join(ascii(name) for name in group) for group in alike)
 
 
+def alike_to(names, known) -> list[tuple[str, str]]:
+    """(name, the one of `known` it prints like) for each of `names` not in `known` that prints
+    like one of them (`look_alike`'s sense): a label folder 'café' decomposed, as macOS
+    writes names, beside a labels file's 'café' typed as one character."""
+    printed = {_as_printed(one): one for one in known}
+    return [(name, printed[_as_printed(name)]) for name in sorted(set(names) - set(known))
+            if _as_printed(name) in printed]  # fmt: skip
+
+
 def _as_printed(name: str) -> str:
     """`name` as a reader sees it: compatibility forms folded (fullwidth letters, ligatures),
     case ignored, invisible characters (zero-width spaces, joiners) left out, and every kind
