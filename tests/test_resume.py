@@ -1098,6 +1098,36 @@ def test_sigterm_as_an_epoch_ends_ends_the_run_without_a_save_and_keeps_the_back
     assert sorted(path.name for path in backup.iterdir() if "weights" in path.name), "removed"
 
 
+@pytest.mark.slow  # fits
+def test_a_run_begun_from_a_trained_model_resumes_at_its_own_steps_whatever_the_restart_loads(
+    folder, tmp_path
+):
+    # A run that fine-tunes a model whose optimizer counted 5 steps already, and whose restart
+    # builds a fresh model (it loads the trained one only when no backup is there): the
+    # restored optimizer counted the 5 as this run's, and the input went on 5 batches too far,
+    # in silence (a helper's question).
+    from tfrecord_pipe import distribute
+
+    train_fn = reader.make_input_fn(folder, is_training=True, image_size=SIZE, batch_size=4, seed=3)
+
+    def resumed(model, after=()):
+        backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "run"), save_freq=1,
+                                                     delete_checkpoint=False)  # fmt: skip
+        resume = distribute.FitResume(backup, steps_per_epoch=3)
+        data = resume.restore(model, train_fn)
+        model.fit(data, epochs=3, steps_per_epoch=3, verbose=0, shuffle=False,
+                  callbacks=[backup, resume, *after])  # fmt: skip
+        return resume
+
+    trained = small_model()
+    trained.optimizer.iterations.assign(5)
+    with pytest.raises(Preempted):
+        resumed(trained, [PreemptAfter(5 + 4)])
+    assert resumed(small_model()).restored_steps == 4  # a fresh model, as the restart builds
+    trained = small_model()  # and a restart that loads the trained model again
+    trained.optimizer.iterations.assign(5)
+    assert resumed(trained).restored_steps == 9  # every step of the run, trained
+
 @pytest.mark.slow  # Keras fit, a dozen times
 def test_fit_resumes_after_a_save_at_an_epoch_end_and_refuses_misuse(folder, tmp_path, capsys):
     from tfrecord_pipe import distribute

@@ -34,6 +34,7 @@ from tfrecord_pipe._reading import distribute, epochs, held_term, seeded
 log = logging.getLogger(__name__)
 
 FACTS_NAME = "tfrecord_pipe_position.json"  # in the backup's folder: what its steps mean
+START_NAME = "tfrecord_pipe_start.json"  # and the optimizer's step count when the run began
 # Kept in that file beside the settings, never compared: which run writes the backup, or that
 # two did (`_still_ours`).
 _RUN, _BY, _CONFLICT = "run", "written_by", "conflict"
@@ -127,8 +128,6 @@ class FitResume(tf.keras.callbacks.Callback):
                 "layer), or call model.build((None, size, size, 3))."
             )
         _check_counts_steps(optimizer)
-        # Steps the model had before this run (a model trained or loaded before) are not this
-        # run's: only what the backup adds is.
         before = _steps(optimizer)
         self.backup.set_model(model)
         _without_a_cut_epoch_file(self.backup)
@@ -138,7 +137,7 @@ class FitResume(tf.keras.callbacks.Callback):
             _start_afresh_if_none_was_whole(self.backup, err)
             self.backup.on_train_begin()
         self._restored_into = model
-        self.restored_steps = _steps(optimizer) - before
+        self.restored_steps = self._steps_of_this_run(before, _steps(optimizer))
         if self.restored_steps:  # in the run's log, where Keras's own restore says nothing
             epoch, step = divmod(self.restored_steps, self.steps_per_epoch)
             print(f"FitResume: resumed from {self.backup.backup_dir} after step "
@@ -164,6 +163,28 @@ class FitResume(tf.keras.callbacks.Callback):
         self._keep_facts(_facts(config, context, self.steps_per_epoch), facts_name(context),
                          batch_of="a replica's" if strategy is not None else "this host's")
         return data
+
+    def _steps_of_this_run(self, before: int, restored: int) -> int:
+        """The steps this run trained before its restart: the restored optimizer's count less
+        its count when the run began (a model trained or loaded before counted steps of its
+        own), which is kept beside the backup. A restart that builds a fresh model, where the
+        run began from a trained one, has no other way to know it. (A backup saved before
+        0.5 has no such file: the count before this restore is taken, as it was then.)"""
+        path = os.path.join(self.backup.backup_dir, START_NAME)
+        if restored == before:  # nothing restored: the run begins here
+            _write_whole(path, {"optimizer_steps": before})
+            return 0
+        try:
+            began = _read_record(path)["optimizer_steps"]
+        except tf.errors.NotFoundError:
+            return restored - before
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"{path}, which says how many steps the model had when the run began, is "
+                f"damaged ({err!r}): the backup cannot be resumed safely. Delete "
+                f"{self.backup.backup_dir} to train from the start."
+            ) from None
+        return restored - began
 
     def _keep_facts(self, facts: dict, name: str, batch_of: str) -> None:
         """Refuses a backup saved with other settings, or whose settings are lost (their file
