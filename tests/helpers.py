@@ -68,6 +68,16 @@ def encode(image: Image.Image | np.ndarray, fmt: str = "JPEG", **options) -> byt
     return buffer.getvalue()
 
 
+def with_scans(progressive: bytes, scans: int) -> bytes:
+    """A progressive JPEG with its last scan repeated until it holds `scans` scans: valid,
+    and each scan makes the decoder pass over the whole image again (a file crafted to hold
+    a decoder)."""
+    assert progressive.endswith(b"\xff\xd9")
+    last = progressive[progressive.rindex(b"\xff\xda") : -2]  # no 0xFF 0xDA in scan data
+    more = scans - progressive.count(b"\xff\xda")
+    return progressive[:-2] + last * more + b"\xff\xd9"
+
+
 def jpeg_bytes(width: int = 8, height: int = 8, colour=(200, 30, 30), quality: int = 90) -> bytes:
     """A baseline RGB JPEG of one colour."""
     return encode(Image.new("RGB", (width, height), colour), quality=quality)

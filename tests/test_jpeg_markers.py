@@ -11,7 +11,7 @@ from PIL import Image
 from benchmarks.photos import photo_like, photo_like_jpeg
 from tfrecord_pipe._core import images, jpeg_markers
 
-from helpers import ODD_IMAGES, encode
+from helpers import ODD_IMAGES, encode, with_scans
 
 
 def tensorflow_decodes(data: bytes) -> bool:
@@ -282,3 +282,13 @@ def test_every_header_byte_damaged_what_is_stored_decodes_in_tensorflow():
                 stored += 1
                 assert tensorflow_decodes(damaged), (at, value)
     assert stored > 100  # changed table values and comments are still sound files
+
+
+def test_a_jpeg_of_more_scans_than_encoders_write_is_refused_undecoded():
+    # A progressive file's last scan repeated 300 times took 4 s to store (10 s to serve) at
+    # 4,000 px: each scan makes libjpeg pass over the whole image again (a helper's trial).
+    progressive = photo(side=48, progressive=True)
+    assert verdict(with_scans(progressive, jpeg_markers.MAX_SCANS)) == "stored"
+    assert verdict(with_scans(progressive, jpeg_markers.MAX_SCANS + 1)) == (
+        "unsupported_jpeg: a JPEG of more than 100 scans, each of which the decoder passes "
+        "over the whole image for (a file made to hold a decoder). Save it again.")  # fmt: skip

@@ -18,7 +18,7 @@ from PIL import Image
 from tfrecord_pipe._core import images as core_images
 from tfrecord_pipe._reading import graph_normalise, preprocess, serving
 
-from helpers import encode
+from helpers import encode, with_scans
 from helpers import jpeg_bytes as jpeg
 from helpers import png_bytes as png
 
@@ -110,6 +110,17 @@ def test_png_and_jpeg_of_the_same_pixels_give_the_same_input_and_eager_calls_tra
     traced = serving._traced_model_inputs(dataclasses.replace(config, labels=("",)))
     assert traced.experimental_get_tracing_count() == 1
 
+
+def test_a_jpeg_of_more_scans_than_encoders_write_is_refused_undecoded():
+    # 300 repeats of a progressive file's last scan held a server's core 10 s at 4,000 px,
+    # 1,000 repeats 19 s (a helper's trial); the converter refuses the same files.
+    config = serving.ServingConfig(labels=LABELS, image_size=SIZE)
+    progressive = encode(Image.new("RGB", (40, 30), (10, 200, 30)), progressive=True)
+    inputs = tf.function(serving.model_inputs)
+    assert inputs(tf.constant([with_scans(progressive, 100)]), config).shape == (1, SIZE, SIZE, 3)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"image_bytes\[0\]: is a JPEG of more than 100 scans"):  # fmt: skip
+        inputs(tf.constant([with_scans(progressive, 101)]), config)
 
 @pytest.fixture(scope="module")
 def serve(exported):

@@ -151,6 +151,12 @@ def _open(
     size_problem = layout.size_problem()
     if size_problem is not None:
         raise Rejected(UNSUPPORTED_JPEG, size_problem)
+    if layout.scans > jpeg_markers.MAX_SCANS:
+        raise Rejected(
+            UNSUPPORTED_JPEG,
+            f"a JPEG of more than {jpeg_markers.MAX_SCANS} scans, each of which the decoder "
+            "passes over the whole image for (a file made to hold a decoder). Save it again.",
+        )
     try:
         # Pillow warns from 89 megapixels (DecompressionBombWarning) and refuses twice that,
         # but for a plain JPEG, opened one pixel in size; our own caps, below, decide. The

@@ -45,6 +45,11 @@ _PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 _PLAIN_SEGMENTS = frozenset({0xC4, 0xDB, _DRI, 0xFE, *range(0xE0, 0xF0)})
 # The longest side libjpeg decodes (JPEG_MAX_DIMENSION); the format allows 65535.
 MAX_SIDE = 65500
+# The most scans a file may hold. Each scan of a progressive file makes the decoder pass over
+# the whole image again, and a crafted file repeats a scan of a few bytes hundreds of times
+# (4,000 px square, 300 scans: 10 s to decode, in a helper's trial). Encoders write 6-10 (libjpeg's
+# progression; an EXIF thumbnail adds its own, counted by serving's walk too).
+MAX_SCANS = 100
 _ONE_PIXEL = b"\x00\x01\x00\x01"  # a frame header's height and width, 1 and 1
 
 
@@ -63,6 +68,7 @@ class Layout:
         frame header was read.
       scan_data: where the file's one scan's data begins, when the file is plain (above);
         else None.
+      scans: the scans found, counted up to one more than MAX_SCANS (the walk stops there).
     """
 
     precision: int | None = None
@@ -73,6 +79,7 @@ class Layout:
     width: int | None = None
     size_at: int | None = None
     scan_data: int | None = None
+    scans: int = 0
 
     @property
     def plain(self) -> bool:
@@ -104,7 +111,8 @@ def walk(data: bytes) -> Layout:
     pos, interval, scans, plain, first_scan, one_pass = 2, 0, 0, True, None, False
 
     def layout(**found) -> Layout:
-        return Layout(precision, frame, height=height, width=width, size_at=size_at, **found)
+        return Layout(precision, frame, height=height, width=width, size_at=size_at,
+                      scans=scans, **found)  # fmt: skip
 
     def damaged(what: str, truncated: bool = False) -> Layout:
         return layout(damage=what, truncated=truncated)
@@ -155,6 +163,8 @@ def walk(data: bytes) -> Layout:
                 one_pass = frame not in _PROGRESSIVE and body[:1] == bytes([components])
                 first_scan = end
             scans += 1
+            if scans > MAX_SCANS:
+                return layout()
             plain &= one_pass
             pos, code, damage = _scan_end(data, end, interval)
             if damage is not None:

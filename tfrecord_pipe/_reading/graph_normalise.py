@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfrecord_pipe._core import images
+from tfrecord_pipe._core import images, jpeg_markers
 from tfrecord_pipe._reading import preprocess
 
 JPEG, PNG, GIF, WEBP, BMP, TIFF, UNKNOWN = range(7)
@@ -68,6 +68,7 @@ class _Bytes:
 
     def __init__(self, encoded: tf.Tensor):
         raw = tf.io.decode_raw(encoded, tf.uint8)
+        self._raw = raw
         self.size = tf.size(raw, out_type=tf.int64)
         self._bytes = tf.concat([raw, tf.zeros([_PAD], tf.uint8)], 0)  # uint8: 1 byte per byte
         self._last = self.size + (_PAD - 1)
@@ -82,6 +83,13 @@ class _Bytes:
         shifts = [8 * (size - 1 - n if big_endian else n) for n in range(size)]
         values = tf.cast(tf.gather(self._bytes, index), tf.int64)
         return tf.reduce_sum(tf.bitwise.left_shift(values, tf.constant(shifts, tf.int64)), -1)
+
+    def markers(self, code: int) -> tf.Tensor:
+        """How many times 0xFF `code` stands in the file, at any offset: a marker's count, where
+        `code` is one that compressed data never holds after 0xFF (an embedded file's
+        markers, an EXIF thumbnail's, count too)."""
+        pairs = tf.equal(self._raw[:-1], 0xFF) & tf.equal(self._raw[1:], code)
+        return tf.reduce_sum(tf.cast(pairs, tf.int64))
 
     def either(self, at, size: int, big_endian: tf.Tensor) -> tf.Tensor:
         """`uint` in a byte order known only in the graph."""
@@ -179,9 +187,12 @@ REFUSALS = (
     "unlike the converter; send it as an RGB JPEG or PNG",
     "is a JPEG whose EXIF block is split over several APP1 segments, which the converter "
     "joins to read its orientation; send it saved again as PNG or JPEG",
+    f"is a JPEG of more than {jpeg_markers.MAX_SCANS} scans, each of which the decoder passes "
+    "over the whole image for (a file made to hold a server); send it saved again as PNG or "
+    "JPEG",
 )
 _TRANSPARENT_GIF, _ANIMATED, _OTHER_BMP, _PARTIAL_GIF = 1, 2, 3, 4
-_LONG_HEADER, _CMYK_NOT_ADOBE, _SPLIT_EXIF = 5, 6, 7
+_LONG_HEADER, _CMYK_NOT_ADOBE, _SPLIT_EXIF, _MANY_SCANS = 5, 6, 7, 8
 _MAX_GIF_STEPS = 10_000  # a step per data sub-block of the first frame: up to ~2.5 MB of it
 
 
@@ -279,8 +290,9 @@ def _upright():
 
 def _jpeg_structure(data: _Bytes):
     """What a JPEG's walk finds, in `header`'s order: (refusal, turn, components). The refusal
-    (REFUSALS) is of the walk cut short, a CMYK JPEG without Adobe's segment, or an EXIF block
-    split in a way read here otherwise than the converter reads it; the turn is the EXIF
+    (REFUSALS) is of the walk cut short, a CMYK JPEG without Adobe's segment, an EXIF block
+    split in a way read here otherwise than the converter reads it, or a file of too many
+    scans; the turn is the EXIF
     orientation of the block the converter reads (1 if none); the components are the frame's
     colour components."""
     start, end, components, adobe, more_exif, cut = _jpeg_segments(data)
@@ -294,6 +306,8 @@ def _jpeg_structure(data: _Bytes):
         tf.where(tf.equal(components, 4) & ~adobe, _CMYK_NOT_ADOBE,
                  tf.where(split, _SPLIT_EXIF, 0)),
     )  # fmt: skip
+    # The converter's walk refuses the same files (it counts the scans it walks).
+    refusal = tf.where(data.markers(_SOS) > jpeg_markers.MAX_SCANS, _MANY_SCANS, refusal)
     return refusal, turn, components
 
 
