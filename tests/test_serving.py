@@ -241,6 +241,20 @@ def test_a_model_without_one_score_per_label_is_not_exported(tmp_path):
             serving.export(small_model(), str(tmp_path / "export"),
                            serving.ServingConfig(labels=labels, image_size=SIZE))  # fmt: skip
         assert not (tmp_path / "export").exists()
+    # A model ending in softmax, with the config's default from_logits=True: softmax twice
+    # squashed every answer's probabilities towards equal, without a word (a helper's trial).
+    softmax = tf.keras.Sequential([small_model(), tf.keras.layers.Softmax()])
+    with pytest.raises(ValueError, match=r"are probabilities .* Export with "
+                                         r"ServingConfig\(\.\.\., from_logits=False\)"):  # fmt: skip
+        serving.export(softmax, str(tmp_path / "export"),
+                       serving.ServingConfig(labels=LABELS, image_size=SIZE))  # fmt: skip
+    config = serving.ServingConfig(labels=LABELS, image_size=SIZE, from_logits=False)
+    serving.export(softmax, str(tmp_path / "export"), config)
+    # An export folder that is a file: TensorFlow's "FailedPreconditionError: ... is not a
+    # directory", after the export's work.
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="afile is a file: give the folder"):
+        serving.export(small_model(), str(tmp_path / "afile"), config)
 
 
 @pytest.mark.slow  # over a second of CPU: out of the fast subset
@@ -251,6 +265,12 @@ def test_a_config_giving_other_pixels_than_the_model_takes_is_not_exported(tmp_p
         (small_model("uint8"), {}, r"uint8 pixels, and the config gives float32: "
                                    r"ServingConfig\(dtype='uint8'\)"),
         (small_model(), {"image_size": 224}, r"32 x 32 images, and the config gives 224 x 224"),
+        # Keras's own errors, deep in the export, before (a helper's trial):
+        (tf.keras.Sequential([tf.keras.Input((SIZE, SIZE, 1)), tf.keras.layers.Flatten(),
+                              tf.keras.layers.Dense(3)]), {},
+         r"images of 1 channel\(s\), and serving gives RGB images \(3\)"),
+        (tf.keras.Sequential([tf.keras.Input((SIZE * SIZE * 3,)), tf.keras.layers.Dense(3)]), {},
+         r"1 input\(s\) of shape \(None, 3072\): serving gives it one, a batch of images"),
     ):  # fmt: skip
         config = serving.ServingConfig(labels=LABELS, **{"image_size": SIZE, **options})
         with pytest.raises(ValueError, match=said):

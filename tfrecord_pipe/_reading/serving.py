@@ -283,6 +283,9 @@ def export(model: tf.keras.Model, export_dir: str, config: ServingConfig) -> str
     Returns:
       export_dir, for chaining.
     """
+    if tf.io.gfile.exists(export_dir) and not tf.io.gfile.isdir(export_dir):
+        raise ValueError(f"{export_dir} is a file: give the folder to write the SavedModel "
+                         "into (it is made where missing).")  # fmt: skip
     _check_inputs(model, config)
     size = config.image_size
     archive = tf.keras.export.ExportArchive()
@@ -313,11 +316,21 @@ def _check_inputs(model, config: ServingConfig) -> None:
     uint8 pixels (cast, then `preprocess.Normalize` in the model), and any float type the
     model casts (bfloat16)."""
     inputs = getattr(model, "inputs", None) or []
+    if not inputs:
+        return  # a subclassed model: nothing said to compare
     if len(inputs) != 1 or len(inputs[0].shape) != 4:
-        return  # a subclassed model, or one of several inputs: nothing said to compare
-    _, height, width, _ = inputs[0].shape
+        shapes = ", ".join(str(tuple(one.shape)) for one in inputs)
+        raise ValueError(
+            f"The model takes {len(inputs)} input(s) of shape {shapes}: serving gives it one, "
+            "a batch of images [batch, size, size, 3]. Export the model that takes the images "
+            "(a model of several inputs: one that takes the images alone, around it)."
+        )
+    _, height, width, channels = inputs[0].shape
     takes = tf.as_dtype(inputs[0].dtype)
     problems = []
+    if channels not in (None, 3):
+        problems.append(f"images of {channels} channel(s), and serving gives RGB images (3): "
+                        "a model trained on this dataset's records takes 3")  # fmt: skip
     if None not in (height, width) and (height, width) != (config.image_size,) * 2:
         problems.append(f"{height} x {width} images, and the config gives {config.image_size} "
                         f"x {config.image_size}: ServingConfig(image_size={height})")  # fmt: skip
@@ -332,7 +345,8 @@ def _check_inputs(model, config: ServingConfig) -> None:
 def _check_outputs(loaded, config: ServingConfig) -> None:
     """Refuses a model whose scores are not one per label: with fewer labels a request whose
     best class has no name failed ("indices[0] = 2 is not in [0, 2)"), with more every
-    answer named classes by the wrong labels."""
+    answer named classes by the wrong labels. And one whose scores are probabilities where
+    the config takes logits: softmax twice squashed every answer's probabilities."""
     size = config.image_size
     scores = loaded.outputs(tf.zeros([1, size, size, 3], tf.as_dtype(config.dtype)))
     shape = getattr(scores, "shape", None)
@@ -343,4 +357,19 @@ def _check_outputs(loaded, config: ServingConfig) -> None:
             f"{len(config.labels)} labels: serving needs one "
             "score per label, [batch, labels]. Export the model trained on this dataset, with "
             "its labels (ServingConfig.for_dataset)."
+        )
+    # Logits of two images (black, and grey at 128) that are both probabilities would be
+    # a coincidence; a softmax's always are.
+    grey = loaded.outputs(tf.fill([1, size, size, 3], tf.constant(128, tf.as_dtype(config.dtype))))
+    probabilities = tf.cast(tf.concat([scores, grey], 0), tf.float64)
+    if config.from_logits and len(config.labels) > 1 and bool(
+        tf.reduce_all(probabilities >= 0) & tf.reduce_all(probabilities <= 1)
+        & tf.reduce_all(tf.abs(tf.reduce_sum(probabilities, -1) - 1) < 1e-3)
+    ):  # fmt: skip
+        raise ValueError(
+            "The model's scores for an image are probabilities (each in [0, 1], summing to 1: "
+            "a softmax at its end), and the config takes them for logits (from_logits=True, "
+            "the default): serving would apply softmax again, and every answer's "
+            "probabilities would be squashed towards equal. Export with "
+            "ServingConfig(..., from_logits=False)."
         )
