@@ -228,6 +228,8 @@ def test_config_errors_are_listed():
     with pytest.raises(ValueError, match=r"^Invalid ServingConfig: image_size must be >= 1, "
                                          r"got 0; jpeg_quality must be in 1..100, got 0$"):
         serving.ServingConfig(labels=LABELS, image_size=0, jpeg_quality=0)
+    with pytest.raises(ValueError, match=r"labels lists these more than once: \['a'\]"):
+        serving.ServingConfig(labels=("a", "b", "a"))  # answers named two classes alike
 
 
 @pytest.mark.slow  # exports twice

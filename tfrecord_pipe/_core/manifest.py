@@ -204,7 +204,7 @@ class Manifest:
         if type(offset) is not int or not 0 <= offset <= schema.MAX_LABEL_OFFSET:
             raise ValueError(f"label_offset must be an int in 0..{schema.MAX_LABEL_OFFSET}, "
                              f"got {offset!r}")  # fmt: skip
-        if repeated := _repeated(self.labels):
+        if repeated := repeated_labels(self.labels):
             raise ValueError(f"labels lists these more than once: {repeated}")
         # Names that become paths: readers open them, and --overwrite deletes them.
         for split, info in self.splits.items():
@@ -553,7 +553,7 @@ def files_beside(manifest: Manifest) -> list[tuple[str, str]]:
             if name != naming.MANIFEST_NAME and not (older and name in tfds_metadata.FILES)]  # fmt: skip
 
 
-def _repeated(labels: tuple[str, ...]) -> list[str]:
+def repeated_labels(labels: tuple[str, ...]) -> list[str]:
     """The labels listed more than once, sorted (in time linear in the list: 21,000 labels)."""
     return sorted(label for label, count in collections.Counter(labels).items() if count > 1)
 
@@ -565,7 +565,7 @@ def parse_labels(text: str, path: str) -> tuple[str, ...]:
       ValueError: a label appears twice, or none is listed (`path` names the file).
     """
     labels = tuple(line.strip() for line in text.splitlines() if line.strip())
-    if duplicates := _repeated(labels):
+    if duplicates := repeated_labels(labels):
         raise ValueError(f"{path} lists these labels more than once: {duplicates}. List each "
                          "label once, one a line, in the order of their indices.")  # fmt: skip
     if not labels:

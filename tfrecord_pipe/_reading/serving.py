@@ -22,7 +22,7 @@ import tempfile
 
 import tensorflow as tf
 
-from tfrecord_pipe._core import arguments, images, keywords
+from tfrecord_pipe._core import arguments, images, keywords, manifest
 from tfrecord_pipe._reading import dataset, graph_normalise, preprocess
 
 INPUT_NAME = "image_bytes"
@@ -61,10 +61,10 @@ class ServingConfig:
     def for_dataset(cls, path: str, **options) -> ServingConfig:
         """The config for a model trained on the dataset folder `path`: its labels, and the
         conversion's `max_side` and `jpeg_quality`; `options` sets the rest (image_size, ...)."""
-        manifest = dataset.read_manifest(path)
-        policy = manifest.conversion.get("policy", {})
+        found = dataset.read_manifest(path)
+        policy = found.conversion.get("policy", {})
         recorded = {name: policy[name] for name in ("max_side", "jpeg_quality") if name in policy}
-        return cls(labels=manifest.labels, **{**recorded, **options})
+        return cls(labels=found.labels, **{**recorded, **options})
 
     def __post_init__(self):
         if isinstance(self.labels, str) or not all(isinstance(x, str) for x in self.labels):
@@ -77,6 +77,8 @@ class ServingConfig:
         problems = []
         if not self.labels:
             problems.append("labels is empty")
+        if repeated := manifest.repeated_labels(self.labels):  # answers would name two alike
+            problems.append(f"labels lists these more than once: {repeated}")
         if self.image_size < 1:
             problems.append(f"image_size must be >= 1, got {self.image_size}")
         if preprocess.dtype_problem(self.dtype):
