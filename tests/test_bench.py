@@ -16,7 +16,7 @@ SHUFFLE_FILL = 100
 def test_bench_prints_train_and_eval_next_to_the_ceiling(converted):
     _, out = converted
     sizes = ("--image_size", "32", "--batch_size", "4")
-    done = run_cli("bench", out, "--seconds", "0.3", *sizes, "--dtype", "uint8")
+    done = run_cli("bench", out, "--seconds", "0.05", *sizes, "--dtype", "uint8")
     assert done.returncode == 0, done.stderr
     assert "32x32 uint8, batch 4" in done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
@@ -29,7 +29,7 @@ def test_bench_prints_train_and_eval_next_to_the_ceiling(converted):
 def test_bench_progress_in_a_log_is_plain_lines(converted):
     # stderr is a pipe here, as in a log file: no carriage returns, one last line per pipeline.
     _, out = converted
-    done = run_command("bench", out, "--seconds", "0.3", "--image_size", "16", "--batch_size", "2",
+    done = run_command("bench", out, "--seconds", "0.05", "--image_size", "16", "--batch_size", "2",
                        preloaded=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr
@@ -63,7 +63,7 @@ def test_bench_on_records_it_cannot_read_is_one_error_line(tmp_path):
     for name, said in (("other", "(data type: int64) is required but could not be found"),
                        ("nothing", "gave no record: each is missing, empty, or")):  # fmt: skip
         done = run_cli("bench", tmp_path / f"{name}.tfrecord", "--label_offset", "1",
-                       "--seconds", "0.2", "--image_size", "8")  # fmt: skip
+                       "--seconds", "0.05", "--image_size", "8")  # fmt: skip
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert done.errors == [done.errors[0]] and said in done.errors[0], done.errors
         assert "inspect --check" not in done.errors[0]  # it would find nothing wrong there
@@ -74,10 +74,10 @@ def test_bench_on_a_bare_pattern_needs_the_label_offset(tmp_path, caplog):
     write_dataset(str(tmp_path), {"train": [[0, 1, 2, 0] * (SHUFFLE_FILL // 4)]})
     tf.io.gfile.remove(f"{tmp_path}/manifest.json")
     pattern = f"{tmp_path}/train-*"
-    unknown = run_cli("bench", pattern, "--seconds", "0.2", "--batch_size", "2")
+    unknown = run_cli("bench", pattern, "--seconds", "0.05", "--batch_size", "2")
     assert unknown.returncode == 2 and "--label_offset" in unknown.errors[0]
     given = run_cli(
-        "bench", pattern, "--seconds", "0.2", "--batch_size", "2", "--image_size", "16",
+        "bench", pattern, "--seconds", "0.05", "--batch_size", "2", "--image_size", "16",
         "--label_offset", "1",
     )  # fmt: skip
     assert given.returncode == 0, given.stderr
@@ -88,7 +88,7 @@ def test_bench_on_a_bare_pattern_needs_the_label_offset(tmp_path, caplog):
     assert wrong.returncode == 2 and "Label below 0" in wrong.errors[0], wrong.errors
     assert "ceiling" not in wrong.stderr
     small = run_cli(
-        "bench", pattern, "--seconds", "0.2", "--batch_size", "2", "--image_size", "16",
+        "bench", pattern, "--seconds", "0.05", "--batch_size", "2", "--image_size", "16",
         "--label_offset", "1", "--shuffle_buffer", "0",
     )  # fmt: skip
     assert small.returncode == 2 and "shuffle_buffer must be >= 1, got 0" in small.errors[0]
@@ -128,7 +128,7 @@ def test_a_validation_split_without_records_is_benched_as_none_and_nan_seconds_r
     # Its every input rejected, the split has no shard: bench stopped ("no shards to read")
     # where a dataset without the split is benched, evaluation on train.
     write_dataset(str(tmp_path), {"train": [[0, 1] * 4], "validation": []})
-    done = run_cli("bench", tmp_path, "--seconds", "0.2", "--image_size", "16", "--batch_size", "2")
+    done = run_cli("bench", tmp_path, "--seconds", "0.05", "--image_size", "16", "--batch_size", "2")
     assert done.returncode == 0, done.stderr
     assert [line for line in done.stdout.splitlines() if line.startswith("| eval")]
     nan = run_cli("bench", tmp_path, "--seconds", "nan")
@@ -139,7 +139,7 @@ def test_a_validation_split_without_records_is_benched_as_none_and_nan_seconds_r
 def test_a_dataset_without_a_train_split_is_benched_by_a_pattern_as_advised(tmp_path):
     # It was refused with the reader's advice, "pass split=", which bench has no flag for.
     write_dataset(str(tmp_path), {"validation": [[0, 1] * 12]})
-    flags = ("--seconds", "0.2", "--image_size", "16", "--batch_size", "2")
+    flags = ("--seconds", "0.05", "--image_size", "16", "--batch_size", "2")
     refused = run_cli("bench", tmp_path, *flags)
     assert refused.returncode == 2 and "has no split 'train' (it has ['validation'])" in \
         refused.errors[0], refused.errors

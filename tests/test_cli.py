@@ -14,25 +14,6 @@ import pytest
 from helpers import COMMAND, jpeg_bytes, run_cli, run_command, run_python, without
 
 
-@pytest.mark.slow
-def test_convert_writes_a_dataset_and_prints_the_summary(tmp_path):
-    for label in ("cat", "dog"):
-        (tmp_path / "src" / label).mkdir(parents=True)
-        for i in range(3):
-            (tmp_path / "src" / label / f"{i}.jpg").write_bytes(jpeg_bytes(8, 8))
-    result = run_command("convert", tmp_path / "src", tmp_path / "out",
-                         "--direct_num_workers=2", "--direct_running_mode=multi_processing")
-    assert result.returncode == 0, result.stderr
-    assert "train: 6 in 6 shards; 0 rejected" in result.stdout  # up to 64, one record each
-    # One progress line for the whole job, summed over its worker processes.
-    finals = [line for line in result.stderr.splitlines() if line.startswith("converting: ")]
-    assert finals and finals[-1].startswith("converting: 6 inputs loaded (0 rejected)")
-    # Each worker process's start-up warning came through as raw protobuf text.
-    assert "semi_persistent_directory" not in result.stderr
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["labels"] == ["cat", "dog"]
-
-
 def test_the_local_engine_s_progress_line_counts_the_records_it_writes(tmp_path):
     # The engine writes the shards after checking every input: its line must go on moving
     # then (on millions of inputs that is half the run), not stop at the last input checked.

@@ -41,6 +41,18 @@ def test_several_worker_processes_write_the_in_process_runs_bytes(tmp_path):
         written
     )
     assert "duplicates.jsonl" in written
+    # What the command says (a test of its own until 0.5.0): the summary; one progress line
+    # for the whole job, summed over its worker processes; no worker's start-up warning as
+    # raw protobuf text.
+    found = json.loads((tmp_path / "several" / "manifest.json").read_text())
+    listed = sum(split["listed"] for split in found["splits"].values())
+    rejected = sum(split["rejected"] for split in found["splits"].values())
+    assert (listed, rejected) == (38, 1)  # 12 of each of 3 labels, a copy, a truncated file
+    assert several.stdout.startswith(f"Converted into {tmp_path / 'several'} (")
+    assert "; 1 rejected (truncated 1)." in several.stdout.splitlines()[0]
+    finals = [line for line in several.stderr.splitlines() if line.startswith("converting: ")]
+    assert finals and finals[-1].startswith("converting: 38 inputs loaded (1 rejected)")
+    assert "semi_persistent_directory" not in several.stderr
 
 
 @pytest.mark.parametrize("runner", ["DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner"])

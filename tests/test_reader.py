@@ -99,23 +99,6 @@ def test_training_repeats_every_record_once_per_epoch(dataset):
         assert abs(seen[label] - 60 * per_epoch) <= 7
 
 
-@pytest.mark.slow  # four training pipelines read
-def test_training_order_follows_the_seed(dataset):
-    def labels(seed):
-        ds = reader.make_input_fn(
-            dataset,
-            is_training=True,
-            image_size=SIZE,
-            batch_size=7,
-            seed=seed,
-            deterministic=True,
-        )()
-        return [label.tolist() for _, label in batches(ds, 6)]
-
-    assert labels(1) == labels(1)
-    assert labels(1) != labels(2)
-
-
 def test_padded_evaluation_counts_every_record_once(dataset):
     ds = reader.make_input_fn(dataset, is_training=False, image_size=SIZE, batch_size=4)()
     elements = batches(ds)

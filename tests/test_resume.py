@@ -813,18 +813,25 @@ def as_logged(batches):
 
 def uninterrupted(folder, mode, steps):
     """The uninterrupted run's batches as resume_run.py logs them, from the same settings."""
-    settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=11, with_keys=True)
     replicas = 2 if "mirrored" in mode else 1  # one pipeline, its batches dealt in turn
-    if mode.startswith("jax"):
-        dataset = reader.make_input_fn(folder, host_index=int(mode[3:]), host_count=2, **settings)()
+    host = int(mode[3:]) if mode.startswith("jax") else None
+    batches = _uninterrupted_batches(folder, replicas, host, steps * replicas)
+    if mode == "fit_mirrored":  # a line per replica
+        return [as_logged([batch]) for batch in batches]
+    return [as_logged(batches[i : i + replicas]) for i in range(0, len(batches), replicas)]
+
+
+@functools.lru_cache
+def _uninterrupted_batches(folder, replicas: int, host: int | None, count: int) -> list:
+    """The first `count` batches of that stream, made once for the modes that share it."""
+    settings = dict(is_training=True, image_size=SIZE, batch_size=4, seed=11, with_keys=True)
+    if host is not None:
+        dataset = reader.make_input_fn(folder, host_index=host, host_count=2, **settings)()
     else:
         dataset = reader.make_input_fn(folder, **settings)(
             {"batch_size": 4 // replicas} if replicas > 1 else None
         )
-    batches = list(dataset.take(steps * replicas))
-    if mode == "fit_mirrored":  # a line per replica
-        return [as_logged([batch]) for batch in batches]
-    return [as_logged(batches[i : i + replicas]) for i in range(0, len(batches), replicas)]
+    return list(dataset.take(count))
 
 
 def killed_and_resumed(folder, workdirs, modes, steps, kill_at):

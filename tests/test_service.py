@@ -153,7 +153,7 @@ def test_bench_times_training_batches_from_the_service(dataset, service):
     address, _ = service
     sizes = ("--image_size", SIZE, "--batch_size", BATCH)
     done = run_cli(
-        "bench", dataset, "--seconds", "0.3", *sizes, "--dtype", "uint8", "--data_service", address
+        "bench", dataset, "--seconds", "0.05", *sizes, "--dtype", "uint8", "--data_service", address
     )
     assert done.returncode == 0, done.stderr
     assert f"training batches by the tf.data service at {address}" in done.stdout

@@ -188,30 +188,21 @@ def test_a_gif_whose_image_is_larger_than_its_canvas_is_capped_by_the_image(serv
 
 
 @pytest.mark.slow  # exports or traces the whole signature again
-def test_the_pixel_cap_is_configurable_and_applies_to_png(tmp_path):
-    export_dir = str(tmp_path / "export")
-    config = serving.ServingConfig(labels=LABELS, image_size=SIZE, max_pixels=1000)
-    serving.export(small_model(), export_dir, config)
-    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-    assert serve(image_bytes=tf.constant([png(30, 30, (1, 2, 3))]))["class"].shape == (1,)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="declares.*40.*x.*30"):
-        serve(image_bytes=tf.constant([png(30, 40, (1, 2, 3))]))
-
-
-@pytest.mark.slow  # exports or traces the whole signature again
-def test_a_uint8_model_gets_uint8_pixels(tmp_path):
+def test_a_uint8_model_gets_uint8_pixels_and_the_pixel_cap_is_configurable(tmp_path):
     model = small_model("uint8")
     export_dir = str(tmp_path / "export")
-    serving.export(
-        model, export_dir, serving.ServingConfig(labels=LABELS, image_size=SIZE, dtype="uint8")
-    )
+    config = serving.ServingConfig(labels=LABELS, image_size=SIZE, dtype="uint8", max_pixels=4000)
+    serving.export(model, export_dir, config)
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
     data = jpeg(64, 48, (200, 100, 50))
-    out = tf.saved_model.load(export_dir).signatures["serving_default"](
-        image_bytes=tf.constant([data])
-    )
+    out = serve(image_bytes=tf.constant([data]))
     pixels = preprocess.eval_image(tf.constant(data), SIZE, "uint8")
     expected = tf.nn.softmax(model(pixels[None])).numpy()
     np.testing.assert_allclose(out["probabilities"].numpy(), expected, atol=1e-5)
+    # The cap, for a PNG too (64 x 48 = 3,072 pixels is within it).
+    assert serve(image_bytes=tf.constant([png(60, 60, (1, 2, 3))]))["class"].shape == (1,)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="declares 61 x 66 pixels, more"):
+        serve(image_bytes=tf.constant([png(66, 61, (1, 2, 3))]))
 
 
 def test_config_errors_are_listed():
