@@ -85,7 +85,7 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
     with _cloud_errors_said_plainly(f"{args.source} or {args.output}"):
         config = sources.resolve_layout(flags.config_from_args(args))
         finalise.check_output(config)
-        fixed_labels = _read_labels(config.labels_file) if config.labels_file else None
+        fixed_labels = sources.read_labels_file(config.labels_file) if config.labels_file else None
         if fixed_labels:
             sources.refuse_labels_alike(config, fixed_labels)
     if local:  # written by this machine's workers
@@ -310,31 +310,6 @@ def _clear_under_claim(config: ConvertConfig, held: claim.Claim) -> manifest.Man
         LOG.warning("Removed %d temporary folder(s) left by runs that did not finish: %s",
                     len(removed), ", ".join(removed))  # fmt: skip
     return there
-
-
-def _read_labels(path: str) -> tuple[str, ...]:
-    if not storage.exists_at_all(path):  # a pipe (`<(...)`) is read, as a file is
-        raise FileNotFoundError(f"Labels file {path} does not exist.")
-    if not paths.is_remote(path) and os.path.isdir(path):
-        raise ValueError(f"Labels file {path} is a folder: give the text file that lists the "
-                         "labels, one per line.")  # fmt: skip
-    data = storage.read_bytes(path, by_name=True)  # labels.txt.gz is read too
-    try:
-        labels = manifest.parse_labels(data.decode("utf-8-sig"), path)
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"Labels file {path} is not UTF-8 text (byte {err.start + 1}: {err.reason}). Save "
-            "it as UTF-8, one label per line."
-        ) from None
-    if all(_NUMBERED_LABEL.fullmatch(label) for label in labels):  # every input unknown_label?
-        LOG.warning(
-            "Labels file %s's lines look numbered (%r): it lists one label per line, a label's "
-            "index being its line's place. If the numbers are not part of the labels' names, "
-            "write the names alone, in index order.", path, labels[0])  # fmt: skip
-    return labels
-
-
-_NUMBERED_LABEL = re.compile(r"[0-9]+[ \t]*[,;:\t ][ \t]*\S.*")
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m beam_jobs.convert") -> int:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
+import re
 from collections.abc import Callable, Iterator
 
 from beam_jobs import finalise, listing, storage
@@ -36,7 +38,9 @@ from beam_jobs.csv_lists import (
     sources_of_csv_line,
 )
 from beam_jobs.source_file import SourceFile, check_label, check_split_name, split_by_hash
-from tfrecord_pipe._core import images, messages, naming, paths
+from tfrecord_pipe._core import images, manifest, messages, naming, paths
+
+log = logging.getLogger(__name__)
 
 
 def layout_said(config: ConvertConfig, asked_header: str) -> str:
@@ -199,6 +203,36 @@ def empty_label_folders(config: ConvertConfig, labels) -> list[str]:
             ):
                 found.append(f"{split}/{name}" if split else name)
     return found
+
+
+def read_labels_file(path: str) -> tuple[str, ...]:
+    """The labels a labels file (`--labels_file`) lists, in index order.
+
+    Raises:
+      FileNotFoundError, ValueError: no such file, a folder, or not UTF-8 text; said.
+    """
+    if not storage.exists_at_all(path):  # a pipe (`<(...)`) is read, as a file is
+        raise FileNotFoundError(f"Labels file {path} does not exist.")
+    if not paths.is_remote(path) and os.path.isdir(path):
+        raise ValueError(f"Labels file {path} is a folder: give the text file that lists the "
+                         "labels, one per line.")  # fmt: skip
+    data = storage.read_bytes(path, by_name=True)  # labels.txt.gz is read too
+    try:
+        labels = manifest.parse_labels(data.decode("utf-8-sig"), path)
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"Labels file {path} is not UTF-8 text (byte {err.start + 1}: {err.reason}). Save "
+            "it as UTF-8, one label per line."
+        ) from None
+    if all(_NUMBERED_LABEL.fullmatch(label) for label in labels):  # every input unknown_label?
+        log.warning(
+            "Labels file %s's lines look numbered (%r): it lists one label per line, a label's "
+            "index being its line's place. If the numbers are not part of the labels' names, "
+            "write the names alone, in index order.", path, labels[0])  # fmt: skip
+    return labels
+
+
+_NUMBERED_LABEL = re.compile(r"[0-9]+[ \t]*[,;:\t ][ \t]*\S.*")
 
 
 def refuse_labels_alike(config: ConvertConfig, labels: tuple[str, ...]) -> None:

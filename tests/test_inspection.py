@@ -35,6 +35,18 @@ def test_inspect_shows_splits_labels_sizes_and_rejections(converted):
     assert "rejected: 1 (truncated 1)" in text and "truncated_jpeg.jpg" in text
 
 
+def test_rejection_lines_that_are_not_rejections_are_shown_as_such(converted_copy):
+    # A line of JSON that is no object ended inspect in an AttributeError traceback; one not
+    # JSON, or not UTF-8, in an error naming no file (a helper's trial).
+    _, out = converted_copy
+    [listing] = out.glob("rejected/*.jsonl")
+    for line in (b"[]", b"{bad", b"\xff"):
+        listing.write_bytes(line + b"\n")
+        done = run_cli("inspect", out)
+        assert done.returncode == 0, done.stderr
+        assert (f"  {listing} line 1: not a rejection line: `tfrecord-pipe verify` checks them"
+                in done.stdout.splitlines()), done.stdout  # fmt: skip
+
 def test_inspect_grid_draws_every_sample_with_its_label(converted, tmp_path):
     _, out = converted
     grid = tmp_path / "grid.png"

@@ -31,6 +31,7 @@ from helpers import (
     run_python,
     verified_both_ways,
     with_label_added,
+    write_image_folder,
 )  # fmt: skip
 
 
@@ -382,6 +383,24 @@ def test_verify_checks_the_manifest_s_labels_and_offset_against_the_sources(conv
     assert report.num_problems == 1 and "manifest.json: label_offset 1, but the conversion it " \
         "records wrote labels with 2 (edited?)" in report.problems, report
 
+
+@pytest.mark.slow  # verifies three times, one of them on Beam's runner
+def test_verify_checks_the_manifest_s_labels_against_the_labels_file_while_it_is_there(tmp_path):
+    # The labels file was never read: a dataset relabelled throughout (manifest and every
+    # record's index alike) passed, and so did a file edited since the conversion, from which
+    # the converter now makes other labels (a helper's trial).
+    src = write_image_folder(tmp_path / "src", per_label=2, odd=())
+    labels_file, out = tmp_path / "labels.txt", tmp_path / "out"
+    labels_file.write_text("red\nblue\ngreen\n")
+    convert.run([str(src), str(out), "--labels_file", str(labels_file), *IN_PROCESS])
+    assert verify.verify(str(src), str(out)).ok
+    labels_file.write_text("blue\ngreen\nred\nwhite\n")
+    report = verified_both_ways(src, out)
+    assert report.problems == (
+        f"manifest.json: its labels are not those of the labels file {labels_file} (not in "
+        "the manifest: 'white'): the file edited since the conversion, or the manifest",)
+    labels_file.unlink()  # gone (a temporary file): nothing to compare
+    assert verify.verify(str(src), str(out)).ok
 
 def test_verify_checks_the_manifest_s_records_per_label_against_the_shards(converted_copy):
     # The counts a class weight is made from: two labels' counts swapped (their sum kept)

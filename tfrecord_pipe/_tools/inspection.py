@@ -367,15 +367,25 @@ def _spread(files, found, with_path: bool = False) -> tf.data.Dataset:
 
 
 def _rejected_lines(folder: str, limit: int):
+    """The first `limit` lines of the rejection lists, as rows; a line that is no rejection
+    (edited, damaged: `verify` says what is wrong) as a row that names it."""
     pattern = paths.join(folder, naming.rejected_name("*"))
     for path in sorted(tf.io.gfile.glob(pattern)):
-        with tf.io.gfile.GFile(path) as lines:
-            for line in lines:
-                if line.strip():
-                    yield json.loads(line)
-                    limit -= 1
-                    if limit == 0:
-                        return
+        with tf.io.gfile.GFile(path, "rb") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line.decode("utf-8"))
+                except ValueError:  # (UnicodeDecodeError is one)
+                    row = None
+                if not isinstance(row, dict):
+                    row = {"path": f"{path} line {number}", "reason": "not a rejection line",
+                           "error": "`tfrecord-pipe verify` checks them"}  # fmt: skip
+                yield row
+                limit -= 1
+                if limit == 0:
+                    return
 
 
 def _count_verdict(split: SplitSummary, listed: int | None) -> str:

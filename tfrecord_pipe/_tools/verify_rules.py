@@ -25,7 +25,7 @@ import operator
 import os
 from collections.abc import Iterable
 
-from beam_jobs import duplicates, outcome, shard_plan
+from beam_jobs import duplicates, outcome, shard_plan, sources, storage
 from beam_jobs.source_file import SourceFile
 from tfrecord_pipe._core import images, manifest, messages, naming, paths, schema
 
@@ -219,9 +219,9 @@ def record_row(serialized: bytes, found: manifest.Manifest, decode: bool = False
 def label_problems(found: manifest.Manifest, config, listed: Iterable[str]) -> list[str]:
     """The manifest's labels are those the converter takes from the sources listed now, the
     sorted distinct `listed` labels (`pipeline.CollectLabels`; of a CSV list, its lines kept
-    once per file), where no labels file gave them."""
+    once per file), or where a labels file gave them, that file's while it is there."""
     if config.labels_file is not None:
-        return []
+        return _labels_file_problems(found, config.labels_file)
     expected = tuple(sorted(set(listed)))
     if expected == found.labels:
         return []
@@ -233,6 +233,30 @@ def label_problems(found: manifest.Manifest, config, listed: Iterable[str]) -> l
         f"{naming.MANIFEST_NAME}: its labels are not the sorted labels of the sources listed "
         f"now ({'; '.join(said) or 'in another order'}): {changed} added or removed since, or "
         "the manifest edited"
+    )]
+
+
+def _labels_file_problems(found: manifest.Manifest, path: str) -> list[str]:
+    """The manifest's labels are the labels file's, in its order, where the file is still
+    there (a file gone says nothing): a dataset relabelled throughout, its manifest and every
+    record's index alike, passed, and so did a file edited since, from which the converter
+    now makes other labels (a helper's trial)."""
+    try:
+        if not storage.exists_at_all(path):
+            return []
+        listed = sources.read_labels_file(path)
+    except (OSError, ValueError) as err:
+        return [f"the labels file {path}, which the conversion read, cannot be read now: "
+                f"{messages.one_line(err)}"]  # fmt: skip
+    if listed == found.labels:
+        return []
+    extra, missing = set(found.labels) - set(listed), set(listed) - set(found.labels)
+    said = [f"{what}: {messages.some(sorted(names), show=repr)}" for what, names in (
+        ("not in the file", extra), ("not in the manifest", missing)) if names]  # fmt: skip
+    return [(
+        f"{naming.MANIFEST_NAME}: its labels are not those of the labels file {path} "
+        f"({'; '.join(said) or 'in another order'}): the file edited since the conversion, or "
+        "the manifest"
     )]
 
 
