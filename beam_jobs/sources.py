@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 
 from beam_jobs import finalise, listing, storage
@@ -128,6 +129,13 @@ def resolve_layout(config: ConvertConfig, converting: bool = True) -> ConvertCon
                 _refuse_fraction(config, "every line of it names its split")
         return dataclasses.replace(config, layout="csv", csv_header=header)
     root = config.source_root
+    temp = tempfile.gettempdir()
+    if not paths.is_remote(root) and paths.is_inside(temp, root):
+        raise ValueError(
+            f"The temporary folder {temp} (TMPDIR) is inside the input folder {root}: the "
+            "job's own temporary files would be listed as inputs, and their folders taken for "
+            f"labels. Set TMPDIR to a folder outside {root}."
+        )
     try:
         folders, files = storage.children(root)
     except NotADirectoryError as err:

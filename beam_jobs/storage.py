@@ -250,9 +250,14 @@ def delete_folder(folder: str) -> None:
 
 
 def exists(path: str) -> bool:
-    """Whether a file is at `path` (taken literally: no pattern)."""
+    """Whether a file is at `path` (taken literally: no pattern). On gs:// by the client
+    library: without credentials it says so at once, and its retries are said (Beam's
+    filesystem connects anonymously, and retries two minutes in silence)."""
     if not paths.is_remote(path):
         return os.path.isfile(path)
+    if path.startswith("gs://"):
+        bucket, _, name = path[len("gs://") :].partition("/")
+        return gcs_client().bucket(bucket).blob(name).exists(retry=gcs_retry())
     return beam_filesystems().exists(path)
 
 
@@ -260,7 +265,7 @@ def exists_at_all(path: str) -> bool:
     """Whether anything is at `path`: a file, or locally a folder too (taken literally)."""
     if not paths.is_remote(path):
         return os.path.exists(path)
-    return beam_filesystems().exists(path)
+    return exists(path)
 
 
 def open_to_read(path: str, by_name: bool = False) -> BinaryIO:

@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 from concurrent import futures
 
 import pytest
@@ -16,6 +17,7 @@ from beam_jobs import convert, csv_lists, record_reader, sources, storage
 from beam_jobs.config import ConvertConfig
 from beam_jobs.source_file import split_by_hash
 from tfrecord_pipe._core import images, naming, schema
+from tfrecord_pipe._tools import verify
 
 from helpers import (COLOURS, IN_PROCESS, jpeg_bytes, open_under, run_cli, verified_both_ways,
                      write_image_folder)
@@ -247,6 +249,21 @@ def test_a_split_folder_linking_to_a_listed_one_is_rejected_as_a_duplicate(tmp_p
     assert [(line["path"], line["error"]) for line in rejected_lines(out)] == [
         (f"{src}/validation", "a link to a folder listed already (train); not followed again")]
     assert run_cli("verify", src, out).returncode == 0
+
+def test_a_temporary_folder_inside_the_input_folder_is_refused(tmp_path, monkeypatch):
+    # TMPDIR inside SRC: the conversion took its own progress and sockets folders for labels
+    # (warned of only as labels with no record), and verify failed a good dataset on its own
+    # sort files (a helper's trial).
+    src = write_image_folder(tmp_path / "src", per_label=1, odd=())
+    convert_(src, tmp_path / "out")
+    (src / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(src / "tmp"))
+    said = f"^The temporary folder {src / 'tmp'} \\(TMPDIR\\) is inside the input folder {src}: "
+    with pytest.raises(ValueError, match=said):
+        convert_(src, tmp_path / "again")
+    with pytest.raises(ValueError, match=said):
+        verify.verify(str(src), str(tmp_path / "out"))
+    assert not (tmp_path / "again").exists()
 
 def can_open(path: str) -> bool:
     """Whether this process may open `path` (root without CAP_SYSLOG may not open /proc/kmsg,

@@ -164,6 +164,12 @@ def test_a_list_of_gs_images_out_of_reach_is_refused_before_the_job(gcs, tmp_pat
     assert ran.returncode == 2 and not out.exists(), ran.stderr[-2000:]
     assert ran.stderr.strip().splitlines()[-1].startswith(
         "error: No Google Cloud credentials to reach gs://"), ran.stderr[-2000:]  # fmt: skip
+    # verify of a dataset on gs:// too: Beam's reads connected anonymously, and retried for
+    # two minutes, a traceback at each retry (a helper's trial).
+    ran = run_command("verify", image.parent, gcs.url("dataset"), env=no_credentials,
+                      preloaded=True)  # fmt: skip
+    assert ran.returncode == 2 and ran.errors == [f"error: {storage_lib.NO_CREDENTIALS}"], \
+        ran.stderr[-2000:]  # fmt: skip
     # The storage answers: a missing object is the job's to reject, naming it.
     with gcs.exported():
         result = convert.run([str(listed), str(out), *IN_PROCESS])

@@ -270,6 +270,8 @@ def _require_path_without_tensorflow(path: str) -> None:
     try:
         there = os.path.exists(path) if not paths.is_remote(path) else (
             storage.exists(path) or any(storage.children(path)))  # fmt: skip
+    except ConnectionError:  # no credentials, said (`storage.gcs_client`)
+        raise
     except Exception as err:  # noqa: BLE001 - an unreachable or forbidden bucket
         raise FileNotFoundError(f"Cannot reach {path}: {messages.one_line(err)}") from err
     if not there:
