@@ -1,12 +1,14 @@
 """The same picture under two names: reported at conversion (summary, manifest, inspect,
 duplicates.jsonl), removed with --dedupe, and checked by verify either way."""
 
+import dataclasses
 import json
 
 import pytest
 
 from beam_jobs import convert, duplicates
 from tfrecord_pipe._core import images, manifest, naming
+from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import verify_rules
 
 from helpers import IN_PROCESS, jpeg_bytes, run_cli, verified_both_ways
@@ -118,6 +120,17 @@ def test_verify_finds_a_report_or_a_rejection_edited_to_hide_a_leak(leaky, tmp_p
     report = verified_both_ways(leaky, out)
     assert report.problems == ("duplicates.jsonl: the group of train/cat/leaked.jpg gives other "
                                "splits or labels than its inputs have (edited?)",)  # fmt: skip
+    # The manifest's counts of copies and of groups across labels went unchecked, and inspect
+    # warned of what the edit made up (a helper's trial).
+    (out / naming.DUPLICATES_NAME).write_text("\n".join(lines) + "\n")  # as written
+    found = dataset.read_manifest(str(out))
+    copies, across = found.duplicates["copies"], found.duplicates["cross_label_groups"]
+    edited = {**found.duplicates, "copies": copies + 3, "cross_label_groups": across + 1}
+    dataset.write_manifest(str(out), dataclasses.replace(found, duplicates=edited))
+    report = verified_both_ways(leaky, out)
+    assert report.problems == (
+        f"manifest.json's duplicate counts are not the sources': copies {copies + 3} (the "
+        f"sources: {copies}); cross_label_groups {across + 1} (the sources: {across})",)
     # A file a CSV list names in train and validation, the copy --dedupe drops in both.
     (tmp_path / "a.jpg").write_bytes(jpeg_bytes(9, 9, (10, 200, 10)))
     (tmp_path / "b.jpg").write_bytes(jpeg_bytes(9, 9, (10, 200, 10)))
@@ -143,9 +156,10 @@ def test_an_older_version_claimed_does_not_hide_an_edited_report():
     group = [{"relpath": "a.jpg", "split": "train", "label": "x", "became": "record"},
              {"relpath": "b.jpg", "split": "validation", "label": "x", "became": "record"}]
     line = duplicates.report_row("s", [("a.jpg", "train", "x"), ("b.jpg", "train", "x")])
-    problems, _, across = verify_rules.check_content(group, [line], old)
+    problems, counts = verify_rules.check_content(group, [line], old)
     assert problems == ["duplicates.jsonl: the group of a.jpg gives other splits or labels "
-                        "than its inputs have (edited?)"] and across == 1  # fmt: skip
+                        "than its inputs have (edited?)"]  # fmt: skip
+    assert counts == {"groups": 1, "copies": 1, "cross_split_groups": 1, "cross_label_groups": 0}
     assert verify_rules.check_content(group, [], old)[0] == []  # 0.2 wrote no report
     # Nor does a manifest say an older version wrote what only a newer one writes.
     info = manifest.SplitInfo(1, (1,), 10, 1, 0, ("train-00000-of-00001.tfrecord",),

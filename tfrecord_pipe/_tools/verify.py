@@ -277,15 +277,15 @@ class _Join:
             for _, _, kind, row in same:
                 rows[kind].append(row)
             self._judge.judge(relpath, rows, dedupe)
-        groups = cross_split = 0
+        counts = collections.Counter()
         for _, same in itertools.groupby(self._by_content.sorted(), key=operator.itemgetter(0)):
             rows, reported = [], []
             for _, order, row in same:
                 (rows if order == _ORDER[SOURCE] else reported).append(row)
-            found_problems, group, across = rules.check_content(rows, reported, found)
+            found_problems, added = rules.check_content(rows, reported, found)
             self._problems.extend(found_problems)
-            groups, cross_split = groups + group, cross_split + across
-        self._problems.extend(rules.group_count_problems(found, groups, cross_split), FILES)
+            counts.update(added)
+        self._problems.extend(rules.group_count_problems(found, counts), FILES)
 
 
 class _Listing:

@@ -150,7 +150,7 @@ def _report(found, source: str, written: dict, descriptions: list[str]) -> rules
     here = (
         descriptions
         + rules.count_problems(found, source, listed)
-        + rules.group_count_problems(found, totals.get("groups", 0), totals.get("cross_split", 0))
+        + rules.group_count_problems(found, totals)
     )
     ranked = [(FILES, text) for text in here] + [tuple(pair) for pair in written["problems"]]
     return rules.VerifyReport(
@@ -332,14 +332,12 @@ def _check_path(joined, dedupe: bool):
 
 def _check_content(joined, found):
     _, grouped = joined
-    found_problems, group, across = rules.check_content(
-        grouped[SOURCE], list(grouped[REPORTED]), found
-    )
+    found_problems, added = rules.check_content(grouped[SOURCE], list(grouped[REPORTED]), found)
     for problem in found_problems:
         Metrics.counter(METRICS, "problems").inc()
         yield INPUTS, problem
-    yield beam.pvalue.TaggedOutput(COUNT, (("groups", None), group))
-    yield beam.pvalue.TaggedOutput(COUNT, (("cross_split", None), across))
+    for name, n in added.items():
+        yield beam.pvalue.TaggedOutput(COUNT, ((name, None), n))
 
 
 def _span_problems(spans, found: manifest.Manifest):

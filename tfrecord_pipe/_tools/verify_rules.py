@@ -388,13 +388,14 @@ def check_pair(relpath: str, source: dict, record: dict) -> tuple[list[str], tup
 
 
 def check_content(rows: Iterable[dict], reported: list[dict], found: manifest.Manifest
-                  ) -> tuple[list[str], int, int]:  # fmt: skip
+                  ) -> tuple[list[str], dict[str, int]]:  # fmt: skip
     """The sources with the same bytes (`content_row`s), and the lines duplicates.jsonl gives
     for those bytes (one, or none): the line the job writes for them
     (`duplicates.report_row`); with dedupe, the first by path is the one stored and the
     others are rejected.
 
-    Returns the problems, and 1 or 0 for: a group of duplicates, one across splits.
+    Returns the problems, and what the group adds to the manifest's duplicate counts
+    (`duplicates.totals`: none for bytes of one input).
     """
     group = list(rows)
     # Nearly every content is one input's, with no line of its own: nothing to sort.
@@ -424,7 +425,9 @@ def check_content(rows: Iterable[dict], reported: list[dict], found: manifest.Ma
         if reported:
             problems.append(f"{naming.DUPLICATES_NAME}: lists {first_reported} and others, "
                             "which differ now")  # fmt: skip
-        return problems, 0, 0
+        return problems, {}
+    expected = duplicates.report_row("", [(row["relpath"], row["split"], row["label"])
+                                          for row in group])  # fmt: skip
     if found.knows_duplicates or reported:  # a report is checked whole whatever its version
         listed = [row["relpath"] for row in reported[0]["files"]] if reported else None
         if listed != [row["relpath"] for row in group]:
@@ -432,14 +435,12 @@ def check_content(rows: Iterable[dict], reported: list[dict], found: manifest.Ma
                 f"{naming.DUPLICATES_NAME}: the inputs with the bytes of {group[0]['relpath']} "
                 f"({len(group)}) are not listed as one group"
             )
-        elif reported[0] != duplicates.report_row(
-            reported[0]["sha256"], [(row["relpath"], row["split"], row["label"]) for row in group]
-        ):
+        elif reported[0] != {**expected, "sha256": reported[0]["sha256"]}:
             problems.append(
                 f"{naming.DUPLICATES_NAME}: the group of {group[0]['relpath']} gives other "
                 "splits or labels than its inputs have (edited?)"
             )
-    return problems, 1, int(len({row["split"] for row in group}) > 1)
+    return problems, dict(duplicates.totals(expected))
 
 
 def span_problems(found: manifest.Manifest, spans: Iterable[tuple[str, str, str, str, bool]]
@@ -500,17 +501,21 @@ def label_count_problems(found: manifest.Manifest, counted: dict[tuple[str, str]
     return problems
 
 
-def group_count_problems(found: manifest.Manifest, groups: int, cross_split: int) -> list[str]:
-    """The manifest's duplicate counts are the sources' (when it counts them)."""
-    in_manifest = (found.duplicates.get("groups", 0), found.duplicates.get("cross_split_groups", 0))
-    if not found.knows_duplicates or in_manifest == (groups, cross_split):
+def group_count_problems(found: manifest.Manifest, counts: dict[str, int]) -> list[str]:
+    """The manifest's duplicate counts are the sources' (`counts`, summed over the groups;
+    where it counts them): groups, copies, and groups across splits and labels (copies and
+    labels went unchecked, and `inspect` warned of what an edit made up: a helper's trial)."""
+    if not found.knows_duplicates:
         return []
-    return [
-        (
-            f"manifest.json counts {in_manifest[0]} duplicate groups ({in_manifest[1]} across "
-            f"splits); the sources have {groups} ({cross_split})"
-        )
-    ]
+    differ = [f"{name} {found.duplicates[name]} (the sources: {counts.get(name, 0)})"
+              for name in _DUPLICATE_COUNTS
+              if name in found.duplicates and found.duplicates[name] != counts.get(name, 0)]  # fmt: skip
+    if not differ:
+        return []
+    return [f"manifest.json's duplicate counts are not the sources': {'; '.join(differ)}"]
+
+
+_DUPLICATE_COUNTS = ("groups", "copies", "cross_split_groups", "cross_label_groups")
 
 
 def _check_record(relpath: str, record: dict, expected: dict, problems: list[str]) -> None:
