@@ -225,6 +225,9 @@ def test_verify_a_folder_that_is_not_a_dataset_exits_2(converted):
     done = run_cli("verify", src, shard)
     assert done.returncode == 2 and done.errors == [
         f"error: {shard} is a file: give the dataset folder, the one holding manifest.json."]
+    for args in (("", out), (src, "")):  # it said "error:  does not exist."
+        assert run_cli("verify", *args).errors == [
+            "error: A path given is empty (''): give a folder, local or gs://."]
     done = run_cli("verify", out, src)  # the dataset first: a new user's slip
     assert done.returncode == 2
     assert f"{src} is not a dataset but {out} is: the arguments look swapped" in done.stderr

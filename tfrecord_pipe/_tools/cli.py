@@ -251,7 +251,10 @@ def _require_path(path: str) -> None:
 
 def _not_there(path: str) -> FileNotFoundError:
     """The error for a path that is not there; a link that leads nowhere is said to be one
-    (`ls` shows it)."""
+    (`ls` shows it), and an empty one empty (it said "error:  does not exist.")."""
+    if not path.strip():
+        return FileNotFoundError(f"A path given is empty ({path!r}): give a folder, local or "
+                                 "gs://.")  # fmt: skip
     if not paths.is_remote(path) and os.path.islink(path):
         return FileNotFoundError(f"{path} is a link that leads nowhere (to {os.readlink(path)}: "
                                  "missing, or a loop of links).")  # fmt: skip
