@@ -142,8 +142,9 @@ def check_rejection_files(dataset: str, found: manifest.Manifest) -> list[str]:
 
 def check_manifest(found: manifest.Manifest) -> list[str]:
     """The manifest agrees with itself: its record format is this version's, its label offset
-    and compression the ones its conversion recorded, and its counts of rejection reasons add
-    up to its splits' rejections (a manifest older than the reasons has none)."""
+    and compression the ones its conversion recorded, its counts of rejection reasons add up
+    to its splits' rejections (a manifest older than the reasons has none), and each split
+    holds inputs."""
     problems = []
     if found.format_version != schema.FORMAT_VERSION:
         problems.append(
@@ -169,6 +170,13 @@ def check_manifest(found: manifest.Manifest) -> list[str]:
             f"{naming.MANIFEST_NAME}: its rejection reasons count {reasons} rejected, its splits "
             f"{found.num_rejected} (edited?)"
         )
+    # The converter makes a split of the inputs it lists for it: one of none, used or
+    # rejected, passed, and `inspect` said every input of it was rejected (a helper's trial).
+    problems.extend(
+        f"{naming.MANIFEST_NAME}: split {split} holds no input, used or rejected: the converter "
+        "writes no such split (edited?)"
+        for split, info in sorted(found.splits.items()) if info.listed == 0
+    )  # fmt: skip
     return problems
 
 
