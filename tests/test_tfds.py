@@ -87,7 +87,8 @@ def test_placeholder_names_below_the_offset_never_take_a_label_name():
     "found, why",
     [(manifest_of(["cat"], compression="GZIP"), "GZIP"),
      (manifest_of(["cat ", "dog"]), "spaces at its ends"),
-     (manifest_of(["x\ry", "z"]), "line break")],  # TFDS would read names x, y, z
+     (manifest_of(["x\ry", "z"]), "line break"),  # TFDS would read names x, y, z
+     (manifest_of(["\ufeffcat", "dog"]), "byte-order mark")],
 )  # fmt: skip
 def test_what_tfds_cannot_read_gets_no_metadata_and_a_reason(found, why):
     assert why in tfds_metadata.problem(found)

@@ -132,6 +132,9 @@ def label_problem(label: str) -> str | None:
         return f"label {label!r} has a line break, which would make two lines of labels.txt"
     if label != label.strip():
         return f"label {label!r} has spaces at its ends, which readers of labels.txt lose"
+    if label.startswith("\ufeff"):  # (an invisible character: a helper's trial)
+        return (f"label {label!r} starts with a byte-order mark, which readers of labels.txt "
+                "drop from its first line")  # fmt: skip
     return None
 
 
