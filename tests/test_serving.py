@@ -121,6 +121,11 @@ def test_a_jpeg_of_more_scans_than_encoders_write_is_refused_undecoded():
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"image_bytes\[0\]: is a JPEG of more than 100 scans"):  # fmt: skip
         inputs(tf.constant([with_scans(progressive, 101)]), config)
+    # What follows the image is not counted: a phone's motion photo appends megabytes of
+    # video, in which 0xFF 0xDA stands about every 64 KiB (refused at first: a reviewer).
+    trailed = with_scans(progressive, 100) + b"\xff\xda\x00" * 200
+    assert inputs(tf.constant([trailed]), config).shape == (1, SIZE, SIZE, 3)
+
 
 @pytest.fixture(scope="module")
 def serve(exported):

@@ -84,12 +84,19 @@ class _Bytes:
         values = tf.cast(tf.gather(self._bytes, index), tf.int64)
         return tf.reduce_sum(tf.bitwise.left_shift(values, tf.constant(shifts, tf.int64)), -1)
 
-    def markers(self, code: int) -> tf.Tensor:
-        """How many times 0xFF `code` stands in the file, at any offset: a marker's count, where
-        `code` is one that compressed data never holds after 0xFF (an embedded file's
-        markers, an EXIF thumbnail's, count too)."""
-        pairs = tf.equal(self._raw[:-1], 0xFF) & tf.equal(self._raw[1:], code)
-        return tf.reduce_sum(tf.cast(pairs, tf.int64))
+    def scans(self, first_scan: tf.Tensor) -> tf.Tensor:
+        """A JPEG's scan headers (0xFF 0xDA), counted from its first, at `first_scan`, to the
+        end-of-image marker (0xFF 0xD9) after it: compressed data holds neither pair, and
+        what comes before (an EXIF thumbnail's own scan) or after (a phone's motion photo,
+        megabytes of video in which any pair stands) is not the image's."""
+        def at(code):
+            pairs = tf.equal(self._raw[:-1], 0xFF) & tf.equal(self._raw[1:], code)
+            return tf.where(pairs)[:, 0]
+
+        ends = at(0xD9)
+        end = tf.reduce_min(tf.concat([tf.boolean_mask(ends, ends >= first_scan), [self.size]], 0))
+        starts = at(_SOS)
+        return tf.reduce_sum(tf.cast((starts >= first_scan) & (starts < end), tf.int64))
 
     def either(self, at, size: int, big_endian: tf.Tensor) -> tf.Tensor:
         """`uint` in a byte order known only in the graph."""
@@ -295,7 +302,7 @@ def _jpeg_structure(data: _Bytes):
     scans; the turn is the EXIF
     orientation of the block the converter reads (1 if none); the components are the frame's
     colour components."""
-    start, end, components, adobe, more_exif, cut = _jpeg_segments(data)
+    start, end, components, adobe, more_exif, cut, first_scan = _jpeg_segments(data)
     turn, whole = _tiff_orientation(data, start, tf.minimum(end, data.size))
     # A later "Exif" segment is joined to the first (Pillow, core.jpeg_headers): the same
     # orientation only where the first holds its whole directory (an empty first one too
@@ -307,7 +314,7 @@ def _jpeg_structure(data: _Bytes):
                  tf.where(split, _SPLIT_EXIF, 0)),
     )  # fmt: skip
     # The converter's walk refuses the same files (it counts the scans it walks).
-    refusal = tf.where(data.markers(_SOS) > jpeg_markers.MAX_SCANS, _MANY_SCANS, refusal)
+    refusal = tf.where(data.scans(first_scan) > jpeg_markers.MAX_SCANS, _MANY_SCANS, refusal)
     return refusal, turn, components
 
 
@@ -323,7 +330,8 @@ def _jpeg_segments(data: _Bytes):
     """Of a JPEG's segments before the scan: (start, end) of its first APP1 "Exif" block (-1,
     -1 if none), the component count of its frame (1 grey, 3 colour, 4 CMYK; 0 if none),
     whether an Adobe APP14 segment is there, whether another "Exif" APP1 segment follows the
-    first, and whether the walk was cut short (_MAX_STEPS)."""
+    first, whether the walk was cut short (_MAX_STEPS), and where it stopped (the first scan
+    header, where it was not cut short)."""
 
     def step(pos, start, end, components, adobe, more_exif):
         marker, length = data.uint(pos + 1, 1, False), data.uint(pos + 2, 2, True)
@@ -362,7 +370,7 @@ def _jpeg_segments(data: _Bytes):
         (tf.constant(2, tf.int64), minus_one, minus_one, tf.constant(0, tf.int64), no, no),
         maximum_iterations=_MAX_STEPS,
     )  # fmt: skip
-    return start, end, components, adobe, more_exif, more(pos)
+    return start, end, components, adobe, more_exif, more(pos), pos
 
 
 def _png_exif(data: _Bytes):
