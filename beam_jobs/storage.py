@@ -137,6 +137,20 @@ def gcs_client():
         raise ConnectionError(NO_CREDENTIALS) from err
 
 
+@functools.cache
+def _gcs_reader():
+    """A client to read gs:// with: without credentials, an anonymous one, as Beam's
+    filesystem reads (public data: a tutorial's CSV list on gs://cloud-ml-data)."""
+    try:
+        return gcs_client()
+    except ConnectionError:
+        from google.cloud import storage as gcs
+
+        log.info("No Google Cloud credentials here: gs:// is read anonymously, which public "
+                 "data allows (gcloud auth application-default login gives credentials).")  # fmt: skip
+        return gcs.Client.create_anonymous_client()
+
+
 GCS_RETRY_S = 120.0  # how long a Cloud Storage call is retried (the client library's default)
 GCS_RETRY_SAID_EVERY_S = 30.0  # a retry said at most this often
 
@@ -198,28 +212,45 @@ def is_outage(err: BaseException) -> bool:
 
 def reach(path: str, what: str) -> None:
     """Asks the storage of the remote file `path` (`what` names it) once, before a job reads
-    it there: without credentials, or with no network, the job's reads failed only after two
-    minutes of silent retries (Beam's GCS reads connect anonymously), where a source folder on
-    gs:// is refused at once. The file's own answer (missing, no access) is the job's to
-    judge: it rejects that input, naming it.
+    it there: with no network, the job's reads failed only after two minutes of silent
+    retries. The file's own answer (missing, no access: anonymous reading of private data)
+    is the job's to judge: it rejects that input, naming it.
 
     Raises:
-      ConnectionError: no credentials, or the storage did not answer (its retries said).
+      ConnectionError: the storage did not answer (its retries said).
     """
     if not path.startswith("gs://"):
         return  # (other stores: their filesystems' own errors)
     bucket, _, name = path[len("gs://") :].partition("/")
-    blob = gcs_client().bucket(bucket).blob(name)  # (no credentials: said)
+    blob = _gcs_reader().bucket(bucket).blob(name)
     try:
         blob.exists(retry=gcs_retry())
     except Exception as err:
         if not is_outage(err):
             log.debug("%s: %s (the job judges the file)", path, messages.one_line(err))
             return
+        auth = sys.modules.get("google.auth.exceptions")
+        if auth is not None and _caused_by(err, auth.RefreshError):  # expired, revoked
+            raise ConnectionError(
+                f"{what} {path}: the Google Cloud credentials here could not be refreshed "
+                f"({messages.one_line(err)[:300]}). Log in again (gcloud auth "
+                "application-default login), then run the command again."
+            ) from err
         raise ConnectionError(
             f"{what} {path}: Cloud Storage cannot be reached ({messages.one_line(err)[:300]}). "
             "Check the network, then run the command again."
         ) from err
+
+
+def _caused_by(err: BaseException | None, kind: type) -> bool:
+    """Whether `err`, or an error it was raised from, is a `kind`."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, kind):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
 
 
 NO_CREDENTIALS = (
@@ -251,13 +282,13 @@ def delete_folder(folder: str) -> None:
 
 def exists(path: str) -> bool:
     """Whether a file is at `path` (taken literally: no pattern). On gs:// by the client
-    library: without credentials it says so at once, and its retries are said (Beam's
-    filesystem connects anonymously, and retries two minutes in silence)."""
+    library, whose retries are said (Beam's filesystem retries two minutes in silence, a
+    traceback at each); anonymously without credentials, as Beam's reads."""
     if not paths.is_remote(path):
         return os.path.isfile(path)
     if path.startswith("gs://"):
         bucket, _, name = path[len("gs://") :].partition("/")
-        return gcs_client().bucket(bucket).blob(name).exists(retry=gcs_retry())
+        return _gcs_reader().bucket(bucket).blob(name).exists(retry=gcs_retry())
     return beam_filesystems().exists(path)
 
 
