@@ -111,13 +111,13 @@ class Invalid(ValueError):
 
 def json_values(value):
     """A state a program saved and gave back, with the types JSON gives: saved another way
-    (orbax, msgpack, YAML), its numbers and lists come back as numpy values or tuples, which
-    compare unequal to the same numbers and lists (and JSON cannot write)."""
+    (orbax, msgpack, YAML), its numbers and lists come back as numpy or JAX values or tuples,
+    which compare unequal to the same numbers and lists (and JSON cannot write)."""
     if isinstance(value, dict):
         return {key: json_values(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_values(item) for item in value]
-    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):  # numbers, arrays
+    if hasattr(value, "dtype") and hasattr(value, "tolist"):  # numpy's and JAX's numbers, arrays
         return json_values(value.tolist())
     return value
 

@@ -137,7 +137,9 @@ class FitResume(tf.keras.callbacks.Callback):
             _start_afresh_if_none_was_whole(self.backup, err)
             self.backup.on_train_begin()
         self._restored_into = model
-        self.restored_steps = self._steps_of_this_run(before, _steps(optimizer))
+        restored = tf.io.gfile.exists(self.backup._weights_path)  # (Keras 3's name; after
+        # the restore: a torn first backup is set aside)
+        self.restored_steps = self._steps_of_this_run(before, _steps(optimizer), restored)
         if self.restored_steps:  # in the run's log, where Keras's own restore says nothing
             epoch, step = divmod(self.restored_steps, self.steps_per_epoch)
             print(f"FitResume: resumed from {self.backup.backup_dir} after step "
@@ -164,27 +166,28 @@ class FitResume(tf.keras.callbacks.Callback):
                          batch_of="a replica's" if strategy is not None else "this host's")
         return data
 
-    def _steps_of_this_run(self, before: int, restored: int) -> int:
-        """The steps this run trained before its restart: the restored optimizer's count less
-        its count when the run began (a model trained or loaded before counted steps of its
-        own), which is kept beside the backup. A restart that builds a fresh model, where the
-        run began from a trained one, has no other way to know it. (A backup saved before
-        0.5 has no such file: the count before this restore is taken, as it was then.)"""
+    def _steps_of_this_run(self, before: int, after: int, restored: bool) -> int:
+        """The steps this run trained before its restart: the restored optimizer's count
+        (`after`) less its count when the run began (a model trained or loaded before counted
+        steps of its own), which is kept beside the backup. A restart that builds a fresh
+        model, where the run began from a trained one, has no other way to know it. Where no
+        backup was `restored`, the run begins here, with the count `before`. (A backup saved
+        before 0.5 has no such file: `before` is taken off, as it was then.)"""
         path = os.path.join(self.backup.backup_dir, START_NAME)
-        if restored == before:  # nothing restored: the run begins here
+        if not restored:
             _write_whole(path, {"optimizer_steps": before})
             return 0
         try:
             began = _read_record(path)["optimizer_steps"]
         except tf.errors.NotFoundError:
-            return restored - before
+            return after - before
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(
                 f"{path}, which says how many steps the model had when the run began, is "
                 f"damaged ({err!r}): the backup cannot be resumed safely. Delete "
                 f"{self.backup.backup_dir} to train from the start."
             ) from None
-        return restored - began
+        return after - began
 
     def _keep_facts(self, facts: dict, name: str, batch_of: str) -> None:
         """Refuses a backup saved with other settings, or whose settings are lost (their file
