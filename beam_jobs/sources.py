@@ -213,8 +213,9 @@ def empty_label_folders(config: ConvertConfig, labels) -> list[str]:
     return found
 
 
-def read_labels_file(path: str) -> tuple[str, ...]:
-    """The labels a labels file (`--labels_file`) lists, in index order.
+def read_labels_file(path: str, warn: bool = True) -> tuple[str, ...]:
+    """The labels a labels file (`--labels_file`) lists, in index order; `warn`: of lines
+    that look numbered.
 
     Raises:
       FileNotFoundError, ValueError: no such file, a folder, or not UTF-8 text; said.
@@ -232,7 +233,7 @@ def read_labels_file(path: str) -> tuple[str, ...]:
             f"Labels file {path} is not UTF-8 text (byte {err.start + 1}: {err.reason}). Save "
             "it as UTF-8, one label per line."
         ) from None
-    if all(_NUMBERED_LABEL.fullmatch(label) for label in labels):  # every input unknown_label?
+    if warn and all(_NUMBERED_LABEL.fullmatch(label) for label in labels):  # all unknown_label?
         log.warning(
             "Labels file %s's lines look numbered (%r): it lists one label per line, a label's "
             "index being its line's place. If the numbers are not part of the labels' names, "
@@ -309,8 +310,10 @@ def source_of_entry(entry: listing.Entry, config: ConvertConfig) -> SourceFile:
     if config.layout == "splits":
         root = config.source_root
         # (A split folder that could not be listed, or a link to one listed already, is an
-        # entry with its problem: rejected with it.)
-        if len(parts) < 2 and entry.problem is None:
+        # entry with its problem: rejected with it. Not a file's: a FIFO or a broken link
+        # there made splits of their names.)
+        folder = entry.problem is not None and os.path.isdir(entry.path)
+        if len(parts) < 2 and not folder:
             raise ValueError(
                 f"{entry.path} is not inside a split folder, but {root} holds split folders "
                 f"({root}/train/<label>/...): move it into one, or out of that folder."

@@ -249,6 +249,14 @@ def test_a_split_folder_linking_to_a_listed_one_is_rejected_as_a_duplicate(tmp_p
     assert [(line["path"], line["error"]) for line in rejected_lines(out)] == [
         (f"{src}/validation", "a link to a folder listed already (train); not followed again")]
     assert run_cli("verify", src, out).returncode == 0
+    # A FIFO or a broken link beside the split folders is no split folder: refused as a file
+    # there is (a reviewer: they became splits of their names).
+    for odd in ("fifo", "link"):
+        os.mkfifo(src / odd) if odd == "fifo" else (src / odd).symlink_to(tmp_path / "nowhere")
+        with pytest.raises(ValueError, match=f"{src}/{odd} is not inside a split folder"):
+            convert_(src, tmp_path / f"out-{odd}", "--layout", "splits")
+        (src / odd).unlink()
+
 
 def test_a_temporary_folder_inside_the_input_folder_is_refused(tmp_path, monkeypatch):
     # TMPDIR inside SRC: the conversion took its own progress and sockets folders for labels
@@ -264,6 +272,7 @@ def test_a_temporary_folder_inside_the_input_folder_is_refused(tmp_path, monkeyp
     with pytest.raises(ValueError, match=said):
         verify.verify(str(src), str(tmp_path / "out"))
     assert not (tmp_path / "again").exists()
+
 
 def can_open(path: str) -> bool:
     """Whether this process may open `path` (root without CAP_SYSLOG may not open /proc/kmsg,

@@ -57,9 +57,8 @@ def _denied(err: BaseException) -> str | None:
     """A file or folder this user may not read or write (Python's error, or TensorFlow's
     for a path it opened), in words; None for any other error. Whichever step met it, its
     message names the path, and a traceback says nothing more."""
-    if isinstance(err, PermissionError):
-        where = f"{err.filename}: " if err.filename else ""
-        said = f"{where}{err.strerror or err}"
+    if isinstance(err, PermissionError) and err.filename:  # (no path: a bug, traced)
+        said = f"{err.filename}: {err.strerror or err}"
     elif type(err).__name__ == "PermissionDeniedError" and type(err).__module__.startswith(
         "tensorflow"
     ):  # (TensorFlow's message names the path: "o1/manifest.json; Permission denied")

@@ -244,7 +244,7 @@ def _labels_file_problems(found: manifest.Manifest, path: str) -> list[str]:
     try:
         if not storage.exists_at_all(path):
             return []
-        listed = sources.read_labels_file(path)
+        listed = sources.read_labels_file(path, warn=False)  # (the conversion warned)
     except (OSError, ValueError) as err:
         return [f"the labels file {path}, which the conversion read, cannot be read now: "
                 f"{messages.one_line(err)}"]  # fmt: skip
@@ -253,8 +253,10 @@ def _labels_file_problems(found: manifest.Manifest, path: str) -> list[str]:
     extra, missing = set(found.labels) - set(listed), set(listed) - set(found.labels)
     said = [f"{what}: {messages.some(sorted(names), show=repr)}" for what, names in (
         ("not in the file", extra), ("not in the manifest", missing)) if names]  # fmt: skip
+    # (A relative path is this process's: named whole, it says which file was read.)
+    where = path if paths.is_remote(path) else os.path.abspath(path)
     return [(
-        f"{naming.MANIFEST_NAME}: its labels are not those of the labels file {path} "
+        f"{naming.MANIFEST_NAME}: its labels are not those of the labels file {where} "
         f"({'; '.join(said) or 'in another order'}): the file edited since the conversion, or "
         "the manifest"
     )]
