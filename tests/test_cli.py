@@ -130,6 +130,7 @@ def test_tensorflow_s_permission_error_is_said_in_one_line():
     )
     assert done.returncode == 2 and done.stderr == f"error: ds/manifest.json; {DENIED}\n"
 
+
 @pytest.mark.slow
 def test_help_lists_the_commands():
     result = run_command("--help")

@@ -155,6 +155,7 @@ def test_a_file_the_split_patterns_read_in_the_output_is_warned_of_as_verify_rep
     run(src, out, "--overwrite")
     assert "WARNING" not in capsys.readouterr().out
 
+
 def test_label_folders_holding_no_file_are_said_to_be_no_labels(tmp_path, capsys):
     # A folder whose files were all rejected is a label and warned of; an empty one was
     # silently none (a new user's trial).
@@ -400,6 +401,7 @@ def test_label_folders_a_labels_file_lists_in_another_form_are_refused_before_th
     (tmp_path / "labels.txt").write_text(f"{decomposed}\nred\n")
     found = run(tmp_path / "src", tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     assert found.labels == (decomposed, "red") and found.num_rejected == 0
+
 
 def test_a_link_in_the_input_to_the_output_or_a_folder_holding_it_is_refused_both_ways(tmp_path):
     # The output given by its own path, a link in the input leading to it: the job listed its

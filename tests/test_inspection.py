@@ -47,6 +47,7 @@ def test_rejection_lines_that_are_not_rejections_are_shown_as_such(converted_cop
         assert (f"  {listing} line 1: not a rejection line: `tfrecord-pipe verify` checks them"
                 in done.stdout.splitlines()), done.stdout  # fmt: skip
 
+
 def test_inspect_grid_draws_every_sample_with_its_label(converted, tmp_path):
     _, out = converted
     grid = tmp_path / "grid.png"
@@ -484,6 +485,7 @@ def test_names_holding_characters_that_do_not_print_are_shown_escaped():
     assert inspection._histogram({"cat\x1b[31m": 2, "dog": 1})[0].startswith(
         "    'cat\\x1b[31m' ")  # fmt: skip
     assert all(line.isprintable() for line in lines)
+
 
 @pytest.mark.slow  # the GCS emulator
 def test_inspect_check_reads_a_dataset_on_gcs_as_on_disk(gcs, converted):

@@ -719,6 +719,7 @@ def test_seeded_training_on_damaged_shards_is_not_told_to_skip_them(converted_co
         reader.make_input_fn(str(folder), **options)()
     reader.make_input_fn(str(folder), skip_corrupt=True, **options)()  # the advice, taken
 
+
 def test_hosts_whose_copies_lack_other_shards_skip_them_in_the_same_steps(tmp_path):
     # Each host with its own copy (local disks), one copy lacking a shard, skip_corrupt: each
     # host dealt the files of its own copy, so they took 4 and 3 steps (a pod waits for ever

@@ -405,6 +405,7 @@ def test_verify_checks_the_manifest_s_labels_against_the_labels_file_while_it_is
     labels_file.unlink()  # gone (a temporary file): nothing to compare
     assert verify.verify(str(src), str(out)).ok
 
+
 def test_a_split_of_no_input_in_the_manifest_is_a_problem(converted_copy):
     # Added by hand, it passed, and inspect said every input of it was rejected (a helper's
     # trial).
@@ -416,6 +417,7 @@ def test_a_split_of_no_input_in_the_manifest_is_a_problem(converted_copy):
     assert verify.verify(str(src), str(out)).problems == (
         "manifest.json: split test holds no input, used or rejected: the converter writes no "
         "such split (edited?)",)
+
 
 def test_verify_checks_the_manifest_s_records_per_label_against_the_shards(converted_copy):
     # The counts a class weight is made from: two labels' counts swapped (their sum kept)
