@@ -422,7 +422,8 @@ def test_a_file_that_is_no_tfrecord_is_a_problem_not_zero_records(tmp_path):
 @pytest.mark.parametrize(
     "grid, message",
     [("sheet.txt", "give a name ending in .png"), ("", "give a name ending in .png"),
-     ("missing/sheet.png", "cannot write there")],
+     ("missing/sheet.png", "cannot write there"),
+     ("/proc/sheet.png", "cannot write there")],  # writable by its mode, to root
 )  # fmt: skip
 def test_a_grid_that_cannot_be_written_is_refused_before_reading(converted, tmp_path, grid,
                                                                   message):  # fmt: skip

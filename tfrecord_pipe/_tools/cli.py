@@ -18,6 +18,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 
 from tfrecord_pipe._core import extras, help_format, messages, naming, paths, program_exit
 from tfrecord_pipe._reading import tensorflow_start
@@ -224,11 +225,22 @@ def _check_writable_png(path: str) -> None:
     if paths.is_remote(path):
         return  # the bucket's permissions are known only when writing
     folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+    if os.path.isdir(path) or not os.path.isdir(folder) or not _can_create_in(folder):
         raise ValueError(
             f"--grid {path}: cannot write there (a folder, or a folder that does not exist or "
             "is not writable). Give a file path in a writable folder."
         )
+
+
+def _can_create_in(folder: str) -> bool:
+    """Whether a file can be made in `folder`, tried: its mode says yes to root everywhere
+    (/proc, a read-only mount), and the sheet failed after the whole summary (a helper's
+    trial)."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".tfrecord-pipe-grid-"):
+            return True
+    except OSError:
+        return False
 
 
 def _require_path(path: str) -> None:
