@@ -325,8 +325,7 @@ class _GcsClaim:
     """On gs://: object preconditions (if_generation_match) make each step atomic."""
 
     def __init__(self, path: str):
-        bucket, _, name = path[len("gs://") :].partition("/")
-        self._blob = storage.gcs_client().bucket(bucket).blob(name)
+        self._blob = storage.gcs_blob(path)
         self._generation = None  # of our claim object
         self._seen_generation = None  # of the claim object read last
 

@@ -137,6 +137,12 @@ def gcs_client():
         raise ConnectionError(NO_CREDENTIALS) from err
 
 
+def gcs_blob(path: str, client=None):
+    """The object at the gs:// `path`, through `client` (default: `gcs_client`'s)."""
+    bucket, _, name = path[len("gs://") :].partition("/")
+    return (client or gcs_client()).bucket(bucket).blob(name)
+
+
 @functools.cache
 def _gcs_reader():
     """A client to read gs:// with: without credentials, an anonymous one, as Beam's
@@ -196,18 +202,24 @@ _OUTAGE_ERRORS = (
 def is_outage(err: BaseException) -> bool:
     """Whether `err`, or an error it was raised from, says that the storage failed rather
     than the file (which may be missing, unreadable to us, or no file)."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if getattr(err, "outage", False) is True:  # a worker's, told on its way back
+    for cause in _chain(err):
+        if getattr(cause, "outage", False) is True:  # a worker's, told on its way back
             return True
         for module_name, names in _OUTAGE_ERRORS:
             module = sys.modules.get(module_name)
             kinds = tuple(getattr(module, name) for name in names if hasattr(module, name))
-            if kinds and isinstance(err, kinds):
+            if kinds and isinstance(cause, kinds):
                 return True
-        err = err.__cause__ or err.__context__
     return False
+
+
+def _chain(err: BaseException | None) -> Iterator[BaseException]:
+    """`err`, then each error it was raised from (or while handling), once each."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
 
 
 def reach(path: str, what: str) -> None:
@@ -221,16 +233,15 @@ def reach(path: str, what: str) -> None:
     """
     if not path.startswith("gs://"):
         return  # (other stores: their filesystems' own errors)
-    bucket, _, name = path[len("gs://") :].partition("/")
-    blob = _gcs_reader().bucket(bucket).blob(name)
     try:
-        blob.exists(retry=gcs_retry())
+        exists(path)
     except Exception as err:
         if not is_outage(err):
             log.debug("%s: %s (the job judges the file)", path, messages.one_line(err))
             return
         auth = sys.modules.get("google.auth.exceptions")
-        if auth is not None and _caused_by(err, auth.RefreshError):  # expired, revoked
+        expired = auth is not None and any(isinstance(c, auth.RefreshError) for c in _chain(err))
+        if expired:  # (or revoked)
             raise ConnectionError(
                 f"{what} {path}: the Google Cloud credentials here could not be refreshed "
                 f"({messages.one_line(err)[:300]}). Log in again (gcloud auth "
@@ -240,17 +251,6 @@ def reach(path: str, what: str) -> None:
             f"{what} {path}: Cloud Storage cannot be reached ({messages.one_line(err)[:300]}). "
             "Check the network, then run the command again."
         ) from err
-
-
-def _caused_by(err: BaseException | None, kind: type) -> bool:
-    """Whether `err`, or an error it was raised from, is a `kind`."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, kind):
-            return True
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return False
 
 
 NO_CREDENTIALS = (
@@ -266,8 +266,7 @@ def delete(files: list[str]) -> None:
         if not paths.is_remote(path):
             os.remove(path)
         elif path.startswith("gs://"):
-            bucket, _, name = path[len("gs://") :].partition("/")
-            gcs_client().bucket(bucket).blob(name).delete()
+            gcs_blob(path).delete()
         else:
             beam_filesystems().delete([path])
 
@@ -287,8 +286,7 @@ def exists(path: str) -> bool:
     if not paths.is_remote(path):
         return os.path.isfile(path)
     if path.startswith("gs://"):
-        bucket, _, name = path[len("gs://") :].partition("/")
-        return _gcs_reader().bucket(bucket).blob(name).exists(retry=gcs_retry())
+        return gcs_blob(path, _gcs_reader()).exists(retry=gcs_retry())
     return beam_filesystems().exists(path)
 
 
