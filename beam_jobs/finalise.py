@@ -55,11 +55,10 @@ def check_output(config: ConvertConfig, again: bool = False) -> manifest.Manifes
     if problem := storage.scheme_problem(config.output, "OUT"):
         raise ValueError(problem)
     out = paths.folder(config.output)
-    root = config.source_root
-    if config.layout != "csv" and paths.is_inside(out, root) and paths.is_inside(root, out):
-        raise ValueError(f"OUTPUT {out} is the input folder: write the dataset to a folder of "
-                         "its own, outside the images.")  # fmt: skip
     if config.layout != "csv" and paths.is_inside(out, config.source_root):
+        if paths.is_inside(config.source_root, out):
+            raise ValueError(f"OUTPUT {out} is the input folder: write the dataset to a folder "
+                             "of its own, outside the images.")  # fmt: skip
         raise ValueError(
             f"{out} is inside the input folder {config.source_root}: every file there is an "
             "input, so a later run would take this dataset's shards and manifest for images "
@@ -516,16 +515,21 @@ def stray_files(dataset: str, found: manifest.Manifest) -> list[str]:
         folders, names = storage.children(dataset)
     except Exception as err:  # noqa: BLE001 - any filesystem's error: said, not fatal
         return [f"{dataset} cannot be listed: {messages.one_line(err)}"]
+    splits = sorted(found.splits)
+
+    def matched(name: str) -> str | None:  # the split whose pattern `{split}-*` reads `name`
+        return next((split for split in splits if name.startswith(f"{split}-")), None)
+
     problems = []
     for name in sorted(folders):
-        if split := next((s for s in sorted(found.splits) if name.startswith(f"{s}-")), None):
+        if split := matched(name):
             problems.append(f"{name}/: a folder, which the pattern {split}-* of split {split} "
                             "matches (a reader of that pattern fails on it)")  # fmt: skip
     for name in sorted(set(names) - listed):
         if (split := naming.split_of(name)) is not None:
             problems.append(f"{name}: named like a shard of split {split}, but the manifest does "
                             "not list it (a file pattern would read it as part of the dataset)")  # fmt: skip
-        elif split := next((s for s in sorted(found.splits) if name.startswith(f"{s}-")), None):
+        elif split := matched(name):
             # train-copy.tfrecord, a shard's .bak: read as records by the pattern `train-*`
             problems.append(f"{name}: the pattern {split}-* of split {split} reads it as part of "
                             "the dataset, but the manifest does not list it")  # fmt: skip

@@ -196,21 +196,26 @@ def empty_label_folders(config: ConvertConfig, labels) -> list[str]:
     depth, and so are no label: a folder whose every file was rejected is one, and keeps its
     index, so an empty folder's silence read as if it were one too (a new user's trial).
     Hidden folders (`.ipynb_checkpoints`) are left out."""
-    root = config.source_root
-    if config.layout == "csv" or paths.is_remote(root):
+    if config.layout == "csv" or paths.is_remote(config.source_root):
         return []
-    if config.layout == "splits":
-        places = [(split, os.path.join(root, split)) for split in sorted(storage.children(root)[0])]
-    else:
-        places = [("", root)]
-    found = []
-    for split, folder in places:
-        for name in sorted(storage.children(folder)[0] - set(labels)):
-            if not name.startswith(".") and not any(
-                files for _, _, files in os.walk(os.path.join(folder, name))
-            ):
-                found.append(f"{split}/{name}" if split else name)
-    return found
+    return [
+        f"{split}/{name}" if split else name
+        for split, folder, names in _label_folders(config)
+        for name in sorted(names - set(labels))
+        if not any(files for _, _, files in os.walk(os.path.join(folder, name)))
+    ]
+
+
+def _label_folders(config: ConvertConfig) -> list[tuple[str, str, set[str]]]:
+    """(split, its folder, the label folders in it) of a folder layout: the source's own
+    label folders, or those of each split folder ("" for no split). Hidden folders
+    (`.ipynb_checkpoints`) are left out."""
+    root = config.source_root
+    splits = sorted(storage.children(root)[0]) if config.layout == "splits" else [""]
+    places = [(split, paths.join(root, split) if split else root) for split in splits]
+    return [(split, folder, {name for name in storage.children(folder)[0]
+                             if not name.startswith(".")})
+            for split, folder in places]  # fmt: skip
 
 
 def read_labels_file(path: str, warn: bool = True) -> tuple[str, ...]:
@@ -250,13 +255,10 @@ def refuse_labels_alike(config: ConvertConfig, labels: tuple[str, ...]) -> None:
     label that prints the same as one listed (a helper's trial)."""
     if config.layout == "csv":
         return
-    root = config.source_root
-    splits = sorted(storage.children(root)[0]) if config.layout == "splits" else [None]
-    folders = {name for split in splits
-               for name in storage.children(paths.join(root, split) if split else root)[0]
-               if not name.startswith(".")}  # fmt: skip
+    folders = {name for _, _, names in _label_folders(config) for name in names}
     if alike := naming.alike_to(folders, labels):
-        said = "; ".join(f"folder {ascii(name)}, listed as {ascii(listed)}" for name, listed in alike)
+        said = "; ".join(f"folder {ascii(name)}, listed as {ascii(listed)}"
+                         for name, listed in alike)  # fmt: skip
         raise ValueError(
             f"Label folders that {config.labels_file} lists in another form (case, Unicode "
             f"form or invisible characters: {said}): their images would be rejected as of no "

@@ -47,8 +47,8 @@ _PLAIN_SEGMENTS = frozenset({0xC4, 0xDB, _DRI, 0xFE, *range(0xE0, 0xF0)})
 MAX_SIDE = 65500
 # The most scans a file may hold. Each scan of a progressive file makes the decoder pass over
 # the whole image again, and a crafted file repeats a scan of a few bytes hundreds of times
-# (4,000 px square, 300 scans: 10 s to decode, in a helper's trial). Encoders write 6-10 (libjpeg's
-# progression; an EXIF thumbnail adds its own, counted by serving's walk too).
+# (4,000 px square, 300 scans: 10 s to decode, in a helper's trial). Encoders write 6 to 10
+# (libjpeg's progression; up to 24 for CMYK). Serving counts them too (`graph_normalise`).
 MAX_SCANS = 100
 _ONE_PIXEL = b"\x00\x01\x00\x01"  # a frame header's height and width, 1 and 1
 
