@@ -22,6 +22,7 @@ import dataclasses
 import errno
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
 
 from tfrecord_pipe._core import images, paths
@@ -111,6 +112,9 @@ class _Walk:
         # Where the dataset is written (a folder inside the root is refused before listing).
         local = output is not None and not paths.is_remote(output)
         self._output = os.path.realpath(output) if local else None
+        # Where the job's own temporary files lie (a folder inside the root is refused before
+        # listing, `sources.resolve_layout`).
+        self._temp = os.path.realpath(tempfile.gettempdir())
         self._folders: dict[tuple[int, int], str] = {}  # (device, inode) -> relpath listed
         self._linked_files: dict[str, str] = {}  # real path -> relpath kept
         self._linked_folders = collections.deque()  # (path, relpath) of links to folders
@@ -121,16 +125,24 @@ class _Walk:
             path, relpath = self._linked_folders.popleft()
             yield from self._folder(path, relpath, through_link=True)
 
-    def _not_into_output(self, path: str) -> None:
-        """Refuses a linked folder that is the output folder, holds it or lies inside it."""
-        if self._output is None:
-            return
+    def _not_into_our_folders(self, path: str) -> None:
+        """Refuses a linked folder that is the output folder, holds it or lies inside it, or
+        that holds the temporary folder: the listing would take the job's own files for
+        inputs. (One inside the temporary folder is not refused: images kept in /tmp.)"""
         real = os.path.realpath(path)
-        if os.path.commonpath((real, self._output)) in (real, self._output):  # both real
+        if self._output is not None and os.path.commonpath((real, self._output)) in (
+            real, self._output
+        ):  # (both real)
             raise ValueError(
                 f"{path} in the input folder is a link to {real}, which holds the output folder "
                 f"{self._output} or lies inside it: the listing would take the dataset's own "
                 "files for inputs. Write the dataset elsewhere, or remove the link."
+            )
+        if os.path.commonpath((real, self._temp)) == real:
+            raise ValueError(
+                f"{path} in the input folder is a link to {real}, which holds the temporary "
+                f"folder {self._temp} (TMPDIR): the listing would take the job's own temporary "
+                "files for inputs. Set TMPDIR to another folder, or remove the link."
             )
 
     def _folder(self, path: str, relpath: str, through_link: bool) -> Iterator[Entry]:
@@ -171,7 +183,7 @@ class _Walk:
             return
         if stat.S_ISDIR(info.st_mode):
             if is_link:  # after every path without links; refused at once if it must be
-                self._not_into_output(child.path)
+                self._not_into_our_folders(child.path)
                 self._linked_folders.append((child.path, relpath))
             else:
                 yield from self._folder(child.path, relpath, through_link)

@@ -272,6 +272,20 @@ def test_a_temporary_folder_inside_the_input_folder_is_refused(tmp_path, monkeyp
     with pytest.raises(ValueError, match=said):
         verify.verify(str(src), str(tmp_path / "out"))
     assert not (tmp_path / "again").exists()
+    # Reached through a link in the input: the job's sockets and progress files were listed
+    # (rejected as empty files and sockets), or, at the top, made a label (a check of mine).
+    (src / "tmp").rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "elsewhere"))
+    (src / "scratch").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=f"{src}/scratch in the input folder is a link to "
+                                         f".*, which holds the temporary folder"):  # fmt: skip
+        convert_(src, tmp_path / "again")
+    # A link to images kept inside the temporary folder is read.
+    (src / "scratch").unlink()
+    write_image_folder(tmp_path / "elsewhere" / "kept", per_label=1, labels=("blue",), odd=())
+    (src / "kept").symlink_to(tmp_path / "elsewhere" / "kept" / "blue")
+    assert "kept" in convert_(src, tmp_path / "linked").labels
 
 
 def can_open(path: str) -> bool:
