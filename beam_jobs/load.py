@@ -84,17 +84,6 @@ _CHECKED_VALUES = operator.attrgetter(*_CHECKED_NAMES)
 _LABEL_INDEX = _CHECKED_NAMES.index("label_index")
 
 
-# Bytes a serialized record takes beyond its image and strings: feature keys, the fixed
-# values and protobuf framing (about 260 bytes besides the 64-digit hash, counted on records
-# `schema.serialize` wrote). Only shard sizing uses the estimate.
-_RECORD_OVERHEAD = 260
-
-
-def record_size(image_bytes: int, filename: str, label: str) -> int:
-    """About the serialized size of a record, without serializing the image bytes to measure."""
-    return image_bytes + len(filename.encode()) + len(label.encode()) + 64 + _RECORD_OVERHEAD
-
-
 def in_order(pool: futures.Executor, fn, items, window: int):
     """Futures of fn(item) on `pool`, yielded in item order, submitted up to `window` ahead.
 
@@ -242,6 +231,6 @@ class Checker:
             crc32c=google_crc32c.value(data) if self._read_again else None,
             height=stored.height,
             width=stored.width,
-            size=record_size(len(stored.encoded), source.relpath, source.label),
+            size=shard_plan.record_size(len(stored.encoded), source.relpath, source.label),
             reencoded=stored.reencoded,
         )

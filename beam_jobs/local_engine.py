@@ -469,4 +469,4 @@ def _record_size(source: SourceFile) -> int:
         size = os.stat(source.path).st_size if not paths.is_remote(source.path) else 0
     except (OSError, ValueError):  # the worker reads it, and says what is wrong
         size = 0
-    return load.record_size(size, source.relpath, source.label)
+    return shard_plan.record_size(size, source.relpath, source.label)

@@ -24,6 +24,17 @@ SHARD_MULTIPLE = 64
 # ever holds a whole split's keys (a bucket holds about 1/4096 of a split).
 NUM_BUCKETS = 4096
 
+# Bytes a serialized record takes beyond its image and strings: feature keys, the fixed
+# values and protobuf framing (about 260 bytes besides the 64-digit hash, counted on records
+# `schema.serialize` wrote).
+_RECORD_OVERHEAD = 260
+
+
+def record_size(image_bytes: int, filename: str, label: str) -> int:
+    """The bytes a record counts for when shards are sized: about its serialized size, known
+    without serializing the image to measure. `verify` counts them again from the records."""
+    return image_bytes + len(filename.encode()) + len(label.encode()) + 64 + _RECORD_OVERHEAD
+
 
 def order_key(relpath: str) -> str:
     """The key records are sorted by: hex SHA-256 of the path, then the path (unique)."""

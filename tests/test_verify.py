@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from beam_jobs import convert, duplicates, record_reader, sources, spill
+from beam_jobs import convert, duplicates, record_reader, shard_plan, sources, spill
 from tfrecord_pipe._core import manifest, schema
 from tfrecord_pipe._reading import dataset
 from tfrecord_pipe._tools import verify, verify_beside, verify_join, verify_reading, verify_rules
@@ -179,8 +179,40 @@ def test_records_cut_into_shards_otherwise_than_the_converter_cuts_them_are_a_pr
     assert verify_rules.shard_cut_problems(forged(4, 6)) == [
         "split train: its shards hold [4, 6] records; the converter cuts 10 into 2 shards as "
         "[5, 5]"]  # fmt: skip
-    assert verify_rules.shard_cut_problems(forged(4, 3, 3)) == [
-        "split train: 3 shards, where --num_shards 2 gives 2"]
+    config = verify_reading.source_config(str(converted[0]), str(converted[1]), found)
+    assert verify_rules.shard_count_problems(forged(4, 3, 3), config, {}) == [
+        "split train: 3 shards, where --num_shards 2 gives 2 (the manifest edited, or shards "
+        "added or removed?)"]  # fmt: skip
+
+
+def test_verify_counts_the_shards_the_bytes_of_the_records_need(tmp_path):
+    # Without --num_shards a split's shard count went unchecked (a helper's trial). It is the
+    # least multiple of 64 of shards of at most --shard_mb, records allowing: verify counts
+    # the records' bytes as the converter sized them. At --shard_mb just below 1/64 of them,
+    # 65 shards' worth: 72 (the records allow no more); at 1/64 of them, 64.
+    src = write_image_folder(tmp_path / "src", per_label=24)  # JPEGs stored as they are
+    planned = sum(shard_plan.record_size(path.stat().st_size, f"{path.parent.name}/{path.name}",
+                                         path.parent.name)
+                  for path in src.glob("*/*.jpg"))  # fmt: skip
+    least = -(-planned // 64)  # bytes a shard, for 64 of them
+    for shard_bytes, shards in ((least - 1, 72), (least, 64)):
+        out = tmp_path / str(shards)
+        convert.run([str(src), str(out), "--shard_mb", str(shard_bytes / (1 << 20)), *IN_PROCESS])
+        assert len(dataset.read_manifest(str(out)).splits["train"].shard_lengths) == shards
+        assert verify.verify(str(src), str(out)).ok
+    found = dataset.read_manifest(str(out))  # 64 shards, said to be of least - 1 bytes
+    dataset.write_manifest(str(out), dataclasses.replace(
+        found, conversion={**found.conversion, "shard_bytes": least - 1}))  # fmt: skip
+    report = verified_both_ways(src, out)
+    assert report.problems == (
+        f"split train: 64 shards, where the converter makes 72 for 72 records of "
+        f"{planned / 2**20:,.1f} MiB at most {(least - 1) / 2**20:g} MiB a shard, in a multiple "
+        "of 64 (the manifest edited, or shards added or removed?)",)  # fmt: skip
+    # Converters before 0.5 (manifests without shard_digests) sized shards otherwise.
+    config = verify_reading.source_config(str(src), str(out), dataset.read_manifest(str(out)))
+    before = {name: dataclasses.replace(info, shard_digests=()) for name, info in found.splits.items()}
+    assert verify_rules.shard_count_problems(dataclasses.replace(found, splits=before), config,
+                                             {"train": planned}) == []  # fmt: skip
 
 
 def test_the_source_a_dataset_was_converted_from_is_told_only_where_another_is_given(

@@ -40,6 +40,7 @@ from tfrecord_pipe._tools.verify_rules import (
     COUNT,
     FILES,
     LABEL_COUNT,
+    PLANNED,
     PROBLEM,
     RECORD,
     REJECTED,
@@ -132,7 +133,7 @@ def verify(source: str, dataset: str, processes: int | None = None, show_progres
         problems.extend(rules.count_problems(found, source, job.per_split), FILES)
         problems.extend(rules.label_problems(found, config, labels), FILES)
         job.add(reading.read_reported(dataset, found), None)
-        job.check(found)
+        job.check(found, config)
     line.finish(sum(job.per_split.values()))
     return VerifyReport(
         sources=sum(job.per_split.values()),
@@ -194,6 +195,7 @@ class _Join:
         self.checked = 0  # sources checked so far
         self._spans: list[tuple[str, str, str, str]] = []  # one per shard
         self._labels: collections.Counter = collections.Counter()  # (split, label) -> records
+        self._planned: collections.Counter = collections.Counter()  # split -> bytes (PLANNED)
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -214,6 +216,9 @@ class _Join:
             elif kind == LABEL_COUNT:
                 split, label, n = value
                 self._labels[split, label] += n
+            elif kind == PLANNED:
+                split, n = value
+                self._planned[split] += n
             else:
                 key, row = value
                 self._by_path.add(key, kind, row)
@@ -267,10 +272,12 @@ class _Join:
             self._later.add((relpath, _ORDER[SOURCE], SOURCE, row))
         self.checked += len(rows)
 
-    def check(self, found: manifest.Manifest) -> None:
-        """The rules for the paths `match` left, then per content hash."""
+    def check(self, found: manifest.Manifest, config) -> None:
+        """The rules for the paths `match` left, then per content hash; `config`: the
+        conversion's."""
         self._problems.extend(rules.span_problems(found, self._spans), FILES)
         self._problems.extend(rules.label_count_problems(found, self._labels), FILES)
+        self._problems.extend(rules.shard_count_problems(found, config, self._planned), FILES)
         dedupe = bool(found.conversion.get("dedupe"))
         for relpath, same in itertools.groupby(self._later.sorted(), key=operator.itemgetter(0)):
             rows = {SOURCE: [], RECORD: [], REJECTED: []}

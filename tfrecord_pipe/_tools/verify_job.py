@@ -33,6 +33,7 @@ from tfrecord_pipe._tools.verify_rules import (
     FILES,
     INPUTS,
     LABEL_COUNT,
+    PLANNED,
     PROBLEM,
     RECORD,
     REJECTED,
@@ -255,9 +256,17 @@ class VerifyDataset(beam.PTransform):
                 lambda totals: [(FILES, problem)
                                 for problem in rules.label_count_problems(found, dict(totals))])
         )  # fmt: skip
+        shard_counts = (
+            shards[PLANNED]
+            | "PlannedBytes" >> beam.CombinePerKey(sum)
+            | "PlannedTotals" >> beam.combiners.ToList()
+            | "CheckShardCounts" >> beam.FlatMap(
+                lambda totals: [(FILES, problem)
+                                for problem in rules.shard_count_problems(found, config, dict(totals))])
+        )  # fmt: skip
         problems = (
             shards[PROBLEM], rejected[PROBLEM], checked[PROBLEM], reported[PROBLEM],
-            contents[PROBLEM], across, labels, per_label,
+            contents[PROBLEM], across, labels, per_label, shard_counts,
         ) | "Problems" >> beam.Flatten()  # fmt: skip
         tally = (
             (shards[COUNT], rejected[COUNT], expected[COUNT], contents[COUNT])
@@ -279,7 +288,7 @@ class VerifyDataset(beam.PTransform):
         )
 
 
-_KINDS = (SOURCE, RECORD, REJECTED, REPORTED, PROBLEM, COUNT, SPAN, LABEL_COUNT)
+_KINDS = (SOURCE, RECORD, REJECTED, REPORTED, PROBLEM, COUNT, SPAN, LABEL_COUNT, PLANNED)
 
 
 def _tagged(read, total: str | None = None):

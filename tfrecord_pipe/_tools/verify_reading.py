@@ -27,6 +27,7 @@ from tfrecord_pipe._core import rejection as rejection_lib
 from tfrecord_pipe._tools.verify_rules import (
     COUNT,
     LABEL_COUNT,
+    PLANNED,
     PROBLEM,
     RECORD,
     REJECTED,
@@ -235,7 +236,8 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     other format (if any) against it, record for record; its SPAN of keys (read whole), with
     whether the inputs it holds are those the manifest's digest of them names
     (`manifest.ShardPositions`); then its COUNT of records.
-    Also the records of each label it holds, as LABEL_COUNT rows.
+    Also the records of each label it holds, as LABEL_COUNT rows, and the bytes its records
+    count for in shard sizing (PLANNED).
     `temp_dir`: where a remote ArrayRecord shard is copied to be read. `beside`: told the
     relative paths of each window of records before they are judged (`ahead`), and asked
     whether each record's image is its source's (`same_image`; `verify_beside`)."""
@@ -244,7 +246,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
     count, failed, digest = 0, None, hashlib.sha256() if twin is not None else None
     first_key, last_key, out_of_order = None, "", None
     positions, unparsed = manifest.ShardPositions(), False
-    labels = collections.Counter()
+    labels, planned = collections.Counter(), 0
     same_image = beside.same_image if beside is not None else None
     try:
         records = _serialized(path, found.compression, temp_dir)
@@ -259,6 +261,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
                 continue
             positions.add(row["relpath"], row["label_index"], row["label"])
             labels[row["label"]] += 1
+            planned += shard_plan.record_size(len(parsed[0].encoded), row["relpath"], row["label"])
             # The converter writes a shard's records in key order (shard_plan.order_key).
             key = shard_plan.order_key(row["relpath"])
             if key <= last_key and out_of_order is None:
@@ -295,6 +298,7 @@ def read_shard(dataset: str, found: manifest.Manifest, shard: tuple[str, str, in
             yield PROBLEM, problem
     for label, n in labels.items():
         yield LABEL_COUNT, (split, label, n)
+    yield PLANNED, (split, planned)
     yield COUNT, count
 
 

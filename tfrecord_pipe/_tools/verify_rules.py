@@ -37,6 +37,7 @@ SOURCE, RECORD, REJECTED, PROBLEM, COUNT = "source", "record", "rejected", "prob
 REPORTED = "reported"  # a group of duplicates.jsonl, joined on its content hash
 SPAN = "span"  # a shard's first and last record keys, for the order across shards
 LABEL_COUNT = "label_count"  # (split, label, n): a shard's records of a label
+PLANNED = "planned"  # (split, n): the bytes a shard's records count for in shard sizing
 # Problems are listed in this order: those of the dataset's files (shards, rejection files,
 # the manifest's counts), then those of single inputs; alphabetically within each. The first
 # MAX_PROBLEMS_KEPT are kept, the same ones by both drivers.
@@ -275,19 +276,42 @@ def count_problems(found: manifest.Manifest, source: str, listed: dict[str, int]
 
 def shard_cut_problems(found: manifest.Manifest) -> list[str]:
     """A split's shards hold its records as the converter deals them (counts that differ by
-    one at most, the larger first), and as many shards as an asked --num_shards gives: the
-    order of the records is checked against these lengths, which nothing else checked (a
-    helper's forged [18, 0, 0] for [6, 6, 6] verified)."""
-    said, asked = [], found.conversion.get("num_shards")
+    one at most, the larger first): the order of the records is checked against these
+    lengths, which nothing else checked (a helper's forged [18, 0, 0] for [6, 6, 6] verified)."""
+    said = []
     for split, info in sorted(found.splits.items()):
         lengths, records = list(info.shard_lengths), sum(info.shard_lengths)
         if lengths != shard_plan.shard_lengths(records, len(lengths)):
             said.append(f"split {split}: its shards hold {lengths} records; the converter cuts "
                         f"{records} into {len(lengths)} shards as "
                         f"{shard_plan.shard_lengths(records, len(lengths))}")  # fmt: skip
-        if isinstance(asked, int) and records and len(lengths) != min(asked, records):
-            said.append(f"split {split}: {len(lengths)} shards, where --num_shards {asked} "
-                        f"gives {min(asked, records)}")  # fmt: skip
+    return said
+
+
+def shard_count_problems(found: manifest.Manifest, config, planned: dict[str, int]
+                         ) -> list[str]:  # fmt: skip
+    """Each split has as many shards as the converter makes for its records with the
+    conversion's `config`: those --num_shards asks for, else as many as their bytes need
+    (`planned`, split to the bytes its records read count for: `shard_plan.record_size`), in
+    a multiple of 64. Without --num_shards the count went unchecked (a helper's trial); it
+    still is in manifests written before 0.5 (no `shard_digests`), whose converters sized
+    shards otherwise. A shard that could not be read whole is a problem of its own, and may
+    show here too."""
+    asked, shard_bytes = config.num_shards, config.shard_bytes
+    said = []
+    for split, info in sorted(found.splits.items()):
+        if asked is None and not info.shard_digests:
+            continue
+        size = planned.get(split, 0)
+        made = shard_plan.num_shards(info.num_examples, size, asked, shard_bytes)
+        if len(info.shard_lengths) == made:
+            continue
+        why = (f"--num_shards {asked} gives {made}" if asked is not None else
+               f"the converter makes {made} for {info.num_examples} records of "
+               f"{size / 2**20:,.1f} MiB at most {shard_bytes / 2**20:g} MiB a shard, in a "
+               f"multiple of {shard_plan.SHARD_MULTIPLE}")  # fmt: skip
+        said.append(f"split {split}: {len(info.shard_lengths)} shards, where {why} (the "
+                    "manifest edited, or shards added or removed?)")  # fmt: skip
     return said
 
 
