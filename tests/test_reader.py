@@ -5,6 +5,7 @@ import functools
 import logging
 import os
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -189,6 +190,30 @@ def test_eval_remainder_drop_gives_every_pipeline_the_same_whole_steps(tmp_path)
     with pytest.raises(tf.errors.InvalidArgumentError, match="read 4 records, the manifest "
                                                             "lists 5"):  # fmt: skip
         batches(input_fn(tf.distribute.InputContext(2, 1, 2)))
+
+
+def test_eval_remainder_drop_where_the_records_read_are_not_known_before(tmp_path):
+    # With skip_corrupt, or over files without a manifest, each pipeline dropped its own
+    # remainder (a helper's trials): two pipelines of a sound dataset gave 4 and 2 batches (a
+    # pod's collective waits for ever), and one pipeline feeding two replicas an odd batch (a
+    # step of empty batches, which Keras counts). One pipeline now keeps its whole steps as it
+    # reads; several are refused.
+    folder = str(tmp_path / "ds")
+    write_dataset(folder, {"train": [[0]], "validation": [[0, 1] * 4, [2] * 5]})  # 13 records
+    bare = tmp_path / "bare"  # the shards without the manifest beside them
+    bare.mkdir()
+    for shard in pathlib.Path(folder).glob("validation-*"):
+        shutil.copy(shard, bare)
+    for path, unknown in ((folder, dict(skip_corrupt=True)),
+                          (f"{bare}/validation-*", dict(label_offset=1))):  # fmt: skip
+        input_fn = reader.make_input_fn(path, is_training=False, image_size=SIZE, batch_size=8,
+                                        eval_remainder="drop", **unknown)  # fmt: skip
+        # 4 records a replica: 3 batches of 13 records, 1 step of 2 replicas.
+        assert [len(labels) for _, labels in input_fn(tf.distribute.InputContext(1, 0, 2))] == [
+            4, 4]  # fmt: skip
+        with pytest.raises(ValueError, match="eval_remainder='drop' over 2 input pipelines "
+                                             ".* one would wait in a collective for ever"):  # fmt: skip
+            input_fn(tf.distribute.InputContext(2, 0, 2))
 
 
 def test_params_batch_size_is_this_pipelines_batch(dataset):

@@ -136,26 +136,45 @@ def build_dataset(
             )
         else:
             examples = examples.batch(batch, drop_remainder=True)
-            if not config.is_training and records is not None and not config.skip_corrupt:
-                examples = _whole_steps(examples, source, batch, input_context)
+            if not config.is_training:
+                examples = _whole_steps(examples, source, batch, input_context,
+                                        config.skip_corrupt)  # fmt: skip
     if config.transpose_input and not config.data_service:  # the service's path transposes
         examples = examples.map(_to_hwcn, num_parallel_calls=tf.data.AUTOTUNE)
     examples = examples.prefetch(prefetch_size(config))
     return examples.with_options(data_options(config))
 
 
-def _whole_steps(batches, source, batch: int, input_context) -> tf.data.Dataset:
+def _whole_steps(batches, source, batch: int, input_context, skip_corrupt: bool
+                 ) -> tf.data.Dataset:  # fmt: skip
     """An evaluation's batches with a dropped remainder, as many as make whole global steps on
     every pipeline, with that length known. Where one pipeline feeds several replicas,
     dropping each replica's remainder left an odd batch: a step where one replica had data
     and another none, which Keras counted as a step of empty batches, and its metrics were
     wrong with no word (a reviewer: accuracy 0.17 for 0.25 on two replicas). Every pipeline
     takes the steps of the smallest share, as synchronous replicas need; the batches past
-    them are read and not given, so a shard's count is still checked at its end."""
+    them are read and not given, so a shard's count is still checked at its end.
+
+    Where the records each pipeline reads are not known before (files without a manifest;
+    skip_corrupt), one pipeline keeps its whole steps as it reads, and several are refused:
+    each would run its own number of steps, and one wait in a collective for ever (a
+    helper's trial: 4 and 2 batches on a sound dataset, with skip_corrupt)."""
     counts = file_share.pipeline_counts(source.split, input_context)
-    if any(count is None for count in counts):
-        return batches
     replicas = file_share.replicas_per_pipeline(input_context)
+    if skip_corrupt or any(count is None for count in counts):
+        if len(counts) > 1:
+            unknown = ("with skip_corrupt=True, which skips what it cannot read" if skip_corrupt
+                       else "of files without a manifest, whose records are not counted")  # fmt: skip
+            raise ValueError(
+                f"eval_remainder='drop' over {len(counts)} input pipelines {unknown}: the "
+                "records each reads are not known before, so each would drop its own "
+                "remainder and run its own number of steps, and one would wait in a "
+                "collective for ever. Use eval_remainder='pad' (the default)"
+                + ("." if skip_corrupt else ", or read the dataset's folder.")
+            )
+        if replicas == 1:
+            return batches
+        return batches.batch(replicas, drop_remainder=True).unbatch()
     steps = min(counts) // (batch * replicas)
     if not steps:
         raise ValueError(
