@@ -112,6 +112,13 @@ def check_output(config: ConvertConfig, again: bool = False) -> manifest.Manifes
             f"OUTPUT {out} already holds a dataset (found {messages.some(found)}). "
             "Choose an empty folder, or pass --overwrite to replace it."
         )
+    if not found and not again and (pictures := _images_in(out, folders, files)):
+        raise FileExistsError(
+            f"OUTPUT {out} holds images ({messages.some(pictures, 3)}) and no dataset: the "
+            "dataset's files would lie among them, and a conversion of that folder take them "
+            "for inputs. Write the dataset to a folder of its own (a new one, or a dataset's); "
+            "the images to convert come first: tfrecord-pipe convert IMAGES OUT."
+        )
     # No dataset, but a file of the user's by a name the dataset writes (labels.txt, most
     # likely): it was replaced without a word. A killed finalise's own are its leftovers.
     theirs = set(files) & set(_DESCRIBING) - unfinished
@@ -179,6 +186,28 @@ def clear_leftovers(out: str) -> list[str]:
     parts = sorted(paths.join(out, name) for name in files if name.startswith(storage.PART_PREFIX))
     storage.delete(parts)  # a manifest being written when its run was killed
     return leftovers + parts
+
+
+# Names of image files, for `_images_in` (the listing itself judges each input by its bytes).
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
+
+
+def _images_in(out: str, folders, files, most: int = 3) -> list[str]:
+    """Up to `most` image files, by their names, in `out` (its sub-folders `folders` and files
+    `files`) or in its first sub-folders: a folder of images given as OUTPUT (two image folders
+    in the wrong order) was written into in silence, its label folders among the shards."""
+    found = [name for name in sorted(files) if name.lower().endswith(_IMAGE_SUFFIXES)][:most]
+    ours = {naming.REJECTED_DIR} | {name for name in folders if name.startswith(TEMP_PREFIX)}
+    for folder in sorted(set(folders) - ours)[:most]:
+        if len(found) >= most:
+            break
+        try:
+            _, inside = storage.children(paths.join(out, folder))
+        except OSError:  # not ours to read: not judged
+            continue
+        found += [f"{folder}/{name}" for name in sorted(inside)
+                  if name.lower().endswith(_IMAGE_SUFFIXES)][: most - len(found)]  # fmt: skip
+    return found
 
 
 def _leftovers(out: str, folders) -> list[str]:

@@ -97,7 +97,7 @@ def make_parser(prog: str = "python -m beam_jobs.convert") -> argparse.ArgumentP
 def parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, list[str]]:
     """(our options, Beam's flags) of a command line; SOURCE and OUTPUT given either way, and
     switches also as `--compress=true` / `=false` (a Flex Template passes every parameter as
-    --name=value)."""
+    --name=value); paths with `~` expanded, as everywhere (`arguments.home_expanded`)."""
     as_given = _as_given(parser, argv)
     args, beam_args = parser.parse_known_args(as_given)
     for name in ("source", "output"):
@@ -116,7 +116,9 @@ def parse(parser: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, li
         if not value.strip():  # "" named no folder, and a message about it showed nothing
             what = "an image folder or a CSV list" if name == "source" else "a folder"
             raise ValueError(f"{name.upper()} is empty: give {what} (local or gs://).")
-        setattr(args, name, value)
+        setattr(args, name, arguments.home_expanded(value))
+    if args.labels_file:
+        args.labels_file = arguments.home_expanded(args.labels_file)
     end = as_given.index("--") if "--" in as_given else len(as_given)
     if args.num_shards is not None and any(
         arg.partition("=")[0] == "--shard_mb" for arg in as_given[:end]

@@ -11,7 +11,15 @@ import time
 
 import pytest
 
-from helpers import COMMAND, jpeg_bytes, run_cli, run_command, run_python, without
+from helpers import (
+    COMMAND,
+    jpeg_bytes,
+    run_cli,
+    run_command,
+    run_python,
+    without,
+    write_image_folder,
+)  # fmt: skip
 
 
 def test_the_local_engine_s_progress_line_counts_the_records_it_writes(tmp_path):
@@ -140,18 +148,36 @@ def test_help_lists_the_commands():
 
 
 def test_an_unquoted_pattern_s_files_are_said_to_need_quotes(tmp_path, capsys):
-    # The shell gave the command the pattern's files: "unrecognized arguments" alone.
+    # The shell gave the command the pattern's files: "unrecognized arguments" alone; then
+    # the hint came after every file's name (a helper's 127 shards).
     from tfrecord_pipe._tools import cli
 
-    files = [tmp_path / f"train-0000{n}-of-00002.tfrecord" for n in range(2)]
+    files = [tmp_path / f"train-{n:05d}-of-00009.tfrecord" for n in range(9)]
     for file in files:
         file.write_bytes(b"")
     with pytest.raises(SystemExit):
         cli.main(["inspect", *map(str, files)])
     assert capsys.readouterr().err == (
-        f"error: unrecognized arguments: {files[1]}. A shell pattern such as data/train-* gives "
-        "one argument per file it matches: quote it, 'data/train-*', for the command to read it. "
-        "`tfrecord-pipe COMMAND --help` lists a command's options.\n")
+        f"error: unrecognized arguments: {files[1]}, {files[2]}, {files[3]} and 5 more. A shell "
+        "pattern such as data/train-* gives one argument per file it matches: quote it, "
+        "'data/train-*', for the command to read it. `tfrecord-pipe COMMAND --help` lists a "
+        "command's options.\n")
+
+
+def test_a_path_with_a_tilde_is_the_home_folder_for_every_command(tmp_path, monkeypatch):
+    # Where the shell leaves `~` (after `=`, in quotes), convert wrote a folder named `~` in
+    # the current one and verify read it there, where inspect read the home folder's (a
+    # helper's trial).
+    home = tmp_path / "home"
+    write_image_folder(home / "photos", per_label=2)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    done = run_cli("convert", "~/photos", "--output=~/ds", "--num_shards", "1")
+    assert done.returncode == 0, done.stderr
+    assert (home / "ds" / "manifest.json").exists() and not (tmp_path / "~").exists()
+    assert run_cli("verify", "~/photos", "~/ds").returncode == 0
+    assert run_cli("inspect", "~/ds", "--grid=~/sheet.png").returncode == 0
+    assert (home / "sheet.png").exists()
 
 
 def test_ctrl_c_while_tensorflow_loads_exits_130_in_one_line(converted, monkeypatch):

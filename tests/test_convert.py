@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import pathlib
+import shutil
 
 import apache_beam as beam
 import pytest
@@ -364,6 +365,14 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     with pytest.raises(ValueError, match="holds the input folder"):
         run(src, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["away", "notes.txt", "src"]
+    # Two image folders in the wrong order: the dataset was written among the second one's
+    # label folders, in silence (a helper's trial).
+    other = make_folder(tmp_path / "other", per_label=1, odd=())
+    with pytest.raises(FileExistsError, match=r"^OUTPUT .*other holds images \([a-z]+/000\.jpg, "
+                                              r".*\) and no dataset: "):  # fmt: skip
+        run(src, other)
+    assert not [path for path in other.iterdir() if path.is_file()]
+    shutil.rmtree(other)
     with pytest.raises(FileNotFoundError, match="Labels file .* does not exist"):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     (tmp_path / "labels.txt").write_text("red\nblue\nred\n")

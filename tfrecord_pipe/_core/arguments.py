@@ -53,6 +53,13 @@ def path(name: str, value) -> str:
                    str)  # fmt: skip
     if meant := _paths.mistyped_url(value):
         raise ValueError(_paths.mistyped_said(name, value, meant))
+    return home_expanded(value)
+
+
+def home_expanded(value: str) -> str:
+    """A path with a leading `~` expanded, as the shell would have (it does not after `=`, as
+    in `--output=~/data`, nor in quotes): every command and function takes `~` as home; the
+    conversion wrote a folder named `~` in the current one, which inspect then did not find."""
     return os.path.expanduser(value) if value.startswith("~") else value
 
 

@@ -56,6 +56,12 @@ class Parser(argparse.ArgumentParser):
                                               cutoff=0.75)  # fmt: skip
             hint = f" Did you mean {close[0]}?" if close else ""
             if expanded(given):
+                from tfrecord_pipe._core import messages
+
+                # The files of a pattern, first: a page of names before the hint (a helper's
+                # 127 shards).
+                strays = message.split(": ", 1)[1].split()
+                message = f"unrecognized arguments: {messages.some(strays, 3)}"
                 hint = f" {EXPANDED_PATTERN[0].upper()}{EXPANDED_PATTERN[1:]}."
         commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
         listed = f"`{self.prog} COMMAND --help` lists a command's" if commands else (

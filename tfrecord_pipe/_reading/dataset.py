@@ -186,7 +186,8 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
             f"{path} holds no {naming.MANIFEST_NAME}: not a finished tfrecord-pipe dataset. If "
             "a conversion into it was stopped, run it again (it clears what was left); if it "
             f"holds images, convert them first; to read shards anyway, pass a file pattern "
-            f"such as {paths.join(folder, 'train-*')}, and the label offset."
+            f"(quoted in a shell) such as '{paths.join(folder, 'train-*')}', and the label "
+            "offset."
         )
     if tf.io.gfile.isdir(folder):
         children = _children(folder)
@@ -215,7 +216,8 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
         raise ValueError(
             f"{path} is a folder without {naming.MANIFEST_NAME}: not a finished tfrecord-pipe "
             "dataset (the converter writes it last). To read its shards anyway, pass a file "
-            f"pattern such as {paths.join(folder, 'train-*')}, and the label offset."
+            f"pattern (quoted in a shell) such as '{paths.join(folder, 'train-*')}', and the "
+            "label offset."
         )
     matched = tuple(sorted(match(path)))
     if not matched and not paths.is_remote(path) and os.path.lexists(path):

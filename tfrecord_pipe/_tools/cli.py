@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 
-from tfrecord_pipe._core import extras, help_format, messages, naming, paths, program_exit
+from tfrecord_pipe._core import arguments, extras, help_format, messages, naming, paths, program_exit
 from tfrecord_pipe._reading import tensorflow_start
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
@@ -61,7 +61,7 @@ storage, a worker); 2 bad input; 130 interrupted (Ctrl-C); 143 convert terminate
         "shard counts and sizes, record counts, a label histogram, the image size distribution "
         "and the rejected inputs with their reasons.",
     )
-    inspect.add_argument("path", help="dataset folder, or a file pattern such as out/train-*")
+    inspect.add_argument("path", help="dataset folder, or a file pattern, quoted: 'out/train-*'")
     inspect.add_argument(
         "--grid", metavar="FILE.png",
         help="also draw a contact sheet of sample records with their labels into FILE.png",
@@ -116,7 +116,7 @@ storage, a worker); 2 bad input; 130 interrupted (Ctrl-C); 143 convert terminate
         "same records only parsed and fully decoded) measured in the same run. Compare the "
         "training rate with what your accelerator consumes (global batch x steps/s).",
     )
-    bench.add_argument("path", help="dataset folder, or a file pattern")
+    bench.add_argument("path", help="dataset folder, or a file pattern, quoted: 'out/train-*'")
     bench.add_argument("--seconds", type=float, default=10.0, help="timed run per pipeline")
     bench.add_argument("--image_size", type=int, default=224,
                        help="side of the square images the pipelines make, in pixels")
@@ -143,6 +143,10 @@ storage, a worker); 2 bad input; 130 interrupted (Ctrl-C); 143 convert terminate
     return parser
 
 
+# The commands' arguments that are paths (convert's: `beam_jobs.flags.parse`).
+_PATHS = ("path", "source", "dataset", "grid")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _parser()
@@ -162,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv[1:]
     else:
         args = parser.parse_args(argv)
+    for name in _PATHS:  # `~` as the shell would have expanded it (not after `=`, nor quoted)
+        if isinstance(getattr(args, name, None), str):
+            setattr(args, name, arguments.home_expanded(getattr(args, name)))
     try:
         if args.command != "verify":  # verify reads shards without it
             tensorflow_start.start(args.verbose)
