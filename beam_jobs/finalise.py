@@ -188,15 +188,11 @@ def clear_leftovers(out: str) -> list[str]:
     return leftovers + parts
 
 
-# Names of image files, for `_images_in` (the listing itself judges each input by its bytes).
-_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
-
-
 def _images_in(out: str, folders, files, most: int = 3) -> list[str]:
     """Up to `most` image files, by their names, in `out` (its sub-folders `folders` and files
     `files`) or in its first sub-folders: a folder of images given as OUTPUT (two image folders
     in the wrong order) was written into in silence, its label folders among the shards."""
-    found = [name for name in sorted(files) if name.lower().endswith(_IMAGE_SUFFIXES)][:most]
+    found = [name for name in sorted(files) if naming.is_image_name(name)][:most]
     ours = {naming.REJECTED_DIR} | {name for name in folders if name.startswith(TEMP_PREFIX)}
     for folder in sorted(set(folders) - ours)[:most]:
         if len(found) >= most:
@@ -206,7 +202,7 @@ def _images_in(out: str, folders, files, most: int = 3) -> list[str]:
         except OSError:  # not ours to read: not judged
             continue
         found += [f"{folder}/{name}" for name in sorted(inside)
-                  if name.lower().endswith(_IMAGE_SUFFIXES)][: most - len(found)]  # fmt: skip
+                  if naming.is_image_name(name)][: most - len(found)]  # fmt: skip
     return found
 
 

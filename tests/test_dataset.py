@@ -104,7 +104,12 @@ def test_label_names_are_the_manifests(folder, tmp_path):
     [(lambda tmp: str(tmp), "is an empty folder: not a dataset. Convert images into it"),
      (lambda tmp: (tmp / "train-00000-of-00001.tfrecord").touch() or str(tmp),
       "not a finished tfrecord-pipe dataset"),
-     (lambda tmp: f"{tmp}/train-*", "matched no files")],
+     (lambda tmp: f"{tmp}/train-*", "matched no files"),
+     # A path of no pattern "matched no files"; an image was read as records, "corrupted
+     # record at 0" (a helper's trials).
+     (lambda tmp: f"{tmp}/nothing", "nothing does not exist. Pass a dataset folder"),
+     (lambda tmp: (tmp / "2.JPG").touch() or f"{tmp}/2.JPG",
+      "matched 2.JPG: images, not shards of records. Convert their folder first")],
 )  # fmt: skip
 def test_what_is_not_a_dataset_says_what_to_pass(tmp_path, make, message):
     with pytest.raises(ValueError, match=message):

@@ -88,6 +88,15 @@ def manifest_split_problem(split: str, files) -> str | None:
     return None
 
 
+def is_image_name(name: str) -> bool:
+    """Whether a file's name is an image's: for what is given in the wrong place (images as
+    OUTPUT, or to a reader); what the converter reads it judges by the bytes."""
+    return name.lower().endswith(_IMAGE_SUFFIXES)
+
+
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
+
+
 def file_format_of(name: str) -> str:
     """The file format a shard's name says: ARRAY_RECORD for `.array_record`, else TFRECORD."""
     return ARRAY_RECORD if str(name).endswith("." + ARRAY_RECORD) else TFRECORD

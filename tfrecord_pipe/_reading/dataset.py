@@ -20,7 +20,7 @@ import os
 import tensorflow as tf
 
 from tfrecord_pipe._core import manifest as manifest_lib
-from tfrecord_pipe._core import arguments, naming, paths
+from tfrecord_pipe._core import arguments, messages, naming, paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,8 +226,10 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
             f"dataset folder (with {naming.MANIFEST_NAME}), or shard files or a pattern of them."
         )
     if not matched:
+        # A path of no pattern "matched no files" read as if it were there and wrong.
+        said = "matched no files" if any(char in path for char in "*?[") else "does not exist"
         raise ValueError(
-            f"{path} matched no files. Pass a dataset folder (with {naming.MANIFEST_NAME}) or a "
+            f"{path} {said}. Pass a dataset folder (with {naming.MANIFEST_NAME}) or a "
             "pattern of TFRecord files such as gs://bucket/dataset/train-*."
         )
     formats = {naming.file_format_of(file) for file in matched}
@@ -241,6 +243,12 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
             f"({', '.join(map(paths.basename, others[:3]))}{', ...' if len(others) > 3 else ''}): "
             f"pass the dataset folder {folder}, or a pattern of its shards alone such as "
             f"{paths.join(folder, 'train-*-of-*')}."
+        )
+    if pictures := [file for file in matched if naming.is_image_name(paths.basename(file))]:
+        raise ValueError(  # it was read as records: "corrupted record at 0", exit 1
+            f"{path} matched {messages.some([paths.basename(f) for f in pictures], 3)}: images, "
+            "not shards of records. Convert their folder first (tfrecord-pipe convert IMAGES "
+            "OUT), then read OUT."
         )
     counts, digests = _listed_in(beside, files)
     grouped: dict[str, list[int]] = {}

@@ -199,8 +199,8 @@ def _pipeline_batch_size(config, input_context, batch_size) -> int:
         return batch_size
     if config.batch_size is None:
         raise ValueError(
-            "No batch size: set ReaderConfig.batch_size (the global batch), or call the "
-            "input_fn with params={'batch_size': per_pipeline_batch}."
+            "No batch size: pass batch_size= (the global batch) to make_input_fn or "
+            "ReaderConfig, or call the input_fn with params={'batch_size': per_pipeline_batch}."
         )
     if input_context is None:
         return config.batch_size

@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 
-from tfrecord_pipe._core import arguments, extras, help_format, messages, naming, paths, program_exit
+from tfrecord_pipe._core import arguments, crops, extras, help_format, messages, naming, paths, program_exit
 from tfrecord_pipe._reading import tensorflow_start
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT = 0, 1, 2
@@ -127,6 +127,7 @@ storage, a worker); 2 bad input; 130 interrupted (Ctrl-C); 143 convert terminate
     bench.add_argument(
         "--dtype",
         default="float32",
+        choices=crops.DTYPES,  # (it said "Invalid ReaderConfig: dtype must be ...")
         help="output dtype of the pipelines: float32, bfloat16 or uint8 (normalised on the "
         "accelerator; the least host work)",
     )
@@ -366,8 +367,11 @@ def _bench(args) -> int:
     from tfrecord_pipe._tools import bench
 
     _require_path(args.path)
-    if not 0 < args.seconds < math.inf or args.batch_size < 1 or args.image_size < 1:  # NaN too
-        raise ValueError("--seconds, --batch_size and --image_size must be positive (and finite)")
+    wrong = [f"--{name} {getattr(args, name):g}" for name, right in (
+        ("seconds", 0 < args.seconds < math.inf), ("batch_size", args.batch_size >= 1),
+        ("image_size", args.image_size >= 1)) if not right]  # fmt: skip
+    if wrong:  # (it named all three, whichever was wrong)
+        raise ValueError(f"{', '.join(wrong)}: must be positive (and finite)")
     import tensorflow as tf
 
     try:
