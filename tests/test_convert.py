@@ -784,6 +784,14 @@ def test_labels_numbered_as_text_one_label_alone_and_no_train_split_are_warned(t
     assert ("WARNING: splits 'val' and 'validation' are separate splits: evaluation reads "
             "'validation' unless given split=. If they are one split, name it one way (a CSV "
             "list's split column, or one folder)") in warned(tmp_path / "two_names" / "list.csv")
+    # A split misspelt in some lines: a split of its own, found when the reader had none of
+    # that name, or never (a helper's trial).
+    (tmp_path / "two_names" / "4.jpg").write_bytes(jpeg_bytes(8, 8, (250, 9, 9)))
+    with open(tmp_path / "two_names" / "list.csv", "a") as f:
+        f.write("4.jpg,b,validaton\n")
+    assert ("WARNING: split 'validaton' is named like validation but is not it: a reader asked "
+            "for validation will not find it. If validation was meant, fix the name (a CSV list's "
+            "split column, or a split folder's) and convert again") in warned(tmp_path / "two_names" / "list.csv")
 
 
 def test_a_split_left_without_records_is_warned_of_and_look_alike_splits_refused(tmp_path):

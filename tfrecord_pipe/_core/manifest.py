@@ -365,7 +365,23 @@ class Manifest:
                 f"no split named {naming.TRAIN} (the splits: {', '.join(self.splits)}): the "
                 f"reader reads {naming.TRAIN} when training unless given split="
             )
+        for split, meant in self._misspelt_splits():
+            said.append(
+                f"split {split!r} is named like {meant} but is not it: a reader asked for "
+                f"{meant} will not find it. If {meant} was meant, fix the name (a CSV list's "
+                "split column, or a split folder's) and convert again"
+            )
         return said
+
+    def _misspelt_splits(self) -> list[tuple[str, str]]:
+        """(split, the usual name it is close to) for a split named like train, validation or
+        test but none of them (a CSV's `validaton`, a helper's trial: it surfaced only when
+        the reader found no validation split)."""
+        import difflib  # only for a split of another name
+
+        usual = (naming.TRAIN, naming.VALIDATION, naming.TEST)
+        return [(split, close[0]) for split in sorted(set(self.splits) - naming.SPLIT_LIKE)
+                if (close := difflib.get_close_matches(split.lower(), usual, n=1, cutoff=0.8))]
 
     def _label_warnings(self) -> list[str]:
         """What to say of labels that no record holds, or none of train: labels come from the
