@@ -50,7 +50,7 @@ def check(
             f"{type(dataset).__name__}: call the input_fn, as in check(train_fn(), batch_size)."
         )
     paths_and_specs = _flatten_with_paths(dataset)
-    problems = []
+    problems, unshaped, batches = [], False, set()
     if not paths_and_specs:
         problems.append("the elements have no tensors")
     for path, component in paths_and_specs:
@@ -63,13 +63,17 @@ def check(
             continue
         if not shape.is_fully_defined():
             problems.append(f"{path}: shape {shape} has dynamic dimensions (None)")
+            unshaped = True
         if shape.rank == 0:
             problems.append(f"{path}: a scalar has no batch dimension; batch the dataset")
+            unshaped = True
         else:
             axis = -1 if (image_layout == "HWCN" and shape.rank == 4) else 0
             if shape[axis] is not None and shape[axis] != batch_size:
                 where = "last" if axis == -1 else "first"
                 transposed = axis == 0 and shape.rank == 4 and shape[-1] == batch_size
+                if not transposed:  # (said where it is)
+                    batches.add(shape[axis])
                 problems.append(
                     f"{path}: {where} (batch) dimension is {shape[axis]}, expected {batch_size}"
                     + (" (its last is: HWCN batches, from transpose_input=True? Check them "
@@ -79,11 +83,18 @@ def check(
             advice = _DTYPE_ADVICE.get(component.dtype, "cast to a TPU type")
             problems.append(f"{path}: dtype {component.dtype.name} is not TPU-ready ({advice})")
     if problems:
-        raise NotTpuReadyError(
-            "Dataset is not TPU-ready:\n  "
-            + "\n  ".join(problems)
-            + "\nBatch with drop_remainder=True and give every image a fixed size."
-        )
+        # The advice for what was found: a batch of another size was told to batch with
+        # drop_remainder (a helper's trial).
+        advice = ["Batch with drop_remainder=True and give every image a fixed size."] if (
+            unshaped) else []  # fmt: skip
+        if batches:
+            advice.append(
+                f"Batches of {', '.join(map(str, sorted(batches)))}: check batch_size against "
+                "the batch the pipeline makes (under a strategy, each input pipeline's is the "
+                "global batch over the input pipelines)."
+            )
+        raise NotTpuReadyError("Dataset is not TPU-ready:\n  " + "\n  ".join(problems)
+                               + "".join(f"\n{line}" for line in advice))  # fmt: skip
 
 
 def _flatten_with_paths(spec, path="element"):
