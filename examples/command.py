@@ -3,6 +3,7 @@ what to do, and a traceback above that line tells the user nothing more."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 
@@ -15,3 +16,13 @@ def run(main: Callable[[], object]) -> None:
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+@contextlib.contextmanager
+def argument_as_flag(argument: str, flag: str):
+    """A refusal that names the library's `argument` (`split=`) names the example's `flag`
+    instead (`--eval_split`): the user of an example gave the flag."""
+    try:
+        yield
+    except ValueError as err:
+        raise ValueError(str(err).replace(f"pass {argument}", f"pass {flag}")) from None

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from examples import jax_parallel, mlp
+from examples import command, jax_parallel, mlp
 from tfrecord_pipe import grain
 
 
@@ -171,11 +171,9 @@ def main(argv=None) -> dict:
     train = grain.make_dataset(args.dataset_dir, is_training=True, seed=args.seed,
                                worker_count=args.workers, **options)  # fmt: skip
     # Built before training: a dataset without a validation split says so now.
-    try:
+    with command.argument_as_flag("split=", "--eval_split"):
         evaluation = grain.make_dataset(args.dataset_dir, split=args.eval_split,
                                         is_training=False, **options)  # fmt: skip
-    except ValueError as err:  # the library names its argument; the example's flag is this
-        raise ValueError(str(err).replace("pass split=", "pass --eval_split")) from None
     classes = grain.find_split(args.dataset_dir, "train").num_classes
     batches = iter(train)
     step, params = 0, mlp.init(jax.random.PRNGKey(args.seed), classes)
@@ -210,6 +208,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from examples import command
-
     command.run(main)

@@ -25,7 +25,7 @@ import argparse
 import jax
 import numpy as np
 
-from examples import jax_parallel
+from examples import command, jax_parallel
 from examples.mlp import IMAGE_SIZE, correct, init, train_step
 
 
@@ -51,8 +51,9 @@ def main(argv=None) -> dict:
 
     train = reader.make_input_fn(args.dataset_dir, is_training=True, **options)()
     # Both built before training: a dataset without a validation split says so now.
-    evaluation = reader.make_input_fn(args.dataset_dir, split=args.eval_split,
-                                      is_training=False, **options)()  # fmt: skip
+    with command.argument_as_flag("split=", "--eval_split"):
+        evaluation = reader.make_input_fn(args.dataset_dir, split=args.eval_split,
+                                          is_training=False, **options)()  # fmt: skip
     params = parallel.replicate(init(jax.random.PRNGKey(0), classes))
     losses = []
     for step, batch in zip(range(args.steps), train.as_numpy_iterator()):
@@ -72,6 +73,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from examples import command
-
     command.run(main)
