@@ -322,7 +322,12 @@ class _LocalClaim:
 
 
 class _GcsClaim:
-    """On gs://: object preconditions (if_generation_match) make each step atomic."""
+    """On gs://: object preconditions (if_generation_match) make each step atomic. A request
+    that took effect and whose answer was lost is retried by the client, and its
+    precondition then fails on the object it made itself: the claim object is read, and
+    where it is this run's, its generation taken as ours (`_adopt`). A create so refused read
+    as another run's claim, and one renewal so refused failed every renewal after it (a
+    helper's trial)."""
 
     def __init__(self, path: str):
         self._blob = storage.gcs_blob(path)
@@ -335,8 +340,16 @@ class _GcsClaim:
         try:
             self._blob.upload_from_string(_encode(holder), if_generation_match=0)
         except exceptions.PreconditionFailed:
-            return False
+            return self._adopt(holder)
         self._generation = self._blob.generation
+        return True
+
+    def _adopt(self, holder: Holder) -> bool:
+        """Whether the claim object is `holder`'s run's; if so, its generation is ours now."""
+        current = self.read()
+        if current is None or current.run != holder.run:
+            return False
+        self._generation = self._seen_generation
         return True
 
     def read(self) -> Holder | None:
@@ -360,17 +373,30 @@ class _GcsClaim:
         return True
 
     def renew(self, holder: Holder) -> None:
-        self._blob.upload_from_string(_encode(holder), if_generation_match=self._generation)
+        from google.api_core import exceptions
+
+        try:
+            self._blob.upload_from_string(_encode(holder), if_generation_match=self._generation)
+        except exceptions.PreconditionFailed:
+            if not self._adopt(holder):
+                raise
+            self._blob.upload_from_string(_encode(holder), if_generation_match=self._generation)
         self._generation = self._blob.generation
 
     def release(self, holder: Holder) -> None:
         from google.api_core import exceptions
 
-        try:  # briefly: a claim not given up expires, and the run is ending
-            self._blob.delete(if_generation_match=self._generation, timeout=GIVE_UP_WAIT_S,
-                              retry=storage.gcs_retry().with_timeout(GIVE_UP_WAIT_S))
-        except (exceptions.PreconditionFailed, exceptions.NotFound):
-            LOG.warning("The claim %s was not ours any more when the run ended", self._blob.name)
+        for _ in range(2):
+            try:  # briefly: a claim not given up expires, and the run is ending
+                self._blob.delete(if_generation_match=self._generation, timeout=GIVE_UP_WAIT_S,
+                                  retry=storage.gcs_retry().with_timeout(GIVE_UP_WAIT_S))
+                return
+            except exceptions.NotFound:  # (gone: our delete's answer lost, or removed)
+                return
+            except exceptions.PreconditionFailed:
+                if not self._adopt(holder):
+                    break
+        LOG.warning("The claim %s was not ours any more when the run ended", self._blob.name)
 
     def release_run(self, run: str) -> None:
         from google.api_core import exceptions

@@ -196,6 +196,38 @@ def test_a_claim_on_gcs_is_taken_once_renewed_and_given_up(gcs):
 
 
 @pytest.mark.slow
+def test_a_claim_on_gcs_whose_answers_were_lost_is_still_this_runs(gcs):
+    # The client retries a request whose answer was cut off, and its precondition then fails
+    # on the object the first try made: the create was read as another run's claim (the run
+    # refused its own output, and left the claim there), and one renewal so answered failed
+    # every later one, the claim left behind (a helper's trial, under injected faults). Here
+    # the first try's effect is made by hand, then the step is asked again.
+    from google.cloud import storage
+
+    folder = gcs.url("lost-answers")
+    blob = storage.Client().bucket(gcs.bucket).blob(f"lost-answers/{claim.CLAIM_NAME}")
+    held = claim.Claim(folder)
+    blob.upload_from_string(claim._encode(held._me))  # the create took effect
+    held.acquire()
+    assert held.taken_over is None
+    renewed = dataclasses.replace(held._me, renewed=time.time())
+    blob.upload_from_string(claim._encode(renewed))  # a renewal took effect
+    held._store.renew(dataclasses.replace(renewed, renewed=time.time() + 1))
+    held._store.renew(dataclasses.replace(renewed, renewed=time.time() + 2))  # and the next
+    assert json.loads(blob.download_as_bytes())["renewed"] > renewed.renewed
+    blob.upload_from_string(claim._encode(renewed))  # (a renewal took effect again)
+    held._store.release(held._me)
+    assert not blob.exists()
+    # Another run's claim is not taken for this one's.
+    other = claim.Claim(folder)
+    blob.upload_from_string(claim._encode(other._me))
+    with pytest.raises(claim.OutputBusyError, match=f"run {other.run} "):
+        held.acquire()
+    with pytest.raises(Exception, match="412|[Pp]recondition"):
+        held._store.renew(held._me)
+
+
+@pytest.mark.slow
 def test_a_stale_claim_on_gcs_is_taken_over_by_one_run_only(gcs):
     from google.cloud import storage
 

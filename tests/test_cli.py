@@ -311,6 +311,39 @@ def test_a_mistyped_option_is_one_error_line_naming_the_closest(capsys, argv, sa
     assert capsys.readouterr().err.splitlines() == [said]
 
 
+def test_a_command_stopped_while_it_waits_for_its_child_processes_ends_them():
+    # Beam's runner, stopped by one SIGTERM or Ctrl-C while its worker processes started,
+    # waited for them for ever, renewing the output's claim (a helper's trial: one stop in
+    # three). After STOP_GRACE_S the children are ended (one ignores SIGTERM: then SIGKILL),
+    # and a wait on anything else is interrupted again.
+    code = (
+        "import os, signal, subprocess, sys, threading, time\n"
+        "from tfrecord_pipe._core import program_exit\n"
+        "program_exit.STOP_GRACE_S = 1.0\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']),\n"
+        "        subprocess.Popen([sys.executable, '-c', 'import signal, time; '\n"
+        "            'signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); '\n"
+        "            'time.sleep(300)'], stdout=subprocess.PIPE)]\n"
+        "kids[1].stdout.readline()  # its SIGTERM ignored from here\n"
+        "with program_exit.signals_as_interrupts() as received:\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(300)\n"
+        "    except KeyboardInterrupt:\n"
+        "        try:\n"
+        "            for kid in kids:\n"
+        "                kid.wait()  # as Beam's runner waited for its workers\n"
+        "            print('children ended', [kid.returncode for kid in kids], flush=True)\n"
+        "            threading.Event().wait()  # a wait on no child\n"
+        "        except KeyboardInterrupt:\n"
+        "            print('interrupted again', program_exit.stopped_by(received), flush=True)\n"
+    )
+    done = run_python(code, timeout=60)  # (a hang fails the test, naming the timeout)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["children ended [-15, -9]",
+                                        "interrupted again ('terminated (SIGTERM)', 143)"]
+
+
 def test_a_second_ctrl_c_as_a_command_ends_lets_its_exit_hooks_finish(tmp_path):
     # A second Ctrl-C while the workers' fork server ended (an exit hook) printed a traceback
     # and left the server's sockets folder in TMPDIR (a new user's trial: 3 runs in 3).

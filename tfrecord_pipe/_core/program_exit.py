@@ -23,6 +23,7 @@ INTERRUPTED = 130  # a command's exit on Ctrl-C, as a shell gives it
 
 GRACE_S = 5.0  # what other threads get to end once the command is done
 HOOKS_S = 10.0  # and then the exit hooks (the workers' fork server's end waits up to 5 s)
+STOP_GRACE_S = 10.0  # what a stopped command gets to clean up before its children are ended
 
 
 def run(main: Callable[[], int | None]) -> NoReturn:
@@ -76,9 +77,12 @@ def signals_as_interrupts():
     it; yields the list of the signals received (`stopped_by`). Only where the signal would
     end the program anyway: not where it is ignored (SIGINT in a job started in the
     background) or handled by the caller, nor outside the main thread."""
-    received = []
+    received, done = [], threading.Event()
 
     def interrupt(signum, frame):
+        if not received:
+            threading.Thread(target=_unstick, args=(signum, done), name="stop-watch",
+                             daemon=True).start()  # fmt: skip
         received.append(signum)  # Beam may wrap the KeyboardInterrupt in its own error
         raise KeyboardInterrupt
 
@@ -91,8 +95,38 @@ def signals_as_interrupts():
     try:
         yield received
     finally:
+        done.set()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _unstick(signum: int, done: threading.Event) -> None:
+    """Once a stopped command has had STOP_GRACE_S to clean up and is still at it: its child
+    processes are ended (SIGTERM, then SIGKILL), and the main thread is interrupted again.
+    Beam's runner, stopped while its worker processes started, waited for them for ever, and
+    renewed the output's claim all the while: one Ctrl-C or SIGTERM in three hung (a
+    helper's trial; a second Ctrl-C freed it, a scheduler's one SIGTERM never did)."""
+    if done.wait(STOP_GRACE_S):
+        return
+    children = _children()
+    for sent in (signal.SIGTERM, signal.SIGKILL):
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sent)
+        if done.wait(2.0) or not children:
+            break
+    if not done.is_set():  # a signal itself: a simulated one wakes no blocked wait
+        signal.pthread_kill(threading.main_thread().ident, signum)
+
+
+def _children() -> list[int]:
+    """This process's child processes (Linux's /proc; none found elsewhere)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{os.getpid()}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
+                found += [int(pid) for pid in f.read().split()]
+    return found
 
 
 def stopped_by(received: list[int]) -> tuple[str, int]:
