@@ -99,7 +99,9 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
     if args.no_wait and template:
         raise ValueError("--no_wait launches a job; --template_location only writes a "
                          "template. Give one of the two.")  # fmt: skip
-    no_wait = args.no_wait or FLEX_LAUNCHER in os.environ
+    # (Not where the job runs here: a local run in the launcher's image, `docker run` to try
+    # it, ended "Launched" and left a 48-hour claim nobody gave up: a helper's trial.)
+    no_wait = args.no_wait or (FLEX_LAUNCHER in os.environ and not local)
     if no_wait:
         template = None  # a Flex launcher's template_location is this run's
     run_id = uuid.uuid4().hex[:12]
@@ -263,10 +265,21 @@ def _say_launched(config, template: str | None, result) -> None:
         print(f"Dataflow template written to {template}; nothing was converted yet. Each run "
               f"of it finalises {config.output} itself.", flush=True)  # fmt: skip
         return
-    job_id = getattr(result, "job_id", lambda: None)()
+    job_id = _job_id(result)
     print(f"Launched{f' job {job_id}' if job_id else ''}: it finalises {config.output} itself "
           "(manifest.json last) and then gives up the claim on it. Check it with "
           f"`tfrecord-pipe verify {config.source} {config.output}`.", flush=True)  # fmt: skip
+
+
+def _job_id(result) -> str | None:
+    """The launched job's id, where the runner knows one. In a Flex Template's launcher the
+    DataflowRunner writes the job for the service to submit, and its result holds no job:
+    asking its id raised AttributeError, and every Flex launch failed after its job was
+    written, giving up the claim meant for the job (a helper's trial)."""
+    try:
+        return result.job_id()
+    except Exception:  # noqa: BLE001 - no job (a template's), or a runner without ids
+        return None
 
 
 @contextlib.contextmanager

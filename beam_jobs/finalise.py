@@ -189,10 +189,12 @@ def clear_leftovers(out: str) -> list[str]:
 
 
 def _images_in(out: str, folders, files, most: int = 3) -> list[str]:
-    """Up to `most` image files, by their names, in `out` (its sub-folders `folders` and files
-    `files`) or in its first sub-folders: a folder of images given as OUTPUT (two image folders
-    in the wrong order) was written into in silence, its label folders among the shards."""
-    found = [name for name in sorted(files) if naming.is_image_name(name)][:most]
+    """Up to `most` image files, by their names, of `out` (its sub-folders `folders` and
+    files `files`) where it or one of its first sub-folders is a folder of images (two or
+    more, half its files or more): a folder of images given as OUTPUT (two image folders in
+    the wrong order) was written into in silence, its label folders among the shards. A
+    project's folder with its logo.png is no such folder."""
+    found = _mostly_images("", files)
     ours = {naming.REJECTED_DIR} | {name for name in folders if name.startswith(TEMP_PREFIX)}
     for folder in sorted(set(folders) - ours)[:most]:
         if len(found) >= most:
@@ -201,9 +203,14 @@ def _images_in(out: str, folders, files, most: int = 3) -> list[str]:
             _, inside = storage.children(paths.join(out, folder))
         except OSError:  # not ours to read: not judged
             continue
-        found += [f"{folder}/{name}" for name in sorted(inside)
-                  if naming.is_image_name(name)][: most - len(found)]  # fmt: skip
-    return found
+        found += _mostly_images(f"{folder}/", inside)
+    return found[:most]
+
+
+def _mostly_images(prefix: str, names) -> list[str]:
+    """The image files among `names` (prefixed), where they are two or more and half or more."""
+    pictures = [prefix + name for name in sorted(names) if naming.is_image_name(name)]
+    return pictures if len(pictures) >= 2 and 2 * len(pictures) >= len(names) else []
 
 
 def _leftovers(out: str, folders) -> list[str]:

@@ -152,7 +152,8 @@ def test_an_unquoted_pattern_s_files_are_said_to_need_quotes(tmp_path, capsys):
     # the hint came after every file's name (a helper's 127 shards).
     from tfrecord_pipe._tools import cli
 
-    files = [tmp_path / f"train-{n:05d}-of-00009.tfrecord" for n in range(9)]
+    (tmp_path / "my data").mkdir()  # a space in the path: it was two words, and no hint
+    files = [tmp_path / "my data" / f"train-{n:05d}-of-00009.tfrecord" for n in range(9)]
     for file in files:
         file.write_bytes(b"")
     with pytest.raises(SystemExit):

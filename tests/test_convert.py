@@ -1,5 +1,6 @@
 """The conversion job end to end, driven through run(argv) as a user drives it."""
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -367,12 +368,19 @@ def test_bad_inputs_fail_before_the_job_with_what_to_do(tmp_path, caplog):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["away", "notes.txt", "src"]
     # Two image folders in the wrong order: the dataset was written among the second one's
     # label folders, in silence (a helper's trial).
-    other = make_folder(tmp_path / "other", per_label=1, odd=())
+    other = make_folder(tmp_path / "other", per_label=2, odd=())
     with pytest.raises(FileExistsError, match=r"^OUTPUT .*other holds images \([a-z]+/000\.jpg, "
                                               r".*\) and no dataset: "):  # fmt: skip
         run(src, other)
     assert not [path for path in other.iterdir() if path.is_file()]
     shutil.rmtree(other)
+    project = tmp_path / "project"  # a logo among a project's files is no folder of images
+    project.mkdir()
+    (project / "logo.png").write_bytes(b"png")
+    (project / "README.md").write_text("mine")
+    run(src, project)
+    assert (project / "manifest.json").exists()
+    shutil.rmtree(project)
     with pytest.raises(FileNotFoundError, match="Labels file .* does not exist"):
         run(src, tmp_path / "out", "--labels_file", tmp_path / "labels.txt")
     (tmp_path / "labels.txt").write_text("red\nblue\nred\n")
@@ -792,6 +800,12 @@ def test_labels_numbered_as_text_one_label_alone_and_no_train_split_are_warned(t
     assert ("WARNING: split 'validaton' is named like validation but is not it: a reader asked "
             "for validation will not find it. If validation was meant, fix the name (a CSV list's "
             "split column, or a split folder's) and convert again") in warned(tmp_path / "two_names" / "list.csv")
+    # A split that adds to a usual name is one of its own (Kaggle's test1; test2, train_a).
+    found = dataset.read_manifest(str(next(tmp_path.glob("out*/manifest.json")).parent))
+    info = manifest.SplitInfo(0, (), 0, 0, 0, (), label_counts=(0,) * len(found.labels))
+    named = dataclasses.replace(found, splits={name: info for name in (
+        "test2", "train_a", "tests", "Validation", "trian")})  # fmt: skip
+    assert named._misspelt_splits() == [("Validation", "validation"), ("trian", "train")]
 
 
 def test_a_split_left_without_records_is_warned_of_and_look_alike_splits_refused(tmp_path):

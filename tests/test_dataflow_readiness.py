@@ -18,16 +18,17 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from google.cloud import storage
 
 import tfrecord_pipe
-from beam_jobs import convert, flags, worker_wheel
+from beam_jobs import claim, convert, flags, worker_wheel
 
-from helpers import jpeg_bytes
+from helpers import IN_PROCESS, jpeg_bytes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WHEEL = f"tfrecord_pipe-{tfrecord_pipe.__version__}-py3-none-any.whl"
 
 
 @pytest.mark.slow
-def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_path, monkeypatch):
+def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_path, monkeypatch,
+                                                                     capsys):  # fmt: skip
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # Beam leaves mkdtemp folders behind
     monkeypatch.setattr(tempfile, "tempdir", None)
     (tmp_path / "tmp").mkdir()
@@ -111,6 +112,23 @@ def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_pa
     # Workers never import TensorFlow: the wheel does not make them install it.
     assert "tensorflow" not in out.stdout
 
+    # A Flex Template's launcher: the runner writes the job for the service to submit, and the
+    # launch hands the output's claim to the job. Every launch failed once the job was
+    # written (its result has no job id to say: a helper's trial), giving the claim up.
+    monkeypatch.setenv(convert.FLEX_LAUNCHER, "/template/src/beam_jobs/convert.py")
+    flex_job = tmp_path / "flex-job.json"
+    capsys.readouterr()
+    assert convert.run([
+        f"--source={gcs.url('df-src')}", f"--output={gcs.url('df-flex')}", "--overwrite=false",
+        "--runner=DataflowRunner", "--project=test-project", "--region=us-central1",
+        f"--temp_location={gcs.url('df-tmp')}", f"--staging_location={gcs.url('df-staging')}",
+        f"--template_location={flex_job}",
+    ]) is None  # fmt: skip
+    assert capsys.readouterr().out.startswith(f"Launched: it finalises {gcs.url('df-flex')} itself")
+    assert flex_job.exists()
+    held = json.loads(bucket.blob(f"df-flex/{claim.CLAIM_NAME}").download_as_bytes())
+    assert held["host"] == claim.JOB_HOST  # the job's, for it to give up as it finishes
+
 
 def test_no_wheel_is_built_when_the_user_says_how_to_package():
     assert worker_wheel.user_packaged(["--setup_file=./setup.py"])
@@ -132,11 +150,31 @@ def test_every_flex_template_parameter_is_a_converter_flag_and_switches_take_tru
         assert parameter["name"] in options, parameter["name"]
         switch = isinstance(options[parameter["name"]], argparse._StoreTrueAction)
         assert (parameter.get("regexes") == ["^(true|false)$"]) == switch, parameter["name"]
+        # A number's parameter is checked by Dataflow as the run is asked for: "abc" reached
+        # the launcher, whose error pointed at a --help a template's user cannot run.
+        flag = options[parameter["name"]]
+        if flag.type in (int, float):
+            (regex,) = parameter["regexes"]
+            given = "1" if flag.default is None else str(flag.default)
+            assert re.fullmatch(regex, given), parameter["name"]
+            assert not any(re.fullmatch(regex, wrong) for wrong in ("abc", "-1", "")), regex
     required = {p["name"] for p in parameters if not p.get("isOptional")}
     assert required == {"source", "output"}
     # Every option of ours that a run would want is offered (not the launcher's own).
     offered = {p["name"] for p in parameters}
     assert set(options) - offered == {"help", "no_wait", "verbose"}
+
+
+def test_a_local_run_in_the_flex_launchers_image_converts_and_waits(tmp_path, monkeypatch):
+    # The launcher's variable made a local run (`docker run` of the image, to try it) a
+    # launch: "Launched", no summary, and a 48-hour claim that refused the next run (a
+    # helper's trial).
+    monkeypatch.setenv(convert.FLEX_LAUNCHER, "/template/src/beam_jobs/convert.py")
+    (tmp_path / "src" / "daisy").mkdir(parents=True)
+    (tmp_path / "src" / "daisy" / "1.jpg").write_bytes(jpeg_bytes())
+    found = convert.run([str(tmp_path / "src"), str(tmp_path / "out"), *IN_PROCESS])
+    assert found is not None and found.splits["train"].num_examples == 1
+    assert not (tmp_path / "out" / claim.CLAIM_NAME).exists()
 
 
 def test_a_flex_template_command_line_makes_the_same_conversion_as_the_usual_one():

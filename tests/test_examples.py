@@ -60,3 +60,16 @@ def test_an_example_given_a_folder_that_is_no_dataset_says_so_in_one_line(exampl
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1].startswith(f"error: {tmp_path}"), done.stderr[-2000:]
+
+
+@pytest.mark.slow  # a process that loads JAX
+def test_the_jax_example_names_its_own_flag_for_a_split_the_dataset_lacks(converted):
+    # It said "pass split=", the reader's argument, where the example's is --eval_split (a
+    # new user's trial).
+    _, out = converted
+    done = subprocess.run(preloaded_python("-m", "examples.jax_loop", str(out), "--eval_split",
+                                           "tests"), cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "has no split 'tests'" in done.stderr and "pass --eval_split one of those" in (
+        done.stderr.splitlines()[-1])  # fmt: skip

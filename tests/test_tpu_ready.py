@@ -48,16 +48,17 @@ def test_every_problem_is_listed_at_once():
     assert "element['size']: first (batch) dimension is 3, expected 4" in message
     assert message.endswith("\nBatch with drop_remainder=True and give every image a fixed "
                             "size.\nBatches of 3: check batch_size against the batch the pipeline "
-                            "makes (under a strategy, each input pipeline's is the global batch "
-                            "over the input pipelines).")  # fmt: skip
+                            "makes (under a strategy, the reader's batches are each replica's: "
+                            "the global batch over the replicas in sync).")  # fmt: skip
     # A batch of another size alone is not told to batch with drop_remainder (a helper's
     # trial: the pipeline's batch was 8, checked for 1024).
     with pytest.raises(tpu_ready.NotTpuReadyError) as caught:
         tpu_ready.check(spec(((8, 4, 4, 3), tf.float32), ((8,), tf.int32)), 1024)
     assert "drop_remainder" not in str(caught.value)
     assert str(caught.value).endswith("\nBatches of 8: check batch_size against the batch the "
-                                      "pipeline makes (under a strategy, each input pipeline's "
-                                      "is the global batch over the input pipelines).")  # fmt: skip
+                                      "pipeline makes (under a strategy, the reader's batches "
+                                      "are each replica's: the global batch over the replicas "
+                                      "in sync).")  # fmt: skip
 
 
 def test_an_unbatched_dataset_is_not_ready():

@@ -46,10 +46,19 @@ class Parser(argparse.ArgumentParser):
     are: argparse printed its usage first (15 lines for convert). An option it does not know
     is answered with the closest one it, or one of its commands, has."""
 
+    def parse_args(self, args=None, namespace=None):
+        # As argparse's, keeping the words it did not take: its message joins them with
+        # spaces, and a path holding one was read as two (no hint, and a wrong count).
+        parsed, self._strays = self.parse_known_args(args, namespace)
+        if self._strays:
+            self.error(f"unrecognized arguments: {' '.join(self._strays)}")
+        return parsed
+
     def error(self, message: str):
         hint = ""
         if message.startswith("unrecognized arguments: "):
-            given = message.split(": ", 1)[1].split()[0].split("=", 1)[0]
+            strays = getattr(self, "_strays", None) or message.split(": ", 1)[1].split()
+            given = strays[0].split("=", 1)[0]
             import difflib  # only for a mistake
 
             close = difflib.get_close_matches(given.lower(), sorted(flags_of(self)), n=1,
@@ -60,7 +69,6 @@ class Parser(argparse.ArgumentParser):
 
                 # The files of a pattern, first: a page of names before the hint (a helper's
                 # 127 shards).
-                strays = message.split(": ", 1)[1].split()
                 message = f"unrecognized arguments: {messages.some(strays, 3)}"
                 hint = f" {EXPANDED_PATTERN[0].upper()}{EXPANDED_PATTERN[1:]}."
         commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)

@@ -376,12 +376,18 @@ class Manifest:
     def _misspelt_splits(self) -> list[tuple[str, str]]:
         """(split, the usual name it is close to) for a split named like train, validation or
         test but none of them (a CSV's `validaton`, a helper's trial: it surfaced only when
-        the reader found no validation split)."""
+        the reader found no validation split); not one that adds to the name (`test2`,
+        `train_a`, Kaggle's `test1`: a split of its own)."""
         import difflib  # only for a split of another name
 
         usual = (naming.TRAIN, naming.VALIDATION, naming.TEST)
-        return [(split, close[0]) for split in sorted(set(self.splits) - naming.SPLIT_LIKE)
-                if (close := difflib.get_close_matches(split.lower(), usual, n=1, cutoff=0.8))]
+        said = []
+        for split in sorted(set(self.splits) - naming.SPLIT_LIKE):
+            name = split.lower()
+            close = difflib.get_close_matches(name, usual, n=1, cutoff=0.8)
+            if close and not (name != close[0] and name.startswith(close[0])):
+                said.append((split, close[0]))
+        return said
 
     def _label_warnings(self) -> list[str]:
         """What to say of labels that no record holds, or none of train: labels come from the

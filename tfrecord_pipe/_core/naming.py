@@ -88,13 +88,13 @@ def manifest_split_problem(split: str, files) -> str | None:
     return None
 
 
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
+
+
 def is_image_name(name: str) -> bool:
     """Whether a file's name is an image's: for what is given in the wrong place (images as
     OUTPUT, or to a reader); what the converter reads it judges by the bytes."""
     return name.lower().endswith(_IMAGE_SUFFIXES)
-
-
-_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
 
 
 def file_format_of(name: str) -> str:

@@ -77,11 +77,13 @@ def signals_as_interrupts():
     it; yields the list of the signals received (`stopped_by`). Only where the signal would
     end the program anyway: not where it is ignored (SIGINT in a job started in the
     background) or handled by the caller, nor outside the main thread."""
-    received, done = [], threading.Event()
+    received, done, ending = [], threading.Event(), threading.Lock()
 
     def interrupt(signum, frame):
+        if done.is_set():  # the watch's signal, come as the block ended: nothing to stop
+            return
         if not received:
-            threading.Thread(target=_unstick, args=(signum, done), name="stop-watch",
+            threading.Thread(target=_unstick, args=(signum, done, ending), name="stop-watch",
                              daemon=True).start()  # fmt: skip
         received.append(signum)  # Beam may wrap the KeyboardInterrupt in its own error
         raise KeyboardInterrupt
@@ -96,34 +98,44 @@ def signals_as_interrupts():
         yield received
     finally:
         done.set()
+        with ending:  # a signal the watch is sending comes (and is let pass) before the
+            pass  # handlers go back: the default one would end the process
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
-def _unstick(signum: int, done: threading.Event) -> None:
-    """Once a stopped command has had STOP_GRACE_S to clean up and is still at it: its child
-    processes are ended (SIGTERM, then SIGKILL), and the main thread is interrupted again.
-    Beam's runner, stopped while its worker processes started, waited for them for ever, and
-    renewed the output's claim all the while: one Ctrl-C or SIGTERM in three hung (a
-    helper's trial; a second Ctrl-C freed it, a scheduler's one SIGTERM never did)."""
+def _unstick(signum: int, done: threading.Event, ending: threading.Lock) -> None:
+    """Once a stopped command has had STOP_GRACE_S to clean up and is still at it, its child
+    processes are ended (SIGTERM, then SIGKILL); still at it STOP_GRACE_S later, its main
+    thread is interrupted again. Beam's runner, stopped while its worker processes started,
+    waited for them for ever, and renewed the output's claim all the while: one Ctrl-C or
+    SIGTERM in three hung (a helper's trial; a second Ctrl-C freed it, a scheduler's one
+    SIGTERM never did). A clean-up of its own (the workers' pool, the claim given up) takes
+    seconds, and is not cut short."""
     if done.wait(STOP_GRACE_S):
         return
-    children = _children()
     for sent in (signal.SIGTERM, signal.SIGKILL):
+        children = _children()  # (again before SIGKILL: a pid reaped since may be reused)
+        if not children:
+            break
         for pid in children:
             with contextlib.suppress(OSError):
                 os.kill(pid, sent)
-        if done.wait(2.0) or not children:
-            break
-    if not done.is_set():  # a signal itself: a simulated one wakes no blocked wait
-        signal.pthread_kill(threading.main_thread().ident, signum)
+        if done.wait(2.0):
+            return
+    if done.wait(STOP_GRACE_S):
+        return
+    with ending:
+        if not done.is_set():  # a signal itself: a simulated one wakes no blocked wait
+            signal.pthread_kill(threading.main_thread().ident, signum)
 
 
 def _children() -> list[int]:
-    """This process's child processes (Linux's /proc; none found elsewhere)."""
+    """This process's child processes (Linux's /proc; none found elsewhere): when a command
+    is stopped, all of them are its own work (the job's workers)."""
     found = []
     with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{os.getpid()}/task"):
+        for task in os.listdir("/proc/self/task"):
             with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
                 found += [int(pid) for pid in f.read().split()]
     return found

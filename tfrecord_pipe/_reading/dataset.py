@@ -248,7 +248,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
         raise ValueError(  # it was read as records: "corrupted record at 0", exit 1
             f"{path} matched {messages.some([paths.basename(f) for f in pictures], 3)}: images, "
             "not shards of records. Convert their folder first (tfrecord-pipe convert IMAGES "
-            "OUT), then read OUT."
+            "OUT), then read OUT; or give a pattern of the shards alone."
         )
     counts, digests = _listed_in(beside, files)
     grouped: dict[str, list[int]] = {}

@@ -170,7 +170,7 @@ def _whole_steps(batches, source, batch: int, input_context, skip_corrupt: bool
                 "records each reads are not known before, so each would drop its own "
                 "remainder and run its own number of steps, and one would wait in a "
                 "collective for ever. Use eval_remainder='pad' (the default)"
-                + ("." if skip_corrupt else ", or read the dataset's folder.")
+                + ("." if skip_corrupt else ", or read the dataset's folder (if it has one).")
             )
         if replicas == 1:
             return batches

@@ -90,8 +90,8 @@ def check(
         if batches:
             advice.append(
                 f"Batches of {', '.join(map(str, sorted(batches)))}: check batch_size against "
-                "the batch the pipeline makes (under a strategy, each input pipeline's is the "
-                "global batch over the input pipelines)."
+                "the batch the pipeline makes (under a strategy, the reader's batches are each "
+                "replica's: the global batch over the replicas in sync)."
             )
         raise NotTpuReadyError("Dataset is not TPU-ready:\n  " + "\n  ".join(problems)
                                + "".join(f"\n{line}" for line in advice))  # fmt: skip
