@@ -58,7 +58,7 @@ def run(
     prog: str = "python -m beam_jobs.convert",
 ) -> manifest.Manifest | None:
     """Runs the conversion; returns the manifest written, or None when the job was launched
-    without waiting (`--no_wait`) or only a template was written.
+    without waiting (`--no_wait`, and in a Flex Template's launcher).
 
     Raises:
       ValueError, FileNotFoundError, FileExistsError: bad options, caught before the job starts.
@@ -97,24 +97,29 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
     # In a Flex Template's launcher: submit and return (it must not wait), and the job, not
     # this process, holds the output's claim.
     if args.no_wait and template:
-        raise ValueError("--no_wait launches a job; --template_location only writes a "
-                         "template. Give one of the two.")  # fmt: skip
+        raise ValueError("--no_wait launches a job; --template_location writes one into a "
+                         "template. Give --no_wait alone.")  # fmt: skip
     # (Not where the job runs here: a local run in the launcher's image, `docker run` to try
     # it, ended "Launched" and left a 48-hour claim nobody gave up: a helper's trial.)
     no_wait = args.no_wait or (FLEX_LAUNCHER in os.environ and not local)
     if no_wait:
         template = None  # a Flex launcher's template_location is this run's
+    if template:
+        raise ValueError(
+            f"--template_location {template}: a classic template freezes the run's temporary "
+            "folder into it, so its runs share one (a run after a failed one mixed their "
+            "files, or kept the old dataset), and its jobs hold no claim on the output. Build "
+            "the Flex Template instead (dataflow/, docs/dataflow.md): each of its runs takes "
+            "its own parameters and temporary folder, and holds the output's claim."
+        )
     run_id = uuid.uuid4().hex[:12]
     temp_dir = paths.join(config.output, f"{finalise.TEMP_PREFIX}{run_id}")
     started = time.monotonic()
-    # A template writes nothing into the output now: no claim to hold.
-    replaced = None  # the dataset this run replaces (--overwrite)
-    with contextlib.nullcontext() if template else claim.Claim(config.output, run_id) as held:
-        if held is not None:
-            replaced = _clear_under_claim(config, held)
+    with claim.Claim(config.output, run_id) as held:
+        replaced = _clear_under_claim(config, held)  # the dataset it replaces (--overwrite)
         LOG.info("Converting %s (%s) into %s", config.source,
                  sources.layout_said(config, args.csv_header), config.output)  # fmt: skip
-        waits = not (template or no_wait)
+        waits = not no_wait
         if no_wait:
             # Before the job starts, which may finish and give the claim up at once. Should
             # the launch fail, leaving this block gives the claim up again.
@@ -126,7 +131,7 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
                 options = flags.pipeline_options(beam_args, save_main_session)
                 result = _run_pipeline(config, options, temp_dir, fixed_labels, local, waits,
                                        run=run_id if no_wait else None,
-                                       claimed_by=None if template else run_id)  # fmt: skip
+                                       claimed_by=run_id)  # fmt: skip
         except Exception as err:
             # In an outage the storage that failed the job fails each look at what it left
             # too, after minutes of retries each (eight minutes in all, in a helper's trial):
@@ -134,7 +139,7 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
             outage = storage.is_outage(err)
             # Lost while this run was stopped (Ctrl-Z, a suspended VM): what failed may be
             # the other run's doing (it removed this one's temporary folder).
-            lost = held.lost() if held is not None and not outage else None
+            lost = held.lost() if not outage else None
             if lost is not None:
                 raise JobFailedError(str(lost)) from err
             if isinstance(err, (ValueError, FileNotFoundError, FileExistsError)):
@@ -148,7 +153,7 @@ def _convert(args, beam_args, save_main_session: bool) -> manifest.Manifest | No
             raise JobFailedError(_failed(config, temp_dir, err, args.verbose,
                                          launch.local_engine, outage)) from err
         if not waits:
-            _say_launched(config, template, result)
+            _say_launched(config, result)
             return None
         # A finalise that found its temporary folder gone and a manifest in OUT took it for
         # its own, finished before: where another run took the claim over, that one's.
@@ -260,11 +265,7 @@ def _run_pipeline(config, options, temp_dir, fixed_labels, local: bool, waits: b
         flags.remove_wheel(options)  # staged by job.run()
 
 
-def _say_launched(config, template: str | None, result) -> None:
-    if template:
-        print(f"Dataflow template written to {template}; nothing was converted yet. Each run "
-              f"of it finalises {config.output} itself.", flush=True)  # fmt: skip
-        return
+def _say_launched(config, result) -> None:
     job_id = _job_id(result)
     print(f"Launched{f' job {job_id}' if job_id else ''}: it finalises {config.output} itself "
           "(manifest.json last) and then gives up the claim on it. Check it with "

@@ -1,7 +1,9 @@
-"""Ready for Dataflow, checked offline: a template run stages our own package and the real steps.
+"""Ready for Dataflow, checked offline: a Flex Template's launch stages our own package and the
+real steps.
 
-`--template_location` makes the DataflowRunner do everything but submit: check options, stage
-files to `--staging_location` (on the test GCS) and write the template JSON.
+`--template_location`, as the Flex Template's launcher gives it, makes the DataflowRunner do
+everything but submit: check options, stage files to `--staging_location` (on the test GCS)
+and write the job's JSON for the service to submit.
 """
 
 import argparse
@@ -27,38 +29,39 @@ WHEEL = f"tfrecord_pipe-{tfrecord_pipe.__version__}-py3-none-any.whl"
 
 
 @pytest.mark.slow
-def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_path, monkeypatch,
-                                                                     capsys):  # fmt: skip
+def test_a_flex_template_launch_stages_our_wheel_and_the_steps_and_hands_the_job_the_claim(
+    gcs, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # Beam leaves mkdtemp folders behind
     monkeypatch.setattr(tempfile, "tempdir", None)
     (tmp_path / "tmp").mkdir()
     bucket = storage.Client().bucket(gcs.bucket)
     bucket.blob("df-src/daisy/1.jpg").upload_from_string(jpeg_bytes())
-    template = tmp_path / "template.json"
+    dataflow = ["--runner=DataflowRunner", "--project=test-project", "--region=us-central1",
+                f"--temp_location={gcs.url('df-tmp')}",
+                f"--staging_location={gcs.url('df-staging')}"]  # fmt: skip
+    # A classic template froze the run's temporary folder: its runs shared one, and a run
+    # after a failed one mixed both runs' shards, or kept the old dataset; its jobs held no
+    # claim (a helper's trials). Refused, pointing at the Flex Template.
+    with pytest.raises(ValueError, match="a classic template freezes .* Build the Flex Template"):
+        convert.run([gcs.url("df-src"), gcs.url("df-out"), *dataflow,
+                     f"--template_location={tmp_path / 'classic.json'}"])  # fmt: skip
 
-    result = convert.run(
-        [
-            gcs.url("df-src"),
-            gcs.url("df-out"),
-            "--validation_fraction",
-            "0.1",
-            "--runner",
-            "DataflowRunner",
-            "--project",
-            "test-project",
-            "--region",
-            "us-central1",
-            "--temp_location",
-            gcs.url("df-tmp"),
-            "--staging_location",
-            gcs.url("df-staging"),
-            "--template_location",
-            str(template),
-        ]
-    )
+    # A Flex Template's launcher: the runner writes the job for the service to submit, and the
+    # launch hands the output's claim to the job. Every launch failed once the job was
+    # written (its result has no job id to say: a helper's trial), giving the claim up.
+    monkeypatch.setenv(convert.FLEX_LAUNCHER, "/template/src/beam_jobs/convert.py")
+    flex_job = tmp_path / "flex-job.json"
+    capsys.readouterr()
+    assert convert.run([
+        f"--source={gcs.url('df-src')}", f"--output={gcs.url('df-out')}", "--overwrite=false",
+        "--validation_fraction=0.1", *dataflow, f"--template_location={flex_job}",
+    ]) is None  # fmt: skip
+    assert capsys.readouterr().out.startswith(f"Launched: it finalises {gcs.url('df-out')} itself")
+    held = json.loads(bucket.blob(f"df-out/{claim.CLAIM_NAME}").download_as_bytes())
+    assert held["host"] == claim.JOB_HOST  # the job's, for it to give up as it finishes
 
-    assert result is None  # nothing ran
-    staged = json.loads(template.read_text())["environment"]["workerPools"][0]["packages"]
+    staged = json.loads(flex_job.read_text())["environment"]["workerPools"][0]["packages"]
     names = {p["name"] for p in staged}
     assert WHEEL in names
     blobs = {b.name.rsplit("/", 1)[-1]: b for b in bucket.list_blobs(prefix="df-staging/")}
@@ -111,23 +114,6 @@ def test_dataflow_template_stages_our_wheel_and_the_conversion_steps(gcs, tmp_pa
     assert re.search(r"apache-beam\[gcp\]\S*>=2\.60", out.stdout) and "google-crc32c" in out.stdout
     # Workers never import TensorFlow: the wheel does not make them install it.
     assert "tensorflow" not in out.stdout
-
-    # A Flex Template's launcher: the runner writes the job for the service to submit, and the
-    # launch hands the output's claim to the job. Every launch failed once the job was
-    # written (its result has no job id to say: a helper's trial), giving the claim up.
-    monkeypatch.setenv(convert.FLEX_LAUNCHER, "/template/src/beam_jobs/convert.py")
-    flex_job = tmp_path / "flex-job.json"
-    capsys.readouterr()
-    assert convert.run([
-        f"--source={gcs.url('df-src')}", f"--output={gcs.url('df-flex')}", "--overwrite=false",
-        "--runner=DataflowRunner", "--project=test-project", "--region=us-central1",
-        f"--temp_location={gcs.url('df-tmp')}", f"--staging_location={gcs.url('df-staging')}",
-        f"--template_location={flex_job}",
-    ]) is None  # fmt: skip
-    assert capsys.readouterr().out.startswith(f"Launched: it finalises {gcs.url('df-flex')} itself")
-    assert flex_job.exists()
-    held = json.loads(bucket.blob(f"df-flex/{claim.CLAIM_NAME}").download_as_bytes())
-    assert held["host"] == claim.JOB_HOST  # the job's, for it to give up as it finishes
 
 
 def test_no_wheel_is_built_when_the_user_says_how_to_package():

@@ -161,11 +161,19 @@ def test_the_multi_host_examples_write_each_line_whole(monkeypatch):
 
 @pytest.mark.slow  # a process of its own: JAX started here would stay started
 def test_a_tensorflow_program_is_not_taken_for_a_jax_one_because_tensorflow_imports_jax():
+    # Joined hosts are JAX's before its backend starts: hosts that asked for batches before
+    # their first JAX op each read the whole split, and a state resumed elsewhere (a helper's
+    # trial, two processes).
     code = (
         "import sys, tensorflow as tf\n"
         "from tfrecord_pipe._reading import hosts\n"
         "print('imported', 'jax' in sys.modules, hosts.jax_in_use())\n"
-        "import jax; jax.devices()\n"
+        "import jax\n"
+        f"jax.distributed.initialize('127.0.0.1:{free_port()}', num_processes=1, process_id=0)\n"
+        "from jax._src import xla_bridge\n"
+        "print('joined', xla_bridge.backends_are_initialized(), hosts.jax_in_use(),\n"
+        "      hosts.position(None, None))\n"
+        "jax.devices()\n"
         "print('started', hosts.jax_in_use())\n"
     )
     env = environment()
@@ -173,6 +181,7 @@ def test_a_tensorflow_program_is_not_taken_for_a_jax_one_because_tensorflow_impo
                           env=env, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "imported True False" in done.stdout  # TensorFlow imported jax: still not JAX's
+    assert "joined False True (0, 1)" in done.stdout
     assert "started True" in done.stdout
 
 

@@ -22,8 +22,10 @@ _ACCELERATORS = ("GPU", "TPU")
 
 
 def jax_in_use() -> bool:
-    """Whether this process trains with JAX: Keras runs on JAX, or JAX has started its
-    backend (any `jax.devices()`, `jax.process_index()` or array op does).
+    """Whether this process trains with JAX: Keras runs on JAX, JAX's hosts are joined
+    (`jax.distributed.initialize()`, which starts no backend: hosts that asked for batches
+    before their first JAX op each read the whole split, a helper's trial), or JAX has
+    started its backend (any `jax.devices()`, `jax.process_index()` or array op does).
 
     Having imported jax is not enough: TensorFlow itself imports it when it is installed, and
     a TensorFlow program must keep its accelerators.
@@ -32,6 +34,9 @@ def jax_in_use() -> bool:
         return False
     keras = sys.modules.get("keras")
     if keras is not None and keras.backend.backend() == "jax":
+        return True
+    joined = getattr(sys.modules.get("jax.distributed"), "is_initialized", None)
+    if joined is not None and joined():
         return True
     bridge = sys.modules.get("jax._src.xla_bridge")  # no public way to ask, as of jax 0.10
     started = getattr(bridge, "backends_are_initialized", None)
