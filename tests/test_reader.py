@@ -595,6 +595,10 @@ def test_config_errors_list_every_problem():
                             image_size=100_000)  # fmt: skip
     fields = ("batch_size", "dtype", "eval_remainder", "image_size")
     assert all(field in str(caught.value) for field in fields)
+    # A dtype object, as a JAX user writes one, is told to give its name (a helper's trial).
+    for given, name in ((np.float32, "float32"), (tf.bfloat16, "bfloat16")):
+        with pytest.raises(ValueError, match=f"got .*: give its name, '{name}'"):
+            reader.ReaderConfig(data="x", dtype=given)
     with pytest.raises(ValueError, match="exactly one"):
         reader.make_input_fn("x", is_training=True, mode="train")
     # A count of the wrong type was a TypeError from deep in TensorFlow, or from a comparison.

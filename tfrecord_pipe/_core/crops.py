@@ -31,8 +31,13 @@ DCT_RATIOS = (1, 2, 4, 8)
 
 
 def dtype_problem(dtype: str) -> str | None:
-    """What is wrong with `dtype` as an output dtype, or None if it is one of DTYPES."""
-    return None if dtype in DTYPES else f"dtype must be one of {DTYPES}, got {dtype!r}"
+    """What is wrong with `dtype` as an output dtype, or None if it is one of DTYPES. A dtype
+    object (`jnp.bfloat16`, `np.float32`, `tf.uint8`) is told to give its name."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return None
+    name = getattr(dtype, "__name__", None) or getattr(dtype, "name", None)
+    hint = f": give its name, {name!r}" if isinstance(name, str) and name in DTYPES else ""
+    return f"dtype must be one of {DTYPES}, got {dtype!r}{hint}"
 
 
 def check_dtype(dtype: str) -> None:
