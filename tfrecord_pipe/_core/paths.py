@@ -34,6 +34,12 @@ def mistyped_said(what: str, path: str, meant: str) -> str:
             f"path, under a folder named {path.split('/')[0]!r}.")  # fmt: skip
 
 
+def has_wildcard(path: str) -> bool:
+    """Whether `path` holds a glob pattern's characters (`*`, `?`, `[`): read as a pattern
+    where nothing is at it literally."""
+    return any(char in path for char in "*?[")
+
+
 def is_remote(path: str) -> bool:
     """Whether `path` names a filesystem by scheme (gs://bucket/x) rather than local disk."""
     return bool(_SCHEME.match(path))

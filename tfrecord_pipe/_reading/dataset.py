@@ -227,7 +227,7 @@ def resolve(path: str, file_format: str | None = None) -> Dataset:
         )
     if not matched:
         # A path of no pattern "matched no files" read as if it were there and wrong.
-        said = "matched no files" if any(char in path for char in "*?[") else "does not exist"
+        said = "matched no files" if paths.has_wildcard(path) else "does not exist"
         raise ValueError(
             f"{path} {said}. Pass a dataset folder (with {naming.MANIFEST_NAME}) or a "
             "pattern of TFRecord files such as gs://bucket/dataset/train-*."
@@ -304,7 +304,7 @@ def _matching_children(folder: str, part: str, last: bool) -> list[str]:
     folders."""
     wanted = FILE if last else FOLDER
     literal = paths.join(folder, part) if folder else part
-    if not any(char in part for char in "*?[") or tf.io.gfile.exists(literal):
+    if not paths.has_wildcard(part) or tf.io.gfile.exists(literal):
         return [literal] if _kind(literal) == wanted else []
     return [
         paths.join(folder, name) if folder else name

@@ -257,7 +257,7 @@ def _require_path(path: str) -> None:
         raise ValueError(paths.mistyped_said("The path", path, meant))
     import tensorflow as tf
 
-    if any(char in path for char in "*?["):
+    if paths.has_wildcard(path):
         return
     from tfrecord_pipe._reading import dataset
 
@@ -288,7 +288,7 @@ def _require_path_without_tensorflow(path: str) -> None:
 
     if problem := storage.scheme_problem(path, "The path"):
         raise ValueError(problem)
-    if any(char in path for char in "*?["):
+    if paths.has_wildcard(path):
         return
     try:
         there = os.path.exists(path) if not paths.is_remote(path) else (
